@@ -1,0 +1,158 @@
+/* libperseus: the one C ABI of the Perseus core.
+ *
+ * Every front end (Python via ctypes, C++ framework patches) reaches the engine
+ * through these functions only. Each call returns a perseus_status_t; on failure
+ * perseus_last_error() holds a human-readable message for the calling thread.
+ * The core knows buffers only: pointer, shape, dtype, device. No framework types.
+ */
+#ifndef PERSEUS_PERSEUS_H_
+#define PERSEUS_PERSEUS_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#pragma GCC visibility push(default) /* the ABI stays exported under -fvisibility=hidden */
+#endif
+
+#define PERSEUS_MAX_DIMS 16
+
+typedef enum {
+  PERSEUS_SUCCESS = 0,
+  PERSEUS_INVALID_ARGUMENT = 1, /* bad input from the caller (Python: ValueError) */
+  PERSEUS_NOT_INITIALIZED = 2,  /* init() was not called (or shutdown() was) */
+  PERSEUS_MISMATCH = 3,         /* ranks disagree on a request (RuntimeError on every rank) */
+  PERSEUS_SHUT_DOWN = 4,        /* the engine stopped before the request completed */
+  PERSEUS_MPI_ERROR = 5,        /* MPI reported a failure */
+  PERSEUS_CONFIG_ERROR = 6,     /* a PERSEUS_* / HOROVOD_* variable has a bad value */
+  PERSEUS_UNSUPPORTED = 7,      /* valid request the core cannot serve (NotImplementedError) */
+  PERSEUS_TIMEOUT = 8,          /* perseus_wait() ran out of time; the request is still pending */
+  PERSEUS_INTERNAL_ERROR = 9
+} perseus_status_t;
+
+typedef enum {
+  PERSEUS_UINT8 = 0,
+  PERSEUS_INT8 = 1,
+  PERSEUS_INT32 = 2,
+  PERSEUS_INT64 = 3,
+  PERSEUS_FLOAT16 = 4,
+  PERSEUS_BFLOAT16 = 5,
+  PERSEUS_FLOAT32 = 6,
+  PERSEUS_FLOAT64 = 7,
+  PERSEUS_BOOL = 8,
+  PERSEUS_INT16 = 9,
+  PERSEUS_NUM_DTYPES = 10
+} perseus_dtype_t;
+
+typedef enum {
+  PERSEUS_ALLREDUCE = 0,
+  PERSEUS_ALLGATHER = 1,
+  PERSEUS_BROADCAST = 2,
+  PERSEUS_ALLTOALL = 3,
+  PERSEUS_REDUCESCATTER = 4,
+  PERSEUS_BARRIER = 5,
+  PERSEUS_JOIN = 6
+} perseus_op_type_t;
+
+typedef enum {
+  PERSEUS_SUM = 0,
+  PERSEUS_AVERAGE = 1,
+  PERSEUS_MIN = 2,
+  PERSEUS_MAX = 3,
+  PERSEUS_PRODUCT = 4,
+  PERSEUS_ADASUM = 5 /* accepted by the API, answered with PERSEUS_UNSUPPORTED */
+} perseus_reduce_op_t;
+
+#define PERSEUS_CPU_DEVICE (-1)
+#define PERSEUS_GLOBAL_PROCESS_SET 0
+
+/* One collective request. The caller keeps every pointer valid until the handle
+ * completes. `output` may equal `input` (in place). Ops whose output size depends
+ * on other ranks (allgather, alltoall) leave output NULL: the core allocates it and
+ * perseus_handle_output() hands it over. */
+typedef struct {
+  const char* name;          /* identical on every rank; NUL-terminated */
+  int32_t op_type;           /* perseus_op_type_t */
+  int32_t reduce_op;         /* perseus_reduce_op_t (allreduce, reducescatter) */
+  int32_t dtype;             /* perseus_dtype_t */
+  int32_t device;            /* PERSEUS_CPU_DEVICE or a GPU ordinal */
+  int32_t ndim;
+  const int64_t* shape;      /* ndim entries */
+  const void* input;
+  void* output;
+  double prescale;           /* multiplied into the input before reducing */
+  double postscale;          /* multiplied into the result */
+  int32_t root_rank;         /* broadcast: rank within the process set */
+  int32_t process_set;       /* id from perseus_add_process_set, 0 = global */
+  const int64_t* splits;     /* alltoall: rows sent to each rank, or NULL for even */
+  int32_t nsplits;
+  int32_t anonymous;         /* 1 when the front end generated the name (never cached) */
+  void* stream;              /* GPU: the framework's stream, else NULL */
+} perseus_request_t;
+
+/* ---- lifecycle ---------------------------------------------------------- */
+/* comm_f2c: a Fortran handle of an MPI communicator (mpi4py: comm.py2f()), or -1 for
+ * MPI_COMM_WORLD. MPI is initialised here unless the application already did it. */
+perseus_status_t perseus_init(int64_t comm_f2c);
+perseus_status_t perseus_shutdown(void);
+int perseus_is_initialized(void);
+const char* perseus_last_error(void);
+const char* perseus_status_string(perseus_status_t status);
+
+/* ---- topology ----------------------------------------------------------- */
+perseus_status_t perseus_rank(int32_t* out);
+perseus_status_t perseus_size(int32_t* out);
+perseus_status_t perseus_local_rank(int32_t* out);
+perseus_status_t perseus_local_size(int32_t* out);
+perseus_status_t perseus_cross_rank(int32_t* out);
+perseus_status_t perseus_cross_size(int32_t* out);
+perseus_status_t perseus_mpi_threads_supported(int32_t* out);
+/* The number of lanes actually in use (after the MPI_THREAD_MULTIPLE check). */
+perseus_status_t perseus_lane_count(int32_t* out);
+/* The validated configuration as "NAME=value\n" lines. Valid until the next call. */
+const char* perseus_config_string(void);
+
+/* ---- process sets (collective over all ranks, in the same order) -------- */
+perseus_status_t perseus_add_process_set(const int32_t* ranks, int32_t nranks, int32_t* id_out);
+perseus_status_t perseus_remove_process_set(int32_t id);
+/* rank_out = -1 when this process is not a member. */
+perseus_status_t perseus_process_set_rank(int32_t id, int32_t* rank_out);
+perseus_status_t perseus_process_set_size(int32_t id, int32_t* size_out);
+/* Writes up to `capacity` global ranks of the set; size_out gets the full count. */
+perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* ranks, int32_t capacity,
+                                           int32_t* size_out);
+
+/* ---- requests ----------------------------------------------------------- */
+/* Enqueues n requests atomically (they reach the engine together, so a group is
+ * negotiated as one unit). handles_out receives n handles. On failure nothing is
+ * enqueued. */
+perseus_status_t perseus_enqueue(const perseus_request_t* requests, int32_t n,
+                                 int64_t* handles_out);
+/* 1 when done (successfully or not), 0 while pending. */
+perseus_status_t perseus_poll(int64_t handle, int32_t* done_out);
+/* Blocks until the handle completes or timeout_s passes (<0: forever). Returns the
+ * request's own status; its message is in perseus_last_error(). */
+perseus_status_t perseus_wait(int64_t handle, double timeout_s);
+/* After completion: the core-allocated output (allgather, alltoall) and its shape.
+ * Ownership of *data passes to the caller (free with perseus_free_buffer). For
+ * alltoall, recv_splits gets the rows received from each rank (nsplits entries,
+ * valid until perseus_release). For join, shape[0] carries the last rank to join. */
+perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* shape,
+                                       int32_t* ndim, const int64_t** recv_splits,
+                                       int32_t* nsplits);
+/* Forgets a completed handle. */
+perseus_status_t perseus_release(int64_t handle);
+void perseus_free_buffer(void* data);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PERSEUS_PERSEUS_H_ */

@@ -1,0 +1,285 @@
+// The C ABI (perseus.h): owns the one engine of the process and turns Status into
+// result codes plus a per-thread message.
+#include <mpi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "collectives.h"
+#include "config.h"
+#include "engine.h"
+#include "logging.h"
+#include "mpi_lock.h"
+#include "perseus/perseus.h"
+
+using namespace perseus;
+
+namespace {
+
+std::mutex g_mu;                  // serialises init and shutdown
+std::shared_ptr<Engine> g_engine;  // null while not initialised
+HandleTable g_handles;            // outlives engines, so late waiters still get an answer
+bool g_finalize_at_exit = false;
+thread_local std::string g_last_error;
+
+perseus_status_t Report(const Status& s) {
+  g_last_error = s.message;
+  return s.code;
+}
+
+Status NotInitialized() {
+  return Status::Error(PERSEUS_NOT_INITIALIZED,
+                       "Perseus has not been initialized; call init() first");
+}
+
+std::shared_ptr<Engine> Current() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_engine;
+}
+
+void FinalizeAtExit() {
+  perseus_shutdown();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+const char* ThreadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    default: return "MPI_THREAD_MULTIPLE";
+  }
+}
+
+Status StartMpi(bool* thread_multiple) {
+  int initialized = 0, finalized = 0, provided = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized)
+    return Status::Error(PERSEUS_MPI_ERROR, "MPI was already finalized; Perseus cannot start");
+  if (!initialized) {
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
+    if (!g_finalize_at_exit) std::atexit(FinalizeAtExit);
+    g_finalize_at_exit = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_SERIALIZED)
+    return Status::Error(PERSEUS_UNSUPPORTED,
+                         std::string("Perseus needs MPI_THREAD_SERIALIZED or better, but MPI was "
+                                     "initialized with ") +
+                             ThreadLevelName(provided) +
+                             " (with mpi4py, leave mpi4py.rc.thread_level at 'multiple')");
+  *thread_multiple = provided == MPI_THREAD_MULTIPLE;
+  SetMpiSerialized(!*thread_multiple);
+  return Status::OK();
+}
+
+template <typename Getter>
+perseus_status_t GetInt(int32_t* out, Getter get) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  *out = get(*engine);
+  return PERSEUS_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+
+perseus_status_t perseus_init(int64_t comm_f2c) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_engine) return PERSEUS_SUCCESS;
+  Config config;
+  Status status = LoadConfig(&config);
+  if (!status.ok()) return Report(status);
+  SetLogLevel(config.log_level);
+  bool thread_multiple = false;
+  status = StartMpi(&thread_multiple);
+  if (!status.ok()) return Report(status);
+  MPI_Comm base = comm_f2c < 0 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
+  MPI_Comm world;
+  status = MpiStatus(MPI_Comm_dup(base, &world), "MPI_Comm_dup");
+  if (!status.ok()) return Report(status);
+  MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);  // inherited by every dup below
+  std::unique_ptr<Engine> engine;
+  status = Engine::Start(config, world, thread_multiple, &g_handles, &engine);
+  if (!status.ok()) {
+    MPI_Comm_free(&world);
+    return Report(status);
+  }
+  g_engine = std::move(engine);
+  return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_shutdown(void) {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    engine.swap(g_engine);
+  }
+  if (engine) engine->Shutdown();
+  return PERSEUS_SUCCESS;
+}
+
+int perseus_is_initialized(void) { return Current() ? 1 : 0; }
+const char* perseus_last_error(void) { return g_last_error.c_str(); }
+
+const char* perseus_status_string(perseus_status_t status) {
+  switch (status) {
+    case PERSEUS_SUCCESS: return "success";
+    case PERSEUS_INVALID_ARGUMENT: return "invalid argument";
+    case PERSEUS_NOT_INITIALIZED: return "not initialized";
+    case PERSEUS_MISMATCH: return "ranks disagree";
+    case PERSEUS_SHUT_DOWN: return "shut down";
+    case PERSEUS_MPI_ERROR: return "MPI error";
+    case PERSEUS_CONFIG_ERROR: return "configuration error";
+    case PERSEUS_UNSUPPORTED: return "not supported";
+    case PERSEUS_TIMEOUT: return "timed out";
+    case PERSEUS_INTERNAL_ERROR: return "internal error";
+  }
+  return "unknown status";
+}
+
+perseus_status_t perseus_rank(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.topology().rank; });
+}
+perseus_status_t perseus_size(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.topology().size; });
+}
+perseus_status_t perseus_local_rank(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.topology().local_rank; });
+}
+perseus_status_t perseus_local_size(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.topology().local_size; });
+}
+perseus_status_t perseus_cross_rank(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.topology().cross_rank; });
+}
+perseus_status_t perseus_cross_size(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.topology().cross_size; });
+}
+perseus_status_t perseus_mpi_threads_supported(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.thread_multiple() ? 1 : 0; });
+}
+perseus_status_t perseus_lane_count(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.lanes(); });
+}
+
+const char* perseus_config_string(void) {
+  static thread_local std::string text;
+  auto engine = Current();
+  if (engine) {
+    text = DescribeConfig(engine->config());
+  } else {
+    Config config;
+    Status status = LoadConfig(&config);
+    text = status.ok() ? DescribeConfig(config) : "error: " + status.message + "\n";
+  }
+  return text.c_str();
+}
+
+perseus_status_t perseus_add_process_set(const int32_t* ranks, int32_t nranks, int32_t* id_out) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  Status status = engine->AddProcessSet(ranks, nranks, id_out);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_remove_process_set(int32_t id) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  Status status = engine->RemoveProcessSet(id);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+static perseus_status_t Describe(int32_t id, std::vector<int>* ranks, int* rank) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  Status status = engine->DescribeProcessSet(id, ranks, rank);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_process_set_rank(int32_t id, int32_t* rank_out) {
+  std::vector<int> ranks;
+  int rank;
+  perseus_status_t s = Describe(id, &ranks, &rank);
+  if (s == PERSEUS_SUCCESS) *rank_out = rank;
+  return s;
+}
+
+perseus_status_t perseus_process_set_size(int32_t id, int32_t* size_out) {
+  std::vector<int> ranks;
+  int rank;
+  perseus_status_t s = Describe(id, &ranks, &rank);
+  if (s == PERSEUS_SUCCESS) *size_out = static_cast<int32_t>(ranks.size());
+  return s;
+}
+
+perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* out, int32_t capacity,
+                                           int32_t* size_out) {
+  std::vector<int> ranks;
+  int rank;
+  perseus_status_t s = Describe(id, &ranks, &rank);
+  if (s != PERSEUS_SUCCESS) return s;
+  *size_out = static_cast<int32_t>(ranks.size());
+  for (int32_t i = 0; i < capacity && i < *size_out; ++i) out[i] = ranks[i];
+  return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_enqueue(const perseus_request_t* requests, int32_t n,
+                                 int64_t* handles_out) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  if (n < 0 || (n > 0 && (requests == nullptr || handles_out == nullptr)))
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_enqueue: bad arguments"));
+  Status status = engine->Enqueue(requests, n, handles_out);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_poll(int64_t handle, int32_t* done_out) {
+  bool done = false;
+  Status status = g_handles.Poll(handle, &done);
+  if (!status.ok()) return Report(status);
+  *done_out = done ? 1 : 0;
+  return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_wait(int64_t handle, double timeout_s) {
+  Status status = g_handles.Wait(handle, timeout_s);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* shape, int32_t* ndim,
+                                       const int64_t** recv_splits, int32_t* nsplits) {
+  Result* result = nullptr;
+  Status status = g_handles.TakeResult(handle, &result);
+  if (!status.ok()) return Report(status);
+  if (data) {
+    *data = result->data;
+    result->data = nullptr;  // the caller owns it now
+  }
+  if (ndim) *ndim = static_cast<int32_t>(result->shape.size());
+  if (shape)
+    for (size_t i = 0; i < result->shape.size() && i < PERSEUS_MAX_DIMS; ++i)
+      shape[i] = result->shape[i];
+  if (recv_splits) *recv_splits = result->recv_splits.data();
+  if (nsplits) *nsplits = static_cast<int32_t>(result->recv_splits.size());
+  return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_release(int64_t handle) {
+  Status status = g_handles.Release(handle);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+void perseus_free_buffer(void* data) { std::free(data); }
+
+}  // extern "C"

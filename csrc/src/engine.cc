@@ -1,0 +1,436 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "collectives.h"
+#include "dtype.h"
+#include "fusion.h"
+#include "logging.h"
+#include "mpi_lock.h"
+
+namespace perseus {
+
+namespace {
+
+// While a round waits for peers: test back to back this long, then poll with a
+// growing gap (an eighth of the time waited so far) up to kMaxPoll.
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kMaxPoll = std::chrono::microseconds(200);
+// After a round that agreed nothing, ranks whose pending sets did not match retry
+// after a growing pause (local submissions start a round at once regardless).
+constexpr auto kMinBackoff = std::chrono::microseconds(20);
+constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
+
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
+  return out;
+}
+
+}  // namespace
+
+Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles)
+    : config_(config),
+      world_(world),
+      thread_multiple_(thread_multiple),
+      lanes_(thread_multiple ? config.lanes : 1),
+      handles_(handles) {}
+
+Status Engine::Start(const Config& config, MPI_Comm world, bool thread_multiple,
+                     HandleTable* handles, std::unique_ptr<Engine>* out) {
+  std::unique_ptr<Engine> engine(new Engine(config, world, thread_multiple, handles));
+  Status status = engine->Init();
+  if (!status.ok()) return status;
+  *out = std::move(engine);
+  return Status::OK();
+}
+
+Status Engine::Init() {
+  MPI_Comm_rank(world_, &topo_.rank);
+  MPI_Comm_size(world_, &topo_.size);
+  SetLogRank(topo_.rank);
+  Status status = MpiStatus(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, topo_.rank,
+                                                MPI_INFO_NULL, &local_comm_),
+                            "MPI_Comm_split_type");
+  if (!status.ok()) return status;
+  MPI_Comm_rank(local_comm_, &topo_.local_rank);
+  MPI_Comm_size(local_comm_, &topo_.local_size);
+  status = MpiStatus(MPI_Comm_split(world_, topo_.local_rank, topo_.rank, &cross_comm_),
+                     "MPI_Comm_split");
+  if (!status.ok()) return status;
+  MPI_Comm_rank(cross_comm_, &topo_.cross_rank);
+  MPI_Comm_size(cross_comm_, &topo_.cross_size);
+
+  // Settings that shape the collectives must match, or ranks would plan different calls.
+  const char* const names[] = {"PERSEUS_FUSION_THRESHOLD", "PERSEUS_ALLREDUCE_STREAMS",
+                               "PERSEUS_CACHE_CAPACITY", "PERSEUS_CHUNK_SIZE"};
+  int64_t mine[] = {config_.fusion_threshold, lanes_, config_.cache_capacity, config_.chunk_bytes};
+  std::vector<int64_t> all(4 * topo_.size);
+  status = MpiStatus(MPI_Allgather(mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, world_),
+                     "MPI_Allgather");
+  if (!status.ok()) return status;
+  for (int k = 0; k < 4; ++k) {
+    for (int r = 1; r < topo_.size; ++r) {
+      if (all[4 * r + k] != all[k]) {
+        std::ostringstream msg;
+        msg << names[k] << " differs across ranks (rank 0: " << all[k] << ", rank " << r << ": "
+            << all[4 * r + k] << "); every rank must use the same value";
+        return Status::Error(PERSEUS_CONFIG_ERROR, msg.str());
+      }
+    }
+  }
+  if (!thread_multiple_ && config_.lanes > 1 && topo_.rank == 0) {
+    PERSEUS_LOG(kWarning) << "MPI does not provide MPI_THREAD_MULTIPLE: using 1 lane instead of "
+                          << config_.lanes;
+  }
+  CreateMpiOps();
+
+  std::vector<int> everyone(topo_.size);
+  for (int r = 0; r < topo_.size; ++r) everyone[r] = r;
+  std::shared_ptr<ProcessSet> global;
+  status = OpenProcessSet(0, everyone, world_, config_, lanes_,
+                          [this](const Batch& b, const std::vector<Status>& s,
+                                 std::vector<Result>& r) { OnBatchDone(0, b, s, r); },
+                          &global);
+  if (!status.ok()) return status;
+  sets_[0] = std::move(global);
+  next_set_id_ = 1;
+  thread_ = std::thread([this] { Loop(); });
+  return Status::OK();
+}
+
+Engine::~Engine() {
+  if (thread_.joinable()) Shutdown();
+}
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stop_requested_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+  std::map<int, std::shared_ptr<ProcessSet>> sets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sets.swap(sets_);
+    stopped_ = true;
+  }
+  sets.clear();  // lanes finish the batches every rank agreed on, then stop
+  handles_->FailAll(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
+  if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
+  if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
+  FreeMpiOps();
+  MPI_Comm_free(&world_);
+}
+
+Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out) {
+  std::vector<EntryPtr> entries;
+  std::vector<ProcessSet*> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_requested_) return Status::Error(PERSEUS_SHUT_DOWN, "Perseus is shutting down");
+    std::set<std::pair<int, std::string>> batch_names;
+    for (int i = 0; i < n; ++i) {
+      const perseus_request_t& r = requests[i];
+      auto it = sets_.find(r.process_set);
+      if (it == sets_.end())
+        return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                             "unknown process set " + std::to_string(r.process_set));
+      ProcessSet* set = it->second.get();
+      if (set->rank < 0)
+        return Status::Error(PERSEUS_INVALID_ARGUMENT, "this rank (" + std::to_string(topo_.rank) +
+                                                           ") is not a member of process set " +
+                                                           std::to_string(set->id));
+      if (set->stopped) return set->stop_status;
+      EntryPtr entry;
+      Status status = MakeEntry(r, set->size(), &entry);
+      if (!status.ok()) return status;
+      if (set->in_flight.count(entry->meta.name) ||
+          !batch_names.emplace(set->id, entry->meta.name).second)
+        return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                             "a request named '" + entry->meta.name +
+                                 "' is already in flight; wait for it before reusing the name");
+      entries.push_back(std::move(entry));
+      targets.push_back(set);
+    }
+    for (int i = 0; i < n; ++i) {
+      entries[i]->handle = handles_->Create();
+      handles_out[i] = entries[i]->handle;
+      targets[i]->in_flight.insert(entries[i]->meta.name);
+      incoming_.push_back(std::move(entries[i]));
+    }
+  }
+  cv_.notify_one();
+  return Status::OK();
+}
+
+void Engine::Loop() {
+  Clock::time_point wake_at = Clock::time_point::max();
+  bool busy = false;
+  while (true) {
+    std::vector<EntryPtr> arrived;
+    std::vector<std::shared_ptr<ProcessSet>> sets;
+    bool stopping;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto news = [&] { return !incoming_.empty() || stop_requested_; };
+      if (!busy) {
+        cv_.wait(lock, news);  // idle: no polling, no cost to the rest of the process
+      } else if (wake_at > Clock::now()) {
+        cv_.wait_until(lock, wake_at, news);
+      }
+      arrived.swap(incoming_);
+      stopping = stop_requested_;
+      for (auto& kv : sets_)
+        if (kv.second->negotiator) sets.push_back(kv.second);
+    }
+    Clock::time_point now = Clock::now();
+    for (EntryPtr& entry : arrived) {
+      for (auto& set : sets) {
+        if (set->id != entry->process_set) continue;
+        if (set->stopped) {
+          Finish(set->id, entry, set->stop_status);
+        } else {
+          if (!set->negotiator->HasPending()) {
+            set->waiting_since = now;
+            set->stall_warned = false;
+          }
+          set->negotiator->Add(entry);
+          set->new_work = true;
+        }
+      }
+    }
+    wake_at = Clock::time_point::max();
+    busy = false;
+    bool all_stopped = true;
+    for (auto& set : sets) {
+      Step(set.get(), stopping, now, &wake_at, &busy);
+      all_stopped = all_stopped && set->stopped;
+    }
+    if (stopping && all_stopped) return;
+  }
+}
+
+void Engine::Step(ProcessSet* set, bool stopping, Clock::time_point now,
+                  Clock::time_point* wake_at, bool* busy) {
+  if (set->stopped) return;
+  Negotiator& negotiator = *set->negotiator;
+  if (negotiator.active()) {
+    RoundOutcome outcome;
+    Status error;
+    if (!negotiator.Test(&outcome, &error)) {
+      *busy = true;
+      WarnIfStalled(set, now);
+      Clock::duration waited = now - set->round_start;
+      Clock::duration gap = waited < kSpin ? Clock::duration::zero()
+                                           : std::min<Clock::duration>(kMaxPoll, waited / 8);
+      *wake_at = std::min(*wake_at, now + gap);
+      return;
+    }
+    if (!error.ok()) {
+      StopSet(set, error);
+      return;
+    }
+    now = Clock::now();
+    Apply(set, outcome, now);
+    if (set->stopped) return;
+  }
+  bool wanted = stopping ? !set->final_round_done : negotiator.HasPending();
+  if (!wanted) return;
+  *busy = true;
+  if (!stopping) {
+    Clock::time_point ready = (set->new_work || set->progressed) ? now : set->retry_at;
+    if (config_.cycle_time_ms > 0)
+      ready = std::max(ready, set->round_start + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double, std::milli>(
+                                                         config_.cycle_time_ms)));
+    if (ready > now) {
+      *wake_at = std::min(*wake_at, ready);
+      return;
+    }
+  }
+  StartRound(set, stopping, now);
+  *wake_at = now;  // test it straight away
+}
+
+void Engine::StartRound(ProcessSet* set, bool stopping, Clock::time_point now) {
+  Status status = set->negotiator->Start(stopping);
+  if (!status.ok()) {
+    StopSet(set, status);
+    return;
+  }
+  if (stopping) set->final_round_done = true;
+  set->round_start = now;
+  set->new_work = false;
+}
+
+void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now) {
+  for (auto& failed : outcome.failed) Finish(set->id, failed.first, failed.second);
+  for (auto& done : outcome.finished)
+    Finish(set->id, done.first, Status::OK(), std::move(done.second));
+  if (!outcome.agreed.empty()) {
+    for (Batch& batch :
+         PlanBatches(std::move(outcome.agreed), config_.fusion_threshold, config_.chunk_bytes)) {
+      set->lanes[set->next_lane++ % set->lanes.size()]->Push(std::move(batch));
+    }
+  }
+  set->progressed = outcome.progressed;
+  if (outcome.progressed) {
+    set->backoff = kMinBackoff;
+    set->retry_at = now;
+    set->waiting_since = now;
+    set->stall_warned = false;
+  } else {
+    set->backoff = std::min<Clock::duration>(kMaxBackoff, std::max<Clock::duration>(
+                                                              kMinBackoff, set->backoff * 2));
+    set->retry_at = now + set->backoff;
+  }
+  if (!outcome.shutdown_ranks.empty()) {
+    std::ostringstream msg;
+    msg << "Perseus was shut down on rank(s) [";
+    for (size_t i = 0; i < outcome.shutdown_ranks.size(); ++i)
+      msg << (i ? ", " : "") << outcome.shutdown_ranks[i];
+    msg << "] before this request could complete";
+    StopSet(set, Status::Error(PERSEUS_SHUT_DOWN, msg.str()));
+  }
+}
+
+void Engine::StopSet(ProcessSet* set, const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    set->stopped = true;
+    set->stop_status = status;
+  }
+  for (EntryPtr& entry : set->negotiator->TakePending()) Finish(set->id, entry, status);
+}
+
+void Engine::Finish(int set_id, const EntryPtr& entry, Status status, Result result) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sets_.find(set_id);
+    if (it != sets_.end()) it->second->in_flight.erase(entry->meta.name);
+  }
+  handles_->Complete(entry->handle, std::move(status), std::move(result));
+}
+
+void Engine::OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
+                         std::vector<Result>& results) {
+  {
+    // Names are freed before handles complete, so a waiter may reuse a name at once.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sets_.find(set_id);
+    if (it != sets_.end())
+      for (const BatchItem& item : batch.items)
+        if (item.entry) it->second->in_flight.erase(item.meta.name);
+  }
+  for (size_t i = 0; i < batch.items.size(); ++i)
+    if (batch.items[i].entry)
+      handles_->Complete(batch.items[i].entry->handle, statuses[i], std::move(results[i]));
+}
+
+void Engine::WarnIfStalled(ProcessSet* set, Clock::time_point now) {
+  if (config_.stall_check_seconds <= 0 || set->stall_warned || !set->negotiator->HasPending())
+    return;
+  double waited = std::chrono::duration<double>(now - set->waiting_since).count();
+  if (waited < config_.stall_check_seconds) return;
+  set->stall_warned = true;
+  PERSEUS_LOG(kWarning) << "process set " << set->id << ": for " << static_cast<int>(waited)
+                        << " s this rank has been waiting for other ranks to submit "
+                        << JoinNames(set->negotiator->PendingNames(10))
+                        << "; a rank may be skipping these collectives or stuck elsewhere";
+}
+
+Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
+  std::lock_guard<std::mutex> control(control_mu_);
+  if (n <= 0) return Status::Error(PERSEUS_INVALID_ARGUMENT, "a process set needs at least one rank");
+  std::vector<int> sorted(ranks, ranks + n);
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < n; ++i) {
+    if (sorted[i] < 0 || sorted[i] >= topo_.size)
+      return Status::Error(PERSEUS_INVALID_ARGUMENT, "process set rank " + std::to_string(sorted[i]) +
+                                                         " is outside [0, " +
+                                                         std::to_string(topo_.size) + ")");
+    if (i > 0 && sorted[i] == sorted[i - 1])
+      return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                           "process set lists rank " + std::to_string(sorted[i]) + " twice");
+  }
+  // Every rank must pass the same list: compare with rank 0's.
+  auto mpi = LockMpi();
+  std::vector<int> reference = sorted;
+  int count = n;
+  MPI_Bcast(&count, 1, MPI_INT, 0, world_);
+  reference.resize(count);
+  MPI_Bcast(reference.data(), count, MPI_INT, 0, world_);
+  int same = reference == sorted ? 1 : 0, all_same = 0;
+  MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, world_);
+  if (!all_same)
+    return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                         "add_process_set was called with different ranks on different processes");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : sets_)
+      if (kv.second->ranks == sorted)
+        return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                             "a process set with these ranks already exists (id " +
+                                 std::to_string(kv.first) + ")");
+  }
+  int position = static_cast<int>(std::find(sorted.begin(), sorted.end(), topo_.rank) - sorted.begin());
+  bool member = position < n;
+  MPI_Comm comm = MPI_COMM_NULL;
+  Status status = MpiStatus(
+      MPI_Comm_split(world_, member ? 0 : MPI_UNDEFINED, position, &comm), "MPI_Comm_split");
+  if (!status.ok()) return status;
+  int id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_set_id_++;
+  }
+  std::shared_ptr<ProcessSet> set;
+  status = OpenProcessSet(id, sorted, comm, config_, lanes_,
+                          [this, id](const Batch& b, const std::vector<Status>& s,
+                                     std::vector<Result>& r) { OnBatchDone(id, b, s, r); },
+                          &set);
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  if (!status.ok()) return status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sets_[id] = std::move(set);
+  }
+  *id_out = id;
+  return Status::OK();
+}
+
+Status Engine::RemoveProcessSet(int id) {
+  std::lock_guard<std::mutex> control(control_mu_);
+  if (id == PERSEUS_GLOBAL_PROCESS_SET)
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "the global process set cannot be removed");
+  std::shared_ptr<ProcessSet> removed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sets_.find(id);
+    if (it == sets_.end())
+      return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
+    if (!it->second->in_flight.empty())
+      return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                           "process set " + std::to_string(id) + " still has requests in flight");
+    removed = std::move(it->second);
+    sets_.erase(it);
+  }
+  return Status::OK();  // freed here or, if the engine still holds it, after its step
+}
+
+Status Engine::DescribeProcessSet(int id, std::vector<int>* ranks, int* rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  if (it == sets_.end())
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
+  *ranks = it->second->ranks;
+  *rank = it->second->rank;
+  return Status::OK();
+}
+
+}  // namespace perseus

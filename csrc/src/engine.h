@@ -1,0 +1,83 @@
+// The engine: one background thread per process that moves submitted requests
+// through negotiation into the lanes, plus the process-set table and topology.
+#ifndef PERSEUS_ENGINE_H_
+#define PERSEUS_ENGINE_H_
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "config.h"
+#include "handle_table.h"
+#include "process_set.h"
+
+namespace perseus {
+
+struct Topology {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+};
+
+class Engine {
+ public:
+  // `world` is the communicator Perseus runs on (already duplicated for us).
+  static Status Start(const Config& config, MPI_Comm world, bool thread_multiple,
+                      HandleTable* handles, std::unique_ptr<Engine>* out);
+  ~Engine();
+
+  // Drains agreed work, tells the peers, fails what is left, stops the thread.
+  void Shutdown();
+
+  Status Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out);
+  Status AddProcessSet(const int32_t* ranks, int n, int32_t* id_out);
+  Status RemoveProcessSet(int id);
+  // Copies the set's global ranks and this process's rank in it (-1: not a member).
+  Status DescribeProcessSet(int id, std::vector<int>* ranks, int* rank);
+
+  const Topology& topology() const { return topo_; }
+  int lanes() const { return lanes_; }
+  bool thread_multiple() const { return thread_multiple_; }
+  const Config& config() const { return config_; }
+
+ private:
+  Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles);
+  Status Init();
+  void Loop();
+  // One scheduling step for a set; lowers *wake_at when it needs attention sooner.
+  void Step(ProcessSet* set, bool stopping, Clock::time_point now, Clock::time_point* wake_at,
+            bool* busy);
+  void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
+  void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now);
+  void StopSet(ProcessSet* set, const Status& status);
+  void Finish(int set_id, const EntryPtr& entry, Status status, Result result = Result());
+  void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
+                   std::vector<Result>& results);
+  void WarnIfStalled(ProcessSet* set, Clock::time_point now);
+
+  const Config config_;
+  MPI_Comm world_;  // control communicator: process-set creation, config checks
+  MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
+  const bool thread_multiple_;
+  const int lanes_;
+  HandleTable* handles_;
+  Topology topo_;
+
+  std::mutex mu_;  // guards everything below, and ProcessSet's guarded fields
+  std::condition_variable cv_;
+  std::map<int, std::shared_ptr<ProcessSet>> sets_;
+  int next_set_id_ = 0;
+  std::vector<EntryPtr> incoming_;
+  bool stop_requested_ = false;
+  bool stopped_ = false;
+
+  std::mutex control_mu_;  // serialises process-set changes made by user threads
+  std::thread thread_;
+};
+
+}  // namespace perseus
+
+#endif  // PERSEUS_ENGINE_H_

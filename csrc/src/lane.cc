@@ -1,0 +1,70 @@
+#include "lane.h"
+
+#include "collectives.h"
+#include "dtype.h"
+#include "mpi_lock.h"
+
+namespace perseus {
+
+Lane::Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, BatchDone done)
+    : comm_(comm), rank_(rank), size_(size), chunk_bytes_(chunk_bytes), done_(std::move(done)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Lane::~Lane() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void Lane::Push(Batch batch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(batch));
+  }
+  cv_.notify_one();
+}
+
+void Lane::Run() {
+  while (true) {
+    Batch batch;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      batch = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Execute(batch);
+  }
+}
+
+void Lane::Execute(const Batch& batch) {
+  ExecContext ctx{comm_, rank_, size_, chunk_bytes_, &scratch_};
+  std::vector<Result> results(batch.items.size());
+  Status status;
+  {
+    auto mpi = LockMpi();
+    switch (batch.op_type()) {
+      case PERSEUS_ALLREDUCE: status = RunAllreduce(batch, ctx); break;
+      case PERSEUS_BROADCAST: status = RunBroadcast(batch, ctx); break;
+      case PERSEUS_ALLGATHER: status = RunAllgather(batch.items[0], ctx, &results[0]); break;
+      case PERSEUS_ALLTOALL: status = RunAlltoall(batch.items[0], ctx, &results[0]); break;
+      case PERSEUS_REDUCESCATTER: status = RunReducescatter(batch.items[0], ctx); break;
+      case PERSEUS_BARRIER: status = RunBarrier(ctx); break;
+      default: status = Status::Error(PERSEUS_INTERNAL_ERROR, "lane got an unknown operation");
+    }
+  }
+  if (!status.ok()) {
+    std::string prefix = std::string(OpTypeName(batch.op_type()));
+    status.message = prefix + " of '" + batch.items[0].meta.name + "'" +
+                     (batch.items.size() > 1 ? " (and fused tensors)" : "") + ": " + status.message;
+  }
+  std::vector<Status> statuses(batch.items.size(), status);
+  done_(batch, statuses, results);
+}
+
+}  // namespace perseus

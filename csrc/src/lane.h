@@ -1,0 +1,49 @@
+// A lane: one worker thread with its own duplicated communicator, running batches in
+// the order they were queued. Every rank queues the same batches to the same lane in
+// the same order, so lanes never need to agree on anything themselves.
+#ifndef PERSEUS_LANE_H_
+#define PERSEUS_LANE_H_
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "batch.h"
+#include "handle_table.h"
+
+namespace perseus {
+
+// Called on the lane thread when a batch finishes: one status and result per item.
+using BatchDone = std::function<void(const Batch&, const std::vector<Status>&,
+                                     std::vector<Result>&)>;
+
+class Lane {
+ public:
+  Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, BatchDone done);
+  ~Lane();  // finishes queued batches, then stops
+  void Push(Batch batch);
+
+ private:
+  void Run();
+  void Execute(const Batch& batch);
+
+  MPI_Comm comm_;
+  int rank_, size_;
+  int64_t chunk_bytes_;
+  BatchDone done_;
+  std::vector<char> scratch_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace perseus
+
+#endif  // PERSEUS_LANE_H_

@@ -1,0 +1,1 @@
+"""Holds libperseus.so, the core library built from csrc/ by setup.py."""
