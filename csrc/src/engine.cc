@@ -22,6 +22,19 @@ constexpr auto kMaxPoll = std::chrono::microseconds(200);
 // after a growing pause (local submissions start a round at once regardless).
 constexpr auto kMinBackoff = std::chrono::microseconds(20);
 constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
+// A batch this small runs on the engine thread when its lane is idle, saving a
+// thread hop on the latency path. Only while this rank is in a single process
+// set: with several, blocking the engine in one set's collective could wait on a
+// peer that is itself blocked in another set.
+constexpr int64_t kInlineBytes = 256 << 10;
+
+int64_t BatchBytes(const Batch& batch) {
+  int64_t bytes = 0;
+  for (const BatchItem& item : batch.items)
+    if (item.meta.op_type != PERSEUS_BARRIER && item.meta.op_type != PERSEUS_JOIN)
+      bytes += item.meta.NumElements() * DtypeSize(item.meta.dtype);
+  return bytes;
+}
 
 std::string JoinNames(const std::vector<std::string>& names) {
   std::string out;
@@ -207,6 +220,7 @@ void Engine::Loop() {
     wake_at = Clock::time_point::max();
     busy = false;
     bool all_stopped = true;
+    single_set_ = sets.size() == 1;
     for (auto& set : sets) {
       Step(set.get(), stopping, now, &wake_at, &busy);
       all_stopped = all_stopped && set->stopped;
@@ -275,7 +289,9 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
   if (!outcome.agreed.empty()) {
     for (Batch& batch :
          PlanBatches(std::move(outcome.agreed), config_.fusion_threshold, config_.chunk_bytes)) {
-      set->lanes[set->next_lane++ % set->lanes.size()]->Push(std::move(batch));
+      Lane& lane = *set->lanes[set->next_lane++ % set->lanes.size()];
+      bool small = BatchBytes(batch) <= kInlineBytes;
+      if (!(small && single_set_ && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
   }
   set->progressed = outcome.progressed;

@@ -73,6 +73,7 @@ class Engine {
   std::vector<EntryPtr> incoming_;
   bool stop_requested_ = false;
   bool stopped_ = false;
+  bool single_set_ = true;  // engine thread only: this rank is in one process set
 
   std::mutex control_mu_;  // serialises process-set changes made by user threads
   std::thread thread_;

@@ -37,9 +37,24 @@ void Lane::Run() {
       if (queue_.empty()) return;  // stopping, and everything queued has run
       batch = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
     Execute(batch);
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
   }
+}
+
+bool Lane::TryRunInline(const Batch& batch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (busy_ || !queue_.empty()) return false;
+    busy_ = true;
+  }
+  Execute(batch);
+  std::lock_guard<std::mutex> lock(mu_);
+  busy_ = false;
+  return true;
 }
 
 void Lane::Execute(const Batch& batch) {

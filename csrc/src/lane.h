@@ -27,6 +27,9 @@ class Lane {
   Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, BatchDone done);
   ~Lane();  // finishes queued batches, then stops
   void Push(Batch batch);
+  // Runs `batch` on the calling thread when the lane is idle with nothing queued
+  // (so the order on its communicator is unchanged); false when it is busy.
+  bool TryRunInline(const Batch& batch);
 
  private:
   void Run();
@@ -41,6 +44,7 @@ class Lane {
   std::condition_variable cv_;
   std::deque<Batch> queue_;
   bool stop_ = false;
+  bool busy_ = false;  // a batch is executing, on the lane thread or inline
   std::thread thread_;
 };
 

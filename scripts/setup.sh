@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv beside this repo with everything Perseus needs on a fresh machine
+# (MPI from the mpich wheel, PyTorch CPU, test tools) and installs Perseus into it.
+# Safe to re-run: it only adds what is missing and rebuilds the core.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check \
+  "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout
+# -e: the core library is built in place (perseus/lib/libperseus.so).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e .
+echo "Perseus is installed in $(pwd)/.venv"
