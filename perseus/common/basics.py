@@ -1,0 +1,175 @@
+"""Lifecycle and topology: init/shutdown, ranks and sizes, what this build has.
+
+Framework-neutral; every adapter re-exports these under Horovod's names. Queries
+go to the core each time (no Python cache), so before init() or after shutdown()
+they raise the core's NOT_INITIALIZED as a ValueError.
+"""
+
+import atexit
+import ctypes
+
+from perseus.common import library as _lib
+from perseus.common import process_sets as _process_sets
+from perseus.common import requests as _requests
+
+
+def init(comm=None, process_sets=None):
+    """Starts Perseus (and MPI, unless the application already initialized it).
+
+    comm: None (or an empty list) for MPI_COMM_WORLD; an mpi4py communicator to
+        run on its ranks; or a list of ranks, accepted only when it names every
+        rank (for a subset, pass an mpi4py communicator, e.g. from
+        MPI.COMM_WORLD.Split).
+    process_sets: ProcessSet objects (or rank lists) to register right after init,
+        in the same order on every rank. Horovod's "dynamic" mode is not supported.
+
+    Calling init() again while initialized only registers the given process sets.
+    """
+    if isinstance(process_sets, str):
+        raise NotImplementedError("process_sets=%r is not supported by Perseus; pass a list "
+                                  "of ProcessSet objects or rank lists" % (process_sets,))
+    check_ranks = None
+    if comm is None:
+        comm_f2c = -1
+    elif hasattr(comm, "py2f"):
+        # The Fortran handle's 32 bits, as a non-negative number: MPICH's handles of
+        # derived communicators are negative as int32, and the ABI reserves -1 for
+        # MPI_COMM_WORLD. The core converts back with a cast to MPI_Fint.
+        comm_f2c = comm.py2f() & 0xFFFFFFFF
+    elif isinstance(comm, (list, tuple, range)):
+        comm_f2c = -1
+        check_ranks = sorted(int(r) for r in comm) or None
+    else:
+        raise ValueError("comm must be None, an mpi4py communicator or a list of ranks, "
+                         "got %r" % (comm,))
+
+    if not _lib.perseus_is_initialized():
+        _lib.check(_lib.perseus_init(comm_f2c))
+        _requests.reset()
+        _process_sets._on_init()
+        if check_ranks is not None and check_ranks != list(range(size())):
+            shutdown()
+            raise ValueError(
+                "init(comm=<list of ranks>) supports only the list of all ranks; to run "
+                "on a subset, pass an mpi4py communicator (e.g. MPI.COMM_WORLD.Split(...)), "
+                "or register a ProcessSet after init()")
+    for process_set in process_sets or ():
+        if getattr(process_set, "process_set_id", None) is None:
+            _process_sets.add_process_set(process_set)
+
+
+def shutdown():
+    """Stops the engine: pending requests complete or fail with an error. No-op
+    when not initialized; init() may be called again afterwards."""
+    if not _lib.perseus_is_initialized():
+        return
+    try:
+        _lib.check(_lib.perseus_shutdown())
+    finally:
+        _process_sets._on_shutdown()
+
+
+def is_initialized():
+    return bool(_lib.perseus_is_initialized())
+
+
+def _query(fn):
+    out = ctypes.c_int32()
+    _lib.check(fn(ctypes.byref(out)))
+    return out.value
+
+
+def size():
+    """Number of processes."""
+    return _query(_lib.perseus_size)
+
+
+def rank():
+    """This process's rank, 0 .. size()-1."""
+    return _query(_lib.perseus_rank)
+
+
+def local_size():
+    """Number of processes on this node."""
+    return _query(_lib.perseus_local_size)
+
+
+def local_rank():
+    """This process's rank among the processes on its node."""
+    return _query(_lib.perseus_local_rank)
+
+
+def cross_size():
+    """Number of nodes (processes with this local rank across nodes)."""
+    return _query(_lib.perseus_cross_size)
+
+
+def cross_rank():
+    """This node's rank among the nodes."""
+    return _query(_lib.perseus_cross_rank)
+
+
+def mpi_threads_supported():
+    """Whether MPI provides MPI_THREAD_MULTIPLE."""
+    return bool(_query(_lib.perseus_mpi_threads_supported))
+
+
+def lane_count():
+    """Number of lanes (concurrent execution streams) the engine actually uses."""
+    return _query(_lib.perseus_lane_count)
+
+
+def config():
+    """The validated configuration as {NAME: value string}; before init() it is
+    what the environment would give."""
+    text = (_lib.perseus_config_string() or b"").decode("utf-8", "replace")
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {name: value for name, value in pairs}
+
+
+# What this build provides. Perseus always runs on MPI; the rest is not built in.
+def mpi_enabled():
+    return True
+
+
+def mpi_built(verbose=False):
+    return True
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built(verbose=False):
+    return False
+
+
+def nccl_built(verbose=False):
+    return False
+
+
+def ddl_built(verbose=False):
+    return False
+
+
+def ccl_built(verbose=False):
+    return False
+
+
+def cuda_built(verbose=False):
+    return False
+
+
+def rocm_built(verbose=False):
+    return False
+
+
+def _shutdown_at_exit():
+    # Best effort: a failing shutdown must not turn a clean exit into a traceback.
+    try:
+        shutdown()
+    except Exception:
+        pass
+
+
+atexit.register(_shutdown_at_exit)

@@ -1,0 +1,52 @@
+"""Errors raised by Perseus, and the table that turns a core status into one.
+
+The status values mirror perseus_status_t in csrc/include/perseus/perseus.h. They
+live here, next to the exception each becomes, because errors are the only thing
+Python does with them. library.check() is the one caller of exception_for().
+"""
+
+# perseus_status_t (perseus.h). Keep in sync with the header.
+SUCCESS = 0
+INVALID_ARGUMENT = 1
+NOT_INITIALIZED = 2
+MISMATCH = 3
+SHUT_DOWN = 4
+MPI_ERROR = 5
+CONFIG_ERROR = 6
+UNSUPPORTED = 7
+TIMEOUT = 8
+INTERNAL_ERROR = 9
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed inside the engine: ranks disagreed on a request, the
+    engine shut down under it, MPI failed, or the core hit an internal error.
+
+    Same name as Horovod's so that ``except hvd.HorovodInternalError`` (used by
+    elastic-training scripts) keeps working.
+    """
+
+
+# Status -> exception class. One table, one place.
+_EXCEPTION_FOR_STATUS = {
+    INVALID_ARGUMENT: ValueError,
+    NOT_INITIALIZED: ValueError,
+    MISMATCH: HorovodInternalError,
+    SHUT_DOWN: HorovodInternalError,
+    MPI_ERROR: HorovodInternalError,
+    CONFIG_ERROR: ValueError,
+    UNSUPPORTED: NotImplementedError,
+    TIMEOUT: TimeoutError,
+    INTERNAL_ERROR: HorovodInternalError,
+}
+
+
+def exception_for(status, message):
+    """Builds (does not raise) the exception for a non-zero core status."""
+    if status == NOT_INITIALIZED and "init()" not in message:
+        # The most common user mistake: say how to fix it, whatever the core wrote.
+        message = (message or "Perseus is not initialized") + "; call hvd.init() first"
+    cls = _EXCEPTION_FOR_STATUS.get(status)
+    if cls is None:
+        return HorovodInternalError("unknown Perseus status %d: %s" % (status, message))
+    return cls(message)

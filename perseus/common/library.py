@@ -1,0 +1,193 @@
+"""Loads libperseus and declares its C ABI (csrc/include/perseus/perseus.h).
+
+This is the only module that touches the shared library. It
+  * loads perseus/lib/libperseus.so with ctypes.CDLL: CDLL (unlike PyDLL) releases
+    the GIL for the duration of every call, which perseus_wait() relies on so that
+    waiting never blocks other Python threads or the engine's callbacks;
+  * declares argtypes/restype for every function of the header, so a wrong call
+    fails in Python instead of corrupting the stack;
+  * mirrors perseus_request_t as a ctypes Structure (the layout authority) and
+    derives from it the struct.Struct that requests.py packs on the hot path;
+  * owns check(status): the one place a non-zero perseus_status_t becomes an
+    exception (the class comes from exceptions.exception_for).
+
+Importing it without a built library raises ImportError saying how to build.
+"""
+
+import ctypes
+import os
+import struct
+
+from perseus.common import exceptions
+
+PERSEUS_MAX_DIMS = 16  # perseus.h: PERSEUS_MAX_DIMS
+
+LIBRARY_PATH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib", "libperseus.so")
+
+
+def _load():
+    if not os.path.exists(LIBRARY_PATH):
+        raise ImportError(
+            "Perseus core library not found at %s. Build and install Perseus with "
+            "`pip install .` from the repository root (or `pip install -e .` for a "
+            "development checkout)." % LIBRARY_PATH)
+    try:
+        # RTLD_GLOBAL: the MPI library libperseus links may dlopen plugins that
+        # expect MPI's symbols to be globally visible.
+        return ctypes.CDLL(LIBRARY_PATH, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise ImportError(
+            "Could not load the Perseus core library %s: %s. Rebuild and reinstall "
+            "Perseus with `pip install .`." % (LIBRARY_PATH, e)) from e
+
+
+class Request(ctypes.Structure):
+    """perseus_request_t, field for field, in header order."""
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("op_type", ctypes.c_int32),
+        ("reduce_op", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("input", ctypes.c_void_p),
+        ("output", ctypes.c_void_p),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+        ("root_rank", ctypes.c_int32),
+        ("process_set", ctypes.c_int32),
+        ("splits", ctypes.POINTER(ctypes.c_int64)),
+        ("nsplits", ctypes.c_int32),
+        ("anonymous", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+def _request_struct():
+    """The struct.Struct with Request's exact layout.
+
+    Packing a request with one Struct.pack_into call costs a fraction of setting 17
+    ctypes attributes, so the hot path packs bytes. The format is derived from the
+    Structure above and every field offset is checked against it, so the two cannot
+    drift apart.
+    """
+    codes = [{ctypes.c_int32: "i", ctypes.c_double: "d"}.get(ctype, "P")
+             for _, ctype in Request._fields_]
+    for i, (field, _) in enumerate(Request._fields_):
+        # '@' aligns like the C compiler: the offset of field i is the size of the
+        # prefix ending with it, minus its own size.
+        offset = struct.calcsize("@" + "".join(codes[:i + 1])) - struct.calcsize(codes[i])
+        if offset != getattr(Request, field).offset:
+            raise ImportError("perseus_request_t layout mismatch at field %r" % field)
+    packed = struct.Struct("@" + "".join(codes))
+    # struct adds no trailing padding; records are laid out with REQUEST_SIZE stride.
+    if packed.size > ctypes.sizeof(Request):
+        raise ImportError("perseus_request_t layout mismatch: struct %d bytes, ctypes %d"
+                          % (packed.size, ctypes.sizeof(Request)))
+    return packed
+
+
+REQUEST_STRUCT = _request_struct()
+REQUEST_SIZE = ctypes.sizeof(Request)  # stride of a perseus_request_t array
+
+_lib = _load()
+
+_status = ctypes.c_int  # perseus_status_t is a C enum: int-sized
+_i32p = ctypes.POINTER(ctypes.c_int32)
+_i64p = ctypes.POINTER(ctypes.c_int64)
+
+# name -> (restype, argtypes). Every function of perseus.h, in header order.
+_SIGNATURES = {
+    # lifecycle
+    "perseus_init": (_status, [ctypes.c_int64]),
+    "perseus_shutdown": (_status, []),
+    "perseus_is_initialized": (ctypes.c_int, []),
+    "perseus_last_error": (ctypes.c_char_p, []),
+    "perseus_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+    # topology
+    "perseus_rank": (_status, [_i32p]),
+    "perseus_size": (_status, [_i32p]),
+    "perseus_local_rank": (_status, [_i32p]),
+    "perseus_local_size": (_status, [_i32p]),
+    "perseus_cross_rank": (_status, [_i32p]),
+    "perseus_cross_size": (_status, [_i32p]),
+    "perseus_mpi_threads_supported": (_status, [_i32p]),
+    "perseus_lane_count": (_status, [_i32p]),
+    "perseus_config_string": (ctypes.c_char_p, []),
+    # process sets
+    "perseus_add_process_set": (_status, [_i32p, ctypes.c_int32, _i32p]),
+    "perseus_remove_process_set": (_status, [ctypes.c_int32]),
+    "perseus_process_set_rank": (_status, [ctypes.c_int32, _i32p]),
+    "perseus_process_set_size": (_status, [ctypes.c_int32, _i32p]),
+    "perseus_process_set_ranks": (_status, [ctypes.c_int32, _i32p, ctypes.c_int32, _i32p]),
+    # requests. perseus_enqueue's pointers are declared c_void_p (same ABI as
+    # const perseus_request_t* / int64_t*) so requests.py can pass the plain integer
+    # addresses of its packed buffer without building ctypes objects per call.
+    "perseus_enqueue": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    "perseus_poll": (_status, [ctypes.c_int64, _i32p]),
+    "perseus_wait": (_status, [ctypes.c_int64, ctypes.c_double]),
+    "perseus_handle_output": (_status, [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), _i64p,
+                                        _i32p, ctypes.POINTER(_i64p), _i32p]),
+    "perseus_release": (_status, [ctypes.c_int64]),
+    "perseus_free_buffer": (None, [ctypes.c_void_p]),
+}
+
+
+def _bind(name):
+    try:
+        fn = getattr(_lib, name)
+    except AttributeError:
+        raise ImportError(
+            "%s does not export %s: it is older or newer than this Python package. "
+            "Rebuild and reinstall Perseus with `pip install .`." % (LIBRARY_PATH, name)) from None
+    fn.restype, fn.argtypes = _SIGNATURES[name]
+    return fn
+
+
+perseus_init = _bind("perseus_init")
+perseus_shutdown = _bind("perseus_shutdown")
+perseus_is_initialized = _bind("perseus_is_initialized")
+perseus_last_error = _bind("perseus_last_error")
+perseus_status_string = _bind("perseus_status_string")
+perseus_rank = _bind("perseus_rank")
+perseus_size = _bind("perseus_size")
+perseus_local_rank = _bind("perseus_local_rank")
+perseus_local_size = _bind("perseus_local_size")
+perseus_cross_rank = _bind("perseus_cross_rank")
+perseus_cross_size = _bind("perseus_cross_size")
+perseus_mpi_threads_supported = _bind("perseus_mpi_threads_supported")
+perseus_lane_count = _bind("perseus_lane_count")
+perseus_config_string = _bind("perseus_config_string")
+perseus_add_process_set = _bind("perseus_add_process_set")
+perseus_remove_process_set = _bind("perseus_remove_process_set")
+perseus_process_set_rank = _bind("perseus_process_set_rank")
+perseus_process_set_size = _bind("perseus_process_set_size")
+perseus_process_set_ranks = _bind("perseus_process_set_ranks")
+perseus_enqueue = _bind("perseus_enqueue")
+perseus_poll = _bind("perseus_poll")
+perseus_wait = _bind("perseus_wait")
+perseus_handle_output = _bind("perseus_handle_output")
+perseus_release = _bind("perseus_release")
+perseus_free_buffer = _bind("perseus_free_buffer")
+
+
+def error(status):
+    """The exception for a non-zero status, with this thread's perseus_last_error().
+
+    Must be called right after the failing call, on the same thread: the core keeps
+    the message per thread.
+    """
+    raw = perseus_last_error()
+    message = raw.decode("utf-8", "replace") if raw else ""
+    if not message:
+        raw = perseus_status_string(status)
+        message = raw.decode("utf-8", "replace") if raw else "status %d" % status
+    return exceptions.exception_for(status, message)
+
+
+def check(status):
+    """Raises the matching exception when a core call returned a non-zero status."""
+    if status:
+        raise error(status)

@@ -1,0 +1,52 @@
+"""Numeric constants of the C ABI that front ends pass to the core.
+
+Values mirror the enums in csrc/include/perseus/perseus.h; changing one here
+without the header breaks every request. Framework dtype tables live in the
+adapters and map onto the dtype codes below.
+"""
+
+# perseus_reduce_op_t. Horovod exposes these as hvd.Average, hvd.Sum, ...
+Sum = 0
+Average = 1
+Min = 2
+Max = 3
+Product = 4
+Adasum = 5  # accepted by the API; the core answers PERSEUS_UNSUPPORTED
+
+REDUCE_OP_NAMES = ("Sum", "Average", "Min", "Max", "Product", "Adasum")
+
+# perseus_op_type_t
+ALLREDUCE = 0
+ALLGATHER = 1
+BROADCAST = 2
+ALLTOALL = 3
+REDUCESCATTER = 4
+BARRIER = 5
+JOIN = 6
+
+# Lower-case names, used as the prefix of request names ("allreduce.<name>").
+OP_TYPE_NAMES = ("allreduce", "allgather", "broadcast", "alltoall",
+                 "reducescatter", "barrier", "join")
+
+# perseus_dtype_t
+UINT8 = 0
+INT8 = 1
+INT32 = 2
+INT64 = 3
+FLOAT16 = 4
+BFLOAT16 = 5
+FLOAT32 = 6
+FLOAT64 = 7
+BOOL = 8
+INT16 = 9
+NUM_DTYPES = 10
+
+# Bytes per element, indexed by dtype code (sizes core-allocated outputs).
+DTYPE_SIZES = (1, 1, 4, 8, 2, 2, 4, 8, 1, 2)
+DTYPE_NAMES = ("uint8", "int8", "int32", "int64", "float16", "bfloat16",
+               "float32", "float64", "bool", "int16")
+
+# Device id of host memory (PERSEUS_CPU_DEVICE) and the id of the set of all
+# ranks (PERSEUS_GLOBAL_PROCESS_SET).
+CPU_DEVICE = -1
+GLOBAL_PROCESS_SET = 0

@@ -1,0 +1,155 @@
+"""Autograd wrappers that make the synchronous collectives differentiable.
+
+mpi_ops routes a call here only when an input requires grad (autograd adds
+microseconds we do not spend on plain tensors). Gradients follow Horovod's
+conventions so ported training code computes the same numbers:
+  allreduce     -> allreduce of the gradient with the same op and scale factors
+  allgather     -> Average-allreduce of the gradient, then this rank's rows
+  broadcast     -> Average-allreduce of the gradient on the root, zeros elsewhere
+  alltoall      -> alltoall of the gradient with the received splits
+  reducescatter -> allgather of the gradient, scaled by prescale*postscale (and
+                   1/size for Average): the exact derivative of the forward op
+Backward collectives are unnamed, so every rank must run backward in the same
+order, as with Horovod.
+"""
+
+import torch
+
+# Imported back by mpi_ops: only attributes are used, at call time.
+from perseus.torch import mpi_ops as _m
+
+
+class Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):
+        ctx.args = (op, prescale, postscale, process_set)
+        return _m.synchronize(_m._allreduce_async((tensor,), False, name, op, prescale,
+                                                  postscale, process_set, False))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, prescale, postscale, process_set = ctx.args
+        return (_m.allreduce(grad, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                             process_set=process_set),
+                None, None, None, None, None)
+
+
+class GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(_m.synchronize(_m._allreduce_async(tensors, False, name, op, prescale,
+                                                        postscale, process_set, True)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, prescale, postscale, process_set = ctx.args
+        reduced = _m.grouped_allreduce(list(grads), op=op, prescale_factor=prescale,
+                                       postscale_factor=postscale, process_set=process_set)
+        return (None,) * 5 + tuple(reduced)
+
+
+def _row_offsets(rows, process_set):
+    """Where this rank's rows start in the gathered tensors: one per input."""
+    all_rows = _m.allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    return all_rows[:process_set.rank()].sum(0).tolist()
+
+
+class Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        output = _m.synchronize(_m._allgather_async((tensor,), name, process_set, False))
+        ctx.rows = tensor.shape[0]
+        ctx.process_set = process_set
+        return output
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = _m.allreduce(grad, op=_m.Average, process_set=ctx.process_set)
+        offset, = _row_offsets([ctx.rows], ctx.process_set)
+        return reduced.narrow(0, offset, ctx.rows), None, None
+
+
+class GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        outputs = _m.synchronize(_m._allgather_async(tensors, name, process_set, True))
+        ctx.rows = [t.shape[0] for t in tensors]
+        ctx.process_set = process_set
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = _m.grouped_allreduce(list(grads), op=_m.Average, process_set=ctx.process_set)
+        offsets = _row_offsets(ctx.rows, ctx.process_set)
+        return (None, None) + tuple(g.narrow(0, offset, rows)
+                                    for g, offset, rows in zip(reduced, offsets, ctx.rows))
+
+
+class Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.set_root = _m._set_root(process_set, root_rank)
+        ctx.process_set = process_set
+        return _m.synchronize(_m._broadcast_async((tensor,), False, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = _m.allreduce(grad, op=_m.Average, process_set=ctx.process_set)
+        if ctx.process_set.rank() != ctx.set_root:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None, None
+
+
+class Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = _m.synchronize(_m._alltoall_async(tensor, splits, name, process_set))
+        ctx.mark_non_differentiable(received)
+        ctx.received = received
+        ctx.process_set = process_set
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        grad_input, _ = _m.alltoall(grad, splits=ctx.received, process_set=ctx.process_set)
+        return grad_input, None, None, None
+
+
+def _scatter_grad_scale(op, prescale, postscale, process_set):
+    scale = prescale * postscale
+    if op == _m.Average:
+        scale /= process_set.size()
+    return scale
+
+
+class Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale, postscale):
+        ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
+        ctx.process_set = process_set
+        return _m.synchronize(_m._reducescatter_async((tensor,), name, op, prescale, postscale,
+                                                      process_set, False))
+
+    @staticmethod
+    def backward(ctx, grad):
+        gathered = _m.allgather(grad, process_set=ctx.process_set)
+        if ctx.scale != 1.0:
+            gathered = gathered * ctx.scale
+        return gathered, None, None, None, None, None
+
+
+class GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
+        ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
+        ctx.process_set = process_set
+        return tuple(_m.synchronize(_m._reducescatter_async(tensors, name, op, prescale,
+                                                            postscale, process_set, True)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gathered = _m.grouped_allgather(list(grads), process_set=ctx.process_set)
+        if ctx.scale != 1.0:
+            gathered = [g * ctx.scale for g in gathered]
+        return (None,) * 5 + tuple(gathered)
