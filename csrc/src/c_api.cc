@@ -104,7 +104,7 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   bool thread_multiple = false;
   status = StartMpi(&thread_multiple);
   if (!status.ok()) return Report(status);
-  MPI_Comm base = comm_f2c < 0 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
+  MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
   MPI_Comm world;
   status = MpiStatus(MPI_Comm_dup(base, &world), "MPI_Comm_dup");
   if (!status.ok()) return Report(status);

@@ -160,7 +160,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
                                                            std::to_string(set->id));
       if (set->stopped) return set->stop_status;
       EntryPtr entry;
-      Status status = MakeEntry(r, set->size(), &entry);
+      Status status = MakeEntry(r, set->rank, set->size(), &entry);
       if (!status.ok()) return status;
       if (set->in_flight.count(entry->meta.name) ||
           !batch_names.emplace(set->id, entry->meta.name).second)

@@ -19,8 +19,11 @@ constexpr uint64_t kLeaving = 2;
 constexpr int32_t kMsgJoined = 1;
 constexpr int32_t kMsgLeaving = 2;
 
-bool BitSet(const std::vector<uint64_t>& words, int bit) {
-  return (words[1 + bit / 64] >> (bit % 64)) & 1u;
+// Agreed: every rank holds it or has joined, and at least one rank holds it.
+bool Agreed(const std::vector<uint64_t>& bits, int capacity, int bit) {
+  const int words = (capacity + 63) / 64;
+  uint64_t agree = bits[1 + bit / 64], nobody_holds = bits[1 + words + bit / 64];
+  return ((agree & ~nobody_holds) >> (bit % 64)) & 1u;
 }
 
 }  // namespace
@@ -71,8 +74,15 @@ std::string Negotiator::RankList(const std::vector<int>& set_ranks) const {
 }
 
 Status Negotiator::Start(bool leaving) {
+  // Layout: [flags][agree bits][inverted hold bits]. A rank sets an agree bit when it
+  // holds the request or has joined (it adds zeros); the hold bits, inverted so the
+  // AND yields their OR, make sure somebody actually submitted it.
   const int capacity = cache_.capacity();
-  bits_send_.assign(1 + (capacity + 63) / 64, 0);
+  const int words = (capacity + 63) / 64;
+  bits_send_.assign(1 + 2 * words, 0);
+  auto set_bit = [&](int section, int bit) {
+    bits_send_[1 + section * words + bit / 64] |= uint64_t{1} << (bit % 64);
+  };
   bool joined_here = false, needs_gather = leaving;
   for (const auto& kv : pending_) {
     const TensorMeta& meta = kv.second->meta;
@@ -84,13 +94,15 @@ Status Negotiator::Start(bool leaving) {
     if (bit < 0) {
       needs_gather = true;
     } else {
-      bits_send_[1 + bit / 64] |= uint64_t{1} << (bit % 64);
+      set_bit(0, bit);
+      set_bit(1, bit);
     }
   }
-  if (joined_here) {  // a joined rank agrees to every cached request: it adds zeros
+  if (joined_here) {
     for (int bit = 0; bit < capacity; ++bit)
-      if (cache_.InUse(bit)) bits_send_[1 + bit / 64] |= uint64_t{1} << (bit % 64);
+      if (cache_.InUse(bit)) set_bit(0, bit);
   }
+  for (int w = 0; w < words; ++w) bits_send_[1 + words + w] = ~bits_send_[1 + words + w];
   if (joined_here != static_cast<bool>(joined_[rank_])) needs_gather = true;  // announce it
   bits_send_[0] = ~((needs_gather ? kNeedsGather : 0) | (leaving ? kLeaving : 0));
   bits_recv_.assign(bits_send_.size(), 0);
@@ -106,7 +118,7 @@ Status Negotiator::Start(bool leaving) {
 void Negotiator::TakeFastAgreed() {
   fast_agreed_.clear();
   for (int bit = 0; bit < cache_.capacity(); ++bit) {
-    if (!BitSet(bits_recv_, bit) || !cache_.InUse(bit)) continue;
+    if (!Agreed(bits_recv_, cache_.capacity(), bit) || !cache_.InUse(bit)) continue;
     cache_.Touch(bit, round_);
     BatchItem item;
     item.meta = cache_.MetaAt(bit);
@@ -204,7 +216,6 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
         } catch (const std::exception& ex) {
           *error = Status::Error(PERSEUS_INTERNAL_ERROR, ex.what());
         }
-        RejectWhileJoined(outcome);
         outcome->progressed = !outcome->agreed.empty() || !outcome->failed.empty() ||
                               !outcome->finished.empty();
         phase_ = Phase::kIdle;
@@ -237,6 +248,7 @@ void Negotiator::DecodeGather(RoundOutcome* out) {
   }
   for (int r : leaving) out->shutdown_ranks.push_back(global_ranks_[r]);
   for (const auto& kv : by_name) AgreeNamed(kv.first, kv.second, out);
+  RejectWhileJoined(out);  // before a completed join clears the joined ranks
   FinishJoinIfComplete(out);
 }
 

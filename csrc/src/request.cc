@@ -66,7 +66,7 @@ std::string TensorMeta::Difference(const TensorMeta& o) const {
   return d.str();
 }
 
-Status MakeEntry(const perseus_request_t& r, int set_size, EntryPtr* out) {
+Status MakeEntry(const perseus_request_t& r, int set_rank, int set_size, EntryPtr* out) {
   auto bad = [&](const std::string& why) {
     return Status::Error(PERSEUS_INVALID_ARGUMENT,
                          std::string("request '") + (r.name ? r.name : "?") + "': " + why);
@@ -107,9 +107,13 @@ Status MakeEntry(const perseus_request_t& r, int set_size, EntryPtr* out) {
       m.reduce_op = r.reduce_op;
       m.prescale = r.prescale;
       m.postscale = r.postscale;
-      if (r.op_type == PERSEUS_REDUCESCATTER && m.shape.empty())
-        return bad("reducescatter needs at least one dimension");
-      if (m.NumElements() > 0 && r.output == nullptr) return bad("output pointer is NULL");
+      if (r.op_type == PERSEUS_REDUCESCATTER) {
+        if (m.shape.empty()) return bad("reducescatter needs at least one dimension");
+        int64_t rows = m.shape[0] / set_size + (set_rank < m.shape[0] % set_size ? 1 : 0);
+        if (rows * m.RowElements() > 0 && r.output == nullptr) return bad("output pointer is NULL");
+      } else if (m.NumElements() > 0 && r.output == nullptr) {
+        return bad("output pointer is NULL");
+      }
       break;
     case PERSEUS_BROADCAST:
       if (r.root_rank < 0 || r.root_rank >= set_size)

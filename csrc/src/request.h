@@ -51,7 +51,7 @@ struct Entry {
 using EntryPtr = std::shared_ptr<Entry>;
 
 // Checks one request from the C ABI and converts it. Errors are INVALID_ARGUMENT.
-Status MakeEntry(const perseus_request_t& request, int set_size, EntryPtr* out);
+Status MakeEntry(const perseus_request_t& request, int set_rank, int set_size, EntryPtr* out);
 
 // Byte streams for negotiation messages.
 class Writer {
