@@ -1,0 +1,158 @@
+"""Shared fixtures: launching the scripts in tests/mpi/ under mpirun.
+
+`run_mpi(script, np, env=None, timeout=...)` runs `mpirun -np N python tests/mpi/<script>.py`
+and fails the calling test, showing the job's stdout and stderr, when the job exits
+non-zero or outlives its timeout. On timeout every process of the job is killed, so a
+hang fails one test and never stalls the suite.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+MPI_SCRIPTS = TESTS_DIR / "mpi"
+
+DEFAULT_TIMEOUT_S = 150
+
+# Variables that would leak a launcher's or a developer's setup into the job. The tests
+# set the PERSEUS_* / HOROVOD_* knobs they exercise explicitly; logging may pass through.
+_DROPPED_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PERSEUS_", "HOROVOD_")
+_KEPT = {"PERSEUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL"}
+
+
+def find_mpirun():
+    """The mpirun next to this interpreter (the venv's mpich wheel), else the one on PATH."""
+    candidate = Path(sys.executable).parent / "mpirun"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("mpirun")
+    if found is None:
+        pytest.fail("mpirun not found next to %s nor on PATH" % sys.executable)
+    return found
+
+
+def clean_env(extra=None):
+    """A copy of os.environ fit for a child job: no launcher state, one thread per rank."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in _KEPT or not k.startswith(_DROPPED_PREFIXES)
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _descendants(pid):
+    """All processes below pid, found through /proc (the MPICH launcher puts each
+    proxy and rank in a session of its own, so a process-group kill misses them)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Field 4 (ppid) follows the parenthesised command name, which may hold spaces.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_job(proc):
+    """SIGKILL the launcher and every process it started."""
+    for _ in range(3):
+        victims = _descendants(proc.pid)
+        for pid in victims + [proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not victims:
+            break
+        time.sleep(0.1)
+
+
+def _report(what, cmd, env_extra, out, err):
+    return "%s\ncommand: %s\nextra env: %s\n----- stdout -----\n%s\n----- stderr -----\n%s" % (
+        what, " ".join(cmd), env_extra or {}, out, err)
+
+
+@pytest.fixture
+def run_mpi(tmp_path):
+    """Returns run_mpi(script, np, env=None, timeout=DEFAULT_TIMEOUT_S) -> stdout.
+
+    Each job gets an empty scratch directory in $PTEST_TMPDIR, which ranks use to
+    signal one another through files without going through the library under test.
+    """
+
+    def run(script, np, env=None, timeout=DEFAULT_TIMEOUT_S):
+        path = MPI_SCRIPTS / ("%s.py" % script)
+        assert path.exists(), path
+        scratch = tmp_path / ("%s-np%d-%d" % (script, np, time.monotonic_ns()))
+        scratch.mkdir()
+        extra = dict(env or {})
+        # Ranks dump every thread's stack shortly before the kill (see tests/mpi/common.py).
+        child_env = clean_env(dict(extra, PTEST_TMPDIR=str(scratch),
+                                   PTEST_HANG_DUMP_S=str(max(1, timeout - 15))))
+        cmd = [find_mpirun(), "-np", str(np), sys.executable, str(path)]
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=child_env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            if proc.poll() is None:
+                kill_job(proc)
+        if timed_out:
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a straggler still holds the pipes
+                out, err = "(unreadable)", "(unreadable)"
+            pytest.fail(_report("%s with %d ranks did not finish within %d s (killed; the stack dumps "
+                                "in stderr show where each rank was)" % (script, np, timeout),
+                                cmd, extra, out, err), pytrace=False)
+        if proc.returncode != 0:
+            pytest.fail(_report("%s with %d ranks exited with code %d after %.1f s"
+                                % (script, np, proc.returncode, time.monotonic() - start),
+                                cmd, extra, out, err), pytrace=False)
+        return out
+
+    return run
+
+
+@pytest.fixture
+def run_python():
+    """Returns run_python(code, env=None, timeout=60) -> CompletedProcess: `python -c code`
+    in a fresh process without mpirun, with a clean environment plus `env`."""
+
+    def run(code, env=None, timeout=60):
+        try:
+            return subprocess.run([sys.executable, "-c", code], cwd=str(REPO_ROOT), env=clean_env(env),
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            pytest.fail("python -c did not finish within %d s\nenv: %s\ncode:\n%s\nstdout:\n%s\nstderr:\n%s"
+                        % (timeout, env, code, e.stdout, e.stderr), pytrace=False)
+
+    return run

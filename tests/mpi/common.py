@@ -1,0 +1,270 @@
+"""Helpers shared by the scripts that mpirun runs on every rank.
+
+Inputs come from `make_tensor(tag, rank, shape, dtype)`, a pure function of its
+arguments, so every rank can rebuild every other rank's input and compute the expected
+result of a collective locally with plain torch, without trusting the library under test.
+
+A script calls `main(body)`: any exception prints a traceback tagged with the rank and
+ends the process with exit code 1 at once (MPICH then tears the job down), so a
+failure on one rank fails the test instead of leaving the others waiting.
+"""
+import faulthandler
+import os
+import sys
+import time
+import traceback
+import zlib
+
+import torch
+
+# Shortly before run_mpi's timeout, print where every thread is: a hang shows its place.
+if os.environ.get("PTEST_HANG_DUMP_S"):
+    faulthandler.dump_traceback_later(float(os.environ["PTEST_HANG_DUMP_S"]), exit=False)
+
+import perseus.torch.horovod as hvd  # noqa: E402
+
+INT_DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64]
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+DTYPES = INT_DTYPES + FLOAT_DTYPES
+DTYPES_WITH_BOOL = DTYPES + [torch.bool]
+
+# Value ranges chosen so that no reference result overflows with up to MAX_RANKS ranks.
+MAX_RANKS = 4
+_INT_RANGES = {
+    "sum": {torch.uint8: (0, 60), torch.int8: (-30, 30),
+            torch.int32: (-10**6, 10**6), torch.int64: (-10**6, 10**6)},
+    "product": {torch.uint8: (0, 3), torch.int8: (-3, 3),
+                torch.int32: (-20, 20), torch.int64: (-1000, 1000)},
+    # Values a float64 cannot hold exactly: a path through double would show.
+    "big": {torch.uint8: (0, 60), torch.int8: (-30, 30),
+            torch.int32: (-2**28, 2**28), torch.int64: (-2**60, 2**60)},
+}
+
+
+_LAUNCHER_VARS = [("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                  ("PMIX_RANK", "PMIX_SIZE")]
+
+
+def launcher_rank_size():
+    """(rank, size) as the launcher (MPICH's hydra, Open MPI) told this process."""
+    for rank_var, size_var in _LAUNCHER_VARS:
+        if rank_var in os.environ and size_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    raise AssertionError("no launcher variables (%s) in the environment" % _LAUNCHER_VARS)
+
+
+def rank_tag():
+    for rank_var, _ in _LAUNCHER_VARS:
+        if rank_var in os.environ:
+            return "[rank %s]" % os.environ[rank_var]
+    return "[rank ?]"
+
+
+def log(*args):
+    print(rank_tag(), *args, flush=True)
+
+
+def main(body):
+    """Run body(); on any exception print it and exit 1 without running atexit hooks."""
+    try:
+        body()
+    except BaseException:
+        sys.stdout.flush()
+        sys.stderr.write("%s FAILED\n" % rank_tag())
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    log("ok")
+    sys.stdout.flush()
+    sys.exit(0)
+
+
+def init():
+    hvd.init()
+    assert hvd.size() <= MAX_RANKS, "value ranges in common.py assume at most %d ranks" % MAX_RANKS
+    return hvd.rank(), hvd.size()
+
+
+# ---------------------------------------------------------------- inputs
+
+def seed_of(tag, rank):
+    return zlib.crc32(("%s|%d" % (tag, rank)).encode())
+
+
+def make_tensor(tag, rank, shape, dtype, kind="sum"):
+    """The input `rank` contributes under `tag`.
+
+    kind: 'sum' (also Average/Min/Max), 'product' (magnitudes kept near 1),
+    'big' (integers beyond 2**53), 'exact' (small integers stored in any dtype:
+    every sum and average over <= 4 ranks is exactly representable).
+    """
+    shape = tuple(shape)
+    g = torch.Generator().manual_seed(seed_of(tag, rank))
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if kind == "exact":
+        lo, hi = (0, 15) if dtype == torch.uint8 else (-8, 8)
+        return torch.randint(lo, hi + 1, shape, generator=g).to(dtype)
+    if dtype.is_floating_point:
+        if kind == "product":
+            magnitude = torch.rand(shape, generator=g, dtype=torch.float64) * 1.5 + 0.5
+            sign = torch.randint(0, 2, shape, generator=g).to(torch.float64) * 2 - 1
+            return (magnitude * sign).to(dtype)
+        return (torch.randn(shape, generator=g, dtype=torch.float64) * 4).to(dtype)
+    lo, hi = _INT_RANGES[kind][dtype]
+    return torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+def kind_for(op):
+    return "product" if op == hvd.Product else "sum"
+
+
+def op_name(op):
+    for name in ("Sum", "Average", "Min", "Max", "Product"):
+        if op == getattr(hvd, name):
+            return name
+    return str(op)
+
+
+def dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+# ---------------------------------------------------------------- references
+
+def reference_reduce(inputs, op, dtype, prescale=1.0, postscale=1.0):
+    """(expected, bound): the exact reduction computed in int64 / float64, and the
+    largest error a float result may carry (None for integer dtypes: exact).
+
+    The bound allows one rounding per addend, per scaling and for the final cast:
+    (n + 3) * eps * sum(|scaled addends|) for Sum/Average, relative for Product,
+    zero for Min/Max (a selection, never rounded).
+    """
+    n = len(inputs)
+    if not dtype.is_floating_point:
+        xs = torch.stack([x.to(torch.int64) for x in inputs])
+        if op == hvd.Sum:
+            return xs.sum(0), None
+        if op == hvd.Average:
+            # Sum scaled by 1/n, truncated toward zero.
+            return torch.div(xs.sum(0), n, rounding_mode="trunc"), None
+        if op == hvd.Min:
+            return xs.amin(0), None
+        if op == hvd.Max:
+            return xs.amax(0), None
+        if op == hvd.Product:
+            return xs.prod(0), None
+        raise AssertionError("no reference for op %r" % op)
+    xs = torch.stack([x.to(torch.float64) for x in inputs]) * prescale
+    eps = torch.finfo(dtype).eps
+    tiny = torch.finfo(dtype).tiny
+    if op in (hvd.Sum, hvd.Average):
+        scale = postscale / n if op == hvd.Average else postscale
+        expected = xs.sum(0) * scale
+        bound = (n + 3) * eps * xs.abs().sum(0) * abs(scale) + tiny
+        return expected, bound
+    if op == hvd.Min:
+        return xs.amin(0) * postscale, torch.zeros(xs.shape[1:], dtype=torch.float64)
+    if op == hvd.Max:
+        return xs.amax(0) * postscale, torch.zeros(xs.shape[1:], dtype=torch.float64)
+    if op == hvd.Product:
+        expected = xs.prod(0) * postscale
+        return expected, (n + 3) * eps * expected.abs() + tiny
+    raise AssertionError("no reference for op %r" % op)
+
+
+def assert_close(got, expected, bound, dtype, what, exact=False):
+    """got (a tensor of `dtype`) against an int64/float64 expectation."""
+    assert isinstance(got, torch.Tensor), "%s: expected a tensor, got %r" % (what, type(got))
+    assert got.dtype == dtype, "%s: dtype %s, expected %s" % (what, got.dtype, dtype)
+    assert tuple(got.shape) == tuple(expected.shape), \
+        "%s: shape %s, expected %s" % (what, tuple(got.shape), tuple(expected.shape))
+    assert got.device.type == "cpu", "%s: result on %s" % (what, got.device)
+    if bound is None or exact:
+        ok = torch.equal(got.to(expected.dtype), expected)
+        if not ok:
+            raise AssertionError("%s: not equal to the reference\n got %s\n expected %s"
+                                 % (what, got.flatten()[:8].tolist(), expected.flatten()[:8].tolist()))
+        return
+    diff = (got.to(torch.float64) - expected).abs()
+    bad = ~(diff <= bound)  # also catches NaN
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        raise AssertionError("%s: %d of %d elements off; first at flat index %d: got %r, "
+                             "expected %r (allowed error %.3g)"
+                             % (what, int(bad.sum()), bad.numel(), i, got.flatten()[i].item(),
+                                expected.flatten()[i].item(), bound.flatten()[i].item()))
+
+
+def assert_reduced(got, inputs, op, dtype, what, prescale=1.0, postscale=1.0, exact=False):
+    expected, bound = reference_reduce(inputs, op, dtype, prescale, postscale)
+    assert_close(got, expected, bound, dtype, what, exact)
+
+
+def assert_equal(got, expected, what):
+    """Exact comparison for data-movement collectives (and dtype, shape)."""
+    assert isinstance(got, torch.Tensor), "%s: expected a tensor, got %r" % (what, type(got))
+    assert got.dtype == expected.dtype, "%s: dtype %s, expected %s" % (what, got.dtype, expected.dtype)
+    assert tuple(got.shape) == tuple(expected.shape), \
+        "%s: shape %s, expected %s" % (what, tuple(got.shape), tuple(expected.shape))
+    if not torch.equal(got, expected):
+        raise AssertionError("%s: values differ\n got %s\n expected %s"
+                             % (what, got.flatten()[:8].tolist(), expected.flatten()[:8].tolist()))
+
+
+def assert_unchanged(tensor, original, what):
+    if not torch.equal(tensor, original):
+        raise AssertionError("%s: the input tensor was modified" % what)
+
+
+def split_rows(dim0, size):
+    """Row counts per rank for reducescatter: as even as possible, the first
+    dim0 % size ranks get one extra row."""
+    return [dim0 // size + (1 if r < dim0 % size else 0) for r in range(size)]
+
+
+# ---------------------------------------------------------------- errors
+
+def expect_raises(exc_type, what, fn, *args, contains=(), within_s=60.0, **kwargs):
+    """Call fn and require that it raises exc_type (within within_s seconds) with every
+    string of `contains` in its message. Returns the exception."""
+    start = time.monotonic()
+    try:
+        fn(*args, **kwargs)
+    except exc_type as e:
+        elapsed = time.monotonic() - start
+        assert elapsed < within_s, "%s: the error took %.1f s" % (what, elapsed)
+        for text in contains:
+            assert text in str(e), "%s: %r does not mention %r" % (what, str(e), text)
+        return e
+    except BaseException as e:
+        raise AssertionError("%s: expected %s, got %s: %s" % (what, exc_type.__name__, type(e).__name__, e))
+    raise AssertionError("%s: expected %s, nothing was raised" % (what, exc_type.__name__))
+
+
+# ---------------------------------------------------------------- cross-rank signals
+# Some scripts must order events across ranks without using the library under test
+# (e.g. "rank 3 submits only after set {0,1} finished"). They touch files in the job's
+# scratch directory.
+
+def _signal_path(name):
+    return os.path.join(os.environ["PTEST_TMPDIR"], name)
+
+
+def touch(name):
+    tmp = _signal_path(name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(time.time()))
+    os.replace(tmp, _signal_path(name))
+
+
+def exists(name):
+    return os.path.exists(_signal_path(name))
+
+
+def wait_for(name, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while not exists(name):
+        if time.monotonic() > deadline:
+            raise AssertionError("waited %.0f s for signal %r" % (timeout_s, name))
+        time.sleep(0.005)

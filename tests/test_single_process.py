@@ -1,0 +1,332 @@
+"""Single-process tests (no mpirun, a world of size 1), run inside the pytest process,
+plus configuration checks run in fresh `python -c` subprocesses because configuration
+is read at init()."""
+import importlib
+import textwrap
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.timeout(120)
+
+INT_DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64]
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+DTYPES = INT_DTYPES + FLOAT_DTYPES
+SHAPES = [(), (0,), (1,), (17,), (4, 5), (2, 0, 3)]
+OP_NAMES = ["Sum", "Average", "Min", "Max", "Product"]
+
+
+@pytest.fixture(scope="module")
+def hvd():
+    """perseus.torch.horovod, initialised (imported here, so collection works before the
+    package exists; until then every test errors at this fixture)."""
+    module = importlib.import_module("perseus.torch.horovod")
+    module.init()
+    yield module
+    module.shutdown()
+
+
+@pytest.fixture
+def initialized(hvd):
+    """hvd, re-initialised if a previous test left it shut down."""
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd
+
+
+def make(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).mul(4).to(dtype)
+    low = 0 if dtype == torch.uint8 else -50
+    return torch.randint(low, 50, shape, generator=g).to(dtype)
+
+
+def assert_same(got, expected):
+    assert got.dtype == expected.dtype
+    assert got.shape == expected.shape
+    assert torch.equal(got, expected), (got, expected)
+
+
+def assert_new_tensor(out, inp):
+    if inp.numel():
+        assert out.data_ptr() != inp.data_ptr(), "the out-of-place op returned its input's storage"
+
+
+# ---------------------------------------------------------------- topology
+
+def test_world_of_one(initialized):
+    hvd = initialized
+    assert hvd.is_initialized()
+    assert (hvd.size(), hvd.rank()) == (1, 0)
+    assert (hvd.local_size(), hvd.local_rank()) == (1, 0)
+    assert (hvd.cross_size(), hvd.cross_rank()) == (1, 0)
+
+
+def test_build_and_backend_queries(initialized):
+    hvd = initialized
+    assert hvd.mpi_built() and hvd.mpi_enabled()
+    for fn in (hvd.mpi_threads_supported, hvd.gloo_enabled, hvd.gloo_built, hvd.nccl_built,
+               hvd.ddl_built, hvd.ccl_built, hvd.cuda_built, hvd.rocm_built):
+        assert isinstance(fn(), (bool, int)), fn.__name__
+    assert not hvd.gloo_enabled()
+
+
+# ---------------------------------------------------------------- allreduce
+
+@pytest.mark.parametrize("op_name", OP_NAMES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_allreduce_of_one_is_identity(initialized, op_name, dtype):
+    hvd = initialized
+    op = getattr(hvd, op_name)
+    for i, shape in enumerate(SHAPES):
+        x = make(shape, dtype, seed=i)
+        before = x.clone()
+        out = hvd.allreduce(x, name="sp.ar.%s.%s.%d" % (op_name, dtype, i), op=op)
+        assert_same(out, before)
+        assert_same(x, before)
+        assert_new_tensor(out, x)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_allreduce_scaling_sync_async_inplace(initialized, dtype):
+    hvd = initialized
+    x = make((33,), dtype)
+    expected = (x.double() * 3.0 * 0.5).to(dtype)
+    tol = dict(rtol=4 * torch.finfo(dtype).eps, atol=torch.finfo(dtype).tiny)
+    out = hvd.allreduce(x, name="sp.scale", op=hvd.Sum, prescale_factor=3.0, postscale_factor=0.5)
+    torch.testing.assert_close(out, expected, **tol)
+
+    handle = hvd.allreduce_async(x, name="sp.scale.async", op=hvd.Average, prescale_factor=3.0,
+                                 postscale_factor=0.5)
+    torch.testing.assert_close(hvd.synchronize(handle), expected, **tol)
+
+    y = x.clone()
+    out = hvd.allreduce_(y, name="sp.scale.inplace", op=hvd.Sum, prescale_factor=3.0, postscale_factor=0.5)
+    torch.testing.assert_close(y, expected, **tol)
+    torch.testing.assert_close(out, expected, **tol)
+
+    y = x.clone()
+    handle = hvd.allreduce_async_(y, name="sp.scale.async_", op=hvd.Sum, prescale_factor=3.0,
+                                  postscale_factor=0.5)
+    while not hvd.poll(handle):
+        time.sleep(0.001)
+    hvd.synchronize(handle)
+    torch.testing.assert_close(y, expected, **tol)
+
+
+def test_allreduce_defaults_to_average(initialized):
+    hvd = initialized
+    x = make((5,), torch.float32)
+    assert_same(hvd.allreduce(x, name="sp.default"), x)  # Average over one rank
+    doubled = hvd.allreduce(x, name="sp.default.scaled", prescale_factor=2.0)
+    torch.testing.assert_close(doubled, x * 2)
+
+
+def test_grouped_allreduce(initialized):
+    hvd = initialized
+    xs = [make(shape, torch.float32, seed=i) for i, shape in enumerate(SHAPES)]
+    outs = hvd.grouped_allreduce(xs, name="sp.gar", op=hvd.Sum, postscale_factor=2.0)
+    assert len(outs) == len(xs)
+    for out, x in zip(outs, xs):
+        torch.testing.assert_close(out, x * 2)
+    outs = hvd.synchronize(hvd.grouped_allreduce_async(xs, name="sp.gar.async", op=hvd.Max))
+    for out, x in zip(outs, xs):
+        assert_same(out, x)
+    ys = [x.clone() for x in xs]
+    hvd.grouped_allreduce_(ys, name="sp.gar.inplace", op=hvd.Sum, prescale_factor=-1.0)
+    for y, x in zip(ys, xs):
+        torch.testing.assert_close(y, -x)
+    ys = [x.clone() for x in xs]
+    hvd.synchronize(hvd.grouped_allreduce_async_(ys, name="sp.gar.async_", op=hvd.Sum, prescale_factor=4.0))
+    for y, x in zip(ys, xs):
+        torch.testing.assert_close(y, 4 * x)
+
+
+# ---------------------------------------------------------------- other collectives
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.bool], ids=str)
+def test_allgather_broadcast_alltoall_of_one(initialized, dtype):
+    hvd = initialized
+    for i, shape in enumerate([(0,), (1,), (6,), (3, 2), (2, 0)]):
+        x = make(shape, dtype, seed=i)
+        before = x.clone()
+        tag = "%s.%d" % (dtype, i)
+
+        out = hvd.allgather(x, name="sp.ag." + tag)
+        assert_same(out, before)
+        assert_new_tensor(out, x)
+        assert_same(hvd.synchronize(hvd.allgather_async(x, name="sp.ag.async." + tag)), before)
+        outs = hvd.grouped_allgather([x, x], name="sp.gag." + tag)
+        assert len(outs) == 2 and all(torch.equal(o, before) for o in outs)
+
+        out = hvd.broadcast(x, 0, name="sp.bc." + tag)
+        assert_same(out, before)
+        assert_new_tensor(out, x)
+        assert_same(hvd.broadcast_(x, 0, name="sp.bc_." + tag), before)
+        assert_same(x, before)
+
+        out, received = hvd.alltoall(x, splits=[shape[0]], name="sp.a2a." + tag)
+        assert_same(out, before)
+        assert [int(v) for v in received] == [shape[0]]
+        result = hvd.alltoall(x, name="sp.a2a.even." + tag)
+        assert_same(result[0] if isinstance(result, tuple) else result, before)
+        assert_same(x, before)
+
+    # Broadcast of a 0-d tensor.
+    x = make((), dtype, seed=99)
+    assert_same(hvd.broadcast(x, 0, name="sp.bc.scalar.%s" % dtype), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reducescatter_of_one(initialized, dtype):
+    hvd = initialized
+    for i, shape in enumerate([(1,), (7,), (4, 3), (0, 2)]):
+        x = make(shape, dtype, seed=i)
+        assert_same(hvd.reducescatter(x, name="sp.rs.%s.%d" % (dtype, i), op=hvd.Sum), x)
+        assert_same(hvd.reducescatter(x, name="sp.rs.avg.%s.%d" % (dtype, i)), x)  # default: Average
+        assert_same(hvd.synchronize(hvd.reducescatter_async(x, name="sp.rs.async.%s.%d" % (dtype, i))), x)
+    xs = [make((3, 2), dtype, seed=7), make((5,), dtype, seed=8)]
+    outs = hvd.grouped_reducescatter(xs, name="sp.grs.%s" % dtype, op=hvd.Sum)
+    assert len(outs) == 2 and all(torch.equal(o, x) for o, x in zip(outs, xs))
+    outs = hvd.synchronize(hvd.grouped_reducescatter_async(xs, name="sp.grs.async.%s" % dtype, op=hvd.Sum))
+    assert len(outs) == 2 and all(torch.equal(o, x) for o, x in zip(outs, xs))
+    if dtype.is_floating_point:
+        out = hvd.reducescatter(xs[0], name="sp.rs.scaled.%s" % dtype, op=hvd.Sum, prescale_factor=2.0,
+                                postscale_factor=1.5)
+        torch.testing.assert_close(out, (xs[0].double() * 3).to(dtype))
+
+
+def test_join_barrier_process_set(initialized):
+    hvd = initialized
+    assert hvd.join() == 0
+    hvd.barrier()
+    hvd.barrier(process_set=hvd.global_process_set)
+    ps = hvd.global_process_set
+    assert ps.size() == 1 and ps.rank() == 0 and list(ps.ranks) == [0]
+    x = make((4,), torch.float32)
+    assert_same(hvd.allreduce(x, name="sp.ps", op=hvd.Sum, process_set=ps), x)
+
+
+# ---------------------------------------------------------------- errors
+
+def test_local_argument_errors(initialized):
+    hvd = initialized
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    with pytest.raises(ValueError):
+        hvd.allreduce(torch.ones(3, dtype=torch.bool), name="sp.bool", op=hvd.Sum)
+    with pytest.raises(NotImplementedError):
+        hvd.allreduce(torch.ones(3), name="sp.adasum", op=hvd.Adasum)
+    # The engine still serves requests afterwards.
+    assert_same(hvd.allreduce(torch.arange(3.0), name="sp.after_errors", op=hvd.Sum), torch.arange(3.0))
+
+
+def test_errors_before_init_and_reinit(hvd):
+    if hvd.is_initialized():
+        hvd.shutdown()
+    try:
+        assert not hvd.is_initialized()
+        for call in (hvd.rank, hvd.size, hvd.local_rank, hvd.local_size,
+                     lambda: hvd.allreduce(torch.ones(2), name="sp.pre", op=hvd.Sum),
+                     lambda: hvd.allgather(torch.ones(2), name="sp.pre"),
+                     lambda: hvd.broadcast(torch.ones(2), 0, name="sp.pre")):
+            with pytest.raises(ValueError):
+                call()
+        for cycle in range(3):
+            hvd.init()
+            assert hvd.is_initialized() and hvd.size() == 1
+            x = make((6,), torch.float64, seed=cycle)
+            assert_same(hvd.allreduce(x, name="sp.cycle", op=hvd.Sum), x)
+            hvd.shutdown()
+            assert not hvd.is_initialized()
+            with pytest.raises(ValueError):
+                hvd.rank()
+    finally:
+        if not hvd.is_initialized():
+            hvd.init()
+
+
+# ---------------------------------------------------------------- configuration (subprocesses)
+
+INIT_SNIPPET = textwrap.dedent("""
+    import sys
+    import perseus.torch.horovod as hvd
+    try:
+        hvd.init()
+    except ValueError as e:
+        print("VALUE_ERROR:", e)
+        sys.exit(0)
+    print("INITIALISED size=%d" % hvd.size())
+    hvd.shutdown()
+    sys.exit(0)
+""")
+
+BAD_SETTINGS = [
+    ("PERSEUS_FUSION_THRESHOLD", "abc", "PERSEUS_FUSION_THRESHOLD"),
+    ("PERSEUS_FUSION_THRESHOLD", "-1", "PERSEUS_FUSION_THRESHOLD"),
+    ("HOROVOD_FUSION_THRESHOLD", "abc", "FUSION_THRESHOLD"),
+    ("PERSEUS_ALLREDUCE_STREAMS", "0", "PERSEUS_ALLREDUCE_STREAMS"),
+    ("PERSEUS_ALLREDUCE_STREAMS", "-2", "PERSEUS_ALLREDUCE_STREAMS"),
+    ("PERSEUS_ALLREDUCE_STREAMS", "two", "PERSEUS_ALLREDUCE_STREAMS"),
+    ("PERSEUS_CYCLE_TIME", "abc", "PERSEUS_CYCLE_TIME"),
+    ("PERSEUS_CYCLE_TIME", "-5", "PERSEUS_CYCLE_TIME"),
+    ("HOROVOD_CYCLE_TIME", "abc", "CYCLE_TIME"),
+]
+
+
+@pytest.mark.parametrize("variable,value,named", BAD_SETTINGS, ids=["%s=%s" % s[:2] for s in BAD_SETTINGS])
+def test_bad_setting_fails_init_naming_the_variable(run_python, variable, value, named):
+    result = run_python(INIT_SNIPPET, env={variable: value})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "VALUE_ERROR:" in result.stdout, "init() accepted %s=%s:\n%s" % (variable, value, output)
+    assert named in result.stdout, "the error does not name %s:\n%s" % (named, output)
+
+
+GOOD_SETTINGS = [
+    {"PERSEUS_FUSION_THRESHOLD": "0"},
+    {"PERSEUS_FUSION_THRESHOLD": "1048576", "PERSEUS_ALLREDUCE_STREAMS": "4"},
+    {"HOROVOD_FUSION_THRESHOLD": "4096", "HOROVOD_CYCLE_TIME": "2.5"},
+    {"PERSEUS_CYCLE_TIME": "5"},
+]
+
+
+@pytest.mark.parametrize("env", GOOD_SETTINGS, ids=lambda e: ",".join("%s=%s" % kv for kv in e.items()))
+def test_good_settings_are_accepted(run_python, env):
+    result = run_python(INIT_SNIPPET, env=env)
+    assert result.returncode == 0 and "INITIALISED size=1" in result.stdout, result.stdout + result.stderr
+
+
+def test_plain_python_gets_a_world_of_one(run_python):
+    code = textwrap.dedent("""
+        import torch
+        import perseus.torch.horovod as hvd
+        hvd.init()
+        out = hvd.allreduce(torch.arange(4.0), name="x", op=hvd.Sum)
+        print("RESULT", hvd.size(), hvd.rank(), out.tolist())
+        hvd.shutdown()
+    """)
+    result = run_python(code)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "RESULT 1 0 [0.0, 1.0, 2.0, 3.0]" in result.stdout, result.stdout + result.stderr
+
+
+def test_mpi_initialised_by_mpi4py_first(run_python):
+    code = textwrap.dedent("""
+        from mpi4py import MPI
+        import torch
+        import perseus.torch.horovod as hvd
+        hvd.init()
+        a = hvd.size()
+        hvd.shutdown()
+        hvd.init(comm=MPI.COMM_WORLD)
+        out = hvd.allreduce(torch.ones(3), name="x", op=hvd.Sum)
+        hvd.shutdown()
+        print("RESULT", a, hvd.is_initialized(), out.tolist(), MPI.Is_finalized())
+    """)
+    result = run_python(code)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "RESULT 1 False [1.0, 1.0, 1.0] False" in result.stdout, result.stdout + result.stderr
