@@ -244,6 +244,16 @@ perseus_status_t perseus_enqueue(const perseus_request_t* requests, int32_t n,
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 
+perseus_status_t perseus_enqueue_and_drive(const perseus_request_t* requests, int32_t n,
+                                           int64_t* handles_out, double max_drive_s) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  if (n < 0 || (n > 0 && (requests == nullptr || handles_out == nullptr)))
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_enqueue_and_drive: bad arguments"));
+  Status status = engine->EnqueueAndDrive(requests, n, handles_out, max_drive_s);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
 perseus_status_t perseus_poll(int64_t handle, int32_t* done_out) {
   bool done = false;
   Status status = g_handles.Poll(handle, &done);

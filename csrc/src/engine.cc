@@ -14,9 +14,13 @@ namespace perseus {
 
 namespace {
 
-// While a round waits for peers: test back to back this long, then poll with a
-// growing gap (an eighth of the time waited so far) up to kMaxPoll.
-constexpr auto kSpin = std::chrono::microseconds(50);
+// While a round waits for peers: test back to back for a while, then poll with a
+// growing gap (an eighth of the time waited so far) up to kMaxPoll. MPI advances a
+// non-blocking collective only while its ranks call into MPI, so a sleeping rank
+// also delays its peers: a thread that waits for the result anyway (a driver)
+// spins longer than the background thread, which shares the core with training.
+constexpr auto kDriverSpin = std::chrono::microseconds(1000);
+constexpr auto kBackgroundSpin = std::chrono::microseconds(100);
 constexpr auto kMaxPoll = std::chrono::microseconds(200);
 // After a round that agreed nothing, ranks whose pending sets did not match retry
 // after a growing pause (local submissions start a round at once regardless).
@@ -124,7 +128,7 @@ void Engine::Shutdown() {
     if (stopped_) return;
     stop_requested_ = true;
   }
-  cv_.notify_one();
+  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::map<int, std::shared_ptr<ProcessSet>> sets;
   {
@@ -140,7 +144,8 @@ void Engine::Shutdown() {
   MPI_Comm_free(&world_);
 }
 
-Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out) {
+Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out,
+                       bool wake_engine) {
   std::vector<EntryPtr> entries;
   std::vector<ProcessSet*> targets;
   {
@@ -177,59 +182,108 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       incoming_.push_back(std::move(entries[i]));
     }
   }
-  cv_.notify_one();
+  if (wake_engine) cv_.notify_all();
   return Status::OK();
 }
 
 void Engine::Loop() {
-  Clock::time_point wake_at = Clock::time_point::max();
-  bool busy = false;
   while (true) {
-    std::vector<EntryPtr> arrived;
-    std::vector<std::shared_ptr<ProcessSet>> sets;
-    bool stopping;
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto news = [&] { return !incoming_.empty() || stop_requested_; };
-      if (!busy) {
+      if (!busy_) {
         cv_.wait(lock, news);  // idle: no polling, no cost to the rest of the process
-      } else if (wake_at > Clock::now()) {
-        cv_.wait_until(lock, wake_at, news);
-      }
-      arrived.swap(incoming_);
-      stopping = stop_requested_;
-      for (auto& kv : sets_)
-        if (kv.second->negotiator) sets.push_back(kv.second);
-    }
-    Clock::time_point now = Clock::now();
-    for (EntryPtr& entry : arrived) {
-      for (auto& set : sets) {
-        if (set->id != entry->process_set) continue;
-        if (set->stopped) {
-          Finish(set->id, entry, set->stop_status);
-        } else {
-          if (!set->negotiator->HasPending()) {
-            set->waiting_since = now;
-            set->stall_warned = false;
-          }
-          set->negotiator->Add(entry);
-          set->new_work = true;
-        }
+      } else {
+        Clock::time_point wake_at = WakeAt();
+        if (wake_at > Clock::now()) cv_.wait_until(lock, wake_at, news);
       }
     }
-    wake_at = Clock::time_point::max();
-    busy = false;
-    bool all_stopped = true;
-    single_set_ = sets.size() == 1;
-    for (auto& set : sets) {
-      Step(set.get(), stopping, now, &wake_at, &busy);
-      all_stopped = all_stopped && set->stopped;
-    }
-    if (stopping && all_stopped) return;
+    std::lock_guard<std::mutex> step(step_mu_);
+    if (Iterate(kBackgroundSpin)) return;
   }
 }
 
-void Engine::Step(ProcessSet* set, bool stopping, Clock::time_point now,
+Clock::time_point Engine::WakeAt() const {
+  return Clock::time_point(Clock::duration(wake_at_.load()));
+}
+
+bool Engine::Iterate(Clock::duration spin) {
+  std::vector<EntryPtr> arrived;
+  std::vector<std::shared_ptr<ProcessSet>> sets;
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arrived.swap(incoming_);
+    stopping = stop_requested_;
+    for (auto& kv : sets_)
+      if (kv.second->negotiator) sets.push_back(kv.second);
+  }
+  Clock::time_point now = Clock::now();
+  for (EntryPtr& entry : arrived) {
+    for (auto& set : sets) {
+      if (set->id != entry->process_set) continue;
+      if (set->stopped) {
+        Finish(set->id, entry, set->stop_status);
+      } else {
+        if (!set->negotiator->HasPending()) {
+          set->waiting_since = now;
+          set->stall_warned = false;
+        }
+        set->negotiator->Add(entry);
+        set->new_work = true;
+      }
+    }
+  }
+  Clock::time_point wake_at = Clock::time_point::max();
+  bool busy = false, all_stopped = true;
+  single_set_ = sets.size() == 1;
+  for (auto& set : sets) {
+    Step(set.get(), stopping, spin, now, &wake_at, &busy);
+    all_stopped = all_stopped && set->stopped;
+  }
+  wake_at_ = wake_at.time_since_epoch().count();
+  busy_ = busy;
+  return stopping && all_stopped;
+}
+
+Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t* handles_out,
+                               double max_drive_s) {
+  Status status = Enqueue(requests, n, handles_out, /*wake_engine=*/false);
+  if (!status.ok()) return status;
+  auto all_done = [&] {
+    for (int i = 0; i < n; ++i) {
+      bool done = false;
+      if (handles_->Poll(handles_out[i], &done).ok() && !done) return false;
+    }
+    return true;
+  };
+  const Clock::time_point give_up =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::max(0.0, max_drive_s)));
+  std::unique_lock<std::mutex> step(step_mu_, std::try_to_lock);
+  if (step.owns_lock()) {
+    // This thread is the engine until its requests are done, so none of them waits
+    // for a thread hand-off. It stops driving when only lanes have work left.
+    while (!Iterate(kDriverSpin) && !all_done() && busy_) {
+      Clock::time_point wake_at = std::min(WakeAt(), give_up), now = Clock::now();
+      if (now >= give_up) break;
+      if (wake_at > now) {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_until(lock, wake_at, [&] { return !incoming_.empty() || stop_requested_; });
+      }
+    }
+    step.unlock();
+  }
+  bool leftover;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    leftover = busy_ || !incoming_.empty() || stop_requested_;
+  }
+  if (leftover) cv_.notify_all();  // the background thread takes over from here
+  return Status::OK();
+}
+
+void Engine::Step(ProcessSet* set, bool stopping, Clock::duration spin, Clock::time_point now,
                   Clock::time_point* wake_at, bool* busy) {
   if (set->stopped) return;
   Negotiator& negotiator = *set->negotiator;
@@ -240,7 +294,7 @@ void Engine::Step(ProcessSet* set, bool stopping, Clock::time_point now,
       *busy = true;
       WarnIfStalled(set, now);
       Clock::duration waited = now - set->round_start;
-      Clock::duration gap = waited < kSpin ? Clock::duration::zero()
+      Clock::duration gap = waited < spin ? Clock::duration::zero()
                                            : std::min<Clock::duration>(kMaxPoll, waited / 8);
       *wake_at = std::min(*wake_at, now + gap);
       return;

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -32,7 +33,13 @@ class Engine {
   // Drains agreed work, tells the peers, fails what is left, stops the thread.
   void Shutdown();
 
-  Status Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out);
+  Status Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out,
+                 bool wake_engine = true);
+  // Enqueues, then lets the calling thread run the engine until these requests
+  // complete (or max_drive_s passes, or only lane work is left). For callers that
+  // wait at once: the engine thread stays asleep, so no hand-off is on the path.
+  Status EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t* handles_out,
+                         double max_drive_s);
   Status AddProcessSet(const int32_t* ranks, int n, int32_t* id_out);
   Status RemoveProcessSet(int id);
   // Copies the set's global ranks and this process's rank in it (-1: not a member).
@@ -47,9 +54,14 @@ class Engine {
   Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles);
   Status Init();
   void Loop();
+  // One pass of the engine: admit new requests, advance every set. The caller holds
+  // step_mu_; `spin` as for Step(). True once a requested shutdown has completed.
+  bool Iterate(Clock::duration spin);
+  Clock::time_point WakeAt() const;
   // One scheduling step for a set; lowers *wake_at when it needs attention sooner.
-  void Step(ProcessSet* set, bool stopping, Clock::time_point now, Clock::time_point* wake_at,
-            bool* busy);
+  // `spin`: how long to test an outstanding round back to back before polling.
+  void Step(ProcessSet* set, bool stopping, Clock::duration spin, Clock::time_point now,
+            Clock::time_point* wake_at, bool* busy);
   void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
   void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now);
   void StopSet(ProcessSet* set, const Status& status);
@@ -73,7 +85,11 @@ class Engine {
   std::vector<EntryPtr> incoming_;
   bool stop_requested_ = false;
   bool stopped_ = false;
-  bool single_set_ = true;  // engine thread only: this rank is in one process set
+  std::mutex step_mu_;      // held by whichever thread runs Iterate()
+  bool single_set_ = true;  // under step_mu_: this rank is in one process set
+  // Left by the last Iterate(): whether work is under way, and when to look again.
+  std::atomic<bool> busy_{false};
+  std::atomic<Clock::rep> wake_at_{Clock::time_point::max().time_since_epoch().count()};
 
   std::mutex control_mu_;  // serialises process-set changes made by user threads
   std::thread thread_;

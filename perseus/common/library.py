@@ -126,6 +126,8 @@ _SIGNATURES = {
     # const perseus_request_t* / int64_t*) so requests.py can pass the plain integer
     # addresses of its packed buffer without building ctypes objects per call.
     "perseus_enqueue": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    "perseus_enqueue_and_drive": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
+                                            ctypes.c_double]),
     "perseus_poll": (_status, [ctypes.c_int64, _i32p]),
     "perseus_wait": (_status, [ctypes.c_int64, ctypes.c_double]),
     "perseus_handle_output": (_status, [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), _i64p,
@@ -166,6 +168,7 @@ perseus_process_set_rank = _bind("perseus_process_set_rank")
 perseus_process_set_size = _bind("perseus_process_set_size")
 perseus_process_set_ranks = _bind("perseus_process_set_ranks")
 perseus_enqueue = _bind("perseus_enqueue")
+perseus_enqueue_and_drive = _bind("perseus_enqueue_and_drive")
 perseus_poll = _bind("perseus_poll")
 perseus_wait = _bind("perseus_wait")
 perseus_handle_output = _bind("perseus_handle_output")

@@ -81,6 +81,10 @@ def wire_name(op_type, name):
 _STRIDE = _lib.REQUEST_SIZE
 _pack_request = _lib.REQUEST_STRUCT.pack_into
 _enqueue = _lib.perseus_enqueue
+_enqueue_and_drive = _lib.perseus_enqueue_and_drive
+# How long a caller that waits at once runs the engine itself before leaving the
+# rest to the engine thread (and to sliced waits, so Ctrl-C is honoured).
+_DRIVE_S = 0.5
 _int64_structs = {}
 
 
@@ -92,8 +96,11 @@ def _int64s(count):
     return packer
 
 
-def enqueue(specs):
+def enqueue(specs, drive=False):
     """Submits a batch of requests in one perseus_enqueue call.
+
+    drive=True is for a caller that waits at once: this thread then runs the engine
+    until the requests complete, so no thread hand-off is on the latency path.
 
     Returns (handles, keepalive): the core handles (a tuple, one per spec) and the
     buffer that holds the names, shapes and splits the core may read until every
@@ -153,7 +160,10 @@ def enqueue(specs):
     except struct.error as e:
         # A field out of its C type's range (e.g. a root rank > 2**31).
         raise ValueError("invalid request field: %s" % e) from None
-    status = _enqueue(base + req_at, n, base)
+    if drive:
+        status = _enqueue_and_drive(base + req_at, n, base, _DRIVE_S)
+    else:
+        status = _enqueue(base + req_at, n, base)
     if status:
         raise _lib.error(status)
     return _int64s(n).unpack_from(buf), buf
@@ -173,7 +183,7 @@ _WAIT_SLICE_S = 0.5
 _TIMEOUT = exceptions.TIMEOUT
 
 
-def submit(specs, finish, state):
+def submit(specs, finish, state, drive=False):
     """Enqueues a batch and registers it under one handle (an int).
 
     finish(state, core_handles) runs in synchronize() once every request has
@@ -181,7 +191,7 @@ def submit(specs, finish, state):
     output()); its return value is synchronize()'s. `state` must reference every
     tensor whose memory the requests point at, so it outlives the operation.
     """
-    handles, keep = enqueue(specs)
+    handles, keep = enqueue(specs, drive)
     handle = handles[0]
     _pending[handle] = (handles, keep, finish, state)
     return handle

@@ -171,7 +171,7 @@ def _finish_nothing(state, handles):
 # ---- submission -----------------------------------------------------------------
 
 def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
-                      process_set, root_rank, grouped):
+                      process_set, root_rank, grouped, drive=False):
     """Allreduce and broadcast: output has the input's shape; we allocate it."""
     set_id = _set_id(process_set)
     specs = []
@@ -198,12 +198,13 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
                       output.data_ptr(), prescale, postscale, root_rank, set_id, None,
                       0, 0))
         sources.append(source)
-    return _submit(specs, _finish_outputs, (sources, results, copy_back, grouped))
+    return _submit(specs, _finish_outputs, (sources, results, copy_back, grouped), drive)
 
 
-def _allreduce_async(tensors, inplace, name, op, prescale, postscale, process_set, grouped):
+def _allreduce_async(tensors, inplace, name, op, prescale, postscale, process_set, grouped,
+                     drive=False):
     return _same_shape_async(_ALLREDUCE, tensors, inplace, name, op, prescale, postscale,
-                             process_set, 0, grouped)
+                             process_set, 0, grouped, drive)
 
 
 def _set_root(process_set, root_rank):
@@ -218,12 +219,12 @@ def _set_root(process_set, root_rank):
                          % (root_rank, process_set)) from None
 
 
-def _broadcast_async(tensors, inplace, root_rank, name, process_set):
+def _broadcast_async(tensors, inplace, root_rank, name, process_set, drive=False):
     return _same_shape_async(_BROADCAST, tensors, inplace, name, 0, 1.0, 1.0, process_set,
-                             _set_root(process_set, root_rank), False)
+                             _set_root(process_set, root_rank), False, drive)
 
 
-def _allgather_async(tensors, name, process_set, grouped):
+def _allgather_async(tensors, name, process_set, grouped, drive=False):
     """The core sizes and allocates the output; synchronize wraps it zero-copy."""
     set_id = _set_id(process_set)
     specs = []
@@ -236,10 +237,10 @@ def _allgather_async(tensors, name, process_set, grouped):
                       1.0, 1.0, 0, set_id, None, 0, 0))
         sources.append(source)
         codes.append(code)
-    return _submit(specs, _finish_gathered, (sources, codes, grouped))
+    return _submit(specs, _finish_gathered, (sources, codes, grouped), drive)
 
 
-def _alltoall_async(tensor, splits, name, process_set):
+def _alltoall_async(tensor, splits, name, process_set, drive=False):
     set_id = _set_id(process_set)
     source, code = _prepare(tensor)
     if source.dim() == 0:
@@ -258,10 +259,10 @@ def _alltoall_async(tensor, splits, name, process_set):
     wire = None if name is None else _wire_name(_ALLTOALL, name)
     spec = (wire, _ALLTOALL, 0, code, _CPU, source.shape, source.data_ptr(), 0, 1.0, 1.0, 0,
             set_id, splits, 0, 0)
-    return _submit([spec], _finish_alltoall, (source, (code,)))
+    return _submit([spec], _finish_alltoall, (source, (code,)), drive)
 
 
-def _reducescatter_async(tensors, name, op, prescale, postscale, process_set, grouped):
+def _reducescatter_async(tensors, name, op, prescale, postscale, process_set, grouped, drive=False):
     """Output: this rank's share of dim 0; the first (dim0 % size) ranks of the set
     get one extra row. Computed here, so we allocate the output."""
     set_id = _set_id(process_set)
@@ -285,7 +286,7 @@ def _reducescatter_async(tensors, name, op, prescale, postscale, process_set, gr
                       output.data_ptr(), prescale, postscale, 0, set_id, None, 0, 0))
         sources.append(source)
         results.append(output)
-    return _submit(specs, _finish_outputs, (sources, results, (), grouped))
+    return _submit(specs, _finish_outputs, (sources, results, (), grouped), drive)
 
 
 def _nonempty(tensors, what):
@@ -328,7 +329,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         return _autograd.Allreduce.apply(tensor, name, op, prescale_factor, postscale_factor,
                                          process_set)
     return synchronize(_allreduce_async((tensor,), False, name, op, prescale_factor,
-                                        postscale_factor, process_set, False))
+                                        postscale_factor, process_set, False, drive=True))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -336,7 +337,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     """Reduces `tensor` in place and returns it."""
     op = _resolve_op(op, average)
     return synchronize(_allreduce_async((tensor,), True, name, op, prescale_factor,
-                                        postscale_factor, process_set, False))
+                                        postscale_factor, process_set, False, drive=True))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -371,14 +372,16 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
         return list(_autograd.GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
                                                      process_set, *tensors))
     return synchronize(_allreduce_async(tensors, False, name, op, prescale_factor,
-                                        postscale_factor, process_set, True))
+                                        postscale_factor, process_set, True, drive=True))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors in place as one unit; returns the list."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    op = _resolve_op(op, average)
+    return synchronize(_allreduce_async(_nonempty(tensors, "grouped_allreduce_"), True, name, op,
+                                        prescale_factor, postscale_factor, process_set, True,
+                                        drive=True))
 
 
 # ---- allgather ------------------------------------------------------------------
@@ -393,7 +396,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates `tensor` from every rank of the set along dim 0. Differentiable."""
     if tensor.requires_grad and _grad_enabled():
         return _autograd.Allgather.apply(tensor, name, process_set)
-    return synchronize(_allgather_async((tensor,), name, process_set, False))
+    return synchronize(_allgather_async((tensor,), name, process_set, False, drive=True))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -406,7 +409,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     tensors = _nonempty(tensors, "grouped_allgather")
     if _requires_grad(tensors):
         return list(_autograd.GroupedAllgather.apply(name, process_set, *tensors))
-    return synchronize(_allgather_async(tensors, name, process_set, True))
+    return synchronize(_allgather_async(tensors, name, process_set, True, drive=True))
 
 
 # ---- broadcast ------------------------------------------------------------------
@@ -426,12 +429,14 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns root_rank's `tensor` as a new tensor on every rank. Differentiable."""
     if tensor.requires_grad and _grad_enabled():
         return _autograd.Broadcast.apply(tensor, root_rank, name, process_set)
-    return synchronize(_broadcast_async((tensor,), False, root_rank, name, process_set))
+    return synchronize(_broadcast_async((tensor,), False, root_rank, name, process_set,
+                                        drive=True))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites `tensor` with root_rank's value; returns it."""
-    return synchronize(_broadcast_async((tensor,), True, root_rank, name, process_set))
+    return synchronize(_broadcast_async((tensor,), True, root_rank, name, process_set,
+                                        drive=True))
 
 
 # ---- alltoall -------------------------------------------------------------------
@@ -450,7 +455,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """
     if tensor.requires_grad and _grad_enabled():
         return _autograd.Alltoall.apply(tensor, splits, name, process_set)
-    return synchronize(_alltoall_async(tensor, splits, name, process_set))
+    return synchronize(_alltoall_async(tensor, splits, name, process_set, drive=True))
 
 
 # ---- reducescatter --------------------------------------------------------------
@@ -477,7 +482,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
         return _autograd.Reducescatter.apply(tensor, name, op, process_set, prescale_factor,
                                              postscale_factor)
     return synchronize(_reducescatter_async((tensor,), name, op, prescale_factor,
-                                            postscale_factor, process_set, False))
+                                            postscale_factor, process_set, False, drive=True))
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
@@ -503,7 +508,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
         return list(_autograd.GroupedReducescatter.apply(name, op, process_set, prescale_factor,
                                                          postscale_factor, *tensors))
     return synchronize(_reducescatter_async(tensors, name, op, prescale_factor, postscale_factor,
-                                            process_set, True))
+                                            process_set, True, drive=True))
 
 
 # ---- join and barrier -----------------------------------------------------------
@@ -520,11 +525,11 @@ def join(device=-1):
     ranks' collectives with neutral data. Returns the rank that joined last."""
     spec = (None, _ops.JOIN, 0, _ops.UINT8, device, (), 0, 0, 1.0, 1.0, 0,
             _ops.GLOBAL_PROCESS_SET, None, 1, 0)
-    return synchronize(_submit([spec], _finish_join, None))
+    return synchronize(_submit([spec], _finish_join, None, drive=True))
 
 
 def barrier(process_set=global_process_set):
     """Blocks until every rank of the set has reached the barrier."""
     set_id = _set_id(process_set)
     spec = (None, _ops.BARRIER, 0, _ops.UINT8, _CPU, (), 0, 0, 1.0, 1.0, 0, set_id, None, 1, 0)
-    synchronize(_submit([spec], _finish_nothing, None))
+    synchronize(_submit([spec], _finish_nothing, None, drive=True))

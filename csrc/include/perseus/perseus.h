@@ -131,6 +131,11 @@ perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* ranks, int32_t c
  * enqueued. */
 perseus_status_t perseus_enqueue(const perseus_request_t* requests, int32_t n,
                                  int64_t* handles_out);
+/* perseus_enqueue for a caller that will wait at once: the calling thread then runs
+ * the engine itself until these requests complete (or max_drive_s passes), so the
+ * latency path has no thread hand-off. Collect results with perseus_wait as usual. */
+perseus_status_t perseus_enqueue_and_drive(const perseus_request_t* requests, int32_t n,
+                                           int64_t* handles_out, double max_drive_s);
 /* 1 when done (successfully or not), 0 while pending. */
 perseus_status_t perseus_poll(int64_t handle, int32_t* done_out);
 /* Blocks until the handle completes or timeout_s passes (<0: forever). Returns the
