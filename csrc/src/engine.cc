@@ -26,10 +26,11 @@ constexpr auto kMaxPoll = std::chrono::microseconds(200);
 // after a growing pause (local submissions start a round at once regardless).
 constexpr auto kMinBackoff = std::chrono::microseconds(20);
 constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
-// A batch this small runs on the engine thread when its lane is idle, saving a
-// thread hop on the latency path. Only while this rank is in a single process
-// set: with several, blocking the engine in one set's collective could wait on a
-// peer that is itself blocked in another set.
+// A batch runs on the engine's own thread, saving a hop to its lane, when the lane
+// is idle and the batch is small or the thread is a driver (which waits for it
+// anyway) with nothing else to run. Only while this rank is in a single process
+// set: with several, blocking in one set's collective could wait on a peer that
+// is itself blocked in another set.
 constexpr int64_t kInlineBytes = 256 << 10;
 
 int64_t BatchBytes(const Batch& batch) {
@@ -199,7 +200,7 @@ void Engine::Loop() {
       }
     }
     std::lock_guard<std::mutex> step(step_mu_);
-    if (Iterate(kBackgroundSpin)) return;
+    if (Iterate(false)) return;
   }
 }
 
@@ -207,7 +208,7 @@ Clock::time_point Engine::WakeAt() const {
   return Clock::time_point(Clock::duration(wake_at_.load()));
 }
 
-bool Engine::Iterate(Clock::duration spin) {
+bool Engine::Iterate(bool driving) {
   std::vector<EntryPtr> arrived;
   std::vector<std::shared_ptr<ProcessSet>> sets;
   bool stopping;
@@ -238,7 +239,7 @@ bool Engine::Iterate(Clock::duration spin) {
   bool busy = false, all_stopped = true;
   single_set_ = sets.size() == 1;
   for (auto& set : sets) {
-    Step(set.get(), stopping, spin, now, &wake_at, &busy);
+    Step(set.get(), stopping, driving, now, &wake_at, &busy);
     all_stopped = all_stopped && set->stopped;
   }
   wake_at_ = wake_at.time_since_epoch().count();
@@ -264,7 +265,7 @@ Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t
   if (step.owns_lock()) {
     // This thread is the engine until its requests are done, so none of them waits
     // for a thread hand-off. It stops driving when only lanes have work left.
-    while (!Iterate(kDriverSpin) && !all_done() && busy_) {
+    while (!Iterate(true) && !all_done() && busy_) {
       Clock::time_point wake_at = std::min(WakeAt(), give_up), now = Clock::now();
       if (now >= give_up) break;
       if (wake_at > now) {
@@ -283,8 +284,9 @@ Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t
   return Status::OK();
 }
 
-void Engine::Step(ProcessSet* set, bool stopping, Clock::duration spin, Clock::time_point now,
+void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
                   Clock::time_point* wake_at, bool* busy) {
+  const Clock::duration spin = driving ? kDriverSpin : kBackgroundSpin;
   if (set->stopped) return;
   Negotiator& negotiator = *set->negotiator;
   if (negotiator.active()) {
@@ -304,7 +306,7 @@ void Engine::Step(ProcessSet* set, bool stopping, Clock::duration spin, Clock::t
       return;
     }
     now = Clock::now();
-    Apply(set, outcome, now);
+    Apply(set, outcome, now, driving);
     if (set->stopped) return;
   }
   bool wanted = stopping ? !set->final_round_done : negotiator.HasPending();
@@ -336,16 +338,19 @@ void Engine::StartRound(ProcessSet* set, bool stopping, Clock::time_point now) {
   set->new_work = false;
 }
 
-void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now) {
+void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now,
+                   bool driving) {
   for (auto& failed : outcome.failed) Finish(set->id, failed.first, failed.second);
   for (auto& done : outcome.finished)
     Finish(set->id, done.first, Status::OK(), std::move(done.second));
   if (!outcome.agreed.empty()) {
-    for (Batch& batch :
-         PlanBatches(std::move(outcome.agreed), config_.fusion_threshold, config_.chunk_bytes)) {
+    std::vector<Batch> batches =
+        PlanBatches(std::move(outcome.agreed), config_.fusion_threshold, config_.chunk_bytes);
+    const bool only_batch = batches.size() == 1;
+    for (Batch& batch : batches) {
       Lane& lane = *set->lanes[set->next_lane++ % set->lanes.size()];
-      bool small = BatchBytes(batch) <= kInlineBytes;
-      if (!(small && single_set_ && lane.TryRunInline(batch))) lane.Push(std::move(batch));
+      bool inline_ok = single_set_ && ((driving && only_batch) || BatchBytes(batch) <= kInlineBytes);
+      if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
   }
   set->progressed = outcome.progressed;

@@ -55,15 +55,15 @@ class Engine {
   Status Init();
   void Loop();
   // One pass of the engine: admit new requests, advance every set. The caller holds
-  // step_mu_; `spin` as for Step(). True once a requested shutdown has completed.
-  bool Iterate(Clock::duration spin);
+  // step_mu_; `driving`: a waiting caller runs it, not the engine thread. True once
+  // a requested shutdown has completed.
+  bool Iterate(bool driving);
   Clock::time_point WakeAt() const;
   // One scheduling step for a set; lowers *wake_at when it needs attention sooner.
-  // `spin`: how long to test an outstanding round back to back before polling.
-  void Step(ProcessSet* set, bool stopping, Clock::duration spin, Clock::time_point now,
+  void Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
             Clock::time_point* wake_at, bool* busy);
   void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
-  void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now);
+  void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now, bool driving);
   void StopSet(ProcessSet* set, const Status& status);
   void Finish(int set_id, const EntryPtr& entry, Status status, Result result = Result());
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
