@@ -22,6 +22,7 @@ SCRIPTS = [
     "duplicate_names",          # a name in flight submitted again -> ValueError
     "init_basic",               # errors before init, topology, shutdown/re-init
     "init_mpi4py",              # MPI initialised by mpi4py, init(comm=...)
+    "config_per_rank",          # settings differing by rank fail init on every rank
 ]
 
 

@@ -98,19 +98,21 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_engine) return PERSEUS_SUCCESS;
   Config config;
-  Status status = LoadConfig(&config);
-  if (!status.ok()) return Report(status);
-  SetLogLevel(config.log_level);
+  Status config_status = LoadConfig(&config);
+  if (config_status.ok()) SetLogLevel(config.log_level);
   bool thread_multiple = false;
-  status = StartMpi(&thread_multiple);
+  Status status = StartMpi(&thread_multiple);
   if (!status.ok()) return Report(status);
   MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
   MPI_Comm world;
   status = MpiStatus(MPI_Comm_dup(base, &world), "MPI_Comm_dup");
   if (!status.ok()) return Report(status);
   MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);  // inherited by every dup below
+  // A bad value on one rank fails init() on every rank, rather than leaving the
+  // others blocked in the engine's first collectives.
+  status = AgreeOnStatus(world, config_status);
   std::unique_ptr<Engine> engine;
-  status = Engine::Start(config, world, thread_multiple, &g_handles, &engine);
+  if (status.ok()) status = Engine::Start(config, world, thread_multiple, &g_handles, &engine);
   if (!status.ok()) {
     MPI_Comm_free(&world);
     return Report(status);

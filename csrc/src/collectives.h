@@ -23,6 +23,10 @@ struct ExecContext {
 
 Status MpiStatus(int rc, const char* what);
 
+// Collective over `comm`: OK when every rank's `local` is OK, else the same error on
+// every rank, naming each failing rank and its message (no rank is left waiting).
+Status AgreeOnStatus(MPI_Comm comm, const Status& local);
+
 // Each returns the status for the whole batch; `results` gets one Result per item
 // for the operations whose output the core allocates.
 Status RunAllreduce(const Batch& batch, ExecContext& ctx);

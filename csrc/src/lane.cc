@@ -74,8 +74,8 @@ void Lane::Execute(const Batch& batch) {
     }
   }
   if (!status.ok()) {
-    std::string prefix = std::string(OpTypeName(batch.op_type()));
-    status.message = prefix + " of '" + batch.items[0].meta.name + "'" +
+    status.message = std::string(OpTypeName(batch.op_type())) + " of '" +
+                     batch.items[0].meta.name + "'" +
                      (batch.items.size() > 1 ? " (and fused tensors)" : "") + ": " + status.message;
   }
   std::vector<Status> statuses(batch.items.size(), status);
