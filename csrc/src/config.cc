@@ -86,9 +86,11 @@ Parser Off(const char* what) {
   };
 }
 
+const char* const kLogLevelNames[] = {"trace", "debug", "info", "warning", "error", "fatal"};
+
 Parser LogLevelParser() {
   return [](const std::string& text, Config* c) -> std::string {
-    static const char* const names[] = {"trace", "debug", "info", "warning", "error", "fatal"};
+    const char* const* names = kLogLevelNames;
     std::string lower;
     for (char ch : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     for (int i = 0; i < 6; ++i) {
@@ -157,7 +159,7 @@ std::string DescribeConfig(const Config& c) {
       << "PERSEUS_CHUNK_SIZE=" << c.chunk_bytes << "\n"
       << "PERSEUS_CACHE_CAPACITY=" << c.cache_capacity << "\n"
       << "PERSEUS_STALL_CHECK_TIME_SECONDS=" << c.stall_check_seconds << "\n"
-      << "PERSEUS_LOG_LEVEL=" << static_cast<int>(c.log_level) << "\n";
+      << "PERSEUS_LOG_LEVEL=" << kLogLevelNames[static_cast<int>(c.log_level)] << "\n";
   return out.str();
 }
 
