@@ -1,4 +1,4 @@
-"""Gradient compressors with Horovod's interface (hvd.Compression.none / .fp16).
+"""Gradient compressors with Horovod's interface (hvd.Compression.none / .fp16 / .bf16).
 
 A compressor turns a tensor into what goes over the wire and back:
 compress(tensor) -> (wire_tensor, ctx); decompress(wire_tensor, ctx) -> tensor.
@@ -45,7 +45,23 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else tensor.to(ctx)
 
 
+class BF16Compressor(Compressor):
+    """Sends floating-point tensors as bfloat16 (float32's range, fewer mantissa bits),
+    restoring their dtype afterwards."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point and tensor.dtype != torch.bfloat16:
+            return tensor.to(torch.bfloat16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.to(ctx)
+
+
 class Compression:
-    """The compressors by Horovod's names."""
+    """The compressors by Horovod's names (bf16 is Perseus's addition)."""
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor

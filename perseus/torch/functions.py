@@ -1,0 +1,176 @@
+"""Horovod's state-broadcast helpers for PyTorch on Perseus.
+
+broadcast_parameters       root's parameters/buffers into every rank's, in place
+broadcast_optimizer_state  root's optimizer state (tensors, scalars such as `step`)
+                           and param_groups hyperparameters onto every rank
+broadcast_object           any picklable object from root
+allgather_object           every rank's picklable object, as a list in rank order
+"""
+
+import pickle
+
+import torch
+
+from perseus.common import basics as _basics
+from perseus.common.process_sets import global_process_set
+from perseus.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
+                                   synchronize)
+
+
+def _default_name(base, process_set):
+    # Fixed per process set, so ranks agree whatever object they pass.
+    set_id = process_set.process_set_id
+    return base if set_id in (None, 0) else "%s.set%d" % (base, set_id)
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Overwrites every rank's tensors in `params` with root_rank's, in place.
+
+    params: a state_dict (name -> tensor) or a list of (name, tensor) pairs (as
+    model.named_parameters() gives); tensors are broadcast all at once, then awaited.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, (list, tuple)):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        try:
+            items = list(params)
+        except TypeError:
+            raise ValueError("broadcast_parameters: params must be a state_dict or a list of "
+                             "(name, tensor), got %s" % type(params).__name__) from None
+    handles = []
+    for name, tensor in items:
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError("broadcast_parameters: %r is a %s, not a tensor"
+                             % (name, type(tensor).__name__))
+        # detach(): the same memory, without autograd's in-place checks on leaves.
+        handles.append(broadcast_async_(tensor.detach(), root_rank,
+                                        name=None if name is None else "param." + name,
+                                        process_set=process_set))
+    for handle in handles:
+        synchronize(handle)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Returns root_rank's `obj` (pickled) on every rank; root gets its own obj back."""
+    name = name or _default_name("broadcast_object", process_set)
+    if _basics.rank() == root_rank:
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        length = torch.tensor([len(payload)], dtype=torch.int64)
+    else:
+        payload = None
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name=name + ".len", process_set=process_set)
+    if payload is not None:
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    else:
+        data = torch.empty(int(length[0]), dtype=torch.uint8)
+    broadcast_(data, root_rank, name=name + ".data", process_set=process_set)
+    if payload is not None:
+        return obj
+    return pickle.loads(data.numpy().tobytes())
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Returns the list of every rank's `obj` (pickled), in rank order of the set."""
+    name = name or _default_name("allgather_object", process_set)
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    lengths = allgather(torch.tensor([len(payload)], dtype=torch.int64), name=name + ".len",
+                        process_set=process_set)
+    data = allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8),
+                     name=name + ".data", process_set=process_set)
+    blob = data.numpy().tobytes()
+    result, start = [], 0
+    for length in lengths.tolist():
+        result.append(pickle.loads(blob[start:start + length]))
+        start += length
+    return result
+
+
+# ---- optimizer state ------------------------------------------------------------
+
+class _Slot:
+    """Stands in for a tensor in the pickled skeleton of root's optimizer state."""
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+    def __getstate__(self):
+        return (self.index, self.shape, self.dtype)
+
+    def __setstate__(self, state):
+        self.index, self.shape, self.dtype = state
+
+
+def _strip_tensors(value, tensors):
+    """`value` with every tensor replaced by a _Slot (appending the tensor)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype)
+    if isinstance(value, dict):
+        return {k: _strip_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strip_tensors(v, tensors) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_strip_tensors(v, tensors) for v in value)
+    return value
+
+
+def _fill_tensors(value, tensors):
+    if isinstance(value, _Slot):
+        return tensors[value.index]
+    if isinstance(value, dict):
+        return {k: _fill_tensors(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill_tensors(v, tensors) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_fill_tensors(v, tensors) for v in value)
+    return value
+
+
+def _slots(value, found):
+    if isinstance(value, _Slot):
+        found.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _slots(v, found)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _slots(v, found)
+    return found
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
+    """Makes every rank's optimizer state and hyperparameters equal root_rank's.
+
+    Covers tensor state (momentum buffers, exp_avg, ...), scalar state (`step`, as a
+    tensor or a number) and every param_groups entry (lr, momentum, betas, ...). Works
+    before the first step: a root without state leaves every rank without state (the
+    optimizer then initialises it identically on the first step), where Horovod runs
+    a zero-gradient step that could move the parameters.
+
+    The structure goes as one pickled object; the tensors are then broadcast in
+    place, all at once. `model` is accepted for Horovod compatibility and unused.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("broadcast_optimizer_state does not support torch.optim.LBFGS")
+    is_root = _basics.rank() == root_rank
+    tensors = []
+    if is_root:
+        skeleton = _strip_tensors(optimizer.state_dict(), tensors)
+    else:
+        skeleton = None
+    skeleton = broadcast_object(skeleton, root_rank,
+                                name=_default_name("optimizer_state", process_set),
+                                process_set=process_set)
+    if not is_root:
+        tensors = [torch.empty(slot.shape, dtype=slot.dtype) for slot in _slots(skeleton, [])]
+    handles = [broadcast_async_(t.detach(), root_rank, name="optimizer_state.%d" % i,
+                                process_set=process_set)
+               for i, t in enumerate(tensors)]
+    for handle in handles:
+        synchronize(handle)
+    if not is_root:
+        optimizer.load_state_dict(_fill_tensors(skeleton, tensors))

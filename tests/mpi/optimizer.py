@@ -1,0 +1,251 @@
+"""DistributedOptimizer: data-parallel training on per-rank slices of a batch equals
+single-process training on the whole batch.
+
+Every rank builds the same float64 model and the same full batch (pure functions of
+fixed seeds), computes the single-process reference itself with plain torch on the
+whole batch, trains the distributed copy on its own slice, and compares the weights
+after STEPS steps; the weights must also be bit-identical on every rank. Variants:
+backward_passes_per_step=2, groups and num_groups, gradient_predivide_factor, fp16 and
+bf16 compression (looser tolerance, and they must differ from the exact result, so the
+wire dtype really changed), synchronize() + skip_synchronize() with gradient
+clipping, Adam, op=Sum, a parameter without gradient, sparse gradients. Then the
+error cases: duplicate/missing names, zero_grad() while reductions are pending,
+Adasum, sparse gradients without sparse_as_dense.
+"""
+import warnings
+
+import torch
+import torch.nn as nn
+
+from common import expect_raises, hvd, init, log, main
+
+from perseus.torch.compression import Compression
+from perseus.torch.optimizer import DistributedOptimizer
+
+STEPS = 30
+BATCH = 24  # divisible by 2 and 4 ranks, and by 2 micro-batches per rank
+TOL = 1e-9
+
+
+class Net(nn.Module):
+    def __init__(self, unused=False):
+        super().__init__()
+        self.fc1 = nn.Linear(5, 8)
+        self.fc2 = nn.Linear(8, 3)
+        if unused:
+            self.spare = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class EmbedNet(nn.Module):
+    def __init__(self, sparse):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=sparse)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, idx):
+        return self.fc(self.emb(idx))
+
+
+def make_model(cls=Net, **kwargs):
+    torch.manual_seed(1234)
+    return cls(**kwargs).double()
+
+
+def batch():
+    g = torch.Generator().manual_seed(99)
+    x = torch.randn(BATCH, 5, generator=g, dtype=torch.float64)
+    y = torch.randn(BATCH, 3, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def embed_batch():
+    g = torch.Generator().manual_seed(7)
+    idx = torch.randint(0, 10, (BATCH,), generator=g)
+    y = torch.randn(BATCH, 3, generator=g, dtype=torch.float64)
+    return idx, y
+
+
+def sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def adam(model):
+    return torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def loss_fn(out, y):
+    return ((out - y) ** 2).mean()
+
+
+def reference(make_opt=sgd, clip=None, model_kwargs=None, data=batch, model_cls=Net):
+    """Plain torch, one process, the whole batch."""
+    model = make_model(model_cls, **(model_kwargs or {}))
+    opt = make_opt(model)
+    x, y = data()
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def distributed(rank, size, make_opt=sgd, passes=1, clip=None, loss_scale=1.0,
+                model_kwargs=None, data=batch, model_cls=Net, check_pending=True, groups_of=None,
+                **dist_kwargs):
+    model = make_model(model_cls, **(model_kwargs or {}))
+    base = make_opt(model)
+    if groups_of is not None:
+        dist_kwargs["groups"] = groups_of(model)
+    opt = DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                               backward_passes_per_step=passes, **dist_kwargs)
+    assert isinstance(opt, type(base)), "the wrapper is not an instance of %s" % type(base)
+    x, y = data()
+    rows = BATCH // size
+    x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+    micro = rows // passes
+    for step in range(STEPS):
+        opt.zero_grad()
+        for k in range(passes):
+            xs, ys = x[k * micro:(k + 1) * micro], y[k * micro:(k + 1) * micro]
+            (loss_fn(model(xs), ys) * loss_scale / passes).backward()
+            if check_pending and step == 0 and size > 1:
+                # The hooks started every reduction during backward() (on the last pass).
+                pending = [entry[1] is not None for entry in opt._handles.values()]
+                used = [p for p in model.parameters() if p.grad is not None]
+                if k == passes - 1:
+                    assert len(pending) == len(used) and all(pending), \
+                        "after backward %d of %d: %d of %d reductions started" % (
+                            k + 1, passes, sum(pending), len(used))
+                else:
+                    assert not any(pending), "a reduction started before the last pass"
+        if clip is not None:
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def compare(got, expected, tol, what, must_differ=False):
+    worst = max(float((g - e).abs().max()) for g, e in zip(got, expected))
+    scale = max(float(e.abs().max()) for e in expected)
+    assert worst <= tol * max(1.0, scale), \
+        "%s: weights differ from single-process training by %.3g (tolerance %.3g)" % (
+            what, worst, tol)
+    if must_differ:
+        assert worst > 1e-12, "%s: result is exact, so the compression was not applied" % what
+    return worst
+
+
+def same_on_every_rank(weights, what):
+    flat = torch.cat([w.flatten() for w in weights])
+    everyone = hvd.allgather(flat.unsqueeze(0), name="same." + what)
+    for r in range(everyone.shape[0]):
+        assert torch.equal(everyone[r], flat) or torch.equal(everyone[r], everyone[0]), \
+            "%s: rank %d's weights differ from this rank's" % (what, r)
+        assert torch.equal(everyone[r], everyone[0]), \
+            "%s: rank %d's weights differ from rank 0's" % (what, r)
+
+
+def body():
+    rank, size = init()
+    ref_sgd = reference()
+
+    cases = [
+        ("average", {}, ref_sgd, TOL),
+        ("passes2", {"passes": 2}, ref_sgd, TOL),
+        # Explicit groups: fc1.weight with fc2.weight, fc1.bias alone; fc2.bias ungrouped.
+        ("groups", {"groups_of": lambda m: [[m.fc1.weight, m.fc2.weight], [m.fc1.bias]]},
+         ref_sgd, TOL),
+        ("num_groups", {"num_groups": 2}, ref_sgd, TOL),
+        ("predivide", {"gradient_predivide_factor": 2.0}, ref_sgd, TOL),
+        ("sum", {"op": hvd.Sum, "loss_scale": 1.0 / size}, ref_sgd, TOL),
+        ("passes2_groups", {"passes": 2, "num_groups": 3}, ref_sgd, TOL),
+        ("adam", {"make_opt": adam}, reference(adam), TOL),
+        ("clip_skip_synchronize", {"clip": 0.05}, reference(clip=0.05), TOL),
+        ("unused_param", {"model_kwargs": {"unused": True}},
+         reference(model_kwargs={"unused": True}), TOL),
+        ("sparse_as_dense", {"model_cls": EmbedNet, "model_kwargs": {"sparse": True},
+                             "data": embed_batch, "sparse_as_dense": True},
+         reference(model_cls=EmbedNet, model_kwargs={"sparse": False}, data=embed_batch), TOL),
+    ]
+    for what, kwargs, expected, tol in cases:
+        got = distributed(rank, size, **kwargs)
+        worst = compare(got, expected, tol, what)
+        same_on_every_rank(got, what)
+        if rank == 0:
+            log("%s: max |diff| %.3g" % (what, worst))
+
+    # Compressed wire formats: close to the exact result, but not equal to it.
+    for what, compression, tol in (("fp16", Compression.fp16, 2e-3), ("bf16", Compression.bf16, 2e-2)):
+        got = distributed(rank, size, compression=compression)
+        worst = compare(got, ref_sgd, tol, what, must_differ=True)
+        same_on_every_rank(got, what)
+        if rank == 0:
+            log("%s: max |diff| %.3g" % (what, worst))
+
+    errors(rank, size)
+
+
+def errors(rank, size):
+    model = make_model()
+    named = list(model.named_parameters())
+
+    dup = [("w", named[0][1]), ("w", named[1][1])] + named[2:]
+    expect_raises(ValueError, "duplicate names", DistributedOptimizer, sgd(model),
+                  named_parameters=dup, contains=("w",))
+    missing = named[:-1]
+    expect_raises(ValueError, "missing names", DistributedOptimizer, sgd(model),
+                  named_parameters=missing, contains=("does not name", "(3,)"))
+    expect_raises(NotImplementedError, "Adasum", DistributedOptimizer, sgd(model), op=hvd.Adasum)
+    expect_raises(ValueError, "predivide with Sum", DistributedOptimizer, sgd(model),
+                  op=hvd.Sum, gradient_predivide_factor=2.0)
+
+    # zero_grad() while the reductions started by backward() are pending.
+    x, y = batch()
+    opt = DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    loss_fn(model(x), y).backward()
+    if size > 1:
+        expect_raises(AssertionError, "zero_grad while pending", opt.zero_grad,
+                      contains=("zero_grad", "step()"))
+    opt.step()
+    opt.zero_grad()  # fine once step() has waited
+
+    # More backward passes than backward_passes_per_step before step().
+    loss_fn(model(x), y).backward()
+    if size > 1:
+        expect_raises(AssertionError, "too many passes", lambda: loss_fn(model(x), y).backward(),
+                      contains=("backward_passes_per_step",))
+    opt.step()
+
+    # step() right after synchronize() (outside skip_synchronize) warns.
+    opt.zero_grad()
+    loss_fn(model(x), y).backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    assert any("skip_synchronize" in str(w.message) for w in caught), \
+        "no warning for step() after synchronize(): %s" % [str(w.message) for w in caught]
+
+    # Sparse gradients without sparse_as_dense: a clear error from backward().
+    if size > 1:
+        emodel = make_model(EmbedNet, sparse=True)
+        eopt = DistributedOptimizer(sgd(emodel), named_parameters=emodel.named_parameters())
+        idx, ey = embed_batch()
+        expect_raises(NotImplementedError, "sparse gradient", lambda: loss_fn(emodel(idx), ey).backward(),
+                      contains=("sparse_as_dense", "emb.weight"))
+        for h in eopt._hook_handles:
+            h.remove()
+        eopt._handles.clear()
+
+
+if __name__ == "__main__":
+    main(body)

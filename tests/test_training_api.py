@@ -1,0 +1,35 @@
+"""Training API under mpirun -np 2 and 4: DistributedOptimizer against single-process
+training on the whole batch (tests/mpi/optimizer.py), and the broadcast helpers
+restoring identical model and optimizer state (tests/mpi/broadcast_state.py). Each
+script computes its reference on every rank with plain torch; see their docstrings."""
+import pytest
+import torch
+
+from perseus.torch.compression import Compression
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+NPROCS = [2, 4]
+SCRIPTS = ["optimizer", "broadcast_state"]
+
+
+@pytest.mark.parametrize("nprocs", NPROCS)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script(run_mpi, script, nprocs):
+    run_mpi(script, nprocs)
+
+
+@pytest.mark.parametrize("name,wire", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compression_round_trip(name, wire, dtype):
+    compressor = getattr(Compression, name)
+    x = torch.randn(17, dtype=dtype)
+    sent, ctx = compressor.compress(x)
+    assert sent.dtype == wire
+    back = compressor.decompress(sent, ctx)
+    assert back.dtype == dtype
+    assert torch.equal(back, x.to(wire).to(dtype))
+    # Integer tensors pass through untouched.
+    i = torch.arange(5)
+    sent, ctx = compressor.compress(i)
+    assert sent is i and compressor.decompress(sent, ctx) is i
