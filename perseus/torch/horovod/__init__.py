@@ -1,7 +1,8 @@
 """Horovod's PyTorch API on Perseus: ``import perseus.torch.horovod as hvd``.
 
 Only re-exports, under Horovod's names; the code lives in perseus.common (init,
-ranks, process sets, errors) and perseus.torch.mpi_ops (collectives).
+ranks, process sets, errors), perseus.torch.mpi_ops (collectives),
+perseus.torch.optimizer and perseus.torch.functions (the training API).
 """
 
 from perseus.common.basics import (
@@ -35,6 +36,12 @@ from perseus.common.process_sets import (
     remove_process_set,
 )
 from perseus.torch.compression import Compression
+from perseus.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from perseus.torch.mpi_ops import (
     Adasum,
     Average,
@@ -69,12 +76,14 @@ from perseus.torch.mpi_ops import (
     reducescatter_async,
     synchronize,
 )
+from perseus.torch.optimizer import DistributedOptimizer
 
 __all__ = [
     "Adasum",
     "add_process_set",
     "allgather",
     "allgather_async",
+    "allgather_object",
     "allreduce",
     "allreduce_",
     "allreduce_async",
@@ -87,6 +96,9 @@ __all__ = [
     "broadcast_",
     "broadcast_async",
     "broadcast_async_",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
     "ccl_built",
     "Compression",
     "config",
@@ -94,6 +106,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "DistributedOptimizer",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
