@@ -2,7 +2,8 @@
 
 Only re-exports, under Horovod's names; the code lives in perseus.common (init,
 ranks, process sets, errors), perseus.torch.mpi_ops (collectives),
-perseus.torch.optimizer and perseus.torch.functions (the training API).
+perseus.torch.optimizer, perseus.torch.functions and perseus.torch.sync_batch_norm
+(the training API).
 """
 
 from perseus.common.basics import (
@@ -77,6 +78,7 @@ from perseus.torch.mpi_ops import (
     synchronize,
 )
 from perseus.torch.optimizer import DistributedOptimizer
+from perseus.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -143,4 +145,5 @@ __all__ = [
     "size",
     "Sum",
     "synchronize",
+    "SyncBatchNorm",
 ]
