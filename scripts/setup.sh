@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout
+  "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout scikit-learn
 # -e: the core library is built in place (perseus/lib/libperseus.so).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 echo "Perseus is installed in $(pwd)/.venv"

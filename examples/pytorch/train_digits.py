@@ -1,0 +1,194 @@
+"""Data-parallel classification of scikit-learn's handwritten digits (8x8 images,
+10 classes, 1797 samples) with an MLP on Perseus' Horovod API.
+
+    python examples/pytorch/train_digits.py                  # one process
+    mpirun -np 2 python examples/pytorch/train_digits.py     # two ranks
+    perseusrun -np 2 python examples/pytorch/train_digits.py
+    mpirun -np 2 ./train.sh                                  # the same, AIACC style
+
+Each rank trains on its own shard of the training set (DistributedSampler), the
+gradients are averaged by hvd.DistributedOptimizer, and the learning rate is scaled
+by the number of ranks (the global batch is batch_size x size). Test accuracy is
+computed over the whole test set (each rank scores a slice; the counts are summed).
+Rank 0 alone prints and writes the checkpoint; --resume restores it on rank 0 and
+broadcasts it to the others.
+
+Settings: command-line options, or environment variables EPOCHS, BATCH_SIZE, LR,
+MOMENTUM, WEIGHT_DECAY, SEED, CHECKPOINT, HIDDEN (an option given on the command line wins).
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import perseus.torch.horovod as hvd
+
+DEFAULT_CHECKPOINT = os.path.join(tempfile.gettempdir(), "perseus-checkpoints", "train_digits.pt")
+
+
+def env(name, default, cast):
+    value = os.environ.get(name)
+    return default if value in (None, "") else cast(value)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Data-parallel MLP on scikit-learn's digits",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--epochs", type=int, default=env("EPOCHS", 20, int))
+    p.add_argument("--batch-size", type=int, default=env("BATCH_SIZE", 32, int),
+                   help="batch size per rank")
+    p.add_argument("--lr", type=float, default=env("LR", 0.02, float),
+                   help="learning rate for one rank; multiplied by the number of ranks")
+    p.add_argument("--momentum", type=float, default=env("MOMENTUM", 0.9, float))
+    p.add_argument("--weight-decay", type=float, default=env("WEIGHT_DECAY", 1e-4, float))
+    p.add_argument("--hidden", type=int, default=env("HIDDEN", 128, int), help="hidden layer width")
+    p.add_argument("--seed", type=int, default=env("SEED", 42, int))
+    p.add_argument("--test-fraction", type=float, default=0.2)
+    p.add_argument("--checkpoint", default=env("CHECKPOINT", DEFAULT_CHECKPOINT, str),
+                   help="where rank 0 saves the final model and optimizer state ('' for none)")
+    p.add_argument("--resume", action="store_true", help="start from --checkpoint if it exists")
+    p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 on the wire")
+    p.add_argument("--progress", action="store_true", help="a progress bar per epoch on rank 0")
+    return p.parse_args(argv)
+
+
+def load_digits_split(test_fraction, seed):
+    """A fixed random train/test split (the same on every rank), features standardised."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32)
+    y = torch.tensor(digits.target, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    n_test = int(round(len(y) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    # Standardise each pixel with the training set's statistics (constant pixels stay 0).
+    mean, std = x[train].mean(0), x[train].std(0).clamp_min(1.0)
+    x = (x - mean) / std
+    return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden=128, inputs=64, classes=10):
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+def evaluate(model, test_set):
+    """(mean loss, accuracy) over the whole test set: rank r scores items r, r+size, ...
+    and the sums are allreduced."""
+    model.eval()
+    x, y = test_set.tensors
+    x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    with torch.no_grad():
+        out = model(x)
+        loss = F.cross_entropy(out, y, reduction="sum")
+        correct = (out.argmax(1) == y).sum()
+    totals = hvd.allreduce(torch.tensor([loss.item(), float(correct), float(len(y))],
+                                        dtype=torch.float64), op=hvd.Sum, name="eval.totals")
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+
+
+def progress(done, total, width=30):
+    filled = int(width * done / total)
+    print("\r  [%s%s] %d/%d" % ("#" * filled, "." * (width - filled), done, total),
+          end="" if done < total else "\r" + " " * (width + 20) + "\r", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    if "OMP_NUM_THREADS" not in os.environ:  # share the cores among this node's ranks
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    say = print if rank == 0 else (lambda *a, **k: None)
+
+    train_set, test_set = load_digits_split(args.test_fraction, args.seed)
+    # Each rank draws a disjoint 1/size of the (reshuffled every epoch) training set.
+    sampler = DistributedSampler(train_set, num_replicas=size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+
+    model = MLP(args.hidden)
+    # Scale the learning rate by the number of ranks: the global batch is size x batch_size.
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum,
+                                weight_decay=args.weight_decay)
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression)
+
+    # Cosine decay over the run, so the last epochs settle instead of bouncing.
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs))
+
+    start_epoch = 0
+    if args.resume and args.checkpoint and rank == 0 and os.path.exists(args.checkpoint):
+        state = torch.load(args.checkpoint, map_location="cpu")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch = state["epoch"]
+        scheduler.load_state_dict(state["scheduler"])
+        say("Resumed from %s (epoch %d)" % (args.checkpoint, start_epoch))
+    # Every rank starts from rank 0's weights, optimizer state and epoch.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    start_epoch = int(hvd.broadcast(torch.tensor([start_epoch]), root_rank=0, name="start_epoch").item())
+    if rank != 0:  # the schedule's position follows the epoch
+        for _ in range(start_epoch):
+            scheduler.step()
+
+    say("Training an MLP on digits: %d train / %d test samples, %d rank(s), batch %d per rank, "
+        "lr %.4g" % (len(train_set), len(test_set), size, args.batch_size, args.lr * size))
+    began = time.monotonic()
+    accuracy = 0.0
+    for epoch in range(start_epoch, args.epochs):
+        model.train()
+        sampler.set_epoch(epoch)
+        loss_sum, seen = 0.0, 0
+        for i, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item() * len(y)
+            seen += len(y)
+            if args.progress and rank == 0:
+                progress(i + 1, len(loader))
+        scheduler.step()
+        totals = hvd.allreduce(torch.tensor([loss_sum, float(seen)], dtype=torch.float64),
+                               op=hvd.Sum, name="train.loss")
+        train_loss = (totals[0] / totals[1]).item()
+        test_loss, accuracy = evaluate(model, test_set)
+        say("Epoch %2d/%d: train loss %.4f  test loss %.4f  test accuracy %.2f%%"
+            % (epoch + 1, args.epochs, train_loss, test_loss, 100 * accuracy), flush=True)
+
+    if start_epoch >= args.epochs:  # resumed a finished run: just score it
+        _, accuracy = evaluate(model, test_set)
+    say("Final test accuracy: %.2f%% on %d rank(s) in %.1f s"
+        % (100 * accuracy, size, time.monotonic() - began))
+    if args.checkpoint and rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "epoch": args.epochs, "accuracy": accuracy, "size": size}, args.checkpoint)
+        say("Checkpoint saved to %s" % args.checkpoint)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""perseusrun: a thin wrapper over the installed ``mpirun``.
+
+    perseusrun -np 4 python train.py
+    perseusrun -np 8 -H node1:4,node2:4 python train.py
+    perseusrun -np 8 --hostfile hosts.txt --verbose python train.py
+
+It finds ``mpirun`` (the one next to this interpreter, else the first on PATH, or
+``--mpirun`` / $PERSEUS_MPIRUN), asks it which MPI it belongs to (``mpirun
+--version``), and builds the command that flavour needs:
+
+* Open MPI: ``--allow-run-as-root`` when run as root, ``--oversubscribe`` when more
+  processes than slots (local cores, or the slots of the host list), ``--bind-to none
+  --map-by slot`` as Horovod does, hosts as ``-H h:n,...`` / ``--hostfile``, and
+  ``-x NAME`` for each variable the ranks need (PERSEUS_*, HOROVOD_*, PYTHONPATH,
+  PATH, LD_LIBRARY_PATH, OMP_*, ...), since Open MPI forwards none by itself to
+  remote nodes.
+* MPICH / Intel MPI (Hydra): hosts as ``-hosts h:n,...`` or ``-f FILE``; Hydra
+  passes the whole environment by default, so nothing else is added.
+
+Then it replaces itself with mpirun (exec), so the exit code and signals are
+mpirun's own. It starts no daemons and moves no data: it is not a process manager.
+"""
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+OPENMPI = "openmpi"
+MPICH = "mpich"
+FLAVOURS = (OPENMPI, MPICH)
+
+# Variables Open MPI must be told to forward (-x); Hydra forwards everything.
+ENV_PREFIXES = ("PERSEUS_", "HOROVOD_", "OMP_", "MKL_", "NCCL_", "PYTHON", "CUDA_", "TORCH_")
+ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV")
+
+
+class LauncherError(Exception):
+    """A bad argument or an unusable mpirun, reported as one line."""
+
+
+def find_mpirun(explicit=None):
+    """The mpirun to use: explicit, else $PERSEUS_MPIRUN, else the one next to
+    sys.executable (a venv's mpich wheel), else the first on PATH."""
+    for candidate in (explicit, os.environ.get("PERSEUS_MPIRUN")):
+        if candidate:
+            found = shutil.which(candidate)
+            if found is None:
+                raise LauncherError("mpirun %r not found or not executable" % candidate)
+            return found
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("mpirun")
+    if found is None:
+        raise LauncherError("no mpirun next to %s nor on PATH; install an MPI "
+                            "(e.g. `pip install mpich`) or pass --mpirun" % sys.executable)
+    return found
+
+
+def flavour_of(version_text):
+    """OPENMPI or MPICH from the text of `mpirun --version`, or None if unknown."""
+    if re.search(r"Open MPI|OpenRTE|open-mpi\.org|PRRTE", version_text, re.I):
+        return OPENMPI
+    if re.search(r"HYDRA|MPICH|Intel\(R\) MPI|MVAPICH", version_text, re.I):
+        return MPICH
+    return None
+
+
+def detect_flavour(mpirun):
+    try:
+        res = subprocess.run([mpirun, "--version"], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LauncherError("cannot run `%s --version`: %s" % (mpirun, e))
+    flavour = flavour_of(res.stdout + res.stderr)
+    if flavour is None:
+        raise LauncherError("cannot tell which MPI `%s` belongs to (neither Open MPI nor "
+                            "MPICH/Hydra in its --version); pass --mpi-flavour" % mpirun)
+    return flavour
+
+
+def parse_hosts(spec):
+    """'h1:2,h2,h3:4' -> [('h1', 2), ('h2', 1), ('h3', 4)]."""
+    hosts = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, slots = item.rpartition(":")
+        if not sep:
+            name, slots = item, "1"
+        if not name or not slots.isdigit() or int(slots) < 1:
+            raise LauncherError("bad host %r in -H (expected host[:slots])" % item)
+        hosts.append((name, int(slots)))
+    if not hosts:
+        raise LauncherError("-H names no hosts")
+    return hosts
+
+
+def read_hostfile(path):
+    """Hosts from a hostfile in Horovod/Open MPI ('host slots=N') or MPICH ('host:N')
+    form, one per line, '#' comments allowed -> (hosts, form), form 'slots' or 'colon'
+    (the form of the last line that gave a count, 'colon' when none did)."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise LauncherError("cannot read hostfile: %s" % e)
+    hosts, form = [], "colon"
+    for lineno, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.match(r"^(\S+?)(?::(\d+))?(?:\s+slots\s*=\s*(\d+))?(?:\s+\S+=\S+)*$", line)
+        if m is None:
+            raise LauncherError("%s:%d: cannot read host line %r" % (path, lineno, line))
+        name, colon, slots = m.groups()
+        if slots is not None:
+            form = "slots"
+        count = int(slots or colon or 1)
+        if count < 1:
+            raise LauncherError("%s:%d: a host needs at least one slot" % (path, lineno))
+        hosts.append((name, count))
+    if not hosts:
+        raise LauncherError("hostfile %s names no hosts" % path)
+    return hosts, form
+
+
+def passthrough_env(environ):
+    """Names of the variables Open MPI is asked to forward, sorted."""
+    return sorted(k for k in environ
+                  if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
+
+
+def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=None):
+    """The full mpirun argv for parsed perseusrun args. Pure: the flavour, environment,
+    core count and root-ness are passed in (tests inject them)."""
+    environ = os.environ if environ is None else environ
+    cpu_count = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    is_root = is_root if is_root is not None else (hasattr(os, "geteuid") and os.geteuid() == 0)
+    if flavour not in FLAVOURS:
+        raise LauncherError("unknown MPI flavour %r (one of %s)" % (flavour, ", ".join(FLAVOURS)))
+    if args.np < 1:
+        raise LauncherError("-np must be at least 1")
+    if not args.command:
+        raise LauncherError("no command to run")
+    if args.hosts and args.hostfile:
+        raise LauncherError("give -H or --hostfile, not both")
+
+    hosts, form = None, None
+    if args.hosts:
+        hosts, form = parse_hosts(args.hosts), "H"
+    elif args.hostfile:
+        hosts, form = read_hostfile(args.hostfile)
+    slots = sum(n for _, n in hosts) if hosts else cpu_count
+
+    cmd = [mpirun, "-np", str(args.np)]
+    if flavour == OPENMPI:
+        if is_root:
+            cmd.append("--allow-run-as-root")
+        if args.np > slots:
+            cmd.append("--oversubscribe")
+        cmd += ["--bind-to", "none", "--map-by", "slot"]
+        if hosts is not None:
+            if form == "slots":  # already Open MPI's own hostfile syntax
+                cmd += ["--hostfile", args.hostfile]
+            else:
+                cmd += ["-H", ",".join("%s:%d" % h for h in hosts)]
+        for name in passthrough_env(environ):
+            cmd += ["-x", name]
+        for assignment in args.env:
+            cmd += ["-x", assignment]
+    else:  # MPICH / Hydra: the environment goes along by default.
+        if hosts is not None:
+            if form == "colon":  # Hydra's own hostfile syntax
+                cmd += ["-f", args.hostfile]
+            else:
+                cmd += ["-hosts", ",".join("%s:%d" % h for h in hosts)]
+        for assignment in args.env:
+            name, sep, value = assignment.partition("=")
+            if sep:
+                cmd += ["-genv", name, value]
+            # NAME alone: already in the environment Hydra forwards.
+    cmd += shlex.split(args.mpi_args) if args.mpi_args else []
+    return cmd + list(args.command)
+
+
+def make_parser():
+    p = argparse.ArgumentParser(
+        prog="perseusrun",
+        description="Run COMMAND on N processes through the installed mpirun, "
+                    "adding what its MPI flavour needs.",
+        usage="perseusrun -np N [-H host:slots,...|--hostfile FILE] [--verbose] COMMAND...")
+    p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, required=True,
+                   help="number of processes (ranks)")
+    p.add_argument("-H", "--hosts", dest="hosts",
+                   help="host list, host[:slots],... (default: this machine)")
+    p.add_argument("--hostfile", help="file of hosts, 'host slots=N' or 'host:N' per line")
+    p.add_argument("-x", "--env", dest="env", action="append", default=[],
+                   metavar="NAME[=VALUE]", help="also pass this variable to the ranks (repeatable)")
+    p.add_argument("--mpirun", help="mpirun to use (default: $PERSEUS_MPIRUN, the one "
+                                    "beside this Python, then PATH)")
+    p.add_argument("--mpi-flavour", choices=FLAVOURS,
+                   help="skip detection: the MPI flavour of mpirun")
+    p.add_argument("--mpi-args", help="extra arguments for mpirun, as one shell-quoted string")
+    p.add_argument("--verbose", action="store_true", help="print the mpirun command before running it")
+    p.add_argument("--dry-run", action="store_true", help="print the mpirun command and exit")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return p
+
+
+def main(argv=None):
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        mpirun = find_mpirun(args.mpirun)
+        flavour = args.mpi_flavour or detect_flavour(mpirun)
+        cmd = build_command(args, flavour, mpirun)
+    except LauncherError as e:
+        parser.error(str(e))
+    if args.verbose or args.dry_run:
+        print("perseusrun (%s): %s" % (flavour, " ".join(shlex.quote(c) for c in cmd)),
+              file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
+    if args.dry_run:
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # exec: mpirun takes over this process, so its exit code and signals are ours.
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The PyTorch examples run end to end under mpirun: the digits training reaches the
+accuracy the README promises, and the synthetic benchmark prints Horovod's format."""
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import perseus.torch.horovod as hvd
+from conftest import REPO_ROOT, clean_env, find_mpirun, kill_job
+
+EXAMPLES = REPO_ROOT / "examples" / "pytorch"
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.skipif(not all(hasattr(hvd, name) for name in (
+        "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state")),
+        reason="perseus.torch.horovod has no DistributedOptimizer / broadcast_parameters / "
+               "broadcast_optimizer_state yet; the examples need them"),
+]
+
+
+def run_example(np, argv, env=None, timeout=60):
+    """`mpirun -np N python <argv>` from the repo root -> stdout; fails the test, with the
+    job's output, on a non-zero exit or a timeout (then every process is killed)."""
+    cmd = [find_mpirun(), "-np", str(np), sys.executable] + [str(a) for a in argv]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=clean_env(env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(proc)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail("%s did not finish within %d s\nstdout:\n%s\nstderr:\n%s"
+                    % (" ".join(cmd), timeout, out, err), pytrace=False)
+    finally:
+        if proc.poll() is None:
+            kill_job(proc)
+    if proc.returncode != 0:
+        pytest.fail("%s exited with %d after %.1f s\nstdout:\n%s\nstderr:\n%s"
+                    % (" ".join(cmd), proc.returncode, time.monotonic() - start, out, err),
+                    pytrace=False)
+    return out
+
+
+def test_train_digits_two_ranks(tmp_path):
+    checkpoint = tmp_path / "digits.pt"
+    out = run_example(2, [EXAMPLES / "train_digits.py", "--checkpoint", checkpoint])
+    epochs = re.findall(r"^Epoch +\d+/20: .*test accuracy ([\d.]+)%$", out, re.M)
+    assert len(epochs) == 20, out  # rank 0 alone prints
+    final = re.search(r"^Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out, re.M)
+    assert final and float(final.group(1)) >= 95.0, out
+    assert checkpoint.exists()
+
+    import torch
+    state = torch.load(checkpoint, map_location="cpu")
+    assert state["size"] == 2 and state["epoch"] == 20 and state["accuracy"] >= 0.95
+
+
+def test_synthetic_benchmark_two_ranks():
+    out = run_example(2, [EXAMPLES / "pytorch_synthetic_benchmark.py", "--model", "mlp", "--no-cuda",
+                          "--batch-size", "16", "--num-warmup-batches", "2",
+                          "--num-batches-per-iter", "2", "--num-iters", "2", "--fp16-allreduce"])
+    assert "Model: mlp" in out and "Batch size: 16" in out and "Number of GPUs: 2" in out, out
+    assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per GPU$", out, re.M)) == 2, out
+    per = re.search(r"^Img/sec per GPU: ([\d.]+) \+-([\d.]+)$", out, re.M)
+    total = re.search(r"^Total img/sec on 2 GPU\(s\): ([\d.]+) \+-([\d.]+)$", out, re.M)
+    assert per and total, out
+    assert float(total.group(1)) == pytest.approx(2 * float(per.group(1)), rel=1e-2, abs=0.1)

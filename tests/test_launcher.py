@@ -1,0 +1,140 @@
+"""perseusrun (perseus/launcher.py): the mpirun command it builds for each MPI flavour,
+and real runs through the venv's MPICH mpirun."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, clean_env, find_mpirun
+from perseus import launcher
+from perseus.launcher import MPICH, OPENMPI, LauncherError, build_command, make_parser
+
+PERSEUSRUN = REPO_ROOT / "bin" / "perseusrun"
+ENV = {"PERSEUS_FUSION_THRESHOLD": "1", "HOROVOD_CYCLE_TIME": "2", "PYTHONPATH": "/x",
+       "PATH": "/bin", "SECRET_TOKEN": "s", "OMP_NUM_THREADS": "1"}
+
+
+def cmd(argv, flavour, environ=ENV, cpu_count=4, is_root=False):
+    args = make_parser().parse_args(argv)
+    return build_command(args, flavour, "/opt/mpi/bin/mpirun", environ=environ,
+                         cpu_count=cpu_count, is_root=is_root)
+
+
+def test_flavour_from_version_text():
+    assert launcher.flavour_of("mpirun (Open MPI) 4.1.5\n\nReport bugs to http://www.open-mpi.org/") == OPENMPI
+    assert launcher.flavour_of("mpirun (Open MPI) 5.0.3") == OPENMPI
+    assert launcher.flavour_of("HYDRA build details:\n    Version: 4.2.0") == MPICH
+    assert launcher.flavour_of("Intel(R) MPI Library for Linux* OS, Version 2021.9") == MPICH
+    assert launcher.flavour_of("something else") is None
+
+
+def test_detects_the_venv_mpirun_as_mpich():
+    assert launcher.detect_flavour(find_mpirun()) == MPICH
+
+
+def test_mpich_local():
+    assert cmd(["-np", "2", "python", "train.py", "--lr", "0.1"], MPICH) == [
+        "/opt/mpi/bin/mpirun", "-np", "2", "python", "train.py", "--lr", "0.1"]
+
+
+def test_command_options_stay_with_the_command():
+    c = cmd(["-np", "2", "--verbose", "python", "-c", "print(1)", "-np", "9"], MPICH)
+    assert c == ["/opt/mpi/bin/mpirun", "-np", "2", "python", "-c", "print(1)", "-np", "9"]
+
+
+def test_mpich_hosts_and_env_assignments():
+    c = cmd(["-np", "4", "-H", "a:2,b:2", "-x", "FOO=bar", "-x", "KEEP", "python", "t.py"], MPICH)
+    assert c == ["/opt/mpi/bin/mpirun", "-np", "4", "-hosts", "a:2,b:2", "-genv", "FOO", "bar",
+                 "python", "t.py"]
+    # MPICH forwards the environment itself: no variable is listed.
+    assert "SECRET_TOKEN" not in c and "-x" not in c
+
+
+def test_mpich_hostfile(tmp_path):
+    colon = tmp_path / "hosts"
+    colon.write_text("# cluster\nnode1:4\nnode2:4  # second\n")
+    assert cmd(["-np", "8", "--hostfile", str(colon), "python", "t.py"], MPICH)[3:6] == [
+        "-f", str(colon), "python"]
+    slots = tmp_path / "hosts.ompi"
+    slots.write_text("node1 slots=4\nnode2 slots=2\n")
+    assert cmd(["-np", "6", "--hostfile", str(slots), "python", "t.py"], MPICH)[3:5] == [
+        "-hosts", "node1:4,node2:2"]
+
+
+def test_openmpi_local_not_root():
+    c = cmd(["-np", "2", "python", "t.py"], OPENMPI)
+    assert c[:3] == ["/opt/mpi/bin/mpirun", "-np", "2"]
+    assert "--allow-run-as-root" not in c and "--oversubscribe" not in c
+    assert c[c.index("--bind-to") + 1] == "none"
+    forwarded = {c[i + 1] for i, a in enumerate(c) if a == "-x"}
+    assert forwarded == {"PERSEUS_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "PYTHONPATH", "PATH",
+                         "OMP_NUM_THREADS"}
+    assert c[-2:] == ["python", "t.py"]
+
+
+def test_openmpi_root_and_oversubscribe():
+    c = cmd(["-np", "8", "python", "t.py"], OPENMPI, cpu_count=2, is_root=True)
+    assert "--allow-run-as-root" in c and "--oversubscribe" in c
+    c = cmd(["-np", "2", "python", "t.py"], OPENMPI, cpu_count=2, is_root=True)
+    assert "--oversubscribe" not in c
+
+
+def test_openmpi_hosts(tmp_path):
+    c = cmd(["-np", "3", "-H", "a:2,b", "-x", "FOO=bar", "python", "t.py"], OPENMPI, cpu_count=64)
+    assert c[c.index("-H") + 1] == "a:2,b:1"
+    assert "--oversubscribe" not in c  # 3 slots for 3 ranks, whatever the local cores
+    assert c[c.index("FOO=bar") - 1] == "-x"
+    c = cmd(["-np", "4", "-H", "a:2,b", "python", "t.py"], OPENMPI, cpu_count=64)
+    assert "--oversubscribe" in c
+    slots = tmp_path / "hosts"
+    slots.write_text("a slots=2\nb slots=2\n")
+    c = cmd(["-np", "4", "--hostfile", str(slots), "python", "t.py"], OPENMPI)
+    assert c[c.index("--hostfile") + 1] == str(slots)
+    colon = tmp_path / "hosts.mpich"
+    colon.write_text("a:2\nb:2\n")
+    c = cmd(["-np", "4", "--hostfile", str(colon), "python", "t.py"], OPENMPI)
+    assert c[c.index("-H") + 1] == "a:2,b:2" and "--hostfile" not in c
+
+
+def test_extra_mpi_args():
+    c = cmd(["-np", "2", "--mpi-args", "-genv FOO 'a b'", "python", "t.py"], MPICH)
+    assert c[3:] == ["-genv", "FOO", "a b", "python", "t.py"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["-np", "0", "python"],
+    ["-np", "2"],
+    ["-np", "2", "-H", "a:0", "python"],
+    ["-np", "2", "-H", "a:x", "python"],
+    ["-np", "2", "-H", "a", "--hostfile", "f", "python"],
+])
+def test_bad_arguments(argv):
+    with pytest.raises(LauncherError):
+        cmd(argv, MPICH)
+
+
+def _perseusrun(args, timeout=60):
+    return subprocess.run([sys.executable, str(PERSEUSRUN)] + args, cwd=str(REPO_ROOT),
+                          env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.mpi
+def test_real_run_two_ranks():
+    code = "import perseus.torch.horovod as hvd; hvd.init(); assert hvd.size() == 2; print('rank', hvd.rank())"
+    res = _perseusrun(["-np", "2", "--verbose", sys.executable, "-c", code])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(res.stdout.split("\n")[:2]) == ["rank 0", "rank 1"], res.stdout
+    assert "perseusrun (mpich): " in res.stderr and " -np 2 " in res.stderr
+
+
+@pytest.mark.mpi
+def test_exit_code_is_mpiruns():
+    res = _perseusrun(["-np", "2", sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert res.returncode == 3, res.stdout + res.stderr
+
+
+def test_dry_run_prints_and_runs_nothing():
+    res = _perseusrun(["-np", "2", "--dry-run", sys.executable, "-c", "raise SystemExit(5)"])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("perseusrun (mpich): ") and "-np 2" in res.stdout
