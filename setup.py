@@ -73,5 +73,5 @@ setup(
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"torch": ["torch"], "test": ["pytest", "pytest-timeout", "mpi4py"]},
-    entry_points={},
+    entry_points={"console_scripts": ["perseusrun = perseus.launcher:main"]},
 )
