@@ -24,6 +24,7 @@ SCRIPTS = [
     "init_mpi4py",              # MPI initialised by mpi4py, init(comm=...)
     "config_per_rank",          # settings differing by rank fail init on every rank
     "init_serialized",          # no MPI_THREAD_MULTIPLE: one lane, still correct
+    "late_peer",                # a peer later than the driving window: no hang
 ]
 
 

@@ -193,7 +193,9 @@ void Engine::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       auto news = [&] { return !incoming_.empty() || stop_requested_; };
       if (!busy_) {
-        cv_.wait(lock, news);  // idle: no polling, no cost to the rest of the process
+        // Idle: no polling, no cost to the rest of the process. busy_ wakes it too:
+        // a driver handing over unfinished work sets it before notifying.
+        cv_.wait(lock, [&] { return news() || busy_; });
       } else {
         Clock::time_point wake_at = WakeAt();
         if (wake_at > Clock::now()) cv_.wait_until(lock, wake_at, news);
