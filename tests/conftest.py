@@ -5,6 +5,7 @@ and fails the calling test, showing the job's stdout and stderr, when the job ex
 non-zero or outlives its timeout. On timeout every process of the job is killed, so a
 hang fails one test and never stalls the suite.
 """
+import importlib
 import os
 import shutil
 import signal
@@ -156,3 +157,21 @@ def run_python():
                         % (timeout, env, code, e.stdout, e.stderr), pytrace=False)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def hvd():
+    """perseus.torch.horovod, initialised for one test module, shut down after it
+    (imported here, so collection works even when the package is broken)."""
+    module = importlib.import_module("perseus.torch.horovod")
+    module.init()
+    yield module
+    module.shutdown()
+
+
+@pytest.fixture
+def initialized(hvd):
+    """hvd, re-initialised if a previous test left it shut down."""
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd

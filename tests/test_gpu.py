@@ -1,6 +1,5 @@
 """CUDA tensors in a world of one (one GPU cannot host two NCCL ranks). Skipped cleanly
 where torch sees no CUDA device."""
-import importlib
 
 import pytest
 import torch
@@ -13,14 +12,6 @@ pytestmark = [
 
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64]
-
-
-@pytest.fixture(scope="module")
-def hvd():
-    module = importlib.import_module("perseus.torch.horovod")
-    module.init()
-    yield module
-    module.shutdown()
 
 
 def make(shape, dtype, seed=0):

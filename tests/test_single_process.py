@@ -1,7 +1,6 @@
 """Single-process tests (no mpirun, a world of size 1), run inside the pytest process,
 plus configuration checks run in fresh `python -c` subprocesses because configuration
 is read at init()."""
-import importlib
 import textwrap
 import time
 
@@ -15,24 +14,6 @@ FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 DTYPES = INT_DTYPES + FLOAT_DTYPES
 SHAPES = [(), (0,), (1,), (17,), (4, 5), (2, 0, 3)]
 OP_NAMES = ["Sum", "Average", "Min", "Max", "Product"]
-
-
-@pytest.fixture(scope="module")
-def hvd():
-    """perseus.torch.horovod, initialised (imported here, so collection works before the
-    package exists; until then every test errors at this fixture)."""
-    module = importlib.import_module("perseus.torch.horovod")
-    module.init()
-    yield module
-    module.shutdown()
-
-
-@pytest.fixture
-def initialized(hvd):
-    """hvd, re-initialised if a previous test left it shut down."""
-    if not hvd.is_initialized():
-        hvd.init()
-    return hvd
 
 
 def make(shape, dtype, seed=0):

@@ -16,21 +16,6 @@ def test_sync_batch_norm_mpi(run_mpi, nprocs):
     run_mpi("sync_batch_norm", nprocs)
 
 
-@pytest.fixture(scope="module")
-def hvd():
-    module = importlib.import_module("perseus.torch.horovod")
-    module.init()
-    yield module
-    module.shutdown()
-
-
-@pytest.fixture
-def initialized(hvd):
-    if not hvd.is_initialized():
-        hvd.init()
-    return hvd
-
-
 def _sbn():
     return importlib.import_module("perseus.torch.sync_batch_norm")
 
