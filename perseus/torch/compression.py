@@ -31,13 +31,15 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class FP16Compressor(Compressor):
-    """Sends floating-point tensors as float16, restoring their dtype afterwards."""
+class _CastCompressor(Compressor):
+    """Sends floating-point tensors as `wire_dtype`, restoring their dtype afterwards."""
 
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
-            return tensor.to(torch.float16), tensor.dtype
+    wire_dtype = None
+
+    @classmethod
+    def compress(cls, tensor):
+        if tensor.dtype.is_floating_point and tensor.dtype != cls.wire_dtype:
+            return tensor.to(cls.wire_dtype), tensor.dtype
         return tensor, None
 
     @staticmethod
@@ -45,19 +47,16 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else tensor.to(ctx)
 
 
-class BF16Compressor(Compressor):
-    """Sends floating-point tensors as bfloat16 (float32's range, fewer mantissa bits),
-    restoring their dtype afterwards."""
+class FP16Compressor(_CastCompressor):
+    """Sends floating-point tensors as float16."""
 
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != torch.bfloat16:
-            return tensor.to(torch.bfloat16), tensor.dtype
-        return tensor, None
+    wire_dtype = torch.float16
 
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tensor.to(ctx)
+
+class BF16Compressor(_CastCompressor):
+    """Sends floating-point tensors as bfloat16 (float32's range, fewer mantissa bits)."""
+
+    wire_dtype = torch.bfloat16
 
 
 class Compression:
