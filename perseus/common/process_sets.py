@@ -111,10 +111,10 @@ def add_process_set(process_set):
     with _lock:
         if process_set.process_set_id is not None:
             raise ValueError("%r is already registered" % (process_set,))
-        for existing in [global_process_set] + list(_registered.values()):
-            if existing.ranks == process_set.ranks:
-                raise ValueError("a process set with ranks %s is already registered (id %d)"
-                                 % (process_set.ranks, existing.process_set_id))
+        existing = _find(process_set.ranks)
+        if existing is not None:
+            raise ValueError("a process set with ranks %s is already registered (id %d)"
+                             % (process_set.ranks, existing.process_set_id))
         n = len(process_set.ranks)
         ranks = (ctypes.c_int32 * n)(*process_set.ranks)
         new_id = ctypes.c_int32()
@@ -122,6 +122,21 @@ def add_process_set(process_set):
         process_set._registered(new_id.value)
         _registered[new_id.value] = process_set
     return process_set
+
+
+def _find(ranks):
+    for existing in [global_process_set] + list(_registered.values()):
+        if existing.ranks == ranks:
+            return existing
+    return None
+
+
+def find_process_set(ranks):
+    """The registered set (the global one included) with exactly these global ranks,
+    or None."""
+    ranks = sorted(int(r) for r in ranks)
+    with _lock:
+        return _find(ranks)
 
 
 def remove_process_set(process_set):

@@ -219,9 +219,9 @@ def _set_root(process_set, root_rank):
                          % (root_rank, process_set)) from None
 
 
-def _broadcast_async(tensors, inplace, root_rank, name, process_set, drive=False):
+def _broadcast_async(tensors, inplace, root_rank, name, process_set, drive=False, grouped=False):
     return _same_shape_async(_BROADCAST, tensors, inplace, name, 0, 1.0, 1.0, process_set,
-                             _set_root(process_set, root_rank), False, drive)
+                             _set_root(process_set, root_rank), grouped, drive)
 
 
 def _allgather_async(tensors, name, process_set, grouped, drive=False):
@@ -437,6 +437,20 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites `tensor` with root_rank's value; returns it."""
     return synchronize(_broadcast_async((tensor,), True, root_rank, name, process_set,
                                         drive=True))
+
+
+def grouped_broadcast_async_(tensors, root_rank, name=None, process_set=global_process_set):
+    """Starts broadcasting a list of tensors in place as one unit (one request batch,
+    fused by the core); returns a handle. A Perseus extension (Horovod has none): DDP
+    syncs a module's buffers with it before every forward."""
+    return _broadcast_async(_nonempty(tensors, "grouped_broadcast_"), True, root_rank, name,
+                            process_set, grouped=True)
+
+
+def grouped_broadcast_(tensors, root_rank, name=None, process_set=global_process_set):
+    """Overwrites every tensor of the list with root_rank's, as one unit; returns the list."""
+    return synchronize(_broadcast_async(_nonempty(tensors, "grouped_broadcast_"), True, root_rank,
+                                        name, process_set, drive=True, grouped=True))
 
 
 # ---- alltoall -------------------------------------------------------------------
