@@ -1,0 +1,162 @@
+"""torch.distributed's process-group API over Perseus's init and process sets.
+
+Under mpirun every process is a rank already: init_process_group() starts Perseus
+(MPI) and takes rank and world size from MPI. It accepts the arguments a torch
+script passes (backend, init_method such as --dist-url, world_size, rank, ...) so
+the script runs unchanged, and warns once when they contradict MPI. Groups are
+process sets: new_group(ranks) registers one (collectively, as in torch).
+"""
+
+import warnings
+
+from perseus.common import basics as _basics
+from perseus.common import process_sets as _process_sets
+
+
+class ProcessGroup:
+    """A group of ranks: what new_group() returns and `group=` accepts.
+
+    Wraps a Perseus ProcessSet (attribute `process_set`). rank() is this process's
+    rank in the group (-1 when not a member), size() its number of ranks.
+    """
+
+    def __init__(self, process_set):
+        self.process_set = process_set
+
+    def rank(self):
+        return self.process_set.rank()
+
+    def size(self):
+        return self.process_set.size()
+
+    @property
+    def ranks(self):
+        return list(self.process_set.ranks)
+
+    def __repr__(self):
+        return "ProcessGroup(ranks=%s)" % self.process_set.ranks
+
+
+class group:
+    """torch.distributed.group: `group.WORLD` is the group of all ranks."""
+    WORLD = ProcessGroup(_process_sets.global_process_set)
+
+
+_WORLD = group.WORLD  # for functions whose `group` parameter hides the class
+
+
+def process_set_of(group_):
+    """The registered ProcessSet behind `group=` (None: all ranks)."""
+    if group_ is None:
+        return _process_sets.global_process_set
+    if isinstance(group_, ProcessGroup):
+        process_set = group_.process_set
+    elif isinstance(group_, _process_sets.ProcessSet):
+        process_set = group_
+    else:
+        raise ValueError("group must be None, perseus.torch.distributed.group.WORLD or a group "
+                         "from perseus.torch.distributed.new_group(), got %r (a %s)"
+                         % (group_, type(group_).__name__))
+    if process_set.process_set_id is None:
+        raise ValueError("%r is not registered (was it destroyed, or created before "
+                         "init_process_group()?)" % (group_,))
+    return process_set
+
+
+def is_available():
+    return True
+
+
+_warned_about_arguments = False
+
+
+def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
+                       store=None, group_name="", pg_options=None, device_id=None, **kwargs):
+    """Starts Perseus on every rank of the MPI job (torch's signature).
+
+    backend, init_method, timeout, store, group_name, pg_options and device_id are
+    accepted and not needed: MPI launches the ranks and Perseus picks MPI or NCCL per
+    tensor. world_size and rank, when given, must match MPI's; if they do not (a
+    script's default `--world-size 1 --rank 0`), MPI's values win and a warning says
+    so, once. Calling it again while initialized does nothing, as `hvd.init()`.
+    """
+    global _warned_about_arguments
+    if backend is not None and not isinstance(backend, str):
+        raise ValueError("backend must be a string such as 'nccl', 'gloo' or 'mpi', got %r"
+                         % (backend,))
+    _basics.init()
+    given = [(what, value) for what, value in (("world_size", world_size), ("rank", rank))
+             if value is not None and int(value) >= 0]
+    actual = {"world_size": _basics.size(), "rank": _basics.rank()}
+    wrong = ["%s=%s (MPI: %d)" % (what, value, actual[what]) for what, value in given
+             if int(value) != actual[what]]
+    if wrong and not _warned_about_arguments:
+        _warned_about_arguments = True
+        warnings.warn("init_process_group(%s) contradicts the MPI job Perseus runs in; using "
+                      "MPI's rank %d of %d" % (", ".join(wrong), actual["rank"],
+                                               actual["world_size"]), stacklevel=2)
+
+
+def is_initialized():
+    return _basics.is_initialized()
+
+
+def destroy_process_group(group=None):
+    """Without a group: shuts Perseus down. With one: unregisters its process set
+    (collective, like new_group)."""
+    if group is None or group is _WORLD:
+        _basics.shutdown()
+        return
+    process_set = process_set_of(group)
+    if process_set is not _process_sets.global_process_set:
+        _process_sets.remove_process_set(process_set)
+
+
+def get_rank(group=None):
+    """This process's rank: global, or within `group` (-1 when not a member)."""
+    if group is None:
+        return _basics.rank()
+    return process_set_of(group).rank()
+
+
+def get_world_size(group=None):
+    if group is None:
+        return _basics.size()
+    return process_set_of(group).size()
+
+
+def get_local_rank():
+    """This process's rank on its node: the GPU it should use."""
+    return _basics.local_rank()
+
+
+def get_local_size():
+    return _basics.local_size()
+
+
+def get_backend(group=None):
+    process_set_of(group)  # validates the group
+    return "perseus"
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+              use_local_synchronization=False, group_desc=None, device_id=None):
+    """A group of `ranks` (global ranks; None: all). Collective, as in torch: every
+    rank calls it, in the same order, with the same ranks. A group with the ranks of
+    one that exists shares its process set."""
+    if use_local_synchronization:
+        raise NotImplementedError("new_group(use_local_synchronization=True) is not supported "
+                                  "by Perseus: every rank must call new_group()")
+    size = _basics.size()  # raises before init
+    if ranks is None:
+        ranks = range(size)
+    ranks = sorted(int(r) for r in ranks)
+    bad = [r for r in ranks if not 0 <= r < size]
+    if bad:
+        raise ValueError("new_group: ranks %s are outside the world of %d ranks" % (bad, size))
+    if len(set(ranks)) != len(ranks):
+        raise ValueError("new_group: ranks must be distinct, got %s" % ranks)
+    existing = _process_sets.find_process_set(ranks)
+    if existing is not None:
+        return ProcessGroup(existing)
+    return ProcessGroup(_process_sets.add_process_set(ranks))
