@@ -3,7 +3,19 @@
 This module stays lightweight on purpose: importing ``perseus`` must not load the
 core library or any framework, so tools (setup.py, docs, launchers) can read the
 version without a built libperseus. Framework front ends live in subpackages,
-e.g. ``import perseus.torch.horovod as hvd``.
+e.g. ``import perseus.torch.horovod as hvd``; they also load on first attribute
+access, so ``import perseus`` then ``perseus.torch.nn.parallel.DistributedDataParallel``
+works as in a torch script.
 """
 
+import importlib
+
 __version__ = "0.1.0"
+
+_SUBPACKAGES = ("torch",)
+
+
+def __getattr__(name):
+    if name in _SUBPACKAGES:
+        return importlib.import_module("%s.%s" % (__name__, name))
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
