@@ -26,9 +26,14 @@ from perseus.torch.nn.parallel import comm_hooks as _comm_hooks
 from perseus.torch.nn.parallel.join import Join
 from perseus.torch.nn.parallel.reducer import Reducer
 
-# Every rank builds its DDP instances in the same order, so the n-th one has the
-# same request names everywhere.
-_instance_ids = itertools.count()
+# The ranks of a group build their DDP instances in the same order, so the n-th one
+# on a group has the same request names on each of them. Counted per group: ranks
+# outside a group do not build its instances.
+_instance_ids = {}  # tuple of global ranks -> itertools.count
+
+
+def _next_id(process_set):
+    return next(_instance_ids.setdefault(tuple(process_set.ranks), itertools.count()))
 
 _SPARSE_MODULES = (nn.Embedding, nn.EmbeddingBag)
 
@@ -98,7 +103,7 @@ class DistributedDataParallel(nn.Module):
                                                                   output_device)
         self._named_trainable = [(n, p) for n, p in named if p.requires_grad]
 
-        self._id = next(_instance_ids)
+        self._id = _next_id(self._process_set)
         if init_sync:
             self._sync_initial_state(self._module_states(buffers=self.broadcast_buffers))
         self._reducer = self._build_reducer()
@@ -255,7 +260,7 @@ class DistributedDataParallel(nn.Module):
         super().__setstate__(state)
         self._process_set = _process_sets.global_process_set
         self._join = None
-        self._id = next(_instance_ids)  # its own request names, beside the original's
+        self._id = _next_id(self._process_set)  # its own request names, beside the original's
         self._named_trainable = [(n, p) for n, p in self.module.named_parameters()
                                  if n not in self.parameters_to_ignore and p.requires_grad]
         self._reducer = self._build_reducer()
