@@ -5,6 +5,7 @@
 #include "collectives.h"
 #include "dtype.h"
 #include "row_type.h"
+#include "wait_policy.h"
 
 namespace perseus {
 
@@ -14,8 +15,10 @@ Status RunAllgather(const BatchItem& item, ExecContext& ctx, Result* result) {
   // Step 1: learn every rank's row count.
   std::vector<int64_t> rows(ctx.size);
   int64_t mine = meta.shape[0];
-  Status status = MpiStatus(
-      MPI_Allgather(&mine, 1, MPI_INT64_T, rows.data(), 1, MPI_INT64_T, ctx.comm), "MPI_Allgather");
+  MPI_Request request;
+  Status status = CompleteRequest(
+      MPI_Iallgather(&mine, 1, MPI_INT64_T, rows.data(), 1, MPI_INT64_T, ctx.comm, &request),
+      &request, "MPI_Iallgather");
   if (!status.ok()) return status;
   const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
   // Step 2: gather the rows into one output the caller will own.
@@ -30,9 +33,10 @@ Status RunAllgather(const BatchItem& item, ExecContext& ctx, Result* result) {
   RowType row(row_bytes);
   if (row.get() == MPI_DATATYPE_NULL)
     return Status::Error(PERSEUS_UNSUPPORTED, "rows larger than 2 GiB are not supported");
-  return MpiStatus(MPI_Allgatherv(item.entry->input, counts[ctx.rank], row.get(), result->data,
-                                  counts.data(), displs.data(), row.get(), ctx.comm),
-                   "MPI_Allgatherv");
+  return CompleteRequest(MPI_Iallgatherv(item.entry->input, counts[ctx.rank], row.get(),
+                                        result->data, counts.data(), displs.data(), row.get(),
+                                        ctx.comm, &request),
+                         &request, "MPI_Iallgatherv");
 }
 
 }  // namespace perseus

@@ -5,6 +5,7 @@
 #include "collectives.h"
 #include "dtype.h"
 #include "fused_windows.h"
+#include "wait_policy.h"
 
 namespace perseus {
 
@@ -20,8 +21,10 @@ Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
   const int64_t window = std::max<int64_t>(1, ctx.chunk_bytes / esize);
 
   auto reduce_in_place = [&](char* data, int64_t count) {
-    int rc = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type, op, ctx.comm);
-    return MpiStatus(rc, "MPI_Allreduce");
+    MPI_Request request;
+    return CompleteRequest(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type,
+                                          op, ctx.comm, &request),
+                           &request, "MPI_Iallreduce");
   };
 
   const BatchItem& only = batch.items.front();

@@ -5,6 +5,7 @@
 #include "collectives.h"
 #include "dtype.h"
 #include "row_type.h"
+#include "wait_policy.h"
 
 namespace perseus {
 
@@ -13,9 +14,11 @@ Status RunAlltoall(const BatchItem& item, ExecContext& ctx, Result* result) {
   const int64_t row_bytes = entry.meta.RowElements() * DtypeSize(entry.meta.dtype);
   // Step 1: exchange how many rows go to each rank.
   std::vector<int64_t> recv_rows(ctx.size);
-  Status status = MpiStatus(MPI_Alltoall(entry.splits.data(), 1, MPI_INT64_T, recv_rows.data(), 1,
-                                         MPI_INT64_T, ctx.comm),
-                            "MPI_Alltoall");
+  MPI_Request request;
+  Status status = CompleteRequest(MPI_Ialltoall(entry.splits.data(), 1, MPI_INT64_T,
+                                                recv_rows.data(), 1, MPI_INT64_T, ctx.comm,
+                                                &request),
+                                  &request, "MPI_Ialltoall");
   if (!status.ok()) return status;
   const int64_t total = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
   result->recv_splits = recv_rows;
@@ -32,10 +35,10 @@ Status RunAlltoall(const BatchItem& item, ExecContext& ctx, Result* result) {
   RowType row(row_bytes);
   if (row.get() == MPI_DATATYPE_NULL)
     return Status::Error(PERSEUS_UNSUPPORTED, "rows larger than 2 GiB are not supported");
-  return MpiStatus(MPI_Alltoallv(entry.input, send_counts.data(), send_displs.data(), row.get(),
-                                 result->data, recv_counts.data(), recv_displs.data(), row.get(),
-                                 ctx.comm),
-                   "MPI_Alltoallv");
+  return CompleteRequest(MPI_Ialltoallv(entry.input, send_counts.data(), send_displs.data(),
+                                       row.get(), result->data, recv_counts.data(),
+                                       recv_displs.data(), row.get(), ctx.comm, &request),
+                         &request, "MPI_Ialltoallv");
 }
 
 }  // namespace perseus

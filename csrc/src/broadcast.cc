@@ -5,6 +5,7 @@
 #include "collectives.h"
 #include "dtype.h"
 #include "fused_windows.h"
+#include "wait_policy.h"
 
 namespace perseus {
 
@@ -27,8 +28,10 @@ Status RunBroadcast(const Batch& batch, ExecContext& ctx) {
   const bool is_root = ctx.rank == root;
   const int64_t window = ctx.chunk_bytes;
   auto bcast = [&](char* data, int64_t count) {
-    return MpiStatus(MPI_Bcast(data, static_cast<int>(count), MPI_BYTE, root, ctx.comm),
-                     "MPI_Bcast");
+    MPI_Request request;
+    return CompleteRequest(
+        MPI_Ibcast(data, static_cast<int>(count), MPI_BYTE, root, ctx.comm, &request), &request,
+        "MPI_Ibcast");
   };
   Batch bytes = AsBytes(batch);
 

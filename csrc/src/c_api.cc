@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "logging.h"
 #include "mpi_lock.h"
+#include "wait_policy.h"
 #include "perseus/perseus.h"
 
 using namespace perseus;
@@ -24,6 +25,8 @@ std::shared_ptr<Engine> g_engine;  // null while not initialised
 HandleTable g_handles;            // outlives engines, so late waiters still get an answer
 bool g_finalize_at_exit = false;
 thread_local std::string g_last_error;
+// How long perseus_wait lets its caller run the engine before sleeping on the handle.
+constexpr double kWaitDriveS = 0.5;
 
 perseus_status_t Report(const Status& s) {
   g_last_error = s.message;
@@ -265,7 +268,21 @@ perseus_status_t perseus_poll(int64_t handle, int32_t* done_out) {
 }
 
 perseus_status_t perseus_wait(int64_t handle, double timeout_s) {
-  Status status = g_handles.Wait(handle, timeout_s);
+  WaiterScope waiting;
+  bool done = false;
+  Status status = g_handles.Poll(handle, &done);
+  if (!status.ok()) return Report(status);
+  if (!done) {
+    // A waiting thread has nothing else to do: it runs the engine for a while
+    // (bounded by the timeout), then sleeps on the handle.
+    if (auto engine = Current()) {
+      const auto start = Clock::now();
+      engine->Drive(&handle, 1, timeout_s < 0 ? kWaitDriveS : std::min(timeout_s, kWaitDriveS));
+      if (timeout_s >= 0)
+        timeout_s = std::max(0.0, timeout_s - std::chrono::duration<double>(Clock::now() - start).count());
+    }
+  }
+  status = g_handles.Wait(handle, timeout_s);
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 

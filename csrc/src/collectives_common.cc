@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "collectives.h"
+#include "wait_policy.h"
 
 namespace perseus {
 
@@ -14,7 +15,10 @@ Status MpiStatus(int rc, const char* what) {
   return Status::Error(PERSEUS_MPI_ERROR, std::string(what) + " failed: " + std::string(text, len));
 }
 
-Status RunBarrier(ExecContext& ctx) { return MpiStatus(MPI_Barrier(ctx.comm), "MPI_Barrier"); }
+Status RunBarrier(ExecContext& ctx) {
+  MPI_Request request;
+  return CompleteRequest(MPI_Ibarrier(ctx.comm, &request), &request, "MPI_Ibarrier");
+}
 
 Status AgreeOnStatus(MPI_Comm comm, const Status& local) {
   int size = 1;

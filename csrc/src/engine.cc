@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <set>
 #include <sstream>
@@ -9,19 +11,12 @@
 #include "fusion.h"
 #include "logging.h"
 #include "mpi_lock.h"
+#include "wait_policy.h"
 
 namespace perseus {
 
 namespace {
 
-// While a round waits for peers: test back to back for a while, then poll with a
-// growing gap (an eighth of the time waited so far) up to kMaxPoll. MPI advances a
-// non-blocking collective only while its ranks call into MPI, so a sleeping rank
-// also delays its peers: a thread that waits for the result anyway (a driver)
-// spins longer than the background thread, which shares the core with training.
-constexpr auto kDriverSpin = std::chrono::microseconds(1000);
-constexpr auto kBackgroundSpin = std::chrono::microseconds(100);
-constexpr auto kMaxPoll = std::chrono::microseconds(200);
 // After a round that agreed nothing, ranks whose pending sets did not match retry
 // after a growing pause (local submissions start a round at once regardless).
 constexpr auto kMinBackoff = std::chrono::microseconds(20);
@@ -115,7 +110,10 @@ Status Engine::Init() {
   if (!status.ok()) return status;
   sets_[0] = std::move(global);
   next_set_id_ = 1;
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "perseus-engine");  // for top -H, perf, gdb
+    Loop();
+  });
   return Status::OK();
 }
 
@@ -253,10 +251,16 @@ Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t
                                double max_drive_s) {
   Status status = Enqueue(requests, n, handles_out, /*wake_engine=*/false);
   if (!status.ok()) return status;
+  Drive(handles_out, n, max_drive_s, /*handed_work=*/true);
+  return Status::OK();
+}
+
+void Engine::Drive(const int64_t* handles, int n, double max_drive_s, bool handed_work) {
+  WaiterScope waiting;
   auto all_done = [&] {
     for (int i = 0; i < n; ++i) {
       bool done = false;
-      if (handles_->Poll(handles_out[i], &done).ok() && !done) return false;
+      if (handles_->Poll(handles[i], &done).ok() && !done) return false;
     }
     return true;
   };
@@ -267,7 +271,7 @@ Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t
   if (step.owns_lock()) {
     // This thread is the engine until its requests are done, so none of them waits
     // for a thread hand-off. It stops driving when only lanes have work left.
-    while (!Iterate(true) && !all_done() && busy_) {
+    while (!all_done() && !Iterate(true) && !all_done() && busy_) {
       Clock::time_point wake_at = std::min(WakeAt(), give_up), now = Clock::now();
       if (now >= give_up) break;
       if (wake_at > now) {
@@ -276,6 +280,8 @@ Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t
       }
     }
     step.unlock();
+  } else if (!handed_work) {
+    return;  // another thread drives; the caller waits on its handles
   }
   bool leftover;
   {
@@ -283,7 +289,6 @@ Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t
     leftover = busy_ || !incoming_.empty() || stop_requested_;
   }
   if (leftover) cv_.notify_all();  // the background thread takes over from here
-  return Status::OK();
 }
 
 void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
@@ -297,10 +302,7 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
     if (!negotiator.Test(&outcome, &error)) {
       *busy = true;
       WarnIfStalled(set, now);
-      Clock::duration waited = now - set->round_start;
-      Clock::duration gap = waited < spin ? Clock::duration::zero()
-                                           : std::min<Clock::duration>(kMaxPoll, waited / 8);
-      *wake_at = std::min(*wake_at, now + gap);
+      *wake_at = std::min(*wake_at, now + PollGap(now - set->round_start, spin));
       return;
     }
     if (!error.ok()) {
@@ -316,7 +318,7 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   *busy = true;
   if (!stopping) {
     Clock::time_point ready = (set->new_work || set->progressed) ? now : set->retry_at;
-    if (config_.cycle_time_ms > 0)
+    if (config_.cycle_time_ms > 0 && !driving)
       ready = std::max(ready, set->round_start + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double, std::milli>(
                                                          config_.cycle_time_ms)));

@@ -40,6 +40,11 @@ class Engine {
   // wait at once: the engine thread stays asleep, so no hand-off is on the path.
   Status EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t* handles_out,
                          double max_drive_s);
+  // Runs the engine on the calling thread, as EnqueueAndDrive does, until `handles`
+  // complete (same limits). For a caller about to wait on them: the background
+  // thread may then poll lazily, since whoever waits spins for the latency.
+  // handed_work: the caller enqueued without waking the engine thread.
+  void Drive(const int64_t* handles, int n, double max_drive_s, bool handed_work = false);
   Status AddProcessSet(const int32_t* ranks, int n, int32_t* id_out);
   Status RemoveProcessSet(int id);
   // Copies the set's global ranks and this process's rank in it (-1: not a member).

@@ -1,5 +1,7 @@
 #include "lane.h"
 
+#include <pthread.h>
+
 #include "collectives.h"
 #include "dtype.h"
 #include "mpi_lock.h"
@@ -8,7 +10,10 @@ namespace perseus {
 
 Lane::Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, BatchDone done)
     : comm_(comm), rank_(rank), size_(size), chunk_bytes_(chunk_bytes), done_(std::move(done)) {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "perseus-lane");
+    Run();
+  });
 }
 
 Lane::~Lane() {

@@ -4,6 +4,7 @@
 
 #include "collectives.h"
 #include "dtype.h"
+#include "wait_policy.h"
 
 namespace perseus {
 
@@ -30,9 +31,10 @@ Status RunReducescatter(const BatchItem& item, ExecContext& ctx) {
   }
   static char empty;  // MPI wants a valid pointer even for zero elements
   void* out = entry.output ? entry.output : &empty;
-  status = MpiStatus(
-      MPI_Reduce_scatter(send ? send : &empty, out, counts.data(), MpiDatatype(dtype), op, ctx.comm),
-      "MPI_Reduce_scatter");
+  MPI_Request request;
+  status = CompleteRequest(MPI_Ireduce_scatter(send ? send : &empty, out, counts.data(),
+                                               MpiDatatype(dtype), op, ctx.comm, &request),
+                           &request, "MPI_Ireduce_scatter");
   if (!status.ok()) return status;
   const double average = meta.reduce_op == PERSEUS_AVERAGE ? 1.0 / ctx.size : 1.0;
   CopyScaled(dtype, out, out, counts[ctx.rank], meta.postscale * average);
