@@ -3,14 +3,21 @@
 #
 #     mpirun -np 2 ./train.sh          (or: perseusrun -np 2 ./train.sh)
 #
-# runs this script, which starts the default training example,
-# examples/pytorch/train_digits.py (an MLP on scikit-learn's digits), with the
-# Python of ./.venv when there is one. Run on its own it trains on one rank.
+# runs this script, which starts a training example with the Python of ./.venv
+# when there is one. Run on its own it trains on one rank. JOB picks the example:
+#   digits (default)  examples/pytorch/train_digits.py: an MLP on scikit-learn's
+#                     digits with hvd.DistributedOptimizer
+#   imagenet_ddp      examples/pytorch/imagenet_ddp.py: a torch DDP script (ImageNet
+#                     style, synthetic images) with only its imports changed to
+#                     Perseus, given a single-process command line as such scripts are
 #
 # Settings, from the environment (mpirun passes it to every rank):
-#   EPOCHS (20)  BATCH_SIZE (32, per rank)  LR (0.02, per rank; scaled by the rank count)
-#   MOMENTUM (0.9)  WEIGHT_DECAY (1e-4)  SEED (42)  HIDDEN (128)
-#   CHECKPOINT (${TMPDIR:-/tmp}/perseus-checkpoints/train_digits.pt; empty: none)
+#   EPOCHS (20; imagenet_ddp: 2)  BATCH_SIZE (32, per rank)
+#   LR (0.02, per rank; scaled by the rank count; imagenet_ddp: 0.1)
+#   MOMENTUM (0.9)  WEIGHT_DECAY (1e-4)  SEED (42)
+#   HIDDEN (128, digits)  ARCH (resnet_small, imagenet_ddp: any model of models.py)
+#   CHECKPOINT (digits: ${TMPDIR:-/tmp}/perseus-checkpoints/train_digits.pt;
+#               imagenet_ddp: none; empty: none)
 #   THREADS (1: torch threads per rank)  PYTHON (interpreter to use)
 # Extra arguments go to the example, e.g. ./train.sh --fp16-allreduce --resume
 set -euo pipefail
@@ -22,9 +29,26 @@ fi
 export OMP_NUM_THREADS="${THREADS:-${OMP_NUM_THREADS:-1}}"
 export PYTHONUNBUFFERED=1
 
-args=(--epochs "${EPOCHS:-20}" --batch-size "${BATCH_SIZE:-32}" --lr "${LR:-0.02}"
-      --momentum "${MOMENTUM:-0.9}" --weight-decay "${WEIGHT_DECAY:-1e-4}"
-      --seed "${SEED:-42}" --hidden "${HIDDEN:-128}")
+case "${JOB:-digits}" in
+  digits)
+    script=train_digits.py
+    args=(--epochs "${EPOCHS:-20}" --batch-size "${BATCH_SIZE:-32}" --lr "${LR:-0.02}"
+          --momentum "${MOMENTUM:-0.9}" --weight-decay "${WEIGHT_DECAY:-1e-4}"
+          --seed "${SEED:-42}" --hidden "${HIDDEN:-128}")
+    ;;
+  imagenet_ddp)
+    script=imagenet_ddp.py
+    # The command line of a one-process run; under mpirun Perseus takes the ranks from MPI.
+    args=(--synthetic-data -a "${ARCH:-resnet_small}" --epochs "${EPOCHS:-2}"
+          --batch-size "${BATCH_SIZE:-32}" --lr "${LR:-0.1}" --momentum "${MOMENTUM:-0.9}"
+          --weight-decay "${WEIGHT_DECAY:-1e-4}" --seed "${SEED:-42}"
+          --dist-url tcp://127.0.0.1:88 --world-size 1 --rank 0)
+    ;;
+  *)
+    echo "train.sh: unknown JOB=${JOB} (choose digits or imagenet_ddp)" >&2
+    exit 2
+    ;;
+esac
 if [ -n "${CHECKPOINT+set}" ]; then args+=(--checkpoint "$CHECKPOINT"); fi
 
-exec "$PYTHON" "$HERE/examples/pytorch/train_digits.py" "${args[@]}" "$@"
+exec "$PYTHON" "$HERE/examples/pytorch/$script" "${args[@]}" "$@"

@@ -1,5 +1,7 @@
 """The PyTorch examples run end to end under mpirun: the digits training reaches the
-accuracy the README promises, and the synthetic benchmark prints Horovod's format."""
+accuracy the README promises, the synthetic benchmark prints Horovod's format, and the
+torch-DDP ImageNet-style script runs through `JOB=imagenet_ddp mpirun -np 2 ./train.sh`
+with its one-process command line."""
 import re
 import subprocess
 import sys
@@ -24,7 +26,12 @@ pytestmark = [
 def run_example(np, argv, env=None, timeout=60):
     """`mpirun -np N python <argv>` from the repo root -> stdout; fails the test, with the
     job's output, on a non-zero exit or a timeout (then every process is killed)."""
-    cmd = [find_mpirun(), "-np", str(np), sys.executable] + [str(a) for a in argv]
+    return run_job(np, [sys.executable] + list(argv), env, timeout)
+
+
+def run_job(np, argv, env=None, timeout=60):
+    """`mpirun -np N <argv>` from the repo root -> stdout, as run_example."""
+    cmd = [find_mpirun(), "-np", str(np)] + [str(a) for a in argv]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=clean_env(env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -70,3 +77,27 @@ def test_synthetic_benchmark_two_ranks():
     total = re.search(r"^Total img/sec on 2 GPU\(s\): ([\d.]+) \+-([\d.]+)$", out, re.M)
     assert per and total, out
     assert float(total.group(1)) == pytest.approx(2 * float(per.group(1)), rel=1e-2, abs=0.1)
+
+
+def _imagenet_ddp(env, extra):
+    out = run_job(2, [REPO_ROOT / "train.sh"] + extra, env=dict(env, JOB="imagenet_ddp",
+                                                                  PYTHON=sys.executable))
+    assert "on 2 process(es)" in out, out  # ranks from MPI, not --world-size 1
+    assert re.search(r"^Epoch: \[0\]\[ +\d+/ +\d+\]\tTime", out, re.M), out
+    final = re.findall(r"^ \* Acc@1 ([\d.]+) Acc@5 ([\d.]+) Loss ([\d.]+)$", out, re.M)
+    assert final and all(float(loss) > 0 for _, _, loss in final), out
+    return out
+
+
+def test_imagenet_ddp_through_train_sh(tmp_path):
+    checkpoint = tmp_path / "imagenet.pt"
+    _imagenet_ddp({"EPOCHS": "2", "CHECKPOINT": str(checkpoint)},
+                  ["--train-samples", "128", "--val-samples", "32"])
+    import torch
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert state["epoch"] == 2 and all(k.startswith("module.") for k in state["state_dict"])
+
+
+def test_imagenet_ddp_resnet50():
+    _imagenet_ddp({"ARCH": "resnet50", "EPOCHS": "1", "BATCH_SIZE": "2"},
+                  ["--train-samples", "4", "--val-samples", "4"])
