@@ -1,0 +1,69 @@
+"""Failure behaviour across ranks: a rank that dies or leaves mid-training must never
+leave the others hanging. Each case runs tests/mpi/dead_rank.py under mpirun and checks
+how fast the job ended after the victim left, and what the survivors said.
+
+What ends the survivors depends on how the victim left:
+- killed (SIGKILL): MPICH's launcher (hydra) sees the abnormal exit and kills every
+  other rank ("BAD TERMINATION"), within about a second; survivors get no chance to
+  print. Open MPI's mpirun behaves the same way.
+- exit without shutdown(), or shutdown() while the others still submit: the victim's
+  engine announces that it is leaving in its last negotiation round, and every
+  survivor's pending and later requests fail with HorovodInternalError naming it.
+"""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import MPI_SCRIPTS, REPO_ROOT, clean_env, find_mpirun, kill_job
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+BOUND_S = 30  # the issue's bound: survivors end within this long after a rank left
+HARD_TIMEOUT_S = 90
+
+
+def run_dead_rank(tmp_path, np, leave, workload):
+    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "dead_rank.py")]
+    env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_LEAVE": leave,
+                     "PTEST_WORKLOAD": workload})
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=HARD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        kill_job(proc)
+        out, err = proc.communicate()
+        pytest.fail("job hung after a rank left (%s, %s, np %d)\nstdout:\n%s\nstderr:\n%s"
+                    % (leave, workload, np, out, err))
+    ended = time.time()
+    left_file = tmp_path / "left"
+    assert left_file.exists(), "the victim never left\nstdout:\n%s\nstderr:\n%s" % (out, err)
+    return proc.returncode, ended - float(left_file.read_text()), out, err
+
+
+@pytest.mark.parametrize("np", [2, 4])
+@pytest.mark.parametrize("workload", ["allreduce", "optimizer"])
+def test_killed_rank_tears_the_job_down(tmp_path, np, workload):
+    rc, after, out, err = run_dead_rank(tmp_path, np, "kill", workload)
+    report = "rc %d, %.1f s after the kill\nstdout:\n%s\nstderr:\n%s" % (rc, after, out, err)
+    assert rc != 0, report
+    assert after < BOUND_S, report
+    assert "NO ERROR" not in out, report
+    assert "Killed" in out + err or "SURVIVOR" in out, report  # hydra names the signal
+
+
+@pytest.mark.parametrize("np", [2, 4])
+@pytest.mark.parametrize("leave", ["exit", "shutdown"])
+def test_rank_leaving_early_fails_the_others(tmp_path, np, leave):
+    workload = "optimizer" if leave == "exit" else "allreduce"
+    rc, after, out, err = run_dead_rank(tmp_path, np, leave, workload)
+    report = "rc %d, %.1f s after leaving\nstdout:\n%s\nstderr:\n%s" % (rc, after, out, err)
+    assert after < BOUND_S, report
+    for rank in range(np - 1):
+        line = [l for l in out.splitlines() if l.startswith("SURVIVOR %d " % rank)]
+        assert line, "rank %d did not report an error\n%s" % (rank, report)
+        assert "HorovodInternalError" in line[0], report
+        assert "shut down on rank(s) [%d]" % (np - 1) in line[0], report
