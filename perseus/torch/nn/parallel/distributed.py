@@ -23,6 +23,7 @@ from perseus.torch import functions as _functions
 from perseus.torch import mpi_ops as _mpi_ops
 from perseus.torch.distributed.process_group import process_set_of
 from perseus.torch.nn.parallel import comm_hooks as _comm_hooks
+from perseus.torch.nn.parallel.buffers import BufferSync
 from perseus.torch.nn.parallel.join import Join
 from perseus.torch.nn.parallel.reducer import Reducer
 
@@ -107,6 +108,8 @@ class DistributedDataParallel(nn.Module):
         if init_sync:
             self._sync_initial_state(self._module_states(buffers=self.broadcast_buffers))
         self._reducer = self._build_reducer()
+        self._buffer_slots = self._find_buffer_slots()
+        self._buffer_sync = BufferSync("ddp%d.buffers" % self._id, self._process_set)
         self._join = None  # the active Join, if any
         self._has_comm_hook = False
 
@@ -141,6 +144,17 @@ class DistributedDataParallel(nn.Module):
                 "%s, output_device %s, and module parameters %s."
                 % (device_ids, output_device, {p.device for _, p in named}))
         return None, None
+
+    def _find_buffer_slots(self):
+        """(submodule, name) of every buffer DDP syncs. Looked up by slot before each
+        forward, which sees reassigned buffers without walking the module tree."""
+        slots = []
+        for module_name, sub in self.module.named_modules():
+            for name, b in sub.named_buffers(recurse=False):
+                full = "%s.%s" % (module_name, name) if module_name else name
+                if full not in self.parameters_to_ignore:
+                    slots.append((sub, name))
+        return slots
 
     def _module_buffers(self):
         return [(n, b) for n, b in self.module.named_buffers()
@@ -191,15 +205,14 @@ class DistributedDataParallel(nn.Module):
         return output
 
     def _sync_buffers(self):
-        buffers = [b.detach() for _, b in self._module_buffers()]
+        buffers = [b for b in (sub._buffers.get(name) for sub, name in self._buffer_slots)
+                   if b is not None]
         if not buffers:
             return
         if self._join is not None:
-            self._join.sync_buffers(buffers)
+            self._buffer_sync.sum_from(buffers, self._join.authoritative)
         else:
-            _mpi_ops.grouped_broadcast_(buffers, self._process_set.ranks[0],
-                                        name="ddp%d.buffers" % self._id,
-                                        process_set=self._process_set)
+            self._buffer_sync.broadcast(buffers, 0)
 
     # ---- torch's DDP API --------------------------------------------------------
 
@@ -251,7 +264,7 @@ class DistributedDataParallel(nn.Module):
             raise RuntimeError("DDP Pickling/Unpickling are only supported when using DDP with "
                                "the default process group.")
         state = self.__dict__.copy()
-        for transient in ("_reducer", "_process_set", "_join"):
+        for transient in ("_reducer", "_process_set", "_join", "_buffer_slots", "_buffer_sync"):
             state.pop(transient, None)
         state["process_group"] = None
         return state
@@ -264,6 +277,8 @@ class DistributedDataParallel(nn.Module):
         self._named_trainable = [(n, p) for n, p in self.module.named_parameters()
                                  if n not in self.parameters_to_ignore and p.requires_grad]
         self._reducer = self._build_reducer()
+        self._buffer_slots = self._find_buffer_slots()
+        self._buffer_sync = BufferSync("ddp%d.buffers" % self._id, self._process_set)
         self._has_comm_hook = False  # hooks are not pickled, as in torch
 
 

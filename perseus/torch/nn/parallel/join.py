@@ -9,9 +9,8 @@ waits in join(); the others go on. What DDP adds, per forward inside the block:
   of active ranks (for divide_by_initial_world_size=False, and for
   throw_on_early_termination) and the highest active rank, whose buffers count
   (rank 0 may have joined);
-* buffers synced by an allreduce instead of a broadcast (only allreduce runs while
-  ranks have joined): the authoritative rank adds its buffers' bytes, the others
-  zeros, which reproduces its bytes exactly, whatever the dtype.
+* buffers synced by an allreduce instead of a broadcast, since only allreduce runs
+  while ranks have joined (BufferSync.sum_from).
 
 On exit every rank joins, then takes the parameters and buffers of the rank that
 joined last, as torch does.
@@ -36,7 +35,7 @@ class Join:
         self._enable = enable
         self._throw = throw_on_early_termination
         self._terminated = False
-        self._authoritative = 0  # rank within the process set whose buffers count
+        self.authoritative = 0  # rank within the process set whose buffers count
         self._name = "ddp%d.join" % ddp._id
 
     def __enter__(self):
@@ -61,29 +60,12 @@ class Join:
         if self._throw and len(active) < len(mask):
             self._terminated = True
             raise RuntimeError(_EARLY_TERMINATION)
-        self._authoritative = active[-1]
+        self.authoritative = active[-1]
         reducer = self._ddp._reducer
         if self._divide_by_initial:
             reducer.op, reducer.postscale = _ops.Average, 1.0
         else:
             reducer.op, reducer.postscale = _ops.Sum, 1.0 / len(active)
-
-    def sync_buffers(self, buffers):
-        process_set = self._ddp._process_set
-        mine = process_set.rank() == self._authoritative
-        views, copies = [], []
-        for b in buffers:
-            flat = b if b.is_contiguous() else b.contiguous()
-            if flat is not b:
-                copies.append((b, flat))
-            view = flat.reshape(-1).view(torch.uint8)
-            if not mine:
-                view.zero_()
-            views.append(view)
-        _mpi_ops.grouped_allreduce_(views, name=self._name + ".buffers", op=_ops.Sum,
-                                    process_set=process_set)
-        for b, flat in copies:
-            b.copy_(flat)
 
     def __exit__(self, exc_type, exc, tb):
         if not self._enable:

@@ -244,6 +244,7 @@ class Reducer:
     # ---- backward ---------------------------------------------------------------
 
     def _hook_for(self, i):
+        # Runs once per parameter per backward pass: kept to a few attribute lookups.
         def hook(param):
             if not self.armed:
                 self.locally_used[i] = 1  # no_sync: remember for the next reduction
@@ -253,23 +254,28 @@ class Reducer:
             self.locally_used[i] = 1
             fired = self.fired[i] + 1
             self.fired[i] = fired
-            if self.expected is None:
+            expected = self.expected
+            if expected is None:
                 return  # static graph, first backward: everything at the end
-            if fired == self.expected[i]:
-                if self.ready[i]:
-                    raise RuntimeError(
-                        "DistributedDataParallel: parameter '%s' received a gradient although "
-                        "the outputs of forward() do not depend on it, so it was reduced as "
-                        "unused already. Compute the loss from forward()'s outputs only."
-                        % self.names[i])
+            count = expected[i]
+            if fired == count and not self.ready[i]:
                 self._mark_ready(i)
-            elif fired > self.expected[i]:
-                raise RuntimeError(
-                    "DistributedDataParallel: parameter '%s' received its gradient %d times in "
-                    "one backward pass (expected %d). A parameter used in several reentrant "
-                    "backward passes (e.g. torch.utils.checkpoint with use_reentrant=True) "
-                    "needs static_graph=True." % (self.names[i], fired, self.expected[i]))
+            elif fired >= count:
+                self._fired_again(i, fired)
+            # fired < count: static graph, more passes of this parameter to come
         return hook
+
+    def _fired_again(self, i, fired):
+        if fired <= self.expected[i]:
+            raise RuntimeError(
+                "DistributedDataParallel: parameter '%s' received a gradient although the "
+                "outputs of forward() do not depend on it, so it was reduced as unused "
+                "already. Compute the loss from forward()'s outputs only." % self.names[i])
+        raise RuntimeError(
+            "DistributedDataParallel: parameter '%s' received its gradient %d times in one "
+            "backward pass (expected %d). A parameter used in several reentrant backward "
+            "passes (e.g. torch.utils.checkpoint with use_reentrant=True) needs "
+            "static_graph=True." % (self.names[i], fired, self.expected[i]))
 
     def _start(self):
         self.started = True
@@ -386,6 +392,13 @@ class Reducer:
 
     def _write_back(self, used):
         """Averaged gradients into .grad; a parameter no rank used keeps its .grad."""
+        if used is None and not self.as_view:
+            # Every parameter had a gradient (else _finalize raised): one batched copy.
+            grads = [p.grad for p in self.params]
+            if not any(g is None for g in grads):  # `None in grads` would call Tensor.__eq__
+                with torch.no_grad():
+                    torch._foreach_copy_(grads, self.view_of)
+                return
         targets, sources = [], []
         for i, (p, view) in enumerate(zip(self.params, self.view_of)):
             if used is not None and not used[i]:
