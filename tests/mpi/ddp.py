@@ -9,7 +9,8 @@ None), the same buffers, and after each optimizer step the same parameters.
 Cases: BatchNorm buffers in float32 and float64, unused parameters (one no rank
 uses, one only some ranks use) with find_unused_parameters, no_sync accumulation,
 gradient_as_bucket_view (grads really are bucket views), one bucket per
-parameter, static_graph, and the fp16 compression hook (torch's hook object,
+parameter, static_graph (also with a parameter used in two reentrant checkpointed
+passes), and the fp16 compression hook (torch's hook object,
 registered on both).
 """
 import contextlib
@@ -22,6 +23,7 @@ import torch.distributed as tdist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
+from torch.utils.checkpoint import checkpoint
 
 from common import launcher_rank_size, log, main
 
@@ -70,6 +72,19 @@ class StaticUnusedNet(UnusedNet):
     def forward(self, x, step):
         h = torch.tanh(self.fc1(x.flatten(1)))
         return self.fc2(h) + self.extra(h)
+
+
+class CheckpointNet(BNNet):
+    """fc1 runs in two reentrant checkpointed passes: its hooks fire twice per backward,
+    which only static_graph supports."""
+
+    def forward(self, x, step):
+        h = torch.relu(self.bn(self.conv(x))).flatten(1)[:, :16]
+        h = checkpoint(lambda t: torch.tanh(self.fc1(torch.cat([t, t[:, :8]], 1))), h,
+                       use_reentrant=True)
+        h = checkpoint(lambda t: torch.tanh(self.fc1(torch.cat([t, t[:, :8]], 1))), h,
+                       use_reentrant=True)
+        return self.fc2(h)
 
 
 def batch(step, micro):
@@ -162,6 +177,7 @@ def body():
     run_case("one_bucket_per_param", BNNet, bucket_cap_mb=1e-6)
     run_case("no_buffer_broadcast", BNNet, broadcast_buffers=False)
     run_case("static_graph", StaticUnusedNet, static_graph=True)
+    run_case("static_graph_reentrant_checkpoint", CheckpointNet, static_graph=True)
     run_case("fp16_hook", BNNet, hook=default_hooks.fp16_compress_hook, tol=2e-3)
 
     tdist.destroy_process_group()

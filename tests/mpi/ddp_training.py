@@ -295,6 +295,11 @@ def errors(rank, size):
                       contains=("'spare'", "find_unused_parameters=True"))
         log("unused parameter: raised in %.2f s" % (time.monotonic() - start))
 
+    model = DDP(make_model(unused=True))  # through a communication hook
+    model.register_comm_hook(None, comm_hooks.fp16_compress_hook)
+    expect_raises(RuntimeError, "unused parameter with a hook", backward, within_s=30,
+                  contains=("'spare'",))
+
     model = DDP(Partly().double())
     want = ("'extra.weight'",) if rank == 1 else ("find_unused_parameters=True",)
     expect_raises(RuntimeError, "parameter missing on rank 1 only", backward, within_s=30,

@@ -415,12 +415,17 @@ class Reducer:
     def _finish_missing(self, missing):
         """Some hooks never fired and unused parameters were not allowed: submit the
         incomplete buckets poisoned (so ranks that have the gradients fail too, rather
-        than wait), wait for everything, and raise the error naming the parameters."""
+        than wait), wait for everything, and raise the error naming the parameters.
+
+        A communication hook issues requests this class cannot name, so with one the
+        incomplete buckets go through the hook as usual: the other ranks then finish
+        this step and only this rank raises."""
         for i in missing:
             self.ready[i] = True
+            self.view_of[i].zero_()
         for bucket in self.buckets:
             if bucket.handle is None and bucket.future is None:
-                self._submit(bucket, poison=True)
+                self._submit(bucket, poison=self.comm_hook is None)
         self._wait_buckets()
         self.locally_used = bytearray(len(self.params))
         raise RuntimeError(
