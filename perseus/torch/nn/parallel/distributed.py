@@ -36,6 +36,7 @@ _instance_ids = {}  # tuple of global ranks -> itertools.count
 def _next_id(process_set):
     return next(_instance_ids.setdefault(tuple(process_set.ranks), itertools.count()))
 
+
 _SPARSE_MODULES = (nn.Embedding, nn.EmbeddingBag)
 
 
@@ -45,7 +46,10 @@ class DistributedDataParallel(nn.Module):
     Arguments as torch's. device_ids / output_device are for GPU modules (not
     supported yet), so for a CPU module they must be None, as in torch. `dim` only
     matters for multi-device modules and is kept for compatibility.
-    check_reduction is deprecated in torch and ignored (with its warning).
+    check_reduction is deprecated in torch and ignored (with its warning). Of
+    torch's newer keyword-only options, init_sync and forward_sync_buffers work,
+    batched_grad_copy is accepted (reduced gradients are always copied in one
+    batched call), and the others raise NotImplementedError when set.
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
@@ -98,15 +102,20 @@ class DistributedDataParallel(nn.Module):
         self.require_forward_param_sync = True
         self.parameters_to_ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
 
-        named = [(n, p) for n, p in module.named_parameters() if n not in self.parameters_to_ignore]
+        named = self._module_states(buffers=False)
         self._check_parameters(named)
         self.device_ids, self.output_device = self._check_devices(named, device_ids,
                                                                   output_device)
-        self._named_trainable = [(n, p) for n, p in named if p.requires_grad]
-
         self._id = _next_id(self._process_set)
         if init_sync:
             self._sync_initial_state(self._module_states(buffers=self.broadcast_buffers))
+        self._attach()
+
+    def _attach(self):
+        """The per-process machinery (hooks, buckets, buffer sync): built at
+        construction and again when unpickled, never pickled."""
+        self._named_trainable = [(n, p) for n, p in self._module_states(buffers=False)
+                                 if p.requires_grad]
         self._reducer = self._build_reducer()
         self._buffer_slots = self._find_buffer_slots()
         self._buffer_sync = BufferSync("ddp%d.buffers" % self._id, self._process_set)
@@ -254,8 +263,10 @@ class DistributedDataParallel(nn.Module):
         if self._reducer.token:
             raise RuntimeError("_set_static_graph must be called before the first forward")
         self.static_graph = True
-        self._reducer.remove_hooks()
+        old = self._reducer
+        old.remove_hooks()
         self._reducer = self._build_reducer()
+        self._reducer.comm_hook, self._reducer.comm_hook_state = old.comm_hook, old.comm_hook_state
 
     # ---- pickling -----------------------------------------------------------------
 
@@ -264,7 +275,8 @@ class DistributedDataParallel(nn.Module):
             raise RuntimeError("DDP Pickling/Unpickling are only supported when using DDP with "
                                "the default process group.")
         state = self.__dict__.copy()
-        for transient in ("_reducer", "_process_set", "_join", "_buffer_slots", "_buffer_sync"):
+        for transient in ("_named_trainable", "_reducer", "_process_set", "_join",
+                          "_buffer_slots", "_buffer_sync", "_has_comm_hook"):
             state.pop(transient, None)
         state["process_group"] = None
         return state
@@ -272,14 +284,8 @@ class DistributedDataParallel(nn.Module):
     def __setstate__(self, state):
         super().__setstate__(state)
         self._process_set = _process_sets.global_process_set
-        self._join = None
         self._id = _next_id(self._process_set)  # its own request names, beside the original's
-        self._named_trainable = [(n, p) for n, p in self.module.named_parameters()
-                                 if n not in self.parameters_to_ignore and p.requires_grad]
-        self._reducer = self._build_reducer()
-        self._buffer_slots = self._find_buffer_slots()
-        self._buffer_sync = BufferSync("ddp%d.buffers" % self._id, self._process_set)
-        self._has_comm_hook = False  # hooks are not pickled, as in torch
+        self._attach()  # comm hooks are not pickled, as in torch
 
 
 def _first_difference(reference, other, rank, reference_rank):

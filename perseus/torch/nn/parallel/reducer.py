@@ -26,6 +26,7 @@ on them and the core's name cache makes each negotiation one bit-vector round.
 """
 
 import dataclasses
+import weakref
 
 import torch
 from torch.autograd import Variable
@@ -245,7 +246,13 @@ class Reducer:
 
     def _hook_for(self, i):
         # Runs once per parameter per backward pass: kept to a few attribute lookups.
+        # Holds the reducer weakly: once its DDP is gone, the module trains alone.
+        reducer = weakref.ref(self)
+
         def hook(param):
+            self = reducer()
+            if self is None:
+                return
             if not self.armed:
                 self.locally_used[i] = 1  # no_sync: remember for the next reduction
                 return
