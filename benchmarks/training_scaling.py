@@ -1,13 +1,16 @@
 """End-to-end CPU training throughput: Perseus against torch DDP (gloo), at 1 and 2
 ranks, in one run, on the same synthetic model and data.
 
-    python benchmarks/training_scaling.py [--repeat 3] [--iters 30] [--model mlp]
+    python benchmarks/training_scaling.py [--repeat 5] [--iters 40] [--model resnet_small]
 
-The driver launches `mpirun -np N python this_file --worker ...` for each
-(backend, N), one thread per rank, and prints a table of samples/sec with the
-scaling efficiency throughput(np=2) / (2 x throughput(np=1)). Repeats alternate
-the backends so drift in this noisy machine hits both alike; the table shows
-medians.
+The models are the synthetic benchmark's (examples/pytorch/models.py). The driver
+launches `mpirun -np N python this_file --worker ...` for each (backend, N), one
+thread per rank, and prints a table of samples/sec with the scaling efficiency
+throughput(np=2) / (2 x throughput(np=1)). A third backend, "plain", trains the
+same model with no communication at all: its np=2 row is the ceiling two busy
+cores allow, and "vs plain" divides each backend's np=2 rate by it. Repeats
+rotate the backend order so drift in this noisy machine hits all alike; the
+table shows medians.
 """
 import argparse
 import json
@@ -25,17 +28,13 @@ HERE = Path(__file__).resolve()
 # ---- the model ------------------------------------------------------------------
 
 def build_model(name):
-    import torch.nn as nn
-    if name == "mlp":  # ~2.4 M parameters in 4 tensors pairs: dominated by compute
-        return nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                             nn.Linear(1024, 256), nn.ReLU(), nn.Linear(256, 10)), (1024,)
-    if name == "convnet":  # small CNN on 32x32 images, many small gradients
-        return nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(128 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10)), (3, 32, 32)
-    raise SystemExit("unknown model %r (choose mlp or convnet)" % name)
+    """(model, input shape, classes) from the synthetic benchmark's model table."""
+    sys.path.insert(0, str(HERE.parent.parent / "examples" / "pytorch"))
+    import models
+    if name not in models.MODELS:
+        raise SystemExit("unknown model %r (choose from %s)" % (name, ", ".join(models.MODELS)))
+    build, shape, classes = models.MODELS[name]
+    return build(), shape, classes
 
 
 # ---- one rank ---------------------------------------------------------------------
@@ -52,7 +51,7 @@ def worker(args):
     import torch.nn.functional as F
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model, shape = build_model(args.model)
+    model, shape, classes = build_model(args.model)
     rank, size = launcher_rank_size()
     if args.backend == "perseus":
         import perseus.torch.horovod as hvd
@@ -61,13 +60,16 @@ def worker(args):
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         train_model = model
+    elif args.backend == "plain":  # no communication: the ceiling two busy cores allow
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        train_model = model
     else:
         import torch.distributed as dist
         dist.init_process_group("gloo", rank=rank, world_size=size)
         train_model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(train_model.parameters(), lr=0.01, momentum=0.9)
     data = torch.randn(args.batch_size, *shape)
-    target = torch.randint(0, 10, (args.batch_size,))
+    target = torch.randint(0, classes, (args.batch_size,))
 
     def step():
         opt.zero_grad()
@@ -86,7 +88,7 @@ def worker(args):
               flush=True)
     if args.backend == "perseus":
         hvd.shutdown()
-    else:
+    elif args.backend == "ddp":
         dist.destroy_process_group()
 
 
@@ -113,25 +115,31 @@ def run_one(backend, nprocs, args):
     raise SystemExit("%s np=%d failed:\n%s\n%s" % (backend, nprocs, out.stdout, out.stderr))
 
 
+BACKENDS = ("perseus", "ddp", "plain")
+
+
 def driver(args):
-    rates = {(b, n): [] for b in ("perseus", "ddp") for n in (1, 2)}
+    rates = {(b, n): [] for b in BACKENDS for n in (1, 2)}
     for r in range(args.repeat):
-        order = ("perseus", "ddp") if r % 2 == 0 else ("ddp", "perseus")
+        order = BACKENDS[r % 3:] + BACKENDS[:r % 3]
         for backend in order:
             for n in (1, 2):
                 rates[(backend, n)].append(run_one(backend, n, args))
     print("model %s, batch %d per rank, %d iterations, %d repeats, 1 thread per rank\n"
           % (args.model, args.batch_size, args.iters, args.repeat))
-    print("| backend | np=1 samples/s | np=2 samples/s | scaling efficiency |")
-    print("|---|---:|---:|---:|")
+    print("| backend | np=1 samples/s | np=2 samples/s | scaling efficiency | np=2 vs plain |")
+    print("|---|---:|---:|---:|---:|")
     summary = {}
-    for backend in ("perseus", "ddp"):
+    plain_two = rates[("plain", 2)]
+    for backend in BACKENDS:
         one = statistics.median(rates[(backend, 1)])
         two = statistics.median(rates[(backend, 2)])
+        # Per repeat, then the median: each repeat's runs sat close together in time.
         eff = statistics.median(t / (2 * o) for o, t in zip(rates[(backend, 1)],
                                                              rates[(backend, 2)]))
+        vs_plain = statistics.median(t / p for t, p in zip(rates[(backend, 2)], plain_two))
         summary[backend] = eff
-        print("| %s | %.0f | %.0f | %.3f |" % (backend, one, two, eff))
+        print("| %s | %.0f | %.0f | %.3f | %.3f |" % (backend, one, two, eff, vs_plain))
     print("\nperseus np=2 throughput / ddp np=2 throughput: %.3f" % (
         statistics.median(rates[("perseus", 2)]) / statistics.median(rates[("ddp", 2)])))
     if args.json:
@@ -142,12 +150,13 @@ def driver(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--backend", choices=("perseus", "ddp"), default="perseus")
-    p.add_argument("--model", default="convnet", help="mlp or convnet")
+    p.add_argument("--backend", choices=("perseus", "ddp", "plain"), default="perseus")
+    p.add_argument("--model", default="resnet_small",
+                   help="a model of examples/pytorch/models.py (resnet_small, mlp, ...)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--iters", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json", help="write every rate here")
     args = p.parse_args()
     worker(args) if args.worker else driver(args)
