@@ -118,6 +118,9 @@ const std::vector<Variable>& Table() {
       {"PERSEUS_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS",
        "warn about requests waiting this long (0 = off)",
        NumberIn(0, 1e6, [](Config* c, double v) { c->stall_check_seconds = v; })},
+      {"PERSEUS_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+       "fail requests waiting this long on every rank (0 = off)",
+       NumberIn(0, 1e6, [](Config* c, double v) { c->stall_shutdown_seconds = v; })},
       {"PERSEUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "logging threshold", LogLevelParser()},
       {"PERSEUS_ALLREDUCE_DTYPE", nullptr, "on-the-wire compression of float gradients",
        OneOf({"none"}, {"fp16", "bf16"})},
@@ -159,6 +162,7 @@ std::string DescribeConfig(const Config& c) {
       << "PERSEUS_CHUNK_SIZE=" << c.chunk_bytes << "\n"
       << "PERSEUS_CACHE_CAPACITY=" << c.cache_capacity << "\n"
       << "PERSEUS_STALL_CHECK_TIME_SECONDS=" << c.stall_check_seconds << "\n"
+      << "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS=" << c.stall_shutdown_seconds << "\n"
       << "PERSEUS_LOG_LEVEL=" << kLogLevelNames[static_cast<int>(c.log_level)] << "\n";
   return out.str();
 }

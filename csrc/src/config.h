@@ -17,6 +17,7 @@ struct Config {
   int64_t chunk_bytes = 4ll << 20;        // a large buffer is reduced in pieces of this size
   int cache_capacity = 1024;              // names agreed by bit vector instead of metadata
   double stall_check_seconds = 60.0;      // warn about requests waiting this long; 0 = off
+  double stall_shutdown_seconds = 0.0;    // stop the process set after this long; 0 = off
   LogLevel log_level = LogLevel::kWarning;
 };
 

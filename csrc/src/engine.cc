@@ -36,12 +36,6 @@ int64_t BatchBytes(const Batch& batch) {
   return bytes;
 }
 
-std::string JoinNames(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
-  return out;
-}
-
 }  // namespace
 
 Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles)
@@ -186,14 +180,25 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
 }
 
 void Engine::Loop() {
+  {
+    // A first pass schedules the stall inspector's probes, if it is on.
+    std::lock_guard<std::mutex> step(step_mu_);
+    if (Iterate(false)) return;
+  }
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto news = [&] { return !incoming_.empty() || stop_requested_; };
       if (!busy_) {
         // Idle: no polling, no cost to the rest of the process. busy_ wakes it too:
-        // a driver handing over unfinished work sets it before notifying.
-        cv_.wait(lock, [&] { return news() || busy_; });
+        // a driver handing over unfinished work sets it before notifying. Only the
+        // stall inspector, when on, wakes it now and then to look for peers' pings.
+        Clock::time_point wake_at = WakeAt();
+        if (wake_at == Clock::time_point::max()) {
+          cv_.wait(lock, [&] { return news() || busy_; });
+        } else {
+          cv_.wait_until(lock, wake_at, [&] { return news() || busy_; });
+        }
       } else {
         Clock::time_point wake_at = WakeAt();
         if (wake_at > Clock::now()) cv_.wait_until(lock, wake_at, news);
@@ -226,10 +231,7 @@ bool Engine::Iterate(bool driving) {
       if (set->stopped) {
         Finish(set->id, entry, set->stop_status);
       } else {
-        if (!set->negotiator->HasPending()) {
-          set->waiting_since = now;
-          set->stall_warned = false;
-        }
+        entry->submitted = now;
         set->negotiator->Add(entry);
         set->new_work = true;
       }
@@ -296,12 +298,13 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   const Clock::duration spin = driving ? kDriverSpin : kBackgroundSpin;
   if (set->stopped) return;
   Negotiator& negotiator = *set->negotiator;
+  if (set->stall->Due(now, wake_at))
+    negotiator.RequestInspection(set->stall->Check(now, negotiator.OldestSubmitted()));
   if (negotiator.active()) {
     RoundOutcome outcome;
     Status error;
     if (!negotiator.Test(&outcome, &error)) {
       *busy = true;
-      WarnIfStalled(set, now);
       *wake_at = std::min(*wake_at, now + PollGap(now - set->round_start, spin));
       return;
     }
@@ -313,7 +316,7 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
     Apply(set, outcome, now, driving);
     if (set->stopped) return;
   }
-  bool wanted = stopping ? !set->final_round_done : negotiator.HasPending();
+  bool wanted = stopping ? !set->final_round_done : negotiator.WantsRound();
   if (!wanted) return;
   *busy = true;
   if (!stopping) {
@@ -361,14 +364,13 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
   if (outcome.progressed) {
     set->backoff = kMinBackoff;
     set->retry_at = now;
-    set->waiting_since = now;
-    set->stall_warned = false;
   } else {
     set->backoff = std::min<Clock::duration>(kMaxBackoff, std::max<Clock::duration>(
                                                               kMinBackoff, set->backoff * 2));
     set->retry_at = now + set->backoff;
   }
-  if (!outcome.shutdown_ranks.empty()) {
+  if (outcome.inspect_flags) ReportStall(set, outcome, now);
+  if (!outcome.shutdown_ranks.empty() && !set->stopped) {
     std::ostringstream msg;
     msg << "Perseus was shut down on rank(s) [";
     for (size_t i = 0; i < outcome.shutdown_ranks.size(); ++i)
@@ -411,16 +413,13 @@ void Engine::OnBatchDone(int set_id, const Batch& batch, const std::vector<Statu
       handles_->Complete(batch.items[i].entry->handle, statuses[i], std::move(results[i]));
 }
 
-void Engine::WarnIfStalled(ProcessSet* set, Clock::time_point now) {
-  if (config_.stall_check_seconds <= 0 || set->stall_warned || !set->negotiator->HasPending())
+void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now) {
+  // Every member saw the same gather, so all stop together, with the same error.
+  if ((outcome.inspect_flags & kInspectShutdown) && !outcome.stalled.empty()) {
+    StopSet(set, StallInspector::ShutdownError(set->id, outcome.stalled));
     return;
-  double waited = std::chrono::duration<double>(now - set->waiting_since).count();
-  if (waited < config_.stall_check_seconds) return;
-  set->stall_warned = true;
-  PERSEUS_LOG(kWarning) << "process set " << set->id << ": for " << static_cast<int>(waited)
-                        << " s this rank has been waiting for other ranks to submit "
-                        << JoinNames(set->negotiator->PendingNames(10))
-                        << "; a rank may be skipping these collectives or stuck elsewhere";
+  }
+  set->stall->Warn(set->id, outcome.stalled, now, set->negotiator->OldestSubmitted());
 }
 
 Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {

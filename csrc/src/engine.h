@@ -73,7 +73,7 @@ class Engine {
   void Finish(int set_id, const EntryPtr& entry, Status status, Result result = Result());
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
                    std::vector<Result>& results);
-  void WarnIfStalled(ProcessSet* set, Clock::time_point now);
+  void ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now);
 
   const Config config_;
   MPI_Comm world_;  // control communicator: process-set creation, config checks

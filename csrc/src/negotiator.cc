@@ -15,6 +15,7 @@ namespace {
 // Flags travel inverted in word 0 so that the bitwise AND computes their OR.
 constexpr uint64_t kNeedsGather = 1;
 constexpr uint64_t kLeaving = 2;
+constexpr int kInspectShift = 2;  // stall inspection bits (kInspectWarn/Shutdown) follow
 // Flags in a rank's gathered message.
 constexpr int32_t kMsgJoined = 1;
 constexpr int32_t kMsgLeaving = 2;
@@ -48,13 +49,11 @@ std::vector<EntryPtr> Negotiator::TakePending() {
   return all;
 }
 
-std::vector<std::string> Negotiator::PendingNames(size_t limit) const {
-  std::vector<std::string> names;
-  for (const auto& kv : pending_) {
-    if (names.size() == limit) break;
-    names.push_back(kv.first);
-  }
-  return names;
+Clock::time_point Negotiator::OldestSubmitted() const {
+  Clock::time_point oldest = Clock::time_point::max();
+  for (const auto& kv : pending_)  // a join legitimately waits for the others' data
+    if (kv.second->meta.op_type != PERSEUS_JOIN) oldest = std::min(oldest, kv.second->submitted);
+  return oldest;
 }
 
 EntryPtr Negotiator::TakeLocal(const std::string& name) {
@@ -104,7 +103,11 @@ Status Negotiator::Start(bool leaving) {
   }
   for (int w = 0; w < words; ++w) bits_send_[1 + words + w] = ~bits_send_[1 + words + w];
   if (joined_here != static_cast<bool>(joined_[rank_])) needs_gather = true;  // announce it
-  bits_send_[0] = ~((needs_gather ? kNeedsGather : 0) | (leaving ? kLeaving : 0));
+  // An inspection gathers every rank's pending names, which tells who lacks what.
+  if (inspect_flags_) needs_gather = true;
+  bits_send_[0] = ~((needs_gather ? kNeedsGather : 0) | (leaving ? kLeaving : 0) |
+                    (static_cast<uint64_t>(inspect_flags_) << kInspectShift));
+  inspect_flags_ = 0;
   bits_recv_.assign(bits_send_.size(), 0);
   leaving_ = leaving;
   auto mpi = LockMpi();
@@ -172,6 +175,8 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
     switch (phase_) {
       case Phase::kBits: {
         ++round_;
+        round_inspect_ = static_cast<int>((~bits_recv_[0]) >> kInspectShift) &
+                         (kInspectWarn | kInspectShutdown);
         TakeFastAgreed();
         if ((~bits_recv_[0]) & kNeedsGather) {
           *error = BeginGather();
@@ -248,6 +253,7 @@ void Negotiator::DecodeGather(RoundOutcome* out) {
   }
   for (int r : leaving) out->shutdown_ranks.push_back(global_ranks_[r]);
   for (const auto& kv : by_name) AgreeNamed(kv.first, kv.second, out);
+  out->inspect_flags = round_inspect_;
   RejectWhileJoined(out);  // before a completed join clears the joined ranks
   FinishJoinIfComplete(out);
 }
@@ -258,7 +264,10 @@ void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& ho
   size_t needed = 0, present = 0;
   for (int r = 0; r < size_; ++r) needed += joined_[r] ? 0 : 1;
   for (const Held& h : holders) present += joined_[h.rank] ? 0 : 1;
-  if (present < needed) return;
+  if (present < needed) {
+    if (round_inspect_) out->stalled.push_back(Stalled(name, holders));
+    return;
+  }
 
   const Held& first = holders.front();
   for (const Held& other : holders) {
@@ -277,6 +286,22 @@ void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& ho
   item.meta = item.entry ? item.entry->meta : first.meta;
   cache_.Put(first.meta, round_);
   out->agreed.push_back(std::move(item));
+}
+
+StalledRequest Negotiator::Stalled(const std::string& name, const std::vector<Held>& holders) const {
+  StalledRequest s;
+  s.name = name;
+  std::vector<char> holds(size_, 0);
+  for (const Held& h : holders) holds[h.rank] = 1;
+  for (int r = 0; r < size_; ++r) {
+    if (holds[r]) {
+      s.holders.push_back(global_ranks_[r]);
+    } else if (!joined_[r]) {
+      s.missing.push_back(global_ranks_[r]);
+    }
+  }
+  s.held_here = holds[rank_];
+  return s;
 }
 
 void Negotiator::FinishJoinIfComplete(RoundOutcome* out) {

@@ -20,6 +20,7 @@
 #include "batch.h"
 #include "handle_table.h"
 #include "response_cache.h"
+#include "stall_inspector.h"
 
 namespace perseus {
 
@@ -28,6 +29,9 @@ struct RoundOutcome {
   std::vector<std::pair<EntryPtr, Status>> failed;         // local requests ending in error
   std::vector<std::pair<EntryPtr, Result>> finished;       // local requests done without data (join)
   std::vector<int> shutdown_ranks;                         // global ranks that called shutdown()
+  // Inspection rounds only (some rank raised stall flags): names not every rank holds.
+  std::vector<StalledRequest> stalled;
+  int inspect_flags = 0;                                   // kInspect* bits raised by any rank
   bool progressed = false;                                 // anything agreed, failed or finished
 };
 
@@ -38,9 +42,14 @@ class Negotiator {
 
   void Add(EntryPtr entry);
   bool HasPending() const { return !pending_.empty(); }
+  // Pending requests, or an inspection asked for: this rank should run a round.
+  bool WantsRound() const { return !pending_.empty() || inspect_flags_ != 0; }
+  // Raises stall-inspection flags (kInspect*) in the next round.
+  void RequestInspection(int flags) { inspect_flags_ |= flags; }
+  // When the oldest pending request (other than join) was submitted; max() if none.
+  Clock::time_point OldestSubmitted() const;
   bool active() const { return phase_ != Phase::kIdle; }
   std::vector<EntryPtr> TakePending();
-  std::vector<std::string> PendingNames(size_t limit) const;
 
   // Begins a round. `leaving` announces that this rank is shutting down.
   Status Start(bool leaving);
@@ -58,6 +67,7 @@ class Negotiator {
   Status BeginGather();
   void DecodeGather(RoundOutcome* outcome);
   void AgreeNamed(const std::string& name, const std::vector<Held>& holders, RoundOutcome* out);
+  StalledRequest Stalled(const std::string& name, const std::vector<Held>& holders) const;
   void FinishJoinIfComplete(RoundOutcome* out);
   void RejectWhileJoined(RoundOutcome* out);
   EntryPtr TakeLocal(const std::string& name);
@@ -73,6 +83,8 @@ class Negotiator {
   MPI_Request request_ = MPI_REQUEST_NULL;
   uint64_t round_ = 0;
   bool leaving_ = false;
+  int inspect_flags_ = 0;  // to raise in the next round
+  int round_inspect_ = 0;  // raised by any rank in the current round
   std::vector<uint64_t> bits_send_, bits_recv_;
   int send_size_ = 0;
   std::vector<int> sizes_, displs_;

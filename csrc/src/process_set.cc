@@ -20,6 +20,8 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
     if (!status.ok()) return status;  // the destructor frees what was made
     set->negotiator = std::make_unique<Negotiator>(set->negotiation_comm, set->ranks, set->rank,
                                                    config.cache_capacity);
+    set->stall = std::make_unique<StallInspector>(config, set->negotiation_comm, set->rank,
+                                                  set->size());
     for (MPI_Comm lane_comm : set->lane_comms)
       set->lanes.push_back(std::make_unique<Lane>(lane_comm, set->rank, set->size(),
                                                   config.chunk_bytes, done));
@@ -31,6 +33,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
 ProcessSet::~ProcessSet() {
   lanes.clear();  // each lane finishes its queue and joins its thread
   negotiator.reset();
+  stall.reset();
   for (MPI_Comm& c : lane_comms) MPI_Comm_free(&c);
   if (negotiation_comm != MPI_COMM_NULL) MPI_Comm_free(&negotiation_comm);
 }

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "lane.h"
 #include "negotiator.h"
+#include "stall_inspector.h"
 
 namespace perseus {
 
@@ -30,6 +31,7 @@ struct ProcessSet {
   MPI_Comm negotiation_comm = MPI_COMM_NULL;
   std::vector<MPI_Comm> lane_comms;
   std::unique_ptr<Negotiator> negotiator;
+  std::unique_ptr<StallInspector> stall;
   std::vector<std::unique_ptr<Lane>> lanes;
   size_t next_lane = 0;
 
@@ -44,8 +46,6 @@ struct ProcessSet {
   bool final_round_done = false;
   Clock::time_point round_start, retry_at;
   Clock::duration backoff{};
-  Clock::time_point waiting_since;  // when the oldest unagreed request arrived
-  bool stall_warned = false;
 };
 
 // Builds a set from `comm` (already restricted to the members, or MPI_COMM_NULL

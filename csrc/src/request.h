@@ -2,6 +2,7 @@
 #ifndef PERSEUS_REQUEST_H_
 #define PERSEUS_REQUEST_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,6 +48,7 @@ struct Entry {
   void* stream = nullptr;
   int32_t process_set = 0;
   int64_t handle = 0;
+  std::chrono::steady_clock::time_point submitted;  // when the engine took it in (stall check)
 };
 using EntryPtr = std::shared_ptr<Entry>;
 
