@@ -24,3 +24,51 @@ def test_stall_shutdown_alone(run_mpi, nprocs):
     # Warnings off, shutdown on: the inspector still runs for the shutdown.
     run_mpi("stall", nprocs, env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "0", "PTEST_STALL": "shutdown",
                                   "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS": "1.5"}, timeout=60)
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_nan_check(run_mpi, nprocs):
+    run_mpi("nan_check", nprocs, env={"PERSEUS_ALLREDUCE_NANCHECK": "1"}, timeout=90)
+
+
+def test_nan_check_with_lanes_and_tiny_fusion(run_mpi):
+    run_mpi("nan_check", 2, env={"PERSEUS_ALLREDUCE_NANCHECK": "true", "PERSEUS_ALLREDUCE_STREAMS": "3",
+                                 "PERSEUS_FUSION_THRESHOLD": "64"}, timeout=90)
+
+
+# ---------------------------------------------------------------- settings (one process)
+
+INIT_SNIPPET = """
+import sys, torch
+import perseus.torch.horovod as hvd
+try:
+    hvd.init()
+except ValueError as e:
+    print("VALUE_ERROR:", e)
+    sys.exit(0)
+try:
+    hvd.allreduce(torch.tensor([1.0, float("nan")]), name="g")
+    print("NO_ERROR")
+except hvd.HorovodInternalError as e:
+    print("RAISED:", e)
+hvd.shutdown()
+"""
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("PERSEUS_ALLREDUCE_NANCHECK", "maybe"),
+    ("PERSEUS_STALL_SHUTDOWN_TIME_SECONDS", "-1"),
+    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "soon"),
+])
+def test_bad_diagnostic_setting_fails_init(run_python, variable, value):
+    result = run_python(INIT_SNIPPET, env={variable: value})
+    assert "VALUE_ERROR:" in result.stdout and variable in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("value,raises", [("1", True), ("on", True), ("0", False), ("off", False)])
+def test_nan_check_in_a_world_of_one(run_python, value, raises):
+    result = run_python(INIT_SNIPPET, env={"PERSEUS_ALLREDUCE_NANCHECK": value})
+    want = "RAISED:" if raises else "NO_ERROR"
+    assert want in result.stdout, result.stdout + result.stderr
+    if raises:
+        assert "tensor 'allreduce.g' on rank(s) [0]" in result.stdout, result.stdout

@@ -5,6 +5,7 @@
 #include "collectives.h"
 #include "dtype.h"
 #include "fused_windows.h"
+#include "nan_check.h"
 #include "wait_policy.h"
 
 namespace perseus {
@@ -12,6 +13,10 @@ namespace perseus {
 Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
   const TensorMeta& head = batch.items.front().meta;
   const int dtype = head.dtype;
+  if (ctx.nan_check && IsFloatingDtype(dtype)) {
+    Status finite = CheckFinite(batch, ctx);
+    if (!finite.ok()) return finite;
+  }
   const size_t esize = DtypeSize(dtype);
   const MPI_Datatype mpi_type = MpiDatatype(dtype);
   MPI_Op op;

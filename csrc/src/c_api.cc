@@ -149,6 +149,7 @@ const char* perseus_status_string(perseus_status_t status) {
     case PERSEUS_UNSUPPORTED: return "not supported";
     case PERSEUS_TIMEOUT: return "timed out";
     case PERSEUS_INTERNAL_ERROR: return "internal error";
+    case PERSEUS_NON_FINITE: return "NaN or Inf in input";
   }
   return "unknown status";
 }

@@ -19,6 +19,8 @@ struct ExecContext {
   int size;
   int64_t chunk_bytes;         // largest piece handed to one MPI call
   std::vector<char>* scratch;  // the lane's reusable fusion buffer
+  const std::vector<int>* global_ranks;  // set rank -> global rank, for messages
+  bool nan_check;              // PERSEUS_ALLREDUCE_NANCHECK
 };
 
 Status MpiStatus(int rc, const char* what);

@@ -79,6 +79,21 @@ Parser OneOf(std::vector<std::string> supported, std::vector<std::string> not_ye
   };
 }
 
+Parser Flag(std::function<void(Config*, bool)> set) {
+  return [=](const std::string& text, Config* c) -> std::string {
+    std::string lower;
+    for (char ch : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower == "1" || lower == "true" || lower == "on" || lower == "yes") {
+      set(c, true);
+    } else if (lower.empty() || lower == "0" || lower == "false" || lower == "off" || lower == "no") {
+      set(c, false);
+    } else {
+      return "1/true/on or 0/false/off";
+    }
+    return "";
+  };
+}
+
 Parser Off(const char* what) {
   return [=](const std::string& text, Config*) -> std::string {
     if (text.empty() || text == "0" || text == "false" || text == "off") return "";
@@ -126,7 +141,8 @@ const std::vector<Variable>& Table() {
        OneOf({"none"}, {"fp16", "bf16"})},
       {"PERSEUS_ALLREDUCE_MODE", nullptr, "flat or hierarchical allreduce",
        OneOf({"flat"}, {"hierarchical"})},
-      {"PERSEUS_ALLREDUCE_NANCHECK", nullptr, "NaN/Inf check of gradients", Off("the NaN check")},
+      {"PERSEUS_ALLREDUCE_NANCHECK", nullptr, "NaN/Inf check of allreduce inputs",
+       Flag([](Config* c, bool v) { c->nan_check = v; })},
       {"PERSEUS_TIMELINE", "HOROVOD_TIMELINE", "Chrome-trace timeline file", Off("the timeline")},
   };
   return table;
@@ -163,6 +179,7 @@ std::string DescribeConfig(const Config& c) {
       << "PERSEUS_CACHE_CAPACITY=" << c.cache_capacity << "\n"
       << "PERSEUS_STALL_CHECK_TIME_SECONDS=" << c.stall_check_seconds << "\n"
       << "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS=" << c.stall_shutdown_seconds << "\n"
+      << "PERSEUS_ALLREDUCE_NANCHECK=" << (c.nan_check ? 1 : 0) << "\n"
       << "PERSEUS_LOG_LEVEL=" << kLogLevelNames[static_cast<int>(c.log_level)] << "\n";
   return out.str();
 }

@@ -18,6 +18,7 @@ struct Config {
   int cache_capacity = 1024;              // names agreed by bit vector instead of metadata
   double stall_check_seconds = 60.0;      // warn about requests waiting this long; 0 = off
   double stall_shutdown_seconds = 0.0;    // stop the process set after this long; 0 = off
+  bool nan_check = false;                 // look for NaN/Inf in allreduce inputs
   LogLevel log_level = LogLevel::kWarning;
 };
 

@@ -8,8 +8,15 @@
 
 namespace perseus {
 
-Lane::Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, BatchDone done)
-    : comm_(comm), rank_(rank), size_(size), chunk_bytes_(chunk_bytes), done_(std::move(done)) {
+Lane::Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
+           const std::vector<int>* global_ranks, BatchDone done)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      chunk_bytes_(chunk_bytes),
+      nan_check_(nan_check),
+      global_ranks_(global_ranks),
+      done_(std::move(done)) {
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "perseus-lane");
     Run();
@@ -63,7 +70,7 @@ bool Lane::TryRunInline(const Batch& batch) {
 }
 
 void Lane::Execute(const Batch& batch) {
-  ExecContext ctx{comm_, rank_, size_, chunk_bytes_, &scratch_};
+  ExecContext ctx{comm_, rank_, size_, chunk_bytes_, &scratch_, global_ranks_, nan_check_};
   std::vector<Result> results(batch.items.size());
   Status status;
   {

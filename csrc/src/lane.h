@@ -24,7 +24,9 @@ using BatchDone = std::function<void(const Batch&, const std::vector<Status>&,
 
 class Lane {
  public:
-  Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, BatchDone done);
+  // `global_ranks` (the set's, outliving the lane) name ranks in error messages.
+  Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
+       const std::vector<int>* global_ranks, BatchDone done);
   ~Lane();  // finishes queued batches, then stops
   void Push(Batch batch);
   // Runs `batch` on the calling thread when the lane is idle with nothing queued
@@ -38,6 +40,8 @@ class Lane {
   MPI_Comm comm_;
   int rank_, size_;
   int64_t chunk_bytes_;
+  bool nan_check_;
+  const std::vector<int>* global_ranks_;
   BatchDone done_;
   std::vector<char> scratch_;
   std::mutex mu_;

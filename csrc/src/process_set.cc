@@ -24,7 +24,8 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
                                                   set->size());
     for (MPI_Comm lane_comm : set->lane_comms)
       set->lanes.push_back(std::make_unique<Lane>(lane_comm, set->rank, set->size(),
-                                                  config.chunk_bytes, done));
+                                                  config.chunk_bytes, config.nan_check,
+                                                  &set->ranks, done));
   }
   *out = std::move(set);
   return Status::OK();

@@ -16,6 +16,7 @@ CONFIG_ERROR = 6
 UNSUPPORTED = 7
 TIMEOUT = 8
 INTERNAL_ERROR = 9
+NON_FINITE = 10
 
 
 class HorovodInternalError(RuntimeError):
@@ -38,6 +39,7 @@ _EXCEPTION_FOR_STATUS = {
     UNSUPPORTED: NotImplementedError,
     TIMEOUT: TimeoutError,
     INTERNAL_ERROR: HorovodInternalError,
+    NON_FINITE: HorovodInternalError,  # raised on every rank, like the other collective errors
 }
 
 

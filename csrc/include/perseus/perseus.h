@@ -30,7 +30,8 @@ typedef enum {
   PERSEUS_CONFIG_ERROR = 6,     /* a PERSEUS_* / HOROVOD_* variable has a bad value */
   PERSEUS_UNSUPPORTED = 7,      /* valid request the core cannot serve (NotImplementedError) */
   PERSEUS_TIMEOUT = 8,          /* perseus_wait() ran out of time; the request is still pending */
-  PERSEUS_INTERNAL_ERROR = 9
+  PERSEUS_INTERNAL_ERROR = 9,
+  PERSEUS_NON_FINITE = 10       /* NaN/Inf in an allreduce input (PERSEUS_ALLREDUCE_NANCHECK) */
 } perseus_status_t;
 
 typedef enum {
