@@ -1,10 +1,10 @@
 """Keeping a module's buffers (BatchNorm statistics, ...) equal across ranks.
 
 DDP syncs buffers before every forward, so this is on the step's critical path.
-The buffers are copied into one flat tensor per dtype and the flat tensors go to
+The buffers are copied into one flat tensor per dtype (and device) and the flat tensors go to
 the core as one grouped request: a few copies instead of one request per buffer
 (ResNet-50 has 160 buffers, most of them tiny). The flat layout is rebuilt when
-the buffers' dtypes or shapes change.
+the buffers' dtypes, devices or shapes change.
 """
 
 import torch
@@ -20,7 +20,9 @@ class _Flat:
     def __init__(self, indices, buffers):
         self.indices = indices
         shapes = [buffers[i].shape for i in indices]
-        self.flat = torch.empty(sum(s.numel() for s in shapes), dtype=buffers[indices[0]].dtype)
+        first = buffers[indices[0]]
+        self.flat = torch.empty(sum(s.numel() for s in shapes), dtype=first.dtype,
+                                device=first.device)
         self.views, offset = [], 0
         for shape in shapes:
             self.views.append(self.flat[offset:offset + shape.numel()].view(shape))
@@ -37,11 +39,11 @@ class BufferSync:
         self._flats = []
 
     def _layout_for(self, buffers):
-        layout = tuple((b.dtype, b.shape) for b in buffers)
+        layout = tuple((b.dtype, b.device, b.shape) for b in buffers)
         if layout != self._layout:
             by_dtype = {}
             for i, b in enumerate(buffers):
-                by_dtype.setdefault(b.dtype, []).append(i)
+                by_dtype.setdefault((b.dtype, b.device), []).append(i)
             self._flats = [_Flat(indices, buffers) for indices in by_dtype.values()]
             self._layout = layout
         return self._flats

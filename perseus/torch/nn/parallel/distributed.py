@@ -145,14 +145,25 @@ class DistributedDataParallel(nn.Module):
 
     @staticmethod
     def _check_devices(named, device_ids, output_device):
-        if device_ids or output_device is not None:
-            # Parameters are on the CPU here (_check_parameters rejected the rest).
-            raise ValueError(
-                "DistributedDataParallel device_ids and output_device arguments only work with "
-                "single-device/multiple-device GPU modules or CPU modules, but got device_ids "
-                "%s, output_device %s, and module parameters %s."
-                % (device_ids, output_device, {p.device for _, p in named}))
-        return None, None
+        """torch's rules: device_ids names the one GPU of a single-GPU module and
+        must be None for CPU (and multi-device) modules."""
+        devices = {p.device for _, p in named}
+        if len({d.type for d in devices}) != 1:
+            raise ValueError("DistributedDataParallel's input module must be on the same type "
+                             "of devices, but input module parameters locate in %s."
+                             % sorted({d.type for d in devices}))
+        if not device_ids or len(devices) > 1 or next(iter(devices)).type == "cpu":
+            if device_ids or output_device is not None:
+                raise ValueError(
+                    "DistributedDataParallel device_ids and output_device arguments only work "
+                    "with single-device/multiple-device GPU modules or CPU modules, but got "
+                    "device_ids %s, output_device %s, and module parameters %s."
+                    % (device_ids, output_device, devices))
+            return None, None
+        ids = [torch.device(d).index if not isinstance(d, int) else d for d in device_ids]
+        if output_device is None:
+            output_device = ids[0]
+        return ids, output_device
 
     def _find_buffer_slots(self):
         """(submodule, name) of every buffer DDP syncs. Looked up by slot before each

@@ -78,7 +78,7 @@ class _Bucket:
         self.members = members  # parameter indices
         self.params = params
         numel = sum(p.numel() for p in params)
-        self.flat = torch.zeros(numel, dtype=params[0].dtype)
+        self.flat = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
         self.views = []
         offset = 0
         for p in params:
@@ -92,21 +92,22 @@ class _Bucket:
 
 def assign_buckets(params, cap_bytes, first_cap_bytes=_FIRST_BUCKET_BYTES):
     """Lists of parameter indices, one per bucket, in the order they should fill:
-    reverse registration order, split by dtype, the first bucket of each dtype
-    capped at min(first_cap_bytes, cap_bytes), the others at cap_bytes."""
-    open_buckets = {}  # dtype -> (indices, bytes, closed so far)
+    reverse registration order, split by dtype and device, the first bucket of each
+    kind capped at min(first_cap_bytes, cap_bytes), the others at cap_bytes."""
+    open_buckets = {}  # (dtype, device) -> (indices, bytes, closed so far)
     buckets = []
     for i in reversed(range(len(params))):
         p = params[i]
-        members, size, closed = open_buckets.get(p.dtype, ([], 0, 0))
+        kind = (p.dtype, p.device)
+        members, size, closed = open_buckets.get(kind, ([], 0, 0))
         members.append(i)
         size += p.numel() * p.element_size()
         limit = min(first_cap_bytes, cap_bytes) if closed == 0 else cap_bytes
         if size >= limit:
             buckets.append(members)
-            open_buckets[p.dtype] = ([], 0, closed + 1)
+            open_buckets[kind] = ([], 0, closed + 1)
         else:
-            open_buckets[p.dtype] = (members, size, closed)
+            open_buckets[kind] = (members, size, closed)
     buckets += [members for members, _, _ in open_buckets.values() if members]
     return buckets
 
