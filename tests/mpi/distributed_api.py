@@ -155,6 +155,20 @@ def object_tests(rank, size):
     assert items == ["from", size - 1], items
 
 
+def optimizer_state_test(rank, size):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9)
+    model(torch.full((1, 3), float(rank))).sum().backward()
+    opt.step()  # momentum buffers differ by rank
+    dist.broadcast_optimizer_state(opt, root_rank=size - 1)
+    assert opt.param_groups[0]["lr"] == 0.1 * size, opt.param_groups[0]["lr"]
+    for p in model.parameters():
+        buf = opt.state[p]["momentum_buffer"]
+        everyone = [torch.empty_like(buf) for _ in range(size)]
+        dist.all_gather(everyone, buf)
+        assert all(torch.equal(b, everyone[0]) for b in everyone), "momentum differs by rank"
+
+
 def error_tests(rank, size):
     t = torch.ones(3)
     expect_raises(NotImplementedError, "BAND", dist.all_reduce, t, op=dist.ReduceOp.BAND,
@@ -181,6 +195,7 @@ def body():
     data_movement_tests(rank, size)
     group_tests(rank, size)
     object_tests(rank, size)
+    optimizer_state_test(rank, size)
     error_tests(rank, size)
     dist.destroy_process_group()
     assert not dist.is_initialized()
