@@ -1,0 +1,558 @@
+// TensorFlow ops over the Perseus C ABI (perseus/perseus.h).
+//
+// One asynchronous kernel serves every collective, eagerly and inside tf.function:
+// ComputeAsync turns its input tensors into perseus_request_t records, enqueues
+// them in ONE perseus_enqueue call (so a grouped op is negotiated as one unit) and
+// returns at once; a waiter thread calls perseus_wait on the handles and finishes
+// the op (copying core-allocated outputs, or setting the error) before done().
+// No Python runs on this path. Names arrive as a string tensor, not an attribute:
+// eager mode caches one kernel per attribute set, and unnamed eager calls get a
+// new name each time.
+//
+// Built on first use by perseus/tensorflow/op_library.py against the installed
+// TensorFlow, linked to libperseus.so.
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "perseus/perseus.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::DataType;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::shape_inference::InferenceContext;
+
+// The one TF dtype -> core dtype table of the op library.
+bool CoreDtype(DataType dtype, int32_t* code) {
+  switch (dtype) {
+    case tensorflow::DT_UINT8: *code = PERSEUS_UINT8; return true;
+    case tensorflow::DT_INT8: *code = PERSEUS_INT8; return true;
+    case tensorflow::DT_INT16: *code = PERSEUS_INT16; return true;
+    case tensorflow::DT_INT32: *code = PERSEUS_INT32; return true;
+    case tensorflow::DT_INT64: *code = PERSEUS_INT64; return true;
+    case tensorflow::DT_HALF: *code = PERSEUS_FLOAT16; return true;
+    case tensorflow::DT_BFLOAT16: *code = PERSEUS_BFLOAT16; return true;
+    case tensorflow::DT_FLOAT: *code = PERSEUS_FLOAT32; return true;
+    case tensorflow::DT_DOUBLE: *code = PERSEUS_FLOAT64; return true;
+    case tensorflow::DT_BOOL: *code = PERSEUS_BOOL; return true;
+    default: return false;
+  }
+}
+
+// A core status as a TensorFlow error, so Python sees tf.errors.* (OpError).
+absl::Status ToStatus(perseus_status_t status, const std::string& message) {
+  std::string text = message.empty() ? perseus_status_string(status) : message;
+  switch (status) {
+    case PERSEUS_SUCCESS: return absl::OkStatus();
+    case PERSEUS_INVALID_ARGUMENT:
+    case PERSEUS_CONFIG_ERROR: return absl::InvalidArgumentError(text);
+    case PERSEUS_NOT_INITIALIZED:
+      return absl::FailedPreconditionError(text + "; call hvd.init() first");
+    case PERSEUS_MISMATCH:
+    case PERSEUS_NON_FINITE: return absl::FailedPreconditionError(text);
+    case PERSEUS_UNSUPPORTED: return absl::UnimplementedError(text);
+    case PERSEUS_SHUT_DOWN: return absl::AbortedError(text);
+    case PERSEUS_TIMEOUT: return absl::DeadlineExceededError(text);
+    default: return absl::InternalError(text);
+  }
+}
+
+// Threads that wait on core handles and run the ops' completions. A job never
+// waits behind another job: when no thread is free, a new one starts, so one
+// request waiting for a peer that first needs another op's result cannot
+// deadlock. Threads are reused; their number is the peak of concurrent ops.
+class Waiters {
+ public:
+  using Callback = std::function<void(perseus_status_t, const std::string&)>;
+
+  static Waiters& Get() {
+    static Waiters* waiters = new Waiters;  // never destroyed: threads outlive exit
+    return *waiters;
+  }
+
+  void Add(std::vector<int64_t> handles, Callback callback) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back({std::move(handles), std::move(callback)});
+    if (jobs_.size() > idle_) {
+      std::thread([this] { Loop(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  struct Job {
+    std::vector<int64_t> handles;
+    Callback callback;
+  };
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [this] { return !jobs_.empty(); });
+      --idle_;
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      perseus_status_t failure = PERSEUS_SUCCESS;
+      std::string message;
+      for (int64_t handle : job.handles) {
+        perseus_status_t status = perseus_wait(handle, -1.0);
+        if (status != PERSEUS_SUCCESS && failure == PERSEUS_SUCCESS) {
+          failure = status;
+          const char* text = perseus_last_error();  // per thread: ours
+          message = text ? text : "";
+        }
+      }
+      job.callback(failure, message);
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  size_t idle_ = 0;
+};
+
+// Everything the core may read until the handles complete.
+struct Batch {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> splits;
+  std::vector<perseus_request_t> requests;
+  std::vector<Tensor> inputs;  // keeps input buffers alive
+  std::vector<int32_t> dtypes;
+  std::vector<int64_t> handles;
+};
+
+// PerseusAllreduce / Allgather / Broadcast / Reducescatter: N tensors in, N out,
+// then one string per tensor with its wire name.
+class CollectiveOp : public AsyncOpKernel {
+ public:
+  CollectiveOp(OpKernelConstruction* ctx, int32_t op_type)
+      : AsyncOpKernel(ctx), op_type_(op_type) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("process_set", &process_set_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("anonymous", &anonymous_));
+    if (op_type == PERSEUS_ALLREDUCE || op_type == PERSEUS_REDUCESCATTER) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("reduce_op", &reduce_op_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("prescale", &prescale_));
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("postscale", &postscale_));
+    }
+    if (op_type == PERSEUS_BROADCAST) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("root_rank", &root_rank_));
+    }
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const int n = ctx->num_inputs() - 1;
+    const Tensor& names = ctx->input(n);
+    OP_REQUIRES_ASYNC(ctx, names.NumElements() == n,
+                      absl::InvalidArgumentError("one name per tensor is needed"), done);
+    auto batch = std::make_shared<Batch>();
+    batch->names.resize(n);
+    batch->shapes.resize(n);
+    batch->requests.resize(n);
+    batch->dtypes.resize(n);
+    batch->handles.resize(n);
+    int32_t set_rank = 0, set_size = 1;
+    if (op_type_ == PERSEUS_REDUCESCATTER) {
+      perseus_status_t s = perseus_process_set_rank(process_set_, &set_rank);
+      if (s == PERSEUS_SUCCESS) s = perseus_process_set_size(process_set_, &set_size);
+      OP_REQUIRES_OK_ASYNC(ctx, ToStatus(s, s ? perseus_last_error() : ""), done);
+      OP_REQUIRES_ASYNC(ctx, set_rank >= 0,
+                        absl::InvalidArgumentError("this process is not a member of the process set"),
+                        done);
+    }
+    for (int i = 0; i < n; ++i) {
+      const Tensor& input = ctx->input(i);
+      batch->inputs.push_back(input);
+      int32_t code;
+      OP_REQUIRES_ASYNC(ctx, CoreDtype(input.dtype(), &code),
+                        absl::InvalidArgumentError("Perseus does not support tensors of dtype " +
+                                                   tensorflow::DataTypeString(input.dtype())),
+                        done);
+      batch->dtypes[i] = code;
+      batch->names[i] = names.flat<tensorflow::tstring>()(i);
+      for (int d = 0; d < input.dims(); ++d) batch->shapes[i].push_back(input.dim_size(d));
+      void* output = nullptr;
+      if (op_type_ == PERSEUS_ALLREDUCE || op_type_ == PERSEUS_BROADCAST) {
+        Tensor* out = nullptr;
+        OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(i, input.shape(), &out), done);
+        output = const_cast<char*>(out->tensor_data().data());
+      } else if (op_type_ == PERSEUS_REDUCESCATTER) {
+        OP_REQUIRES_ASYNC(ctx, input.dims() >= 1,
+                          absl::InvalidArgumentError("reducescatter needs a tensor with at least "
+                                                     "one dimension"),
+                          done);
+        // This rank's share of dim 0: the first (dim0 % size) ranks get one more row.
+        int64_t rows = input.dim_size(0) / set_size + (set_rank < input.dim_size(0) % set_size);
+        TensorShape shape = input.shape();
+        shape.set_dim(0, rows);
+        Tensor* out = nullptr;
+        OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(i, shape, &out), done);
+        output = const_cast<char*>(out->tensor_data().data());
+      }
+      // Allgather: output stays NULL; the core sizes and allocates it.
+      perseus_request_t& r = batch->requests[i];
+      r.op_type = op_type_;
+      r.reduce_op = reduce_op_;
+      r.dtype = code;
+      r.device = PERSEUS_CPU_DEVICE;
+      r.ndim = input.dims();
+      r.input = input.tensor_data().data();
+      r.output = output;
+      r.prescale = prescale_;
+      r.postscale = postscale_;
+      r.root_rank = root_rank_;
+      r.process_set = process_set_;
+      r.splits = nullptr;
+      r.nsplits = 0;
+      r.anonymous = anonymous_ ? 1 : 0;
+      r.stream = nullptr;
+    }
+    // Pointers into the vectors only once they stop growing.
+    for (int i = 0; i < n; ++i) {
+      batch->requests[i].name = batch->names[i].c_str();
+      batch->requests[i].shape = batch->shapes[i].data();
+    }
+    Enqueue(ctx, std::move(done), batch, op_type_ == PERSEUS_ALLGATHER);
+  }
+
+ protected:
+  // Enqueues the batch and hands its completion to a waiter. copy_outputs: the
+  // core allocated output i; copy it into TF's output i.
+  static void Enqueue(OpKernelContext* ctx, DoneCallback done, std::shared_ptr<Batch> batch,
+                      bool copy_outputs) {
+    const int n = static_cast<int>(batch->requests.size());
+    perseus_status_t status = perseus_enqueue(batch->requests.data(), n, batch->handles.data());
+    OP_REQUIRES_OK_ASYNC(ctx, ToStatus(status, status ? perseus_last_error() : ""), done);
+    Waiters::Get().Add(batch->handles, [ctx, done, batch, copy_outputs](
+                                           perseus_status_t failure, const std::string& message) {
+      if (failure != PERSEUS_SUCCESS) {
+        ctx->SetStatus(ToStatus(failure, message));
+      } else if (copy_outputs) {
+        for (size_t i = 0; i < batch->handles.size(); ++i) {
+          absl::Status s = CopyCoreOutput(ctx, static_cast<int>(i), batch->handles[i], nullptr);
+          if (!s.ok()) {
+            ctx->SetStatus(s);
+            break;
+          }
+        }
+      }
+      for (int64_t handle : batch->handles) perseus_release(handle);
+      done();
+    });
+  }
+
+  // Moves a completed handle's core-allocated output into output `index`;
+  // recv_splits (alltoall) receives the rows from each rank when not null.
+  static absl::Status CopyCoreOutput(OpKernelContext* ctx, int index, int64_t handle,
+                                     std::vector<int64_t>* recv_splits) {
+    void* data = nullptr;
+    int64_t dims[PERSEUS_MAX_DIMS];
+    int32_t ndim = 0;
+    const int64_t* splits = nullptr;
+    int32_t nsplits = 0;
+    perseus_status_t status =
+        perseus_handle_output(handle, &data, dims, &ndim, &splits, &nsplits);
+    if (status != PERSEUS_SUCCESS) return ToStatus(status, perseus_last_error());
+    std::unique_ptr<void, void (*)(void*)> owned(data, perseus_free_buffer);
+    TensorShape shape;
+    for (int d = 0; d < ndim; ++d) shape.AddDim(dims[d]);
+    Tensor* out = nullptr;
+    absl::Status s = ctx->allocate_output(index, shape, &out);
+    if (!s.ok()) return s;
+    size_t bytes = out->tensor_data().size();
+    if (bytes > 0) {
+      if (data == nullptr) return absl::InternalError("the core returned no output buffer");
+      std::memcpy(const_cast<char*>(out->tensor_data().data()), data, bytes);
+    }
+    if (recv_splits != nullptr && splits != nullptr) recv_splits->assign(splits, splits + nsplits);
+    return absl::OkStatus();
+  }
+
+  int32_t op_type_;
+  int32_t process_set_ = 0;
+  bool anonymous_ = false;
+  int32_t reduce_op_ = 0;
+  float prescale_ = 1.0f;
+  float postscale_ = 1.0f;
+  int32_t root_rank_ = 0;
+};
+
+class AllreduceOp : public CollectiveOp {
+ public:
+  explicit AllreduceOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_ALLREDUCE) {}
+};
+class AllgatherOp : public CollectiveOp {
+ public:
+  explicit AllgatherOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_ALLGATHER) {}
+};
+class BroadcastOp : public CollectiveOp {
+ public:
+  explicit BroadcastOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_BROADCAST) {}
+};
+class ReducescatterOp : public CollectiveOp {
+ public:
+  explicit ReducescatterOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_REDUCESCATTER) {}
+};
+
+// PerseusAlltoall(tensor, splits, name) -> (output, received_splits).
+class AlltoallOp : public CollectiveOp {
+ public:
+  explicit AlltoallOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_ALLTOALL) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor& input = ctx->input(0);
+    const Tensor& splits = ctx->input(1);
+    const Tensor& name = ctx->input(2);
+    auto batch = std::make_shared<Batch>();
+    int32_t code;
+    OP_REQUIRES_ASYNC(ctx, CoreDtype(input.dtype(), &code),
+                      absl::InvalidArgumentError("Perseus does not support tensors of dtype " +
+                                                 tensorflow::DataTypeString(input.dtype())),
+                      done);
+    OP_REQUIRES_ASYNC(ctx, input.dims() >= 1,
+                      absl::InvalidArgumentError("alltoall needs a tensor with at least one "
+                                                 "dimension"),
+                      done);
+    batch->inputs.push_back(input);
+    batch->names.push_back(name.scalar<tensorflow::tstring>()());
+    batch->shapes.emplace_back();
+    for (int d = 0; d < input.dims(); ++d) batch->shapes[0].push_back(input.dim_size(d));
+    auto flat = splits.flat<int32_t>();
+    for (int64_t i = 0; i < flat.size(); ++i) batch->splits.push_back(flat(i));
+    batch->requests.resize(1);
+    batch->handles.resize(1);
+    perseus_request_t& r = batch->requests[0];
+    r.name = batch->names[0].c_str();
+    r.op_type = PERSEUS_ALLTOALL;
+    r.reduce_op = 0;
+    r.dtype = code;
+    r.device = PERSEUS_CPU_DEVICE;
+    r.ndim = input.dims();
+    r.shape = batch->shapes[0].data();
+    r.input = input.tensor_data().data();
+    r.output = nullptr;
+    r.prescale = r.postscale = 1.0;
+    r.root_rank = 0;
+    r.process_set = process_set_;
+    r.splits = batch->splits.empty() ? nullptr : batch->splits.data();  // empty: even split
+    r.nsplits = static_cast<int32_t>(batch->splits.size());
+    r.anonymous = anonymous_ ? 1 : 0;
+    r.stream = nullptr;
+    perseus_status_t status = perseus_enqueue(batch->requests.data(), 1, batch->handles.data());
+    OP_REQUIRES_OK_ASYNC(ctx, ToStatus(status, status ? perseus_last_error() : ""), done);
+    Waiters::Get().Add(batch->handles, [ctx, done, batch](perseus_status_t failure,
+                                                          const std::string& message) {
+      if (failure != PERSEUS_SUCCESS) {
+        ctx->SetStatus(ToStatus(failure, message));
+      } else {
+        std::vector<int64_t> recv;
+        absl::Status s = CopyCoreOutput(ctx, 0, batch->handles[0], &recv);
+        Tensor* out = nullptr;
+        if (s.ok()) s = ctx->allocate_output(1, TensorShape({static_cast<int64_t>(recv.size())}),
+                                             &out);
+        if (s.ok()) {
+          for (size_t i = 0; i < recv.size(); ++i) out->flat<int32_t>()(i) = recv[i];
+        }
+        ctx->SetStatus(s);
+      }
+      perseus_release(batch->handles[0]);
+      done();
+    });
+  }
+};
+
+// PerseusJoin(name) -> last rank to join; PerseusBarrier(name). No tensors.
+class SignalOp : public CollectiveOp {
+ public:
+  SignalOp(OpKernelConstruction* ctx, int32_t op_type) : CollectiveOp(ctx, op_type) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto batch = std::make_shared<Batch>();
+    batch->names.push_back(ctx->input(0).scalar<tensorflow::tstring>()());
+    batch->shapes.emplace_back();
+    batch->requests.resize(1);
+    batch->handles.resize(1);
+    perseus_request_t& r = batch->requests[0];
+    r = perseus_request_t{};
+    r.name = batch->names[0].c_str();
+    r.op_type = op_type_;
+    r.dtype = PERSEUS_UINT8;
+    r.device = PERSEUS_CPU_DEVICE;
+    r.shape = batch->shapes[0].data();
+    r.prescale = r.postscale = 1.0;
+    r.process_set = process_set_;
+    r.anonymous = anonymous_ ? 1 : 0;
+    const bool join = op_type_ == PERSEUS_JOIN;
+    perseus_status_t status = perseus_enqueue(batch->requests.data(), 1, batch->handles.data());
+    OP_REQUIRES_OK_ASYNC(ctx, ToStatus(status, status ? perseus_last_error() : ""), done);
+    Waiters::Get().Add(batch->handles, [ctx, done, batch, join](perseus_status_t failure,
+                                                                const std::string& message) {
+      if (failure != PERSEUS_SUCCESS) {
+        ctx->SetStatus(ToStatus(failure, message));
+      } else if (join) {
+        // The core reports the last rank to join as the output's shape[0].
+        void* data = nullptr;
+        int64_t dims[PERSEUS_MAX_DIMS];
+        int32_t ndim = 0;
+        const int64_t* splits = nullptr;
+        int32_t nsplits = 0;
+        perseus_status_t s =
+            perseus_handle_output(batch->handles[0], &data, dims, &ndim, &splits, &nsplits);
+        if (data != nullptr) perseus_free_buffer(data);
+        Tensor* out = nullptr;
+        absl::Status st = s ? ToStatus(s, perseus_last_error())
+                            : (ndim < 1 ? absl::InternalError("join reported no last rank")
+                                        : ctx->allocate_output(0, TensorShape({}), &out));
+        if (st.ok()) out->scalar<int32_t>()() = static_cast<int32_t>(dims[0]);
+        ctx->SetStatus(st);
+      }
+      perseus_release(batch->handles[0]);
+      done();
+    });
+  }
+};
+
+class JoinOp : public SignalOp {
+ public:
+  explicit JoinOp(OpKernelConstruction* ctx) : SignalOp(ctx, PERSEUS_JOIN) {}
+};
+class BarrierOp : public SignalOp {
+ public:
+  explicit BarrierOp(OpKernelConstruction* ctx) : SignalOp(ctx, PERSEUS_BARRIER) {}
+};
+
+// ---- shapes -----------------------------------------------------------------------
+
+absl::Status SameShapes(InferenceContext* c) {
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+  return absl::OkStatus();
+}
+
+// Outputs whose dim 0 depends on other ranks.
+absl::Status UnknownFirstDim(InferenceContext* c) {
+  for (int i = 0; i < c->num_outputs(); ++i) {
+    tensorflow::shape_inference::ShapeHandle shape = c->input(i);
+    if (c->RankKnown(shape) && c->Rank(shape) >= 1) {
+      TF_RETURN_IF_ERROR(c->ReplaceDim(shape, 0, c->UnknownDim(), &shape));
+      c->set_output(i, shape);
+    } else {
+      c->set_output(i, c->UnknownShape());
+    }
+  }
+  return absl::OkStatus();
+}
+
+#define PERSEUS_TYPES "{uint8, int8, int16, int32, int64, half, bfloat16, float, double, bool}"
+
+}  // namespace
+
+// Stateful: two identical collectives must both run (no CSE), and none is pruned.
+REGISTER_OP("PerseusAllreduce")
+    .Attr("T: list(" PERSEUS_TYPES ") >= 1")
+    .Attr("reduce_op: int")
+    .Attr("prescale: float = 1.0")
+    .Attr("postscale: float = 1.0")
+    .Attr("process_set: int = 0")
+    .Attr("anonymous: bool = false")
+    .Input("tensors: T")
+    .Input("names: string")
+    .Output("outputs: T")
+    .SetIsStateful()
+    .SetShapeFn(SameShapes);
+
+REGISTER_OP("PerseusAllgather")
+    .Attr("T: list(" PERSEUS_TYPES ") >= 1")
+    .Attr("process_set: int = 0")
+    .Attr("anonymous: bool = false")
+    .Input("tensors: T")
+    .Input("names: string")
+    .Output("outputs: T")
+    .SetIsStateful()
+    .SetShapeFn(UnknownFirstDim);
+
+REGISTER_OP("PerseusBroadcast")
+    .Attr("T: list(" PERSEUS_TYPES ") >= 1")
+    .Attr("root_rank: int")
+    .Attr("process_set: int = 0")
+    .Attr("anonymous: bool = false")
+    .Input("tensors: T")
+    .Input("names: string")
+    .Output("outputs: T")
+    .SetIsStateful()
+    .SetShapeFn(SameShapes);
+
+REGISTER_OP("PerseusReducescatter")
+    .Attr("T: list(" PERSEUS_TYPES ") >= 1")
+    .Attr("reduce_op: int")
+    .Attr("prescale: float = 1.0")
+    .Attr("postscale: float = 1.0")
+    .Attr("process_set: int = 0")
+    .Attr("anonymous: bool = false")
+    .Input("tensors: T")
+    .Input("names: string")
+    .Output("outputs: T")
+    .SetIsStateful()
+    .SetShapeFn(UnknownFirstDim);
+
+REGISTER_OP("PerseusAlltoall")
+    .Attr("T: " PERSEUS_TYPES)
+    .Attr("process_set: int = 0")
+    .Attr("anonymous: bool = false")
+    .Input("tensor: T")
+    .Input("splits: int32")
+    .Input("request_name: string")
+    .Output("output: T")
+    .Output("received_splits: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(UnknownFirstDim(c));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("PerseusJoin")
+    .Attr("process_set: int = 0")
+    .Attr("anonymous: bool = true")
+    .Input("request_name: string")
+    .Output("last_rank: int32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("PerseusBarrier")
+    .Attr("process_set: int = 0")
+    .Attr("anonymous: bool = true")
+    .Input("request_name: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); });
+
+REGISTER_KERNEL_BUILDER(Name("PerseusAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
+REGISTER_KERNEL_BUILDER(Name("PerseusAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
+REGISTER_KERNEL_BUILDER(Name("PerseusBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
+REGISTER_KERNEL_BUILDER(Name("PerseusReducescatter").Device(tensorflow::DEVICE_CPU),
+                        ReducescatterOp);
+REGISTER_KERNEL_BUILDER(Name("PerseusAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallOp);
+REGISTER_KERNEL_BUILDER(Name("PerseusJoin").Device(tensorflow::DEVICE_CPU), JoinOp);
+REGISTER_KERNEL_BUILDER(Name("PerseusBarrier").Device(tensorflow::DEVICE_CPU), BarrierOp);

@@ -1,0 +1,27 @@
+"""State broadcast for TensorFlow: variables, global variables, Python objects."""
+
+import tensorflow as tf
+
+from perseus.common.objects import allgather_object, broadcast_object  # noqa: F401 (re-export)
+from perseus.common.process_sets import global_process_set
+from perseus.tensorflow import mpi_ops
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Assigns root_rank's values to `variables` on every rank, as one grouped
+    broadcast. Returns the assignment op (graph mode) or None (eager)."""
+    variables = list(variables)
+    if not variables:
+        return tf.no_op() if not tf.executing_eagerly() else None
+    values = mpi_ops.grouped_broadcast([tf.convert_to_tensor(v) for v in variables], root_rank,
+                                       process_set=process_set)
+    assigns = [v.assign(value) for v, value in zip(variables, values)]
+    return None if tf.executing_eagerly() else tf.group(*assigns)
+
+
+def broadcast_global_variables(root_rank):
+    """TF1 graphs: the op assigning root_rank's global variables on every rank."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution; "
+                           "use hvd.broadcast_variables(model.variables, root_rank)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

@@ -1,0 +1,78 @@
+"""Averaging a list of gradients over the ranks: the one routine behind
+DistributedGradientTape, the Keras DistributedOptimizer and the TF1 optimizer.
+
+Dense gradients go out as grouped allreduces (one negotiation per group, fused by
+the core); by default all of them form one group, which matters eagerly, where
+each op runs to completion before the next starts. tf.IndexedSlices go through
+allgather unless sparse_as_dense. None gradients stay None.
+"""
+
+import tensorflow as tf
+
+from perseus.tensorflow import mpi_ops
+from perseus.tensorflow.compression import Compression
+
+
+def scale_factors(op, gradient_predivide_factor):
+    """(op, prescale, postscale): gradient_predivide_factor f splits Average's
+    division into 1/f before the sum and f/size after it (the core applies /size)."""
+    if gradient_predivide_factor != 1.0:
+        if op != mpi_ops.Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        return op, 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    return op, 1.0, 1.0
+
+
+def _groups_of(indices, variables, num_groups, groups):
+    """Lists of gradient positions, each reduced as one grouped op."""
+    if groups is not None:
+        if num_groups:
+            raise ValueError("pass either num_groups or groups, not both")
+        position = {id(v): i for i, v in enumerate(variables)}
+        chosen, result = set(), []
+        for group in groups:
+            members = [position[id(v)] for v in group if id(v) in position]
+            members = [i for i in members if i in indices]
+            chosen.update(members)
+            if members:
+                result.append(members)
+        rest = [i for i in indices if i not in chosen]
+        return result + [[i] for i in rest]
+    if num_groups and num_groups > 0:
+        size = -(-len(indices) // num_groups)
+        return [indices[k:k + size] for k in range(0, len(indices), size)]
+    return [indices] if indices else []
+
+
+def reduce_gradients(grads, variables=None, compression=Compression.none, op=mpi_ops.Average,
+                     gradient_predivide_factor=1.0, sparse_as_dense=False, num_groups=0,
+                     groups=None, process_set=mpi_ops.global_process_set, skip=()):
+    """Returns `grads` reduced over the process set (a new list, same order).
+
+    skip: positions left as they are (PartialDistributedGradientTape's local sources).
+    """
+    op, prescale, postscale = scale_factors(mpi_ops._resolve_op(op, None),
+                                            gradient_predivide_factor)
+    grads = list(grads)
+    if process_set.size() == 1 and prescale == postscale == 1.0:
+        return grads
+    dense = []
+    for i, g in enumerate(grads):
+        if g is None or i in skip:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if sparse_as_dense:
+                grads[i] = tf.convert_to_tensor(g)
+            else:
+                grads[i] = mpi_ops.allreduce(g, op=op, prescale_factor=prescale,
+                                             postscale_factor=postscale,
+                                             process_set=process_set)
+                continue
+        dense.append(i)
+    for group in _groups_of(dense, variables or [], num_groups, groups):
+        reduced = mpi_ops.grouped_allreduce([grads[i] for i in group], compression=compression,
+                                            op=op, prescale_factor=prescale,
+                                            postscale_factor=postscale, process_set=process_set)
+        for i, r in zip(group, reduced):
+            grads[i] = r
+    return grads

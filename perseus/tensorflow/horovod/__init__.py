@@ -1,0 +1,83 @@
+"""Horovod's TensorFlow API on Perseus: ``import perseus.tensorflow.horovod as hvd``.
+
+Only re-exports, under Horovod's names: perseus.common (init, ranks, process sets,
+errors, object broadcast), perseus.tensorflow.mpi_ops (collectives, eager and in
+tf.function, with gradients), gradient_tape, functions and compat_v1 (TF1 graphs).
+"""
+
+from perseus.common.basics import (
+    ccl_built,
+    config,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    lane_count,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from perseus.common.exceptions import HorovodInternalError
+from perseus.common.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from perseus.tensorflow.compat_v1 import BroadcastGlobalVariablesHook, DistributedOptimizer
+from perseus.tensorflow.compression import Compression
+from perseus.tensorflow.functions import (
+    allgather_object,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_variables,
+)
+from perseus.tensorflow.gradient_tape import (
+    DistributedGradientTape,
+    PartialDistributedGradientTape,
+)
+from perseus.tensorflow.mpi_ops import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_broadcast,
+    grouped_reducescatter,
+    join,
+    reducescatter,
+)
+
+
+def is_homogeneous():
+    """Whether every node runs the same number of ranks."""
+    return size() == local_size() * cross_size()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    raise NotImplementedError("the timeline is not implemented in Perseus yet "
+                              "(PERSEUS_TIMELINE)")
+
+
+def stop_timeline():
+    raise NotImplementedError("the timeline is not implemented in Perseus yet "
+                              "(PERSEUS_TIMELINE)")
