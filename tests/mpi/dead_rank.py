@@ -65,7 +65,8 @@ def body():
             if time.monotonic() > deadline:
                 break
     except Exception as e:  # noqa: BLE001 - reporting whatever reached the survivor
-        print("SURVIVOR %d %s: %s" % (rank, type(e).__name__, e), flush=True)
+        # One write per line: mpirun merges the ranks' output.
+        os.write(1, ("SURVIVOR %d %s: %s\n" % (rank, type(e).__name__, e)).encode())
         os._exit(3)
     print("NO ERROR on rank %d" % rank, flush=True)
 
