@@ -12,7 +12,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("torch",)
+_SUBPACKAGES = ("torch", "tensorflow", "keras")
 
 
 def __getattr__(name):

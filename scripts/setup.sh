@@ -11,3 +11,8 @@ PYTHON=${PYTHON:-python3}
 # -e: the core library is built in place (perseus/lib/libperseus.so).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 echo "Perseus is installed in $(pwd)/.venv"
+# The TensorFlow front end lives in a venv of its own (tests/test_tensorflow.py
+# runs it); PERSEUS_SKIP_TF=1 leaves it out.
+if [ "${PERSEUS_SKIP_TF:-0}" != 1 ]; then
+  bash scripts/setup_tf.sh
+fi

@@ -97,14 +97,18 @@ def _report(what, cmd, env_extra, out, err):
 
 @pytest.fixture
 def run_mpi(tmp_path):
-    """Returns run_mpi(script, np, env=None, timeout=DEFAULT_TIMEOUT_S) -> stdout.
+    """Returns run_mpi(script, np, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
+    scripts_dir=MPI_SCRIPTS) -> stdout.
 
     Each job gets an empty scratch directory in $PTEST_TMPDIR, which ranks use to
     signal one another through files without going through the library under test.
+    python: the interpreter the ranks run (default: this one); the TensorFlow tests
+    pass .venv-tf's.
     """
 
-    def run(script, np, env=None, timeout=DEFAULT_TIMEOUT_S):
-        path = MPI_SCRIPTS / ("%s.py" % script)
+    def run(script, np, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
+            scripts_dir=MPI_SCRIPTS):
+        path = Path(scripts_dir) / ("%s.py" % script)
         assert path.exists(), path
         scratch = tmp_path / ("%s-np%d-%d" % (script, np, time.monotonic_ns()))
         scratch.mkdir()
@@ -112,7 +116,7 @@ def run_mpi(tmp_path):
         # Ranks dump every thread's stack shortly before the kill (see tests/mpi/common.py).
         child_env = clean_env(dict(extra, PTEST_TMPDIR=str(scratch),
                                    PTEST_HANG_DUMP_S=str(max(1, timeout - 15))))
-        cmd = [find_mpirun(), "-np", str(np), sys.executable, str(path)]
+        cmd = [find_mpirun(), "-np", str(np), str(python or sys.executable), str(path)]
         start = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=child_env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

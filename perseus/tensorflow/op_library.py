@@ -3,9 +3,9 @@
 The ops (csrc/perseus_tf_ops.cc) are compiled against the TensorFlow that is
 installed, with its own compile and link flags, and linked to libperseus.so. A
 TensorFlow build's C++ ABI is only stable within one version, so the cache key
-covers the source, the TensorFlow version and flags, and the core library's path:
-a new TensorFlow or a changed source rebuilds, anything else loads the cached
-file. Ranks started together may all get here at once: a file lock lets one
+covers the source, perseus.h, the TensorFlow version and flags, and the core
+library's path: a new TensorFlow or a changed source rebuilds, anything else
+loads the cached file. Ranks started together may all get here at once: a file lock lets one
 build while the others wait, and the library appears by an atomic rename.
 
 Cache: $PERSEUS_TF_OPS_CACHE, else $XDG_CACHE_HOME/perseus, else ~/.cache/perseus.
@@ -57,8 +57,11 @@ def _command(output):
 
 def library_path():
     """Where the library for this TensorFlow and source lives (built or not)."""
-    with open(SOURCE, "rb") as f:
-        key = hashlib.sha256(f.read())
+    key = hashlib.sha256()
+    # The header too: a changed perseus_request_t must never meet a stale library.
+    for source in (SOURCE, os.path.join(_include_dir(), "perseus", "perseus.h")):
+        with open(source, "rb") as f:
+            key.update(f.read())
     key.update(" ".join(_command("")).encode())
     key.update(tf.__version__.encode())
     return os.path.join(_cache_dir(), "perseus_tf_ops-%s-%s.so"

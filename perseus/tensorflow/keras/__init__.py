@@ -1,0 +1,46 @@
+"""Horovod's Keras API on Perseus: ``import perseus.tensorflow.keras as hvd``
+(also ``perseus.keras``). Works with Keras 3 (tf.keras) and with Keras 2 (tf-keras)
+under TF_USE_LEGACY_KERAS=1."""
+
+from perseus.tensorflow.horovod import (  # noqa: F401 (re-exports)
+    Adasum,
+    Average,
+    Compression,
+    HorovodInternalError,
+    Max,
+    Min,
+    ProcessSet,
+    Product,
+    Sum,
+    add_process_set,
+    allgather,
+    allgather_object,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    broadcast_object,
+    broadcast_variables,
+    cross_rank,
+    cross_size,
+    global_process_set,
+    grouped_allreduce,
+    init,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    rank,
+    reducescatter,
+    remove_process_set,
+    shutdown,
+    size,
+)
+from perseus.tensorflow.keras import callbacks  # noqa: F401
+from perseus.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: F401
+
+
+def broadcast_global_variables(root_rank):
+    raise RuntimeError("broadcast_global_variables is for TF1 graphs; in Keras use "
+                       "callbacks.BroadcastGlobalVariablesCallback(root_rank) or "
+                       "hvd.broadcast_variables(model.variables, root_rank)")

@@ -1,0 +1,122 @@
+"""Horovod's Keras callbacks: start every rank from root's weights, average
+metrics over the ranks, warm up and schedule the learning rate."""
+
+import numpy as np
+import tensorflow as tf
+
+from perseus.common import basics
+from perseus.tensorflow import mpi_ops
+from perseus.tensorflow.functions import broadcast_variables
+
+
+class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
+    """At the start of training, sets every rank's model and optimizer variables to
+    root_rank's (the optimizer's exist by then: fit builds it before on_train_begin)."""
+
+    def __init__(self, root_rank, device=''):
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def _broadcast(self):
+        variables = list(self.model.variables)
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            variables += list(optimizer.variables() if callable(optimizer.variables)
+                              else optimizer.variables)
+        broadcast_variables(variables, self.root_rank)
+        self.broadcast_done = True
+
+    def on_train_begin(self, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
+
+
+class MetricAverageCallback(tf.keras.callbacks.Callback):
+    """At each epoch's end, replaces the numeric logs with their average over the
+    ranks (one grouped allreduce, keys in sorted order so every rank agrees)."""
+
+    def __init__(self, device=''):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or basics.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0
+                      and isinstance(float(v), float))
+        if not keys:
+            return
+        values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
+        averaged = mpi_ops.allreduce(values, op=mpi_ops.Average,
+                                     name="metric_average.%d" % epoch).numpy()
+        for key, value in zip(keys, averaged):
+            logs[key] = float(value)
+
+
+def _set_lr(optimizer, value):
+    lr = optimizer.learning_rate
+    if hasattr(lr, "assign"):
+        lr.assign(value)
+    else:
+        optimizer.learning_rate = value
+
+
+class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
+    """lr = initial_lr * multiplier(epoch) for start_epoch <= epoch < end_epoch.
+
+    multiplier: a number or a function of the (fractional, unless staircase) epoch.
+    steps_per_epoch: needed for staircase=False when fit cannot tell (params)."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+
+    def _active(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _steps(self):
+        return self.steps_per_epoch or (self.params or {}).get("steps")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self._active(epoch) and self.staircase:
+            _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.staircase or not self._active(self.current_epoch):
+            return
+        steps = self._steps()
+        if not steps:
+            raise ValueError("staircase=False needs steps_per_epoch")
+        epoch = self.current_epoch + float(batch) / steps
+        _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramps the lr from initial_lr / size() to initial_lr over warmup_epochs, per
+    batch (Goyal et al., "Accurate, Large Minibatch SGD"): large global batches
+    start gently."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0):
+        size = basics.size()
+
+        def multiplier(epoch):
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
+            print("\nEpoch %d: finished gradual learning rate warmup to %g."
+                  % (epoch + 1, self.initial_lr))

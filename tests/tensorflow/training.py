@@ -1,0 +1,130 @@
+"""Data-parallel training equals single-process training on the whole batch (float64):
+  * DistributedGradientTape, eagerly and inside tf.function;
+  * Keras model.fit with DistributedOptimizer + BroadcastGlobalVariablesCallback,
+    ranks starting from different weights; MetricAverageCallback;
+  * a TF1 graph with DistributedOptimizer, MonitoredTrainingSession and
+    BroadcastGlobalVariablesHook (ranks start different, end identical).
+Each rank trains on its slice of a global batch; the reference runs the whole batch
+through plain TensorFlow in the same process."""
+import numpy as np
+import tensorflow as tf
+
+from common import hvd, log, main
+
+import perseus.tensorflow.keras as hvd_keras
+
+STEPS = 4
+LR = 0.125  # exact in float32: Keras 3 keeps the learning rate as a float32 variable
+
+
+def data(size, rows_per_rank=3):
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(rows_per_rank * size, 5))
+    y = rng.normal(size=(rows_per_rank * size, 2))
+    return x, y
+
+
+def init_weights(seed):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(5, 4)), rng.normal(size=(4,)), rng.normal(size=(4, 2))]
+
+
+def forward(ws, x):
+    return tf.matmul(tf.tanh(tf.matmul(x, ws[0]) + ws[1]), ws[2])
+
+
+def reference(x, y, steps=STEPS):
+    ws = [tf.Variable(w) for w in init_weights(0)]
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((forward(ws, x) - y) ** 2)
+        for w, g in zip(ws, tape.gradient(loss, ws)):
+            w.assign_sub(LR * g)
+    return [w.numpy() for w in ws]
+
+
+def check_tape(rank, size, x, y, expected):
+    part = slice(3 * rank, 3 * rank + 3)
+    for mode in ("eager", "function"):
+        ws = [tf.Variable(w) for w in init_weights(0)]
+
+        def step(xs, ys):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((forward(ws, xs) - ys) ** 2)
+            tape = hvd.DistributedGradientTape(tape)
+            for w, g in zip(ws, tape.gradient(loss, ws)):
+                w.assign_sub(LR * g)
+        if mode == "function":
+            step = tf.function(step)
+        for _ in range(STEPS):
+            step(tf.constant(x[part]), tf.constant(y[part]))
+        for w, e in zip(ws, expected):
+            np.testing.assert_allclose(w.numpy(), e, rtol=1e-10, atol=1e-12,
+                                       err_msg="DistributedGradientTape " + mode)
+    log("tape ok")
+
+
+def keras_model(seed):
+    model = tf.keras.Sequential([tf.keras.Input((5,)),
+                                 tf.keras.layers.Dense(4, activation="tanh", dtype="float64"),
+                                 tf.keras.layers.Dense(2, use_bias=False, dtype="float64")])
+    w = init_weights(seed)
+    model.layers[0].set_weights([w[0], w[1]])
+    model.layers[1].set_weights([w[2]])
+    return model
+
+
+def check_keras(rank, size, x, y, expected):
+    part = slice(3 * rank, 3 * rank + 3)
+    tf.keras.backend.set_floatx("float64")  # else fit() casts the float64 data to float32
+    model = keras_model(seed=rank)  # only rank 0 starts from the reference weights
+    opt = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=LR))
+    model.compile(optimizer=opt, loss="mse")
+    history = model.fit(x[part], y[part], batch_size=3, epochs=STEPS, shuffle=False, verbose=0,
+                        callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0),
+                                   hvd_keras.callbacks.MetricAverageCallback()])
+    got = [model.layers[0].kernel.numpy(), model.layers[0].bias.numpy(),
+           model.layers[1].kernel.numpy()]
+    for w, e in zip(got, expected):
+        np.testing.assert_allclose(w, e, rtol=1e-10, atol=1e-12, err_msg="Keras fit")
+    # The averaged loss is the same number on every rank.
+    losses = hvd.allgather_object(history.history["loss"][-1])
+    assert all(l == losses[0] for l in losses), losses
+    log("keras ok")
+
+
+def check_tf1_values(rank, size, x, y, expected):
+    part = slice(3 * rank, 3 * rank + 3)
+    graph = tf.Graph()
+    with graph.as_default():
+        v1 = tf.compat.v1
+        ws = [v1.get_variable("w%d" % i, initializer=w, dtype=tf.float64)
+              for i, w in enumerate(init_weights(seed=rank))]
+        loss = tf.reduce_mean((forward(ws, tf.constant(x[part])) - tf.constant(y[part])) ** 2)
+        global_step = v1.train.get_or_create_global_step()
+        opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(LR))
+        train_op = opt.minimize(loss, global_step=global_step)
+        hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+        with v1.train.MonitoredTrainingSession(checkpoint_dir=None, hooks=hooks) as sess:
+            for _ in range(STEPS):
+                sess.run(train_op)
+            got = sess.run(ws)
+    for w, e in zip(got, expected):
+        np.testing.assert_allclose(w, e, rtol=1e-10, atol=1e-12, err_msg="TF1 session")
+    everyone = hvd.allgather_object([w.tobytes() for w in got])
+    assert all(e == everyone[0] for e in everyone), "ranks ended with different variables"
+    log("tf1 ok")
+
+
+def body():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    x, y = data(size)
+    expected = reference(tf.constant(x), tf.constant(y))
+    check_tape(rank, size, x, y, expected)
+    check_keras(rank, size, x, y, expected)
+    check_tf1_values(rank, size, x, y, expected)
+    hvd.shutdown()
+
+
+main(body)

@@ -1,0 +1,41 @@
+"""The TensorFlow front end, tested in its own venv (.venv-tf, made by
+scripts/setup_tf.sh, which scripts/setup.sh runs): each script in tests/tensorflow/
+runs under `mpirun -np 2` and `-np 4` with .venv-tf's python.
+
+A missing .venv-tf fails these tests (CI must not silently drop them); set
+PERSEUS_SKIP_TF=1 to skip them on purpose. PERSEUS_TF_PYTHON names another
+interpreter with TensorFlow.
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, TESTS_DIR
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
+
+TF_SCRIPTS = TESTS_DIR / "tensorflow"
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}  # TensorFlow's start-up banners on every rank
+
+SCRIPTS = [
+    "collectives",  # every collective x dtype, eager and tf.function; gradients; errors
+    "training",     # DistributedGradientTape, Keras fit, TF1 session + hook vs one process
+]
+
+
+def tf_python():
+    if os.environ.get("PERSEUS_SKIP_TF") == "1":
+        pytest.skip("PERSEUS_SKIP_TF=1: TensorFlow front-end tests skipped on purpose")
+    python = Path(os.environ.get("PERSEUS_TF_PYTHON") or REPO_ROOT / ".venv-tf" / "bin" / "python")
+    if not python.exists():
+        pytest.fail("%s not found: run `bash scripts/setup_tf.sh` (scripts/setup.sh does) to "
+                    "create the TensorFlow venv, or set PERSEUS_SKIP_TF=1 to skip these tests"
+                    % python, pytrace=False)
+    return python
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_tensorflow_script(run_mpi, script, nprocs):
+    run_mpi(script, nprocs, env=TF_ENV, timeout=360, python=tf_python(), scripts_dir=TF_SCRIPTS)
