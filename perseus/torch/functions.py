@@ -7,20 +7,14 @@ broadcast_object           any picklable object from root
 allgather_object           every rank's picklable object, as a list in rank order
 """
 
-import pickle
-
 import torch
 
 from perseus.common import basics as _basics
+# Framework-neutral (pickle over numpy), shared with the TensorFlow front end.
+from perseus.common.objects import allgather_object, broadcast_object  # noqa: F401
+from perseus.common.objects import default_name as _default_name
 from perseus.common.process_sets import global_process_set
-from perseus.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
-                                   synchronize)
-
-
-def _default_name(base, process_set):
-    # Fixed per process set, so ranks agree whatever object they pass.
-    set_id = process_set.process_set_id
-    return base if set_id in (None, 0) else "%s.set%d" % (base, set_id)
+from perseus.torch.mpi_ops import broadcast_async_, synchronize
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
@@ -50,42 +44,6 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
                                         process_set=process_set))
     for handle in handles:
         synchronize(handle)
-
-
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's `obj` (pickled) on every rank; root gets its own obj back."""
-    name = name or _default_name("broadcast_object", process_set)
-    if _basics.rank() == root_rank:
-        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        length = torch.tensor([len(payload)], dtype=torch.int64)
-    else:
-        payload = None
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name=name + ".len", process_set=process_set)
-    if payload is not None:
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    else:
-        data = torch.empty(int(length[0]), dtype=torch.uint8)
-    broadcast_(data, root_rank, name=name + ".data", process_set=process_set)
-    if payload is not None:
-        return obj
-    return pickle.loads(data.numpy().tobytes())
-
-
-def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's `obj` (pickled), in rank order of the set."""
-    name = name or _default_name("allgather_object", process_set)
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    lengths = allgather(torch.tensor([len(payload)], dtype=torch.int64), name=name + ".len",
-                        process_set=process_set)
-    data = allgather(torch.frombuffer(bytearray(payload), dtype=torch.uint8),
-                     name=name + ".data", process_set=process_set)
-    blob = data.numpy().tobytes()
-    result, start = [], 0
-    for length in lengths.tolist():
-        result.append(pickle.loads(blob[start:start + length]))
-        start += length
-    return result
 
 
 # ---- optimizer state ------------------------------------------------------------
