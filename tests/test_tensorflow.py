@@ -5,13 +5,17 @@ runs under `mpirun -np 2` and `-np 4` with .venv-tf's python.
 A missing .venv-tf fails these tests (CI must not silently drop them); set
 PERSEUS_SKIP_TF=1 to skip them on purpose. PERSEUS_TF_PYTHON names another
 interpreter with TensorFlow.
+The examples in examples/tensorflow/ run at np 2 and must reach the promised
+accuracy; the Keras one also under Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1).
 """
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO_ROOT, TESTS_DIR
+from test_examples import run_job
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
 
@@ -39,3 +43,21 @@ def tf_python():
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_tensorflow_script(run_mpi, script, nprocs):
     run_mpi(script, nprocs, env=TF_ENV, timeout=360, python=tf_python(), scripts_dir=TF_SCRIPTS)
+
+
+def test_training_keras2(run_mpi):
+    """training.py's Keras checks (and the rest) with Keras 2 (tf-keras)."""
+    run_mpi("training", 2, env=dict(TF_ENV, TF_USE_LEGACY_KERAS="1"), timeout=360,
+            python=tf_python(), scripts_dir=TF_SCRIPTS)
+
+
+@pytest.mark.parametrize("example,legacy_keras", [("tf2_digits", False),
+                                                  ("keras_digits", False),
+                                                  ("keras_digits", True)])
+def test_example_two_ranks(example, legacy_keras):
+    python = tf_python()
+    env = dict(TF_ENV, TF_USE_LEGACY_KERAS="1") if legacy_keras else TF_ENV
+    out = run_job(2, [python, REPO_ROOT / "examples" / "tensorflow" / ("%s.py" % example)],
+                  env=env, timeout=240)
+    final = re.search(r"^Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out, re.M)
+    assert final and float(final.group(1)) >= 95.0, out

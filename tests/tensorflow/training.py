@@ -6,6 +6,8 @@
     BroadcastGlobalVariablesHook (ranks start different, end identical).
 Each rank trains on its slice of a global batch; the reference runs the whole batch
 through plain TensorFlow in the same process."""
+import os
+
 import numpy as np
 import tensorflow as tf
 
@@ -76,6 +78,8 @@ def keras_model(seed):
 
 def check_keras(rank, size, x, y, expected):
     part = slice(3 * rank, 3 * rank + 3)
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":  # the run that tests Keras 2 (tf-keras)
+        assert tf.keras.__name__.startswith("tf_keras"), tf.keras.__name__
     tf.keras.backend.set_floatx("float64")  # else fit() casts the float64 data to float32
     model = keras_model(seed=rank)  # only rank 0 starts from the reference weights
     opt = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=LR))
