@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "logging.h"
 #include "mpi_lock.h"
+#include "timeline.h"
 #include "wait_policy.h"
 #include "perseus/perseus.h"
 
@@ -84,6 +85,17 @@ Status StartMpi(bool* thread_multiple) {
   return Status::OK();
 }
 
+// PERSEUS_TIMELINE: rank 0 (of the communicator Perseus runs on) opens the file.
+Status StartConfiguredTimeline(const Config& config, MPI_Comm world) {
+  if (config.timeline_path.empty()) return Status::OK();
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  if (rank != 0) return Status::OK();
+  Status status = Timeline::Get().Start(config.timeline_path, config.timeline_mark_cycles);
+  if (!status.ok()) status = Status::Error(PERSEUS_CONFIG_ERROR, "PERSEUS_TIMELINE: " + status.message);
+  return status;
+}
+
 template <typename Getter>
 perseus_status_t GetInt(int32_t* out, Getter get) {
   auto engine = Current();
@@ -113,10 +125,14 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);  // inherited by every dup below
   // A bad value on one rank fails init() on every rank, rather than leaving the
   // others blocked in the engine's first collectives.
-  status = AgreeOnStatus(world, config_status);
+  // The timeline's file is opened here too, so that a path rank 0 cannot write
+  // fails init() everywhere.
+  status = AgreeOnStatus(world, config_status.ok() ? StartConfiguredTimeline(config, world)
+                                                   : config_status);
   std::unique_ptr<Engine> engine;
   if (status.ok()) status = Engine::Start(config, world, thread_multiple, &g_handles, &engine);
   if (!status.ok()) {
+    Timeline::Get().Stop();
     MPI_Comm_free(&world);
     return Report(status);
   }
@@ -131,6 +147,22 @@ perseus_status_t perseus_shutdown(void) {
     engine.swap(g_engine);
   }
   if (engine) engine->Shutdown();
+  Timeline::Get().Stop();  // after the engine: its last events are in
+  return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_start_timeline(const char* path, int32_t mark_cycles) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  if (path == nullptr || *path == '\0')
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "start_timeline needs a file path"));
+  if (engine->topology().rank != 0) return PERSEUS_SUCCESS;
+  Status status = Timeline::Get().Start(path, mark_cycles != 0);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_stop_timeline(void) {
+  Timeline::Get().Stop();
   return PERSEUS_SUCCESS;
 }
 

@@ -94,10 +94,10 @@ Parser Flag(std::function<void(Config*, bool)> set) {
   };
 }
 
-Parser Off(const char* what) {
-  return [=](const std::string& text, Config*) -> std::string {
-    if (text.empty() || text == "0" || text == "false" || text == "off") return "";
-    return std::string("0/off (") + what + " is not implemented in this build yet)";
+Parser Text(std::function<void(Config*, const std::string&)> set) {
+  return [=](const std::string& text, Config* c) -> std::string {
+    set(c, text);
+    return "";
   };
 }
 
@@ -143,7 +143,11 @@ const std::vector<Variable>& Table() {
        OneOf({"flat"}, {"hierarchical"})},
       {"PERSEUS_ALLREDUCE_NANCHECK", nullptr, "NaN/Inf check of allreduce inputs",
        Flag([](Config* c, bool v) { c->nan_check = v; })},
-      {"PERSEUS_TIMELINE", "HOROVOD_TIMELINE", "Chrome-trace timeline file", Off("the timeline")},
+      {"PERSEUS_TIMELINE", "HOROVOD_TIMELINE", "Chrome-trace timeline file written by rank 0",
+       Text([](Config* c, const std::string& v) { c->timeline_path = v; })},
+      {"PERSEUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",
+       "mark negotiation rounds in the timeline",
+       Flag([](Config* c, bool v) { c->timeline_mark_cycles = v; })},
   };
   return table;
 }
@@ -180,6 +184,8 @@ std::string DescribeConfig(const Config& c) {
       << "PERSEUS_STALL_CHECK_TIME_SECONDS=" << c.stall_check_seconds << "\n"
       << "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS=" << c.stall_shutdown_seconds << "\n"
       << "PERSEUS_ALLREDUCE_NANCHECK=" << (c.nan_check ? 1 : 0) << "\n"
+      << "PERSEUS_TIMELINE=" << c.timeline_path << "\n"
+      << "PERSEUS_TIMELINE_MARK_CYCLES=" << (c.timeline_mark_cycles ? 1 : 0) << "\n"
       << "PERSEUS_LOG_LEVEL=" << kLogLevelNames[static_cast<int>(c.log_level)] << "\n";
   return out.str();
 }

@@ -19,6 +19,8 @@ struct Config {
   double stall_check_seconds = 60.0;      // warn about requests waiting this long; 0 = off
   double stall_shutdown_seconds = 0.0;    // stop the process set after this long; 0 = off
   bool nan_check = false;                 // look for NaN/Inf in allreduce inputs
+  std::string timeline_path;              // Chrome-trace file rank 0 writes; empty = off
+  bool timeline_mark_cycles = false;      // negotiation rounds as instant events
   LogLevel log_level = LogLevel::kWarning;
 };
 

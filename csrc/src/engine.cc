@@ -11,6 +11,7 @@
 #include "fusion.h"
 #include "logging.h"
 #include "mpi_lock.h"
+#include "timeline.h"
 #include "wait_policy.h"
 
 namespace perseus {
@@ -28,12 +29,12 @@ constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
 // is itself blocked in another set.
 constexpr int64_t kInlineBytes = 256 << 10;
 
-int64_t BatchBytes(const Batch& batch) {
-  int64_t bytes = 0;
-  for (const BatchItem& item : batch.items)
-    if (item.meta.op_type != PERSEUS_BARRIER && item.meta.op_type != PERSEUS_JOIN)
-      bytes += item.meta.NumElements() * DtypeSize(item.meta.dtype);
-  return bytes;
+// Negotiation spans end when the round agrees on the requests.
+void TraceAgreed(int set_id, const std::vector<BatchItem>& agreed, Clock::time_point now) {
+  for (const BatchItem& item : agreed)
+    if (item.entry)
+      Timeline::Get().Span(set_id, item.meta.name, NegotiateActivity(item.meta.op_type),
+                           item.entry->submitted, now);
 }
 
 }  // namespace
@@ -341,6 +342,7 @@ void Engine::StartRound(ProcessSet* set, bool stopping, Clock::time_point now) {
     return;
   }
   if (stopping) set->final_round_done = true;
+  if (TimelineOn() && Timeline::Get().mark_cycles()) Timeline::Get().Cycle(set->id, now);
   set->round_start = now;
   set->new_work = false;
 }
@@ -351,12 +353,14 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
   for (auto& done : outcome.finished)
     Finish(set->id, done.first, Status::OK(), std::move(done.second));
   if (!outcome.agreed.empty()) {
+    if (TimelineOn()) TraceAgreed(set->id, outcome.agreed, now);
     std::vector<Batch> batches =
         PlanBatches(std::move(outcome.agreed), config_.fusion_threshold, config_.chunk_bytes);
     const bool only_batch = batches.size() == 1;
     for (Batch& batch : batches) {
+      batch.agreed = now;
       Lane& lane = *set->lanes[set->next_lane++ % set->lanes.size()];
-      bool inline_ok = single_set_ && ((driving && only_batch) || BatchBytes(batch) <= kInlineBytes);
+      bool inline_ok = single_set_ && ((driving && only_batch) || batch.Bytes() <= kInlineBytes);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
   }

@@ -10,8 +10,11 @@
 #include <vector>
 
 #include "batch.h"
+#include "timeline.h"
 
 namespace perseus {
+
+using Clock = std::chrono::steady_clock;
 
 // Pack(item, item_offset, window_offset, count) copies `count` elements of `item`
 // starting at `item_offset` to window position `window_offset`; Unpack does the
@@ -35,10 +38,23 @@ Status ForEachWindow(const Batch& batch, int64_t window, Pack pack, RunFn run, U
         if (hi > lo) fn(batch.items[i], lo - starts[i], lo - begin, hi - lo);
       }
     };
+    // Timeline: one span per tensor and window for each copy. Off: one branch each.
+    const bool traced = TimelineOn();
+    auto trace = [&](const char* activity, Clock::time_point from) {
+      Clock::time_point to = Clock::now();
+      overlaps([&](const BatchItem& item, int64_t, int64_t, int64_t) {
+        if (item.entry)
+          Timeline::Get().Span(item.entry->process_set, item.meta.name, activity, from, to);
+      });
+    };
+    Clock::time_point packing = traced ? Clock::now() : Clock::time_point();
     overlaps(pack);
+    if (traced) trace(kMemcpyInActivity, packing);
     Status status = run(end - begin);
     if (!status.ok()) return status;
+    Clock::time_point unpacking = traced ? Clock::now() : Clock::time_point();
     overlaps(unpack);
+    if (traced) trace(kMemcpyOutActivity, unpacking);
   }
   return Status::OK();
 }

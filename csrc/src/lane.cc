@@ -5,12 +5,14 @@
 #include "collectives.h"
 #include "dtype.h"
 #include "mpi_lock.h"
+#include "timeline.h"
 
 namespace perseus {
 
-Lane::Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
+Lane::Lane(int index, MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
            const std::vector<int>* global_ranks, BatchDone done)
-    : comm_(comm),
+    : index_(index),
+      comm_(comm),
       rank_(rank),
       size_(size),
       chunk_bytes_(chunk_bytes),
@@ -73,6 +75,8 @@ void Lane::Execute(const Batch& batch) {
   ExecContext ctx{comm_, rank_, size_, chunk_bytes_, &scratch_, global_ranks_, nan_check_};
   std::vector<Result> results(batch.items.size());
   Status status;
+  const bool traced = TimelineOn();
+  const auto start = traced ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   {
     auto mpi = LockMpi();
     switch (batch.op_type()) {
@@ -85,6 +89,7 @@ void Lane::Execute(const Batch& batch) {
       default: status = Status::Error(PERSEUS_INTERNAL_ERROR, "lane got an unknown operation");
     }
   }
+  if (traced) Trace(batch, start, std::chrono::steady_clock::now());
   if (!status.ok()) {
     status.message = std::string(OpTypeName(batch.op_type())) + " of '" +
                      batch.items[0].meta.name + "'" +
@@ -92,6 +97,19 @@ void Lane::Execute(const Batch& batch) {
   }
   std::vector<Status> statuses(batch.items.size(), status);
   done_(batch, statuses, results);
+}
+
+void Lane::Trace(const Batch& batch, std::chrono::steady_clock::time_point start,
+                 std::chrono::steady_clock::time_point end) const {
+  Timeline& timeline = Timeline::Get();
+  const int fused = static_cast<int>(batch.items.size());
+  for (const BatchItem& item : batch.items) {
+    if (!item.entry) continue;  // a joined rank's zeros have no request of their own
+    timeline.Span(item.entry->process_set, item.meta.name, kQueuedActivity, batch.agreed, start,
+                  index_);
+    timeline.Span(item.entry->process_set, item.meta.name, ExecuteActivity(item.meta.op_type),
+                  start, end, index_, PayloadBytes(item.meta), fused);
+  }
 }
 
 }  // namespace perseus

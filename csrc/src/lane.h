@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -24,8 +25,9 @@ using BatchDone = std::function<void(const Batch&, const std::vector<Status>&,
 
 class Lane {
  public:
-  // `global_ranks` (the set's, outliving the lane) name ranks in error messages.
-  Lane(MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
+  // `global_ranks` (the set's, outliving the lane) name ranks in error messages;
+  // `index` (0 .. lanes-1 within the set) names the lane in the timeline.
+  Lane(int index, MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
        const std::vector<int>* global_ranks, BatchDone done);
   ~Lane();  // finishes queued batches, then stops
   void Push(Batch batch);
@@ -37,6 +39,11 @@ class Lane {
   void Run();
   void Execute(const Batch& batch);
 
+  // Records the batch's QUEUED and execution spans on each tensor's track.
+  void Trace(const Batch& batch, std::chrono::steady_clock::time_point start,
+             std::chrono::steady_clock::time_point end) const;
+
+  const int index_;
   MPI_Comm comm_;
   int rank_, size_;
   int64_t chunk_bytes_;

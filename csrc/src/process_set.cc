@@ -22,8 +22,8 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
                                                    config.cache_capacity);
     set->stall = std::make_unique<StallInspector>(config, set->negotiation_comm, set->rank,
                                                   set->size());
-    for (MPI_Comm lane_comm : set->lane_comms)
-      set->lanes.push_back(std::make_unique<Lane>(lane_comm, set->rank, set->size(),
+    for (size_t i = 0; i < set->lane_comms.size(); ++i)
+      set->lanes.push_back(std::make_unique<Lane>(static_cast<int>(i), set->lane_comms[i], set->rank, set->size(),
                                                   config.chunk_bytes, config.nan_check,
                                                   &set->ranks, done));
   }

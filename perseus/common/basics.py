@@ -7,6 +7,7 @@ they raise the core's NOT_INITIALIZED as a ValueError.
 
 import atexit
 import ctypes
+import os
 
 from perseus.common import library as _lib
 from perseus.common import process_sets as _process_sets
@@ -125,6 +126,23 @@ def config():
     text = (_lib.perseus_config_string() or b"").decode("utf-8", "replace")
     pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
     return {name: value for name, value in pairs}
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome-trace timeline (chrome://tracing, Perfetto) to
+    file_path, as PERSEUS_TIMELINE / HOROVOD_TIMELINE does from init().
+
+    Only rank 0 writes; on the other ranks this does nothing, so every rank may
+    call it. A running timeline is closed first. mark_cycles adds an instant event
+    per negotiation round. `python -m perseus.timeline_summary FILE` prints totals.
+    Raises ValueError when the file cannot be opened.
+    """
+    _lib.check(_lib.perseus_start_timeline(os.fsencode(file_path), 1 if mark_cycles else 0))
+
+
+def stop_timeline():
+    """Closes the timeline file (shutdown() does it too). No-op when none runs."""
+    _lib.check(_lib.perseus_stop_timeline())
 
 
 # What this build provides. Perseus always runs on MPI; the rest is not built in.

@@ -116,6 +116,9 @@ _SIGNATURES = {
     "perseus_mpi_threads_supported": (_status, [_i32p]),
     "perseus_lane_count": (_status, [_i32p]),
     "perseus_config_string": (ctypes.c_char_p, []),
+    # timeline
+    "perseus_start_timeline": (_status, [ctypes.c_char_p, ctypes.c_int32]),
+    "perseus_stop_timeline": (_status, []),
     # process sets
     "perseus_add_process_set": (_status, [_i32p, ctypes.c_int32, _i32p]),
     "perseus_remove_process_set": (_status, [ctypes.c_int32]),
@@ -162,6 +165,8 @@ perseus_cross_size = _bind("perseus_cross_size")
 perseus_mpi_threads_supported = _bind("perseus_mpi_threads_supported")
 perseus_lane_count = _bind("perseus_lane_count")
 perseus_config_string = _bind("perseus_config_string")
+perseus_start_timeline = _bind("perseus_start_timeline")
+perseus_stop_timeline = _bind("perseus_stop_timeline")
 perseus_add_process_set = _bind("perseus_add_process_set")
 perseus_remove_process_set = _bind("perseus_remove_process_set")
 perseus_process_set_rank = _bind("perseus_process_set_rank")

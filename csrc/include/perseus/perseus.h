@@ -116,6 +116,16 @@ perseus_status_t perseus_lane_count(int32_t* out);
 /* The validated configuration as "NAME=value\n" lines. Valid until the next call. */
 const char* perseus_config_string(void);
 
+/* ---- timeline ----------------------------------------------------------- */
+/* Starts writing a Chrome-trace JSON timeline to `path` (truncated), as
+ * PERSEUS_TIMELINE does at init. Only rank 0 writes; on other ranks this is a no-op.
+ * mark_cycles != 0 adds an instant event per negotiation round. A running timeline
+ * is closed first. The file stays loadable while written (an unterminated JSON
+ * array, which trace viewers accept); perseus_stop_timeline and perseus_shutdown
+ * close the array. */
+perseus_status_t perseus_start_timeline(const char* path, int32_t mark_cycles);
+perseus_status_t perseus_stop_timeline(void);
+
 /* ---- process sets (collective over all ranks, in the same order) -------- */
 perseus_status_t perseus_add_process_set(const int32_t* ranks, int32_t nranks, int32_t* id_out);
 perseus_status_t perseus_remove_process_set(int32_t id);

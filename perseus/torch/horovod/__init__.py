@@ -28,6 +28,8 @@ from perseus.common.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from perseus.common.exceptions import HorovodInternalError
 from perseus.common.process_sets import (
@@ -143,6 +145,8 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
     "Sum",
     "synchronize",
     "SyncBatchNorm",
