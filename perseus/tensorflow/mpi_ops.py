@@ -58,6 +58,14 @@ def _names(op_type, name, count, set_id, grouped=False):
     return [("%s.traced.%d" % (prefix, next(counter))).encode() for _ in range(count)], False
 
 
+def _drive_s():
+    """Eagerly the caller waits for the result anyway, so the op's thread runs the
+    engine itself for up to this long (perseus_enqueue_and_drive), as the PyTorch
+    front end does; graph ops leave the wait to a waiter thread, so as not to hold
+    TensorFlow's inter-op threads."""
+    return _requests._DRIVE_S if tf.executing_eagerly() else 0.0
+
+
 def _resolve_op(op, average):
     if op is None:
         return Average if average is None or average else Sum
@@ -99,7 +107,7 @@ def _allreduce(tensors, name, op, prescale, postscale, process_set, grouped):
     _check_reducible(tensors, "allreduce")
     names, anonymous = _names(_ops.ALLREDUCE, name, len(tensors), set_id, grouped)
     return _OPS.perseus_allreduce(tensors, names, reduce_op=op, prescale=prescale,
-                                  postscale=postscale, process_set=set_id, anonymous=anonymous)
+                                  postscale=postscale, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
 
 
 def allreduce(tensor, average=None, device_dense='', device_sparse='', compression=Compression.none,
@@ -164,7 +172,7 @@ def _allreduce_grad(op, *grads):
     return list(_OPS.perseus_allreduce(grads, names, reduce_op=reduce_op,
                                        prescale=op.get_attr("prescale"),
                                        postscale=op.get_attr("postscale"),
-                                       process_set=set_id, anonymous=anonymous)) + [None]
+                                       process_set=set_id, anonymous=anonymous, drive_s=_drive_s())) + [None]
 
 
 # ---- allgather ------------------------------------------------------------------
@@ -172,7 +180,7 @@ def _allreduce_grad(op, *grads):
 def _allgather(tensors, name, process_set, grouped):
     set_id = _set_id(process_set)
     names, anonymous = _names(_ops.ALLGATHER, name, len(tensors), set_id, grouped)
-    return _OPS.perseus_allgather(tensors, names, process_set=set_id, anonymous=anonymous)
+    return _OPS.perseus_allgather(tensors, names, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
 
 
 def allgather(tensor, name=None, process_set=global_process_set, ignore_name_scope=False):
@@ -197,10 +205,10 @@ def _allgather_grad(op, *grads):
              for g, out in zip(grads, op.outputs)]
     rows = [tf.shape(x, out_type=tf.int64)[:1] for x in inputs]
     names, anonymous = _names(_ops.ALLGATHER, None, len(rows), set_id)
-    all_rows = _OPS.perseus_allgather(rows, names, process_set=set_id, anonymous=anonymous)
+    all_rows = _OPS.perseus_allgather(rows, names, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
     names, anonymous = _names(_ops.ALLREDUCE, None, len(grads), set_id)
     summed = _OPS.perseus_allreduce(grads, names, reduce_op=Sum, process_set=set_id,
-                                    anonymous=anonymous)
+                                    anonymous=anonymous, drive_s=_drive_s())
     set_rank = _set_rank(set_id)
     result = []
     for total, counts in zip(summed, all_rows):
@@ -222,7 +230,7 @@ def _broadcast(tensors, root_rank, name, process_set, grouped=False):
     set_id = _set_id(process_set)
     names, anonymous = _names(_ops.BROADCAST, name, len(tensors), set_id, grouped)
     return _OPS.perseus_broadcast(tensors, names, root_rank=_set_root(process_set, root_rank),
-                                  process_set=set_id, anonymous=anonymous)
+                                  process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
@@ -247,7 +255,7 @@ def _broadcast_grad(op, *grads):
     names, anonymous = _names(_ops.ALLREDUCE, None, len(grads), set_id)
     _check_reducible(grads, "the gradient of broadcast")
     summed = _OPS.perseus_allreduce(grads, names, reduce_op=Sum, process_set=set_id,
-                                    anonymous=anonymous)
+                                    anonymous=anonymous, drive_s=_drive_s())
     if _set_rank(set_id) == op.get_attr("root_rank"):
         return list(summed) + [None]
     return [tf.zeros_like(s) for s in summed] + [None]
@@ -261,7 +269,7 @@ def _reducescatter(tensors, name, op, prescale, postscale, process_set, grouped)
     names, anonymous = _names(_ops.REDUCESCATTER, name, len(tensors), set_id, grouped)
     return _OPS.perseus_reducescatter(tensors, names, reduce_op=op, prescale=prescale,
                                       postscale=postscale, process_set=set_id,
-                                      anonymous=anonymous)
+                                      anonymous=anonymous, drive_s=_drive_s())
 
 
 def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average, name=None,
@@ -307,7 +315,7 @@ def _reducescatter_grad(op, *grads):
     grads = [tf.zeros_like(out) if g is None else tf.convert_to_tensor(g)
              for g, out in zip(grads, op.outputs)]
     names, anonymous = _names(_ops.ALLGATHER, None, len(grads), set_id)
-    gathered = _OPS.perseus_allgather(grads, names, process_set=set_id, anonymous=anonymous)
+    gathered = _OPS.perseus_allgather(grads, names, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
     scale = op.get_attr("prescale") * op.get_attr("postscale")
     if reduce_op == Average:
         from perseus.common import process_sets
@@ -339,7 +347,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
                                  "%d" % (sum(values), tensor.shape[0]))
     names, anonymous = _names(_ops.ALLTOALL, name, 1, set_id)
     output, received = _OPS.perseus_alltoall(tensor, splits, names[0], process_set=set_id,
-                                             anonymous=anonymous)
+                                             anonymous=anonymous, drive_s=_drive_s())
     return output, received
 
 
@@ -350,7 +358,7 @@ def _alltoall_grad(op, grad, grad_splits):
     grad = tf.zeros_like(op.outputs[0]) if grad is None else tf.convert_to_tensor(grad)
     names, anonymous = _names(_ops.ALLTOALL, None, 1, set_id)
     back, _ = _OPS.perseus_alltoall(grad, op.outputs[1], names[0], process_set=set_id,
-                                    anonymous=anonymous)
+                                    anonymous=anonymous, drive_s=_drive_s())
     return [back, None, None]
 
 
@@ -360,11 +368,11 @@ def join():
     """Marks this rank as done until every rank has joined; returns the last rank
     to join (an int32 tensor)."""
     names, _ = _names(_ops.JOIN, None, 1, 0)
-    return _OPS.perseus_join(names[0], anonymous=True)
+    return _OPS.perseus_join(names[0], anonymous=True, drive_s=_drive_s())
 
 
 def barrier(process_set=global_process_set):
     """Blocks until every rank of the set has reached the barrier."""
     set_id = _set_id(process_set)
     names, _ = _names(_ops.BARRIER, None, 1, set_id)
-    return _OPS.perseus_barrier(names[0], process_set=set_id, anonymous=True)
+    return _OPS.perseus_barrier(names[0], process_set=set_id, anonymous=True, drive_s=_drive_s())

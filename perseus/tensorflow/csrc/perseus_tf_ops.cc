@@ -72,6 +72,28 @@ absl::Status ToStatus(perseus_status_t status, const std::string& message) {
   }
 }
 
+// Waits for every handle; returns the first failure (its message in *message).
+perseus_status_t WaitAll(const std::vector<int64_t>& handles, std::string* message) {
+  perseus_status_t failure = PERSEUS_SUCCESS;
+  for (int64_t handle : handles) {
+    perseus_status_t status = perseus_wait(handle, -1.0);
+    if (status != PERSEUS_SUCCESS && failure == PERSEUS_SUCCESS) {
+      failure = status;
+      const char* text = perseus_last_error();  // per thread: ours
+      *message = text ? text : "";
+    }
+  }
+  return failure;
+}
+
+bool AllDone(const std::vector<int64_t>& handles) {
+  for (int64_t handle : handles) {
+    int32_t done = 0;
+    if (perseus_poll(handle, &done) != PERSEUS_SUCCESS || !done) return false;
+  }
+  return true;
+}
+
 // Threads that wait on core handles and run the ops' completions. A job never
 // waits behind another job: when no thread is free, a new one starts, so one
 // request waiting for a peer that first needs another op's result cannot
@@ -110,16 +132,8 @@ class Waiters {
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
       lock.unlock();
-      perseus_status_t failure = PERSEUS_SUCCESS;
       std::string message;
-      for (int64_t handle : job.handles) {
-        perseus_status_t status = perseus_wait(handle, -1.0);
-        if (status != PERSEUS_SUCCESS && failure == PERSEUS_SUCCESS) {
-          failure = status;
-          const char* text = perseus_last_error();  // per thread: ours
-          message = text ? text : "";
-        }
-      }
+      perseus_status_t failure = WaitAll(job.handles, &message);
       job.callback(failure, message);
       lock.lock();
     }
@@ -150,6 +164,7 @@ class CollectiveOp : public AsyncOpKernel {
       : AsyncOpKernel(ctx), op_type_(op_type) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("process_set", &process_set_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("anonymous", &anonymous_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("drive_s", &drive_s_));
     if (op_type == PERSEUS_ALLREDUCE || op_type == PERSEUS_REDUCESCATTER) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("reduce_op", &reduce_op_));
       OP_REQUIRES_OK(ctx, ctx->GetAttr("prescale", &prescale_));
@@ -232,33 +247,52 @@ class CollectiveOp : public AsyncOpKernel {
       batch->requests[i].name = batch->names[i].c_str();
       batch->requests[i].shape = batch->shapes[i].data();
     }
-    Enqueue(ctx, std::move(done), batch, op_type_ == PERSEUS_ALLGATHER);
+    std::function<absl::Status()> finish;
+    if (op_type_ == PERSEUS_ALLGATHER) {  // the core allocated the outputs: copy them
+      finish = [ctx, batch]() {
+        for (size_t i = 0; i < batch->handles.size(); ++i) {
+          absl::Status s = CopyCoreOutput(ctx, static_cast<int>(i), batch->handles[i], nullptr);
+          if (!s.ok()) return s;
+        }
+        return absl::OkStatus();
+      };
+    }
+    Submit(ctx, std::move(done), batch, std::move(finish));
   }
 
  protected:
-  // Enqueues the batch and hands its completion to a waiter. copy_outputs: the
-  // core allocated output i; copy it into TF's output i.
-  static void Enqueue(OpKernelContext* ctx, DoneCallback done, std::shared_ptr<Batch> batch,
-                      bool copy_outputs) {
+  // Enqueues the batch; once every handle has completed, finish() fills the
+  // outputs (unless a request failed), the handles are released and done() runs.
+  // drive_s > 0 (eager calls, whose caller waits anyway): this thread first runs
+  // the engine itself for up to drive_s, as the PyTorch front end does, and
+  // completes inline when the result is in; no thread hand-off on that path.
+  // Otherwise (or if the peers are late) a waiter thread completes the op.
+  void Submit(OpKernelContext* ctx, DoneCallback done, std::shared_ptr<Batch> batch,
+              std::function<absl::Status()> finish) {
     const int n = static_cast<int>(batch->requests.size());
-    perseus_status_t status = perseus_enqueue(batch->requests.data(), n, batch->handles.data());
+    perseus_status_t status =
+        drive_s_ > 0 ? perseus_enqueue_and_drive(batch->requests.data(), n,
+                                                 batch->handles.data(), drive_s_)
+                     : perseus_enqueue(batch->requests.data(), n, batch->handles.data());
     OP_REQUIRES_OK_ASYNC(ctx, ToStatus(status, status ? perseus_last_error() : ""), done);
-    Waiters::Get().Add(batch->handles, [ctx, done, batch, copy_outputs](
-                                           perseus_status_t failure, const std::string& message) {
+    auto complete = [ctx, done, batch, finish](perseus_status_t failure,
+                                               const std::string& message) {
       if (failure != PERSEUS_SUCCESS) {
         ctx->SetStatus(ToStatus(failure, message));
-      } else if (copy_outputs) {
-        for (size_t i = 0; i < batch->handles.size(); ++i) {
-          absl::Status s = CopyCoreOutput(ctx, static_cast<int>(i), batch->handles[i], nullptr);
-          if (!s.ok()) {
-            ctx->SetStatus(s);
-            break;
-          }
-        }
+      } else if (finish) {
+        absl::Status s = finish();
+        if (!s.ok()) ctx->SetStatus(s);
       }
       for (int64_t handle : batch->handles) perseus_release(handle);
       done();
-    });
+    };
+    if (drive_s_ > 0 && AllDone(batch->handles)) {
+      std::string message;
+      perseus_status_t failure = WaitAll(batch->handles, &message);
+      complete(failure, message);
+      return;
+    }
+    Waiters::Get().Add(batch->handles, std::move(complete));
   }
 
   // Moves a completed handle's core-allocated output into output `index`;
@@ -291,6 +325,7 @@ class CollectiveOp : public AsyncOpKernel {
   int32_t op_type_;
   int32_t process_set_ = 0;
   bool anonymous_ = false;
+  float drive_s_ = 0.0f;
   int32_t reduce_op_ = 0;
   float prescale_ = 1.0f;
   float postscale_ = 1.0f;
@@ -358,25 +393,17 @@ class AlltoallOp : public CollectiveOp {
     r.nsplits = static_cast<int32_t>(batch->splits.size());
     r.anonymous = anonymous_ ? 1 : 0;
     r.stream = nullptr;
-    perseus_status_t status = perseus_enqueue(batch->requests.data(), 1, batch->handles.data());
-    OP_REQUIRES_OK_ASYNC(ctx, ToStatus(status, status ? perseus_last_error() : ""), done);
-    Waiters::Get().Add(batch->handles, [ctx, done, batch](perseus_status_t failure,
-                                                          const std::string& message) {
-      if (failure != PERSEUS_SUCCESS) {
-        ctx->SetStatus(ToStatus(failure, message));
-      } else {
-        std::vector<int64_t> recv;
-        absl::Status s = CopyCoreOutput(ctx, 0, batch->handles[0], &recv);
-        Tensor* out = nullptr;
-        if (s.ok()) s = ctx->allocate_output(1, TensorShape({static_cast<int64_t>(recv.size())}),
-                                             &out);
-        if (s.ok()) {
-          for (size_t i = 0; i < recv.size(); ++i) out->flat<int32_t>()(i) = recv[i];
-        }
-        ctx->SetStatus(s);
+    Submit(ctx, std::move(done), batch, [ctx, batch]() {
+      std::vector<int64_t> recv;
+      absl::Status s = CopyCoreOutput(ctx, 0, batch->handles[0], &recv);
+      Tensor* out = nullptr;
+      if (s.ok()) {
+        s = ctx->allocate_output(1, TensorShape({static_cast<int64_t>(recv.size())}), &out);
       }
-      perseus_release(batch->handles[0]);
-      done();
+      if (s.ok()) {
+        for (size_t i = 0; i < recv.size(); ++i) out->flat<int32_t>()(i) = recv[i];
+      }
+      return s;
     });
   }
 };
@@ -402,14 +429,9 @@ class SignalOp : public CollectiveOp {
     r.prescale = r.postscale = 1.0;
     r.process_set = process_set_;
     r.anonymous = anonymous_ ? 1 : 0;
-    const bool join = op_type_ == PERSEUS_JOIN;
-    perseus_status_t status = perseus_enqueue(batch->requests.data(), 1, batch->handles.data());
-    OP_REQUIRES_OK_ASYNC(ctx, ToStatus(status, status ? perseus_last_error() : ""), done);
-    Waiters::Get().Add(batch->handles, [ctx, done, batch, join](perseus_status_t failure,
-                                                                const std::string& message) {
-      if (failure != PERSEUS_SUCCESS) {
-        ctx->SetStatus(ToStatus(failure, message));
-      } else if (join) {
+    std::function<absl::Status()> finish;
+    if (op_type_ == PERSEUS_JOIN) {
+      finish = [ctx, batch]() {
         // The core reports the last rank to join as the output's shape[0].
         void* data = nullptr;
         int64_t dims[PERSEUS_MAX_DIMS];
@@ -419,16 +441,15 @@ class SignalOp : public CollectiveOp {
         perseus_status_t s =
             perseus_handle_output(batch->handles[0], &data, dims, &ndim, &splits, &nsplits);
         if (data != nullptr) perseus_free_buffer(data);
+        if (s != PERSEUS_SUCCESS) return ToStatus(s, perseus_last_error());
+        if (ndim < 1) return absl::InternalError("join reported no last rank");
         Tensor* out = nullptr;
-        absl::Status st = s ? ToStatus(s, perseus_last_error())
-                            : (ndim < 1 ? absl::InternalError("join reported no last rank")
-                                        : ctx->allocate_output(0, TensorShape({}), &out));
+        absl::Status st = ctx->allocate_output(0, TensorShape({}), &out);
         if (st.ok()) out->scalar<int32_t>()() = static_cast<int32_t>(dims[0]);
-        ctx->SetStatus(st);
-      }
-      perseus_release(batch->handles[0]);
-      done();
-    });
+        return st;
+      };
+    }
+    Submit(ctx, std::move(done), batch, std::move(finish));
   }
 };
 
@@ -474,6 +495,7 @@ REGISTER_OP("PerseusAllreduce")
     .Attr("postscale: float = 1.0")
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = false")
+    .Attr("drive_s: float = 0.0")
     .Input("tensors: T")
     .Input("names: string")
     .Output("outputs: T")
@@ -484,6 +506,7 @@ REGISTER_OP("PerseusAllgather")
     .Attr("T: list(" PERSEUS_TYPES ") >= 1")
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = false")
+    .Attr("drive_s: float = 0.0")
     .Input("tensors: T")
     .Input("names: string")
     .Output("outputs: T")
@@ -495,6 +518,7 @@ REGISTER_OP("PerseusBroadcast")
     .Attr("root_rank: int")
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = false")
+    .Attr("drive_s: float = 0.0")
     .Input("tensors: T")
     .Input("names: string")
     .Output("outputs: T")
@@ -508,6 +532,7 @@ REGISTER_OP("PerseusReducescatter")
     .Attr("postscale: float = 1.0")
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = false")
+    .Attr("drive_s: float = 0.0")
     .Input("tensors: T")
     .Input("names: string")
     .Output("outputs: T")
@@ -518,6 +543,7 @@ REGISTER_OP("PerseusAlltoall")
     .Attr("T: " PERSEUS_TYPES)
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = false")
+    .Attr("drive_s: float = 0.0")
     .Input("tensor: T")
     .Input("splits: int32")
     .Input("request_name: string")
@@ -533,6 +559,7 @@ REGISTER_OP("PerseusAlltoall")
 REGISTER_OP("PerseusJoin")
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = true")
+    .Attr("drive_s: float = 0.0")
     .Input("request_name: string")
     .Output("last_rank: int32")
     .SetIsStateful()
@@ -544,6 +571,7 @@ REGISTER_OP("PerseusJoin")
 REGISTER_OP("PerseusBarrier")
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = true")
+    .Attr("drive_s: float = 0.0")
     .Input("request_name: string")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); });
