@@ -10,11 +10,12 @@ accuracy; the Keras one also under Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1).
 """
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, TESTS_DIR
+from conftest import REPO_ROOT, TESTS_DIR, clean_env
 from test_examples import run_job
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
@@ -61,3 +62,28 @@ def test_example_two_ranks(example, legacy_keras):
                   env=env, timeout=240)
     final = re.search(r"^Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out, re.M)
     assert final and float(final.group(1)) >= 95.0, out
+
+
+def _tf_subprocess(code, env, timeout=120):
+    return subprocess.run([str(tf_python()), "-c", code], cwd=str(REPO_ROOT),
+                          env=clean_env(dict(TF_ENV, **env)), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_single_process_without_mpirun():
+    code = ("import tensorflow as tf, perseus.tensorflow.horovod as hvd\n"
+            "hvd.init(); assert (hvd.rank(), hvd.size()) == (0, 1)\n"
+            "assert hvd.allreduce(tf.constant([2.0])).numpy().tolist() == [2.0]\n"
+            "assert tf.function(lambda t: hvd.allgather(t))(tf.ones([2, 1])).shape == (2, 1)\n"
+            "hvd.shutdown(); print('single ok')\n")
+    result = _tf_subprocess(code, {})
+    assert result.returncode == 0 and "single ok" in result.stdout, result.stderr
+
+
+def test_op_library_build_failure_is_clear(tmp_path):
+    """No compiler: importing the TensorFlow front end says what failed and how to fix it."""
+    result = _tf_subprocess("import perseus.tensorflow.horovod",
+                            {"PERSEUS_TF_OPS_CACHE": str(tmp_path), "CXX": "/nonexistent/c++"})
+    assert result.returncode != 0
+    assert "cannot build the Perseus TensorFlow ops" in result.stderr, result.stderr
+    assert "set CXX" in result.stderr, result.stderr

@@ -1,5 +1,7 @@
 """Data-parallel training equals single-process training on the whole batch (float64):
-  * DistributedGradientTape, eagerly and inside tf.function;
+  * DistributedGradientTape, eagerly and inside tf.function; its options (groups,
+    num_groups, Sum, predivide, fp16, sparse gradients with and without
+    sparse_as_dense) and PartialDistributedGradientTape;
   * Keras model.fit with DistributedOptimizer + BroadcastGlobalVariablesCallback,
     ranks starting from different weights; MetricAverageCallback;
   * a TF1 graph with DistributedOptimizer, MonitoredTrainingSession and
@@ -66,6 +68,69 @@ def check_tape(rank, size, x, y, expected):
     log("tape ok")
 
 
+def check_tape_options(rank, size):
+    """Each option against per-rank gradients gathered with allgather_object."""
+    ws = [tf.Variable(w) for w in init_weights(0)]
+    x = tf.constant(make_rows(rank))
+
+    def grads(**kwargs):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(forward(ws, x) ** 2)
+        if kwargs.pop("plain", False):
+            return [g.numpy() for g in tape.gradient(loss, ws)]
+        tape = hvd.DistributedGradientTape(tape, **kwargs)
+        return [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, ws)]
+    local = grads(plain=True)
+    every = hvd.allgather_object(local)
+    mean = [np.mean([e[i] for e in every], axis=0) for i in range(len(ws))]
+    total = [np.sum([e[i] for e in every], axis=0) for i in range(len(ws))]
+    for kwargs, expected, tol in [({}, mean, 1e-12), ({"num_groups": 2}, mean, 1e-12),
+                                  ({"groups": [[ws[0], ws[2]]]}, mean, 1e-12),
+                                  ({"op": hvd.Sum}, total, 1e-12),
+                                  ({"gradient_predivide_factor": 2.0}, mean, 1e-12),
+                                  ({"compression": hvd.Compression.fp16}, mean, 1e-2)]:
+        for g, e in zip(grads(**kwargs), expected):
+            np.testing.assert_allclose(g, e, rtol=tol, atol=tol, err_msg=str(kwargs))
+    # Sparse gradients (tf.gather): allgathered, or densified with sparse_as_dense.
+    table = tf.Variable(np.arange(30, dtype=np.float64).reshape(10, 3))
+    ids = tf.constant([rank, rank + 1, 7])
+
+    def sparse_grad(**kwargs):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, ids) * (rank + 1.0))
+        tape = hvd.DistributedGradientTape(tape, **kwargs)
+        return tape.gradient(loss, [table])[0]
+    expected = np.zeros((10, 3))
+    for r in range(size):
+        for i in (r, r + 1, 7):
+            expected[i] += (r + 1.0) / size
+    got = sparse_grad()
+    assert isinstance(got, tf.IndexedSlices), type(got)
+    np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), expected, err_msg="sparse")
+    got = sparse_grad(sparse_as_dense=True)
+    assert not isinstance(got, tf.IndexedSlices)
+    np.testing.assert_allclose(got.numpy(), expected, err_msg="sparse_as_dense")
+    # PartialDistributedGradientTape: the local layer's gradient stays this rank's own.
+    layers = [tf.keras.layers.Dense(3, dtype="float64"), tf.keras.layers.Dense(1, dtype="float64")]
+    model = tf.keras.Sequential([tf.keras.Input((5,))] + layers)
+    for v in model.variables:
+        v.assign(tf.ones_like(v) * 0.1)
+    with tf.GradientTape(persistent=True) as tape:
+        loss = tf.reduce_sum(model(x) ** 2)
+    own = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+    partial = hvd.PartialDistributedGradientTape(tape, local_layers=layers[0])
+    got = [g.numpy() for g in partial.gradient(loss, model.trainable_variables)]
+    every = hvd.allgather_object(own)
+    for i, g in enumerate(got):
+        expected = own[i] if i < 2 else np.mean([e[i] for e in every], axis=0)
+        np.testing.assert_allclose(g, expected, rtol=1e-12, err_msg="partial tape %d" % i)
+    log("tape options ok")
+
+
+def make_rows(rank):
+    return np.random.default_rng(100 + rank).normal(size=(4, 5))
+
+
 def keras_model(seed):
     model = tf.keras.Sequential([tf.keras.Input((5,)),
                                  tf.keras.layers.Dense(4, activation="tanh", dtype="float64"),
@@ -126,6 +191,7 @@ def body():
     x, y = data(size)
     expected = reference(tf.constant(x), tf.constant(y))
     check_tape(rank, size, x, y, expected)
+    check_tape_options(rank, size)
     check_keras(rank, size, x, y, expected)
     check_tf1_values(rank, size, x, y, expected)
     hvd.shutdown()
