@@ -24,8 +24,9 @@ import tensorflow as tf
 from perseus.common import library as _core
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "perseus_tf_ops.cc")
-CORE_INCLUDE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "csrc", "include")
+# perseus.h beside the source: a symlink to csrc/include in the repository, a copy
+# in an installed package (setup.py's package_data).
+INCLUDE_DIR = os.path.join(os.path.dirname(SOURCE), "include")
 
 _ops = None
 
@@ -38,12 +39,10 @@ def _cache_dir():
 
 
 def _include_dir():
-    """perseus.h: in the source tree (editable install) or shipped beside the .cc."""
-    for candidate in (CORE_INCLUDE, os.path.join(os.path.dirname(SOURCE), "include")):
-        if os.path.exists(os.path.join(candidate, "perseus", "perseus.h")):
-            return candidate
-    raise ImportError("cannot build the Perseus TensorFlow ops: perseus/perseus.h not found "
-                      "in %s" % CORE_INCLUDE)
+    if not os.path.exists(os.path.join(INCLUDE_DIR, "perseus", "perseus.h")):
+        raise ImportError("cannot build the Perseus TensorFlow ops: perseus/perseus.h not found "
+                          "in %s; reinstall Perseus" % INCLUDE_DIR)
+    return INCLUDE_DIR
 
 
 def _command(output):
