@@ -19,6 +19,7 @@ SCRIPTS = [
     "process_sets",             # every collective on sets; add/remove
     "process_set_concurrency",  # sets do not block each other
     "errors",                   # mismatches raise on every rank, naming the tensor
+    "bad_input",                # non-contiguous tensors; local argument errors, nothing sent
     "duplicate_names",          # a name in flight submitted again -> ValueError
     "init_basic",               # errors before init, topology, shutdown/re-init
     "init_mpi4py",              # MPI initialised by mpi4py, init(comm=...)

@@ -187,6 +187,12 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
             output = source
             results.append(tensor)
             if source is not tensor:
+                # Checked before anything is sent: writing the result back into an
+                # expanded view would fail only after every rank ran the collective.
+                if any(st == 0 and n > 1 for n, st in zip(tensor.shape, tensor.stride())):
+                    raise ValueError("in-place %s of a tensor whose elements share memory "
+                                     "(e.g. from expand()); clone() it first"
+                                     % ("allreduce" if op_type == _ALLREDUCE else "broadcast"))
                 copy_back.append((tensor, source))
         elif source is not tensor:
             output = source  # already a private copy: reduce into it
