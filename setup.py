@@ -76,5 +76,6 @@ setup(
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"torch": ["torch"], "test": ["pytest", "pytest-timeout", "mpi4py"]},
-    entry_points={"console_scripts": ["perseusrun = perseus.launcher:main"]},
+    entry_points={"console_scripts": ["perseusrun = perseus.launcher:main",
+                                      "perseus-timeline-summary = perseus.timeline_summary:main"]},
 )
