@@ -5,8 +5,9 @@ runs under `mpirun -np 2` and `-np 4` with .venv-tf's python.
 A missing .venv-tf fails these tests (CI must not silently drop them); set
 PERSEUS_SKIP_TF=1 to skip them on purpose. PERSEUS_TF_PYTHON names another
 interpreter with TensorFlow.
-The examples in examples/tensorflow/ run at np 2 and must reach the promised
-accuracy; the Keras one also under Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1).
+The examples in examples/tensorflow/ (TF2 GradientTape, Keras fit, TF1
+MonitoredTrainingSession) run at np 2 and must reach the promised accuracy; the
+Keras one also under Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1).
 """
 import os
 import re
@@ -54,14 +55,19 @@ def test_training_keras2(run_mpi):
 
 @pytest.mark.parametrize("example,legacy_keras", [("tf2_digits", False),
                                                   ("keras_digits", False),
-                                                  ("keras_digits", True)])
-def test_example_two_ranks(example, legacy_keras):
+                                                  ("keras_digits", True),
+                                                  ("tf1_digits", False)])
+def test_example_two_ranks(example, legacy_keras, tmp_path):
     python = tf_python()
     env = dict(TF_ENV, TF_USE_LEGACY_KERAS="1") if legacy_keras else TF_ENV
-    out = run_job(2, [python, REPO_ROOT / "examples" / "tensorflow" / ("%s.py" % example)],
-                  env=env, timeout=240)
+    argv = [python, REPO_ROOT / "examples" / "tensorflow" / ("%s.py" % example)]
+    if example == "tf1_digits":
+        argv += ["--checkpoint-dir", tmp_path / "ckpt"]
+    out = run_job(2, argv, env=env, timeout=240)
     final = re.search(r"^Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out, re.M)
     assert final and float(final.group(1)) >= 95.0, out
+    if example == "tf1_digits":  # rank 0 alone writes checkpoints
+        assert (tmp_path / "ckpt" / "checkpoint").exists()
 
 
 def _tf_subprocess(code, env, timeout=120):
