@@ -4,6 +4,7 @@
     sparse_as_dense) and PartialDistributedGradientTape;
   * Keras model.fit with DistributedOptimizer + BroadcastGlobalVariablesCallback,
     ranks starting from different weights; MetricAverageCallback;
+    SyncBatchNormalization against BatchNormalization on the whole batch;
   * a TF1 graph with DistributedOptimizer, MonitoredTrainingSession and
     BroadcastGlobalVariablesHook (ranks start different, end identical).
 Each rank trains on its slice of a global batch; the reference runs the whole batch
@@ -162,6 +163,38 @@ def check_keras(rank, size, x, y, expected):
     log("keras ok")
 
 
+def check_sync_batch_norm(rank, size):
+    """Outputs, moving statistics and gradients equal BatchNormalization on the
+    concatenated batch (each rank holds 3 rows of a 3 * size batch)."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(3 * size, 4)) * 2 + 1
+    part = slice(3 * rank, 3 * rank + 3)
+    sync = hvd_keras.SyncBatchNormalization(momentum=0.5, dtype="float64")
+    plain = tf.keras.layers.BatchNormalization(momentum=0.5, dtype="float64")
+    sync.build((None, 4))
+    plain.build((None, 4))
+    weights = rng.normal(size=(3 * size, 4))
+    with tf.GradientTape() as tape:
+        out = sync(tf.constant(x[part]), training=True)
+        loss = tf.reduce_sum(out * weights[part])
+    grads = tape.gradient(loss, [sync.gamma, sync.beta])
+    grads = [hvd.allreduce(g, op=hvd.Sum) for g in grads]  # the global loss's gradient
+    with tf.GradientTape() as tape:
+        ref = plain(tf.constant(x), training=True)
+        ref_loss = tf.reduce_sum(ref * weights)
+    ref_grads = tape.gradient(ref_loss, [plain.gamma, plain.beta])
+    np.testing.assert_allclose(out.numpy(), ref.numpy()[part], rtol=1e-6, atol=1e-9,
+                               err_msg="SyncBatchNormalization output")
+    for a, b in zip([sync.moving_mean, sync.moving_variance],
+                    [plain.moving_mean, plain.moving_variance]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9,
+                                   err_msg="moving statistics")
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-6, atol=1e-9,
+                                   err_msg="SyncBatchNormalization gradient")
+    log("sync batch norm ok")
+
+
 def check_tf1_values(rank, size, x, y, expected):
     part = slice(3 * rank, 3 * rank + 3)
     graph = tf.Graph()
@@ -193,6 +226,7 @@ def body():
     check_tape(rank, size, x, y, expected)
     check_tape_options(rank, size)
     check_keras(rank, size, x, y, expected)
+    check_sync_batch_norm(rank, size)
     check_tf1_values(rank, size, x, y, expected)
     hvd.shutdown()
 

@@ -38,6 +38,7 @@ from perseus.tensorflow.horovod import (  # noqa: F401 (re-exports)
 )
 from perseus.tensorflow.keras import callbacks  # noqa: F401
 from perseus.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: F401
+from perseus.tensorflow.keras.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 
 def broadcast_global_variables(root_rank):
