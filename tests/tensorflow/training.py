@@ -4,6 +4,7 @@
     sparse_as_dense) and PartialDistributedGradientTape;
   * Keras model.fit with DistributedOptimizer + BroadcastGlobalVariablesCallback,
     ranks starting from different weights; MetricAverageCallback;
+    load_model re-wraps the saved optimizer (training goes on as the reference);
     SyncBatchNormalization against BatchNormalization on the whole batch;
   * a TF1 graph with DistributedOptimizer, MonitoredTrainingSession and
     BroadcastGlobalVariablesHook (ranks start different, end identical).
@@ -160,6 +161,21 @@ def check_keras(rank, size, x, y, expected):
     # The averaged loss is the same number on every rank.
     losses = hvd.allgather_object(history.history["loss"][-1])
     assert all(l == losses[0] for l in losses), losses
+    # load_model restores the optimizer, state included, as a DistributedOptimizer:
+    # one more epoch on the reloaded model equals one more reference step.
+    path = os.path.join(os.environ.get("PTEST_TMPDIR", "/tmp"), "model.keras")
+    if rank == 0:
+        model.save(path)
+    hvd.barrier()
+    loaded = hvd_keras.load_model(path)
+    assert "_perseus_reduce_args" in vars(type(loaded.optimizer)), type(loaded.optimizer)
+    assert int(loaded.optimizer.iterations.numpy()) == STEPS
+    loaded.fit(x[part], y[part], batch_size=3, epochs=1, shuffle=False, verbose=0)
+    got = [loaded.layers[0].kernel.numpy(), loaded.layers[0].bias.numpy(),
+           loaded.layers[1].kernel.numpy()]
+    for w, e in zip(got, reference(tf.constant(x), tf.constant(y), STEPS + 1)):
+        np.testing.assert_allclose(w, e, rtol=1e-10, atol=1e-12, err_msg="after load_model")
+    hvd.barrier()
     log("keras ok")
 
 

@@ -16,15 +16,11 @@ from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.gradients import reduce_gradients
 
 
-def _reduce_args(optimizer):
-    return optimizer._perseus_reduce_args
-
-
 class _Keras3Mixin:
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
-        grads = reduce_gradients(grads, variables, **_reduce_args(self))
+        grads = reduce_gradients(grads, variables, **self._perseus_reduce_args)
         return super().apply(grads, trainable_variables)
 
 
@@ -32,17 +28,17 @@ class _Keras2Mixin:
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)
         grads = reduce_gradients([g for g, _ in pairs], [v for _, v in pairs],
-                                 **_reduce_args(self))
+                                 **self._perseus_reduce_args)
         return super().apply_gradients(list(zip(grads, [v for _, v in pairs])), *args, **kwargs)
 
 
-def _is_keras3(optimizer):
+def _is_keras3_class(cls):
     try:
         import keras
     except ImportError:
         return False
     return (getattr(keras, "__version__", "0").startswith("3")
-            and isinstance(optimizer, keras.optimizers.Optimizer))
+            and issubclass(cls, keras.optimizers.Optimizer))
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
@@ -51,20 +47,49 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          backward_passes_per_step=1, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=mpi_ops.global_process_set,
                          scale_local_gradients=True):
-    """Returns a copy of the Keras `optimizer` (same class and config) whose updates
-    use gradients averaged over the ranks of `process_set`."""
+    """Returns a copy of the Keras `optimizer` (same class and config, fresh state)
+    whose updates use gradients averaged over the ranks of `process_set`."""
     if backward_passes_per_step != 1:
         raise NotImplementedError("backward_passes_per_step > 1 is not supported by the Keras "
                                   "DistributedOptimizer in Perseus yet")
-    mixin = _Keras3Mixin if _is_keras3(optimizer) else _Keras2Mixin
     base = type(optimizer)
-    cls = type(base.__name__, (mixin, base), {"_perseus_distributed": True})
+    while "_perseus_reduce_args" in vars(base):  # re-wrapping: start from the plain class
+        base = base.__bases__[1]
+    cls = distributed_class(base, _reduce_args(
+        compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+        process_set))
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    wrapped = cls.from_config(config)
-    wrapped._perseus_reduce_args = dict(
-        compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-        groups=groups, process_set=process_set)
-    return wrapped
+    return cls.from_config(config)
+
+
+def _reduce_args(compression=Compression.none, sparse_as_dense=False, op=mpi_ops.Average,
+                 gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                 process_set=mpi_ops.global_process_set):
+    return dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+                groups=groups, process_set=process_set)
+
+
+def distributed_class(base, reduce_args):
+    """The distributed subclass of the Keras optimizer class `base`. It keeps the
+    base's name and module, so a saved model names the plain optimizer (loadable
+    anywhere) and load_model() can map that name back to this class."""
+    mixin = _Keras3Mixin if _is_keras3_class(base) else _Keras2Mixin
+    return type(base.__name__, (mixin, base), {"__module__": base.__module__,
+                                               "_perseus_reduce_args": reduce_args})
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none, **kwargs):
+    """keras.models.load_model, with the saved optimizer restored (state included) as
+    a DistributedOptimizer. custom_optimizers: optimizer classes beyond Keras' own.
+    kwargs: DistributedOptimizer's reduction options (op, sparse_as_dense, ...)."""
+    args = _reduce_args(compression=compression, **kwargs)
+    bases = [c for c in vars(tf.keras.optimizers).values()
+             if isinstance(c, type) and issubclass(c, tf.keras.optimizers.Optimizer)]
+    objects = {base.__name__: distributed_class(base, args)
+               for base in bases + list(custom_optimizers or [])}
+    objects.update(custom_objects or {})
+    return tf.keras.models.load_model(filepath, custom_objects=objects)
