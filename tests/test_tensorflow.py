@@ -93,3 +93,13 @@ def test_op_library_build_failure_is_clear(tmp_path):
     assert result.returncode != 0
     assert "cannot build the Perseus TensorFlow ops" in result.stderr, result.stderr
     assert "set CXX" in result.stderr, result.stderr
+
+
+def test_synthetic_benchmark_two_ranks():
+    out = run_job(2, [tf_python(), REPO_ROOT / "examples" / "tensorflow" /
+                      "tensorflow2_synthetic_benchmark.py", "--model", "mlp", "--batch-size", "16",
+                      "--num-warmup-batches", "2", "--num-batches-per-iter", "2", "--num-iters",
+                      "2", "--num-threads", "1", "--fp16-allreduce"], env=TF_ENV, timeout=240)
+    assert "Model: mlp" in out and "Batch size: 16" in out and "Number of GPUs: 2" in out, out
+    assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per GPU$", out, re.M)) == 2, out
+    assert re.search(r"^Total img/sec on 2 GPU\(s\): [\d.]+ \+-[\d.]+$", out, re.M), out
