@@ -27,6 +27,8 @@ from perseus.common.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from perseus.common.exceptions import HorovodInternalError
 from perseus.common.process_sets import (
@@ -71,13 +73,3 @@ from perseus.tensorflow.mpi_ops import (
 def is_homogeneous():
     """Whether every node runs the same number of ranks."""
     return size() == local_size() * cross_size()
-
-
-try:
-    from perseus.common.basics import start_timeline, stop_timeline
-except ImportError:  # a core without the timeline API
-    def start_timeline(file_path, mark_cycles=False):
-        raise NotImplementedError("this Perseus build has no timeline")
-
-    def stop_timeline():
-        raise NotImplementedError("this Perseus build has no timeline")
