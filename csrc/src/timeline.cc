@@ -102,16 +102,7 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   if (fd < 0)
     return Status::Error(PERSEUS_INVALID_ARGUMENT,
                          "cannot open timeline file '" + path + "': " + std::strerror(errno));
-  if (writer_.joinable()) {  // a second start replaces the running timeline
-    timeline_detail::g_on = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      open_ = false;
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    writer_.join();
-  }
+  if (writer_.joinable()) StopWriter();  // a second start replaces the running timeline
   fd_ = fd;
   origin_ = Clock::now();
   tracks_.clear();
@@ -134,7 +125,10 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
 
 void Timeline::Stop() {
   std::lock_guard<std::mutex> control(control_mu_);
-  if (!writer_.joinable()) return;
+  if (writer_.joinable()) StopWriter();
+}
+
+void Timeline::StopWriter() {
   timeline_detail::g_on = false;
   {
     std::lock_guard<std::mutex> lock(mu_);

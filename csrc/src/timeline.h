@@ -80,6 +80,8 @@ class Timeline {
   Timeline() = default;
   void Push(Record record);
   void WriterLoop();
+  // Tells the writer thread to finish the file and joins it; caller holds control_mu_.
+  void StopWriter();
   // Appends the record's JSON line(s) to *out, naming new tracks first.
   void Format(const Record& record, std::string* out);
   int64_t Nanos(Clock::time_point t) const;  // since origin_
