@@ -121,7 +121,10 @@ def _perseusrun(args, timeout=60):
 
 @pytest.mark.mpi
 def test_real_run_two_ranks():
-    code = "import perseus.torch.horovod as hvd; hvd.init(); assert hvd.size() == 2; print('rank', hvd.rank())"
+    # One write per rank: print('rank', r) writes its pieces separately, and with
+    # unbuffered output the two ranks' pieces could interleave ("rankrank 1\n 0").
+    code = ("import sys, perseus.torch.horovod as hvd; hvd.init(); assert hvd.size() == 2; "
+            "sys.stdout.write('rank %d\\n' % hvd.rank())")
     res = _perseusrun(["-np", "2", "--verbose", sys.executable, "-c", code])
     assert res.returncode == 0, res.stdout + res.stderr
     assert sorted(res.stdout.split("\n")[:2]) == ["rank 0", "rank 1"], res.stdout
