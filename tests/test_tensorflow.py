@@ -103,3 +103,26 @@ def test_synthetic_benchmark_two_ranks():
     assert "Model: mlp" in out and "Batch size: 16" in out and "Number of GPUs: 2" in out, out
     assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per GPU$", out, re.M)) == 2, out
     assert re.search(r"^Total img/sec on 2 GPU\(s\): [\d.]+ \+-[\d.]+$", out, re.M), out
+
+
+def test_momentum_correction_is_refused_not_ignored():
+    """LR callbacks do not implement momentum correction: with a momentum optimizer
+    the default momentum_correction=True is a clear error; False trains."""
+    code = ("import numpy as np, tensorflow as tf, perseus.tensorflow.keras as hvd\n"
+            "hvd.init()\n"
+            "def fit(correction):\n"
+            "    m = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])\n"
+            "    m.compile(optimizer=hvd.DistributedOptimizer(\n"
+            "        tf.keras.optimizers.SGD(0.1, momentum=0.9)), loss='mse')\n"
+            "    cb = hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=1,\n"
+            "        momentum_correction=correction, steps_per_epoch=2)\n"
+            "    m.fit(np.ones((4, 2)), np.ones((4, 1)), batch_size=2, callbacks=[cb], verbose=0)\n"
+            "fit(False)\n"
+            "try:\n"
+            "    fit(True)\n"
+            "except NotImplementedError as e:\n"
+            "    assert 'momentum_correction=False' in str(e), e\n"
+            "    print('refused ok')\n"
+            "hvd.shutdown()\n")
+    result = _tf_subprocess(code, {})
+    assert result.returncode == 0 and "refused ok" in result.stdout, result.stderr

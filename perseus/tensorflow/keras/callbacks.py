@@ -76,7 +76,21 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         self.end_epoch = end_epoch
         self.staircase = staircase
         self.steps_per_epoch = steps_per_epoch
+        self.momentum_correction = momentum_correction
         self.current_epoch = 0
+
+    def on_train_begin(self, logs=None):
+        # Momentum correction (scaling the momentum by new_lr / old_lr for the step
+        # where the lr changes) is not implemented: say so rather than ignore it.
+        # Without momentum it would change nothing, so it is allowed then.
+        momentum = getattr(self.model.optimizer, "momentum", 0.0)
+        if hasattr(momentum, "numpy"):
+            momentum = float(momentum.numpy())
+        if self.momentum_correction and momentum:
+            raise NotImplementedError(
+                "%s(momentum_correction=True) with an optimizer that has momentum (%g) is not "
+                "implemented in Perseus; pass momentum_correction=False"
+                % (type(self).__name__, momentum))
 
     def _active(self, epoch):
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
