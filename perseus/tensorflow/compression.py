@@ -6,43 +6,19 @@ Floating-point tensors travel as the wire dtype and come back in their own.
 
 import tensorflow as tf
 
+from perseus.common.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
 
-class Compressor:
-    """Interface: subclasses override both static methods."""
 
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
+class _CastCompressor(CastCompressor):
+    """CastCompressor for TensorFlow tensors."""
 
     @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors unchanged."""
+    def is_float(tensor):
+        return tensor.dtype.is_floating
 
     @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    wire_dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating and tensor.dtype != cls.wire_dtype:
-            return tf.cast(tensor, cls.wire_dtype), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+    def cast(tensor, dtype):
+        return tf.cast(tensor, dtype)
 
 
 class FP16Compressor(_CastCompressor):

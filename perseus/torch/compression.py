@@ -6,45 +6,19 @@ compress(tensor) -> (wire_tensor, ctx); decompress(wire_tensor, ctx) -> tensor.
 
 import torch
 
+from perseus.common.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
 
-class Compressor:
-    """Interface: subclasses override both static methods."""
 
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
+class _CastCompressor(CastCompressor):
+    """CastCompressor for torch tensors."""
 
     @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors unchanged."""
+    def is_float(tensor):
+        return tensor.dtype.is_floating_point
 
     @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    """Sends floating-point tensors as `wire_dtype`, restoring their dtype afterwards."""
-
-    wire_dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != cls.wire_dtype:
-            return tensor.to(cls.wire_dtype), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tensor.to(ctx)
+    def cast(tensor, dtype):
+        return tensor.to(dtype)
 
 
 class FP16Compressor(_CastCompressor):
