@@ -5,38 +5,7 @@ errors, object broadcast), perseus.tensorflow.mpi_ops (collectives, eager and in
 tf.function, with gradients), gradient_tape, functions and compat_v1 (TF1 graphs).
 """
 
-from perseus.common.basics import (
-    ccl_built,
-    config,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    lane_count,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from perseus.common.exceptions import HorovodInternalError
-from perseus.common.process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
+from perseus.common.horovod_api import *  # noqa: F401,F403
 from perseus.tensorflow.compat_v1 import BroadcastGlobalVariablesHook, DistributedOptimizer
 from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.functions import (
