@@ -19,17 +19,12 @@ import itertools
 import tensorflow as tf
 
 from perseus.common import ops as _ops
+from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # Horovod's reduce-op names
 from perseus.common import requests as _requests
 from perseus.common.process_sets import global_process_set
 from perseus.tensorflow import op_library
 from perseus.tensorflow.compression import Compression
 
-Average = _ops.Average
-Sum = _ops.Sum
-Adasum = _ops.Adasum
-Min = _ops.Min
-Max = _ops.Max
-Product = _ops.Product
 
 _OPS = op_library.load()
 _traced_counters = {}  # (op_type, set id) -> counter, for names made while tracing

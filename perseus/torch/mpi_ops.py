@@ -17,6 +17,7 @@ import warnings
 import torch
 
 from perseus.common import ops as _ops
+from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # Horovod's reduce-op names
 from perseus.common import requests as _requests
 from perseus.common.exceptions import HorovodInternalError
 from perseus.common.process_sets import global_process_set
@@ -25,13 +26,6 @@ from perseus.torch.compression import Compression
 # Autograd wrappers; they import this module back (resolved at call time).
 from perseus.torch import autograd_ops as _autograd
 
-# Horovod's names for the reduce ops.
-Average = _ops.Average
-Sum = _ops.Sum
-Adasum = _ops.Adasum
-Min = _ops.Min
-Max = _ops.Max
-Product = _ops.Product
 
 # The one torch dtype <-> core dtype table.
 _DTYPE_CODES = {

@@ -332,22 +332,16 @@ class CollectiveOp : public AsyncOpKernel {
   int32_t root_rank_ = 0;
 };
 
-class AllreduceOp : public CollectiveOp {
+// These kernels differ only in the op type they submit.
+template <int32_t kOpType>
+class TypedCollectiveOp : public CollectiveOp {
  public:
-  explicit AllreduceOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_ALLREDUCE) {}
+  explicit TypedCollectiveOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, kOpType) {}
 };
-class AllgatherOp : public CollectiveOp {
- public:
-  explicit AllgatherOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_ALLGATHER) {}
-};
-class BroadcastOp : public CollectiveOp {
- public:
-  explicit BroadcastOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_BROADCAST) {}
-};
-class ReducescatterOp : public CollectiveOp {
- public:
-  explicit ReducescatterOp(OpKernelConstruction* ctx) : CollectiveOp(ctx, PERSEUS_REDUCESCATTER) {}
-};
+using AllreduceOp = TypedCollectiveOp<PERSEUS_ALLREDUCE>;
+using AllgatherOp = TypedCollectiveOp<PERSEUS_ALLGATHER>;
+using BroadcastOp = TypedCollectiveOp<PERSEUS_BROADCAST>;
+using ReducescatterOp = TypedCollectiveOp<PERSEUS_REDUCESCATTER>;
 
 // PerseusAlltoall(tensor, splits, name) -> (output, received_splits).
 class AlltoallOp : public CollectiveOp {
