@@ -107,6 +107,25 @@ def enqueue(specs, drive=False):
     handle completes. The caller keeps `keepalive` (and the tensors behind the
     input/output addresses) alive until then; submit() does this for you.
     """
+    buf, n = pack(specs)
+    base = buf.buffer_info()[0]
+    if drive:
+        status = _enqueue_and_drive(base + 8 * n, n, base, _DRIVE_S)
+    else:
+        status = _enqueue(base + 8 * n, n, base)
+    if status:
+        raise _lib.error(status)
+    return _int64s(n).unpack_from(buf), buf
+
+
+def pack(specs):
+    """Lays a batch out for perseus_enqueue, drawing names for unnamed requests.
+
+    Returns (buf, n): buf is an array.array of bytes holding, 8-byte aligned,
+    [n int64 handles_out][n perseus_request_t at byte 8*n][int64 shapes+splits]
+    [names]; the records' name/shape/splits pointers point into buf. A front end
+    that enqueues later (perseus.mxnet's engine ops) copies buf and moves them.
+    """
     n = len(specs)
     # Shapes and splits of all requests, in order, as one int64 array; names as one
     # NUL-separated string. A single request (the common case) builds no lists.
@@ -160,13 +179,7 @@ def enqueue(specs, drive=False):
     except struct.error as e:
         # A field out of its C type's range (e.g. a root rank > 2**31).
         raise ValueError("invalid request field: %s" % e) from None
-    if drive:
-        status = _enqueue_and_drive(base + req_at, n, base, _DRIVE_S)
-    else:
-        status = _enqueue(base + req_at, n, base)
-    if status:
-        raise _lib.error(status)
-    return _int64s(n).unpack_from(buf), buf
+    return buf, n
 
 
 # ---- handles --------------------------------------------------------------------
