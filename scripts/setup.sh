@@ -16,3 +16,8 @@ echo "Perseus is installed in $(pwd)/.venv"
 if [ "${PERSEUS_SKIP_TF:-0}" != 1 ]; then
   bash scripts/setup_tf.sh
 fi
+# The MXNet front end too (mxnet 1.9.1 needs numpy 1.23.5): .venv-mx, tested by
+# tests/test_mxnet.py; PERSEUS_SKIP_MX=1 leaves it out.
+if [ "${PERSEUS_SKIP_MX:-0}" != 1 ]; then
+  bash scripts/setup_mxnet.sh
+fi

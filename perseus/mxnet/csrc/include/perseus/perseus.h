@@ -1,0 +1,1 @@
+../../../../../csrc/include/perseus/perseus.h

@@ -1,0 +1,76 @@
+"""Pushes Perseus requests into MXNet's dependency engine as asynchronous operations.
+
+push() packs the requests (perseus.common.requests.pack: names, shapes) and hands
+MXEnginePushAsyncND one operation over the arrays: inputs as read (const) vars,
+outputs as written (mutable) vars. MXNet runs it once every earlier writer of an
+input has finished; the bridge (csrc/perseus_mx_engine.cc) then enqueues the batch
+with the core and returns, and a waiter thread completes the operation when the
+core is done. So the calling Python thread never waits, later MXNet operations on
+the outputs wait exactly for the collective, and a failed request (e.g. shapes that
+differ across ranks) is raised as MXNetError by whatever reads an output
+(asnumpy(), wait_to_read(), mx.nd.waitall()).
+"""
+
+import ctypes
+import os
+
+import mxnet as mx
+from mxnet.base import _LIB, check_call
+
+from perseus.common import requests as _requests
+from perseus.mxnet import engine_library
+
+_bridge = engine_library.load()
+_bridge.perseus_mx_set_functions(*(ctypes.cast(getattr(_LIB, name), ctypes.c_void_p)
+                                   for name in ("MXNDArrayGetData", "MXGetLastError",
+                                                "MXShallowCopyNDArray", "MXNDArrayFree")))
+_RUN = ctypes.cast(_bridge.perseus_mx_job_run, ctypes.c_void_p)
+_DELETE = ctypes.cast(_bridge.perseus_mx_job_delete, ctypes.c_void_p)
+# MXNet's NaiveEngine (MXNET_ENGINE_TYPE=NaiveEngine) runs every operation
+# synchronously and needs it complete on return: the bridge then waits inline.
+_WAIT_INLINE = 1 if os.environ.get("MXNET_ENGINE_TYPE") == "NaiveEngine" else 0
+
+
+class _Context(ctypes.Structure):
+    """mxnet::Context as MXEnginePushAsync reads it: device type id, device id."""
+    _fields_ = [("dev_type", ctypes.c_int), ("dev_id", ctypes.c_int)]
+
+
+_PUSH = _LIB.MXEnginePushAsyncND
+_PUSH.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                  ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                  ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                  ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_bool]
+_PUSH.restype = ctypes.c_int
+
+
+def _handles(arrays):
+    return (ctypes.c_void_p * len(arrays))(*[a.handle.value for a in arrays])
+
+
+def push(specs, inputs, outputs, priority=0, op_name=b"Perseus"):
+    """Runs the requests `specs` (RequestSpec tuples whose input/output addresses
+    are ignored: the bridge reads them from the arrays when the engine runs it) as
+    one MXNet engine operation. inputs[i] and outputs[i] are the NDArrays of
+    specs[i]; outputs[i] may be inputs[i] (in place). Returns at once."""
+    buf, n = _requests.pack(specs)
+    job = _bridge.perseus_mx_job_new(buf.buffer_info()[0], len(buf), 8 * n, n,
+                                     _handles(inputs), _handles(outputs), _WAIT_INLINE)
+    if not job:
+        raise RuntimeError("Perseus could not reference the MXNet arrays: %s"
+                           % mx.base.py_str(_LIB.MXGetLastError()))
+    # An array is listed once, as written if any request writes it, else as read.
+    written, read, seen = [], [], set()
+    for array in outputs:
+        if array.handle.value not in seen:
+            seen.add(array.handle.value)
+            written.append(array)
+    for array in inputs:
+        if array.handle.value not in seen:
+            seen.add(array.handle.value)
+            read.append(array)
+    context = inputs[0].context
+    ctx = _Context(context.device_typeid, context.device_id)
+    # The job belongs to the engine from here: it calls _DELETE when done with it.
+    check_call(_PUSH(_RUN, job, _DELETE, ctypes.addressof(ctx), _handles(read), len(read),
+                     _handles(written), len(written), None, int(priority), op_name, False))

@@ -1,0 +1,153 @@
+"""DistributedOptimizer and DistributedTrainer: MXNet training with gradients
+averaged over the ranks by allreduce in MXNet's engine (Horovod's MXNet API)."""
+
+import warnings
+
+import mxnet as mx
+
+from perseus.common.ops import Sum
+from perseus.common.process_sets import global_process_set
+from perseus.mxnet.compression import Compression
+from perseus.mxnet.mpi_ops import allreduce_, grouped_allreduce_
+
+
+def _groups(items, num_groups):
+    """`items` split into num_groups consecutive groups of near-equal length."""
+    size, extra = divmod(len(items), num_groups)
+    groups, start = [], 0
+    for g in range(num_groups):
+        end = start + size + (g < extra)
+        if end > start:
+            groups.append(items[start:end])
+        start = end
+    return groups
+
+
+def _allreduce_grads(grads, names, predivide, num_groups, process_set, compression):
+    """Sums `grads` over the set in place (prescaled by 1/predivide), in MXNet's
+    engine; the caller's rescale_grad finishes the average. Earlier gradients get
+    higher priority, as in Horovod."""
+    if process_set.size() == 1 or not grads:
+        return
+    prescale = 1.0 / predivide
+    if num_groups > 0:
+        for g, (group, group_names) in enumerate(zip(_groups(grads, num_groups),
+                                                    _groups(names, num_groups))):
+            grouped_allreduce_(group, name="%s.group%d" % (group_names[0], g), priority=-g,
+                               op=Sum, prescale_factor=prescale, process_set=process_set)
+        return
+    for i, (grad, name) in enumerate(zip(grads, names)):
+        wire, ctx = compression.compress(grad)
+        allreduce_(wire, name=name, priority=-i, op=Sum, prescale_factor=prescale,
+                   process_set=process_set)
+        if ctx is not None:
+            grad[:] = compression.decompress(wire, ctx)
+
+
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """Wraps an MXNet optimizer: update() first sums the gradients over the process
+    set (allreduce, names from the parameter indices), and the wrapped optimizer's
+    rescale_grad is multiplied by gradient_predivide_factor / size so the update sees
+    the average. Every other attribute is the wrapped optimizer's (read and written).
+
+    num_groups > 0: the gradients of one update call are reduced in that many grouped
+    allreduces instead of one per gradient.
+    """
+
+    _OWN = ("_optimizer", "_predivide", "_num_groups", "_process_set")
+
+    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
+                 process_set=global_process_set):
+        if gradient_predivide_factor <= 0:
+            raise ValueError("gradient_predivide_factor must be positive, got %r"
+                             % (gradient_predivide_factor,))
+        object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_predivide", float(gradient_predivide_factor))
+        object.__setattr__(self, "_num_groups", int(num_groups))
+        object.__setattr__(self, "_process_set", process_set)
+        optimizer.rescale_grad *= gradient_predivide_factor / process_set.size()
+
+    def __getattr__(self, item):
+        return getattr(self._optimizer, item)
+
+    def __setattr__(self, item, value):
+        if item in self._OWN:
+            object.__setattr__(self, item, value)
+        else:
+            setattr(self._optimizer, item, value)
+
+    def _do_allreduce(self, index, grad):
+        indices = list(index) if isinstance(index, (list, tuple)) else [index]
+        grads = list(grad) if isinstance(grad, (list, tuple)) else [grad]
+        _allreduce_grads(grads, ["DistributedOptimizer.%s" % i for i in indices],
+                         self._predivide, self._num_groups, self._process_set, Compression.none)
+
+    def update(self, index, weight, grad, state):
+        self._do_allreduce(index, grad)
+        self._optimizer.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        self._do_allreduce(index, grad)
+        self._optimizer.update_multi_precision(index, weight, grad, state)
+
+    def create_state(self, index, weight):
+        return self._optimizer.create_state(index, weight)
+
+    def create_state_multi_precision(self, index, weight):
+        return self._optimizer.create_state_multi_precision(index, weight)
+
+    def set_learning_rate(self, lr):
+        self._optimizer.set_learning_rate(lr)
+
+    def set_lr_mult(self, args_lr_mult):
+        self._optimizer.set_lr_mult(args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult):
+        self._optimizer.set_wd_mult(args_wd_mult)
+
+    def _set_current_context(self, device_id):
+        self._optimizer._set_current_context(device_id)
+
+    @property
+    def learning_rate(self):
+        return self._optimizer.learning_rate
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """A gluon.Trainer whose step() averages gradients over the process set with
+    allreduce (in MXNet's engine) instead of a KVStore; one process per device.
+
+    compression: hvd.Compression.none or .fp16 (ignored with num_groups > 0, as in
+    Horovod). prefix: prepended to the request names, for several trainers.
+    """
+
+    def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
+                 gradient_predivide_factor=1.0, prefix=None, num_groups=0,
+                 process_set=global_process_set):
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer = optimizer._optimizer
+            warnings.warn("DistributedTrainer does not take DistributedOptimizer as its "
+                          "optimizer; the wrapped optimizer is used")
+        if gradient_predivide_factor <= 0:
+            raise ValueError("gradient_predivide_factor must be positive, got %r"
+                             % (gradient_predivide_factor,))
+        super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
+        if len(self._contexts) > 1:
+            raise ValueError("DistributedTrainer drives one device per process; the "
+                             "parameters live on %s" % (self._contexts,))
+        # Gradients are summed; rescale_grad = _scale / batch_size makes it an average.
+        self._scale *= gradient_predivide_factor / process_set.size()
+        self._compression = compression
+        self._predivide = float(gradient_predivide_factor)
+        self._prefix = "" if prefix is None else str(prefix)
+        self._num_groups = int(num_groups)
+        self._process_set = process_set
+
+    def _allreduce_grads(self):
+        grads, names = [], []
+        for i, param in enumerate(self._params):
+            if param.grad_req != "null":
+                grads.append(param.list_grad()[0])
+                names.append("DistributedTrainer.%s%d" % (self._prefix, i))
+        _allreduce_grads(grads, names, self._predivide, self._num_groups, self._process_set,
+                         self._compression)

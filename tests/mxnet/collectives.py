@@ -1,0 +1,162 @@
+"""Every collective of perseus.mxnet x dtype against numpy references; errors.
+
+Each op's result is compared exactly with the reduction/concatenation every rank
+computes itself from the other ranks' deterministic inputs.
+"""
+import mxnet as mx
+import numpy as np
+
+from common import (DTYPES, FLOAT_DTYPES, assert_close, assert_equal, hvd, log, main,
+                    make_array, nd)
+
+REDUCERS = {hvd.Sum: ("sum", lambda xs: np.sum(xs, axis=0)),
+            hvd.Min: ("sum", lambda xs: np.min(xs, axis=0)),
+            hvd.Max: ("sum", lambda xs: np.max(xs, axis=0)),
+            hvd.Product: ("product", lambda xs: np.prod(xs, axis=0))}
+
+
+def check_allreduce(rank, size):
+    for dtype in DTYPES:
+        for op, (kind, reduce) in REDUCERS.items():
+            tag = "ar-%s-%s" % (np.dtype(dtype).name, op)
+            inputs = [make_array(tag, r, (3, 5), dtype, kind) for r in range(size)]
+            expected = reduce(np.stack(inputs)).astype(dtype)
+            x = nd(inputs[rank])
+            out = hvd.allreduce(x, op=op, name=tag, priority=1)
+            assert_equal(out, expected, tag)
+            assert_equal(x, inputs[rank], tag + " input untouched")
+            y = nd(inputs[rank])
+            assert hvd.allreduce_(y, op=op) is y
+            assert_equal(y, expected, tag + " in place")
+        if dtype in FLOAT_DTYPES:  # Average and scale factors on floats
+            tag = "avg-%s" % np.dtype(dtype).name
+            inputs = [make_array(tag, r, (4,), dtype) for r in range(size)]
+            expected = (np.sum(np.stack(inputs).astype(np.float64), axis=0) / size)
+            assert_close(hvd.allreduce(nd(inputs[rank])), expected.astype(dtype), tag,
+                         rtol=1e-3 if dtype == np.float16 else 1e-6)
+            scaled = hvd.allreduce(nd(inputs[rank]), op=hvd.Sum, prescale_factor=2.0,
+                                   postscale_factor=0.5)
+            assert_close(scaled, np.sum(np.stack(inputs).astype(np.float64), axis=0)
+                         .astype(dtype), tag + " scaled", rtol=1e-3)
+
+
+def check_grouped(rank, size):
+    shapes = [(2,), (3, 4), (0,), (1, 1, 5)]
+    dtypes = [np.float32, np.int32, np.float64, np.int64]
+    inputs = [[make_array("g%d" % i, r, s, d) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+              for r in range(size)]
+    expected = [np.sum(np.stack([inputs[r][i] for r in range(size)]), axis=0).astype(d)
+                for i, d in enumerate(dtypes)]
+    outs = hvd.grouped_allreduce([nd(a) for a in inputs[rank]], op=hvd.Sum, name="grp",
+                                 priority=3)
+    for i, (out, exp) in enumerate(zip(outs, expected)):
+        assert_equal(out, exp, "grouped_allreduce[%d]" % i)
+    arrays = [nd(a) for a in inputs[rank]]
+    assert hvd.grouped_allreduce_(arrays, op=hvd.Sum) is arrays
+    for i, (out, exp) in enumerate(zip(arrays, expected)):
+        assert_equal(out, exp, "grouped_allreduce_[%d]" % i)
+
+
+def check_allgather(rank, size):
+    for dtype in DTYPES:
+        tag = "ag-%s" % np.dtype(dtype).name
+        inputs = [make_array(tag, r, (r + 1, 3), dtype) for r in range(size)]
+        assert_equal(hvd.allgather(nd(inputs[rank]), name=tag, priority=2),
+                     np.concatenate(inputs), tag)
+    # an input still being computed by MXNet is waited for
+    x = mx.nd.ones((2, 2)) * (rank + 1)
+    assert_equal(hvd.allgather(x), np.concatenate(
+        [np.full((2, 2), r + 1, dtype=np.float32) for r in range(size)]), "allgather pending")
+
+
+def check_broadcast(rank, size):
+    for dtype in DTYPES:
+        for root in range(size):
+            tag = "bc-%s-%d" % (np.dtype(dtype).name, root)
+            inputs = [make_array(tag, r, (2, 3), dtype) for r in range(size)]
+            out = hvd.broadcast(nd(inputs[rank]), root_rank=root, name=tag, priority=-1)
+            assert_equal(out, inputs[root], tag)
+            y = nd(inputs[rank])
+            assert hvd.broadcast_(y, root) is y
+            assert_equal(y, inputs[root], tag + " in place")
+
+
+def check_alltoall(rank, size):
+    for dtype in DTYPES:
+        tag = "a2a-%s" % np.dtype(dtype).name
+        # rank r sends (r + j) % 3 rows to rank j
+        splits = [[(r + j) % 3 for j in range(size)] for r in range(size)]
+        inputs = [make_array(tag, r, (sum(splits[r]), 2), dtype) for r in range(size)]
+        pieces = []
+        for r in range(size):
+            start = sum(splits[r][:rank])
+            pieces.append(inputs[r][start:start + splits[r][rank]])
+        out = hvd.alltoall(nd(inputs[rank]), splits=splits[rank], name=tag, priority=4)
+        assert_equal(out, np.concatenate(pieces), tag)
+        even = [make_array(tag + "e", r, (2 * size,), dtype) for r in range(size)]
+        assert_equal(hvd.alltoall(nd(even[rank])),
+                     np.concatenate([e[2 * rank:2 * rank + 2] for e in even]), tag + " even")
+
+
+def check_reducescatter(rank, size):
+    for dtype in DTYPES:
+        tag = "rs-%s" % np.dtype(dtype).name
+        rows = 2 * size + 1  # uneven: the first rank gets one more row
+        inputs = [make_array(tag, r, (rows, 3), dtype) for r in range(size)]
+        total = np.sum(np.stack(inputs), axis=0).astype(dtype)
+        counts = [rows // size + (r < rows % size) for r in range(size)]
+        start = sum(counts[:rank])
+        out = hvd.reducescatter(nd(inputs[rank]), op=hvd.Sum, name=tag, priority=5)
+        assert_equal(out, total[start:start + counts[rank]], tag)
+
+
+def check_errors(rank, size):
+    # Shapes that differ across ranks: a clear error on every rank, raised by the
+    # read of the output, and the library keeps working afterwards.
+    out = hvd.allreduce(mx.nd.ones((rank + 1,)), name="mismatch")
+    try:
+        out.asnumpy()
+    except mx.base.MXNetError as e:
+        assert "mismatch" in str(e) and "shape" in str(e), e
+    else:
+        raise AssertionError("mismatched shapes were not reported")
+    try:
+        hvd.allgather(mx.nd.ones((1, rank + 2)), name="mismatch_ag")
+    except Exception as e:
+        assert "shape" in str(e), e
+    else:
+        raise AssertionError("mismatched allgather shapes were not reported")
+    for bad, exc in ((lambda: hvd.allreduce(mx.nd.ones(2, dtype=np.bool_)), ValueError),
+                     (lambda: hvd.allreduce(np.ones(2)), TypeError),
+                     (lambda: hvd.allreduce(mx.nd.ones(2), op=hvd.Adasum), NotImplementedError),
+                     (lambda: hvd.broadcast(mx.nd.ones(2), root_rank=size), ValueError)):
+        try:
+            bad()
+        except exc:
+            pass
+        else:
+            raise AssertionError("expected %s" % exc.__name__)
+    assert_equal(hvd.allreduce(mx.nd.ones(2), op=hvd.Sum), np.full(2, size, np.float32),
+                 "after errors")
+
+
+def check_objects(rank, size):
+    obj = hvd.broadcast_object({"rank": rank, "list": list(range(rank + 2))}, root_rank=size - 1)
+    assert obj == {"rank": size - 1, "list": list(range(size + 1))}, obj
+    assert hvd.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
+
+
+def body():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    assert (hvd.local_rank(), hvd.local_size()) == (rank, size)
+    assert hvd.is_initialized() and hvd.cross_size() == 1
+    for check in (check_allreduce, check_grouped, check_allgather, check_broadcast,
+                  check_alltoall, check_reducescatter, check_objects, check_errors):
+        check(rank, size)
+        log(check.__name__, "passed")
+    mx.nd.waitall()
+    hvd.shutdown()
+
+
+main(body)

@@ -1,0 +1,145 @@
+"""Gluon training through perseus.mxnet equals one process training on the whole batch.
+
+Every rank builds the same data; rank r trains on its slice of each batch with
+DistributedTrainer (or gluon.Trainer + DistributedOptimizer), and also computes
+the reference: a plain gluon.Trainer on the whole batch, from the same start. The
+weights after several steps must agree (float64, tight tolerance).
+broadcast_parameters must make differently initialised ranks identical, including
+parameters whose initialization is deferred.
+"""
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+from common import assert_close, hvd, log, main
+
+STEPS = 4
+PER_RANK = 3
+
+
+def make_net(seed, in_units=5):
+    mx.random.seed(seed)
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Dense(7, activation="tanh", in_units=in_units),
+            gluon.nn.Dense(3, in_units=7))
+    net.initialize(mx.init.Uniform(0.5))
+    net.cast("float64")
+    return net
+
+
+def data(size):
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(STEPS, PER_RANK * size, 5))
+    y = rng.normal(size=(STEPS, PER_RANK * size, 3))
+    return x, y
+
+
+def weights(net):
+    """Parameter values by position (names carry per-instance counters)."""
+    return {i: p.data().asnumpy() for i, p in enumerate(net.collect_params().values())}
+
+
+def copy_weights(source, target):
+    for p, q in zip(source.collect_params().values(), target.collect_params().values()):
+        q.set_data(p.data().copy())
+
+
+def train(net, trainer, xs, ys, batch_size, rows):
+    loss_fn = gluon.loss.L2Loss()
+    for step in range(STEPS):
+        x = mx.nd.array(xs[step][rows], dtype="float64")
+        y = mx.nd.array(ys[step][rows], dtype="float64")
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(batch_size)
+    return weights(net)
+
+
+def reference(start, xs, ys, size, optimizer="sgd", params=None):
+    net = make_net(0)
+    copy_weights(start, net)
+    trainer = gluon.Trainer(net.collect_params(), optimizer, params, kvstore=None)
+    return train(net, trainer, xs, ys, PER_RANK * size, slice(None))
+
+
+def check_broadcast_parameters(rank, size):
+    net = make_net(100 + rank)
+    hvd.broadcast_parameters(net.collect_params(), root_rank=size - 1, prefix="bp.")
+    mine = weights(net)
+    root = hvd.broadcast_object(mine, root_rank=size - 1)
+    expected = weights(make_net(100 + size - 1))
+    for name in mine:
+        assert np.array_equal(mine[name], root[name]), name
+        assert np.array_equal(mine[name], expected[name]), name
+    # deferred initialization: the broadcast happens at the first forward pass
+    mx.random.seed(200 + rank)
+    deferred = gluon.nn.Dense(4)
+    deferred.initialize(mx.init.Uniform(1.0))
+    hvd.broadcast_parameters(deferred.collect_params(), root_rank=0, prefix="deferred.")
+    deferred(mx.nd.ones((2, 6)))
+    w = deferred.weight.data().asnumpy()
+    assert w.shape == (4, 6)
+    assert np.array_equal(w, hvd.broadcast_object(w, root_rank=0)), "deferred parameter"
+    # a plain dict of NDArrays (Module.get_params()'s form)
+    arrays = {"a": mx.nd.ones(3) * rank, "b": mx.nd.arange(4) + rank}
+    hvd.broadcast_parameters(arrays, root_rank=1)
+    assert arrays["a"].asnumpy().tolist() == [1.0] * 3
+    assert arrays["b"].asnumpy().tolist() == [1.0, 2.0, 3.0, 4.0]
+    try:
+        hvd.broadcast_parameters([1, 2])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a list is not a parameter dict")
+
+
+def check_trainer(rank, size, **options):
+    xs, ys = data(size)
+    rows = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    net = make_net(10 + rank)  # different start on every rank ...
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0,
+                             prefix="t%s." % sorted(options.items()))  # ... until here
+    start = make_net(0)
+    copy_weights(net, start)
+    opt_params = {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01}
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", dict(opt_params), **options)
+    got = train(net, trainer, xs, ys, PER_RANK, rows)
+    expected = reference(start, xs, ys, size, "sgd", dict(opt_params))
+    rtol = 2e-3 if "compression" in options else 1e-10
+    for name in got:
+        assert_close(got[name], expected[name], "DistributedTrainer %s %s" % (options, name),
+                     rtol=rtol, atol=rtol)
+
+
+def check_optimizer(rank, size):
+    xs, ys = data(size)
+    rows = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    net = make_net(0)
+    start = make_net(0)
+    opt = hvd.DistributedOptimizer(mx.optimizer.Adam(learning_rate=0.05),
+                                   gradient_predivide_factor=2.0)
+    trainer = gluon.Trainer(net.collect_params(), opt, kvstore=None)
+    got = train(net, trainer, xs, ys, PER_RANK, rows)
+    expected = reference(start, xs, ys, size, mx.optimizer.Adam(learning_rate=0.05))
+    for name in got:
+        assert_close(got[name], expected[name], "DistributedOptimizer %s" % name, rtol=1e-9,
+                     atol=1e-10)
+
+
+def body():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    check_broadcast_parameters(rank, size)
+    log("broadcast_parameters passed")
+    check_trainer(rank, size)
+    check_trainer(rank, size, num_groups=2, prefix="grouped")
+    check_trainer(rank, size, gradient_predivide_factor=4.0, prefix="predivide")
+    check_trainer(rank, size, compression=hvd.Compression.fp16, prefix="fp16")
+    log("DistributedTrainer passed")
+    check_optimizer(rank, size)
+    log("DistributedOptimizer passed")
+    hvd.shutdown()
+
+
+main(body)

@@ -1,0 +1,50 @@
+"""The MXNet front end, tested in its own venv (.venv-mx, made by
+scripts/setup_mxnet.sh, which scripts/setup.sh runs): each script in tests/mxnet/
+runs under `mpirun -np 2` and `-np 4` with .venv-mx's python.
+
+Skipped when .venv-mx is missing (setup.sh with PERSEUS_SKIP_MX=1) or with
+PERSEUS_SKIP_MX=1; PERSEUS_MX_PYTHON names another interpreter with mxnet 1.9.1.
+"""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, TESTS_DIR, clean_env
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
+
+MX_SCRIPTS = TESTS_DIR / "mxnet"
+
+SCRIPTS = [
+    "collectives",  # every collective x dtype against numpy; mismatch errors; objects
+    "training",     # DistributedTrainer / DistributedOptimizer vs one process; broadcast_parameters
+]
+
+
+def mx_python():
+    if os.environ.get("PERSEUS_SKIP_MX") == "1":
+        pytest.skip("PERSEUS_SKIP_MX=1: MXNet front-end tests skipped on purpose")
+    python = Path(os.environ.get("PERSEUS_MX_PYTHON") or REPO_ROOT / ".venv-mx" / "bin" / "python")
+    if not python.exists():
+        pytest.skip("%s not found: run `bash scripts/setup_mxnet.sh` (scripts/setup.sh does) "
+                    "to test the MXNet front end" % python)
+    return python
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_mxnet_script(run_mpi, script, nprocs):
+    run_mpi(script, nprocs, timeout=360, python=mx_python(), scripts_dir=MX_SCRIPTS)
+
+
+def test_single_process_without_mpirun():
+    code = ("import mxnet as mx, perseus.mxnet as hvd\n"
+            "hvd.init(); assert (hvd.rank(), hvd.size()) == (0, 1)\n"
+            "assert hvd.allreduce(mx.nd.array([2.0])).asnumpy().tolist() == [2.0]\n"
+            "assert hvd.allgather(mx.nd.ones((2, 1))).shape == (2, 1)\n"
+            "hvd.shutdown(); print('single ok')\n")
+    result = subprocess.run([str(mx_python()), "-c", code], cwd=str(REPO_ROOT), env=clean_env(),
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "single ok" in result.stdout, result.stderr
