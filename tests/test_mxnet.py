@@ -20,6 +20,7 @@ MX_SCRIPTS = TESTS_DIR / "mxnet"
 SCRIPTS = [
     "collectives",  # every collective x dtype against numpy; mismatch errors; objects
     "training",     # DistributedTrainer / DistributedOptimizer vs one process; broadcast_parameters
+    "kvstore",      # dist_sync_perseus: push/pull semantics, optimizer, gluon.Trainer, Module.fit
 ]
 
 

@@ -2,12 +2,13 @@
 
 Only re-exports, under Horovod's names: perseus.common (init, ranks, process sets,
 errors), perseus.mxnet.mpi_ops (collectives in MXNet's engine), .functions,
-.optimizer (DistributedOptimizer, DistributedTrainer).
+.optimizer (DistributedOptimizer, DistributedTrainer), .kvstore (create).
 """
 
 from perseus.common.horovod_api import *  # noqa: F401,F403
 from perseus.common.horovod_api import __all__ as _common_all
 from perseus.mxnet.compression import Compression
+from perseus.mxnet.kvstore import create
 from perseus.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters
 from perseus.mxnet.optimizer import DistributedOptimizer, DistributedTrainer
 from perseus.mxnet.mpi_ops import (  # noqa: F401
@@ -19,5 +20,5 @@ __all__ = list(_common_all) + [
     "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "allreduce_",
     "alltoall", "broadcast", "broadcast_", "grouped_allreduce", "grouped_allreduce_",
     "reducescatter", "Compression", "allgather_object", "broadcast_object",
-    "broadcast_parameters", "DistributedOptimizer", "DistributedTrainer",
+    "broadcast_parameters", "DistributedOptimizer", "DistributedTrainer", "create",
 ]

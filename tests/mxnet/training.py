@@ -142,4 +142,5 @@ def body():
     hvd.shutdown()
 
 
-main(body)
+if __name__ == "__main__":
+    main(body)
