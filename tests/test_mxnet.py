@@ -21,7 +21,10 @@ SCRIPTS = [
     "collectives",  # every collective x dtype against numpy; mismatch errors; objects
     "training",     # DistributedTrainer / DistributedOptimizer vs one process; broadcast_parameters
     "kvstore",      # dist_sync_perseus: push/pull semantics, optimizer, gluon.Trainer, Module.fit
+    "sync_batch_norm",  # PerseusSyncBatchNorm vs BatchNorm on the group's batch, both scopes
 ]
+# Two simulated nodes of 2 ranks at np 4 (one node at np 2), for comm_scope=0.
+SCRIPT_ENV = {"sync_batch_norm": {"PERSEUS_RANKS_PER_NODE": "2"}}
 
 
 def mx_python():
@@ -37,7 +40,8 @@ def mx_python():
 @pytest.mark.parametrize("nprocs", [2, 4])
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_mxnet_script(run_mpi, script, nprocs):
-    run_mpi(script, nprocs, timeout=360, python=mx_python(), scripts_dir=MX_SCRIPTS)
+    run_mpi(script, nprocs, env=SCRIPT_ENV.get(script), timeout=360, python=mx_python(),
+            scripts_dir=MX_SCRIPTS)
 
 
 def test_single_process_without_mpirun():

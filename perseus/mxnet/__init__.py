@@ -2,13 +2,15 @@
 
 Only re-exports, under Horovod's names: perseus.common (init, ranks, process sets,
 errors), perseus.mxnet.mpi_ops (collectives in MXNet's engine), .functions,
-.optimizer (DistributedOptimizer, DistributedTrainer), .kvstore (create).
+.optimizer (DistributedOptimizer, DistributedTrainer), .kvstore (create),
+.sync_batch_norm (PerseusSyncBatchNorm).
 """
 
 from perseus.common.horovod_api import *  # noqa: F401,F403
 from perseus.common.horovod_api import __all__ as _common_all
 from perseus.mxnet.compression import Compression
 from perseus.mxnet.kvstore import create
+from perseus.mxnet.sync_batch_norm import PerseusSyncBatchNorm
 from perseus.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters
 from perseus.mxnet.optimizer import DistributedOptimizer, DistributedTrainer
 from perseus.mxnet.mpi_ops import (  # noqa: F401
@@ -21,4 +23,5 @@ __all__ = list(_common_all) + [
     "alltoall", "broadcast", "broadcast_", "grouped_allreduce", "grouped_allreduce_",
     "reducescatter", "Compression", "allgather_object", "broadcast_object",
     "broadcast_parameters", "DistributedOptimizer", "DistributedTrainer", "create",
+    "PerseusSyncBatchNorm",
 ]

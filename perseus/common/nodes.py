@@ -1,0 +1,65 @@
+"""Which ranks share a node, real or simulated, and a process set per node.
+
+PERSEUS_RANKS_PER_NODE=k splits the ranks into simulated nodes of k consecutive
+ranks (rank r is on node r // k), so node-scoped features (MXNet's
+PerseusSyncBatchNorm with comm_scope=0, hierarchical schemes) can be tested on
+one machine. Unset: the real nodes, as the core found them (ranks with the same
+cross_rank share a node).
+"""
+
+import os
+
+from perseus.common import basics as _basics
+from perseus.common import objects as _objects
+from perseus.common import process_sets as _process_sets
+
+ENV = "PERSEUS_RANKS_PER_NODE"
+
+_cache = {}  # "set" -> this rank's node ProcessSet (until the set is unregistered)
+
+
+def ranks_per_node_override():
+    """k from PERSEUS_RANKS_PER_NODE, or None when unset; ValueError when bad."""
+    text = os.environ.get(ENV, "").strip()
+    if not text:
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise ValueError("%s must be a positive integer, got %r" % (ENV, text))
+    return k
+
+
+def node_ranks():
+    """The ranks of every node, as a list of sorted lists in node order. Collective
+    (all ranks call it together) unless PERSEUS_RANKS_PER_NODE is set."""
+    size = _basics.size()
+    k = ranks_per_node_override()
+    if k is not None:
+        return [list(range(start, min(start + k, size))) for start in range(0, size, k)]
+    nodes = {}
+    for rank, node in enumerate(_objects.allgather_object(_basics.cross_rank(),
+                                                          name="perseus.node_ranks")):
+        nodes.setdefault(node, []).append(rank)
+    return [nodes[node] for node in sorted(nodes)]
+
+
+def node_process_set():
+    """The process set of this rank's node (the global set when one node holds every
+    rank). The first call registers one set per node, collectively: every rank must
+    make it at the same point."""
+    cached = _cache.get("set")
+    if cached is not None and cached.process_set_id is not None:
+        return cached
+    rank = _basics.rank()
+    mine = _process_sets.global_process_set
+    for ranks in node_ranks():
+        if len(ranks) == _basics.size():
+            break
+        found = _process_sets._find(ranks) or _process_sets.add_process_set(ranks)
+        if rank in ranks:
+            mine = found
+    _cache["set"] = mine
+    return mine

@@ -1,0 +1,89 @@
+"""PerseusSyncBatchNorm equals gluon BatchNorm over the group's concatenated batch:
+outputs, input gradients, gamma/beta gradients (summed over the group), running
+statistics, inference. Uneven per-rank batches. comm_scope=1 spans all ranks;
+comm_scope=0 the node, here simulated with PERSEUS_RANKS_PER_NODE=2 (set by the
+test driver), so at np 4 the groups are ranks {0, 1} and {2, 3}."""
+import os
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+from common import assert_close, hvd, log, main, make_array
+
+C = 3
+
+
+def batch(rank, step):
+    x = make_array("sbn-x%d" % step, rank, (rank + 2, C, 4), np.float32) / 7.0
+    w = make_array("sbn-w%d" % step, rank, (rank + 2, C, 4), np.float32) / 5.0
+    return x + 0.3 * np.arange(C).reshape(1, C, 1), w
+
+
+def run(block, xs, ws):
+    """Two training steps and one inference pass; returns what is compared."""
+    results = []
+    for step, (x, w) in enumerate(zip(xs, ws)):
+        x = mx.nd.array(x)
+        x.attach_grad()
+        with autograd.record():
+            y = block(x)
+            loss = (y * mx.nd.array(w)).sum()
+        loss.backward()
+        results.append((y.asnumpy(), x.grad.asnumpy(), block.gamma.grad().asnumpy(),
+                        block.beta.grad().asnumpy()))
+    stats = (block.running_mean.data().asnumpy(), block.running_var.data().asnumpy())
+    inference = block(mx.nd.array(xs[0])).asnumpy()
+    return results, stats, inference
+
+
+def check(rank, size, comm_scope):
+    if comm_scope == 1:
+        group = list(range(size))
+    else:
+        k = int(os.environ["PERSEUS_RANKS_PER_NODE"])
+        group = list(range(rank // k * k, min(rank // k * k + k, size)))
+    data = {r: [batch(r, s) for s in range(2)] for r in group}
+    block = hvd.PerseusSyncBatchNorm(comm_scope=comm_scope, momentum=0.8)
+    block.initialize()
+    mine = run(block, [data[rank][s][0] for s in range(2)], [data[rank][s][1] for s in range(2)])
+    reference = gluon.nn.BatchNorm(momentum=0.8, in_channels=C)
+    reference.initialize()
+    whole = run(reference, [np.concatenate([data[r][s][0] for r in group]) for s in range(2)],
+                [np.concatenate([data[r][s][1] for r in group]) for s in range(2)])
+    start = sum(data[r][0][0].shape[0] for r in group if r < rank)
+    rows = slice(start, start + data[rank][0][0].shape[0])
+    process_set = block.process_set()
+    assert process_set.size() == len(group), (process_set, group)
+    what = "comm_scope=%d" % comm_scope
+    for step, ((y, dx, dg, db), (ry, rdx, rdg, rdb)) in enumerate(zip(mine[0], whole[0])):
+        assert_close(y, ry[rows], "%s step %d output" % (what, step), rtol=1e-4, atol=1e-5)
+        assert_close(dx, rdx[rows], "%s step %d input grad" % (what, step), rtol=1e-4,
+                     atol=1e-5)
+        for mine_g, ref_g, name in ((dg, rdg, "gamma"), (db, rdb, "beta")):
+            summed = hvd.allreduce(mx.nd.array(mine_g), op=hvd.Sum, process_set=process_set)
+            assert_close(summed.asnumpy(), ref_g, "%s step %d %s grad" % (what, step, name),
+                         rtol=1e-4, atol=1e-5)
+    for got, ref, name in zip(mine[1], whole[1], ("running_mean", "running_var")):
+        assert_close(got, ref, "%s %s" % (what, name), rtol=1e-5, atol=1e-6)
+    assert_close(mine[2], whole[2][rows], "%s inference" % what, rtol=1e-4, atol=1e-5)
+
+
+def body():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    assert mx.gluon.contrib.nn.PerseusSyncBatchNorm is hvd.PerseusSyncBatchNorm
+    check(rank, size, 1)
+    log("comm_scope=1 passed")
+    check(rank, size, 0)
+    log("comm_scope=0 passed")
+    try:
+        hvd.PerseusSyncBatchNorm(comm_scope=2)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("comm_scope=2 accepted")
+    hvd.shutdown()
+
+
+main(body)
