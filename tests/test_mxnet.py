@@ -4,14 +4,18 @@ runs under `mpirun -np 2` and `-np 4` with .venv-mx's python.
 
 Skipped when .venv-mx is missing (setup.sh with PERSEUS_SKIP_MX=1) or with
 PERSEUS_SKIP_MX=1; PERSEUS_MX_PYTHON names another interpreter with mxnet 1.9.1.
+The examples in examples/mxnet/ (Gluon + Horovod API, Gluon with the KVStore swap,
+Module.fit with the KVStore) run at np 2 and must reach the promised accuracy.
 """
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO_ROOT, TESTS_DIR, clean_env
+from test_examples import run_job
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
 
@@ -53,3 +57,12 @@ def test_single_process_without_mpirun():
     result = subprocess.run([str(mx_python()), "-c", code], cwd=str(REPO_ROOT), env=clean_env(),
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "single ok" in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("example", ["gluon_digits", "gluon_digits_kvstore", "module_digits"])
+def test_example_two_ranks(example):
+    out = run_job(2, [mx_python(), REPO_ROOT / "examples" / "mxnet" / ("%s.py" % example)],
+                  timeout=240)
+    assert len(re.findall(r"^Epoch +\d+/20: ", out, re.M)) == 20, out  # rank 0 alone prints
+    final = re.search(r"^Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out, re.M)
+    assert final and float(final.group(1)) >= 95.0, out
