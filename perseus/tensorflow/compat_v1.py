@@ -6,27 +6,62 @@ import tensorflow as tf
 from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.functions import broadcast_global_variables
+from perseus.tensorflow.gradient_accumulation import (GradientAccumulator, check_passes,
+                                                      run_every_k)
 from perseus.tensorflow.gradients import reduce_gradients
 
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     """Delegates to the wrapped optimizer; compute_gradients() returns gradients
-    averaged over the ranks."""
+    averaged over the ranks.
 
-    def __init__(self, optimizer, name, use_locking, reduce_args):
+    With backward_passes_per_step=k, compute_gradients() adds the local gradients to
+    sums and returns the reduced sums on every k-th run (the local gradients, unused,
+    on the others); apply_gradients() updates the variables only on those runs and
+    otherwise just increments global_step (as Horovod does)."""
+
+    def __init__(self, optimizer, name, use_locking, reduce_args, passes, average):
         super().__init__(name=name or "Distributed" + type(optimizer).__name__,
                          use_locking=use_locking)
         self._optimizer = optimizer
         self._reduce_args = reduce_args
+        self._accumulator = None if passes == 1 else GradientAccumulator(
+            passes, average, lambda grads, variables: reduce_gradients(grads, variables,
+                                                                       **reduce_args))
 
     def compute_gradients(self, *args, **kwargs):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
-        grads = reduce_gradients([g for g, _ in pairs], [v for _, v in pairs],
-                                 **self._reduce_args)
-        return list(zip(grads, [v for _, v in pairs]))
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if self._accumulator is None:
+            grads = reduce_gradients(grads, variables, **self._reduce_args)
+            return list(zip(grads, variables))
+        due = self._accumulator.add(grads, variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        local = [tf.convert_to_tensor(grads[i]) for i in present]
+        chosen = tf.cond(due, lambda: [g for g in self._accumulator.take(variables)
+                                       if g is not None],
+                         lambda: [tf.identity(g) for g in local])
+        chosen = list(chosen) if isinstance(chosen, (list, tuple)) else [chosen]
+        grads = [None] * len(grads)
+        for i, g in zip(present, chosen):
+            grads[i] = g
+        return list(zip(grads, variables))
 
-    def apply_gradients(self, *args, **kwargs):
-        return self._optimizer.apply_gradients(*args, **kwargs)
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        if self._accumulator is None:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+        pairs = list(grads_and_vars)
+        applied = self._accumulator.was_reset([g for g, _ in pairs if g is not None])
+
+        def count_step():
+            if global_step is None:
+                return None
+            return global_step.assign_add(tf.constant(1, global_step.dtype.base_dtype),
+                                          read_value=False)
+        done = run_every_k(applied, lambda: self._optimizer.apply_gradients(pairs, global_step,
+                                                                             name),
+                           count_step)
+        return done if tf.executing_eagerly() else done.op
 
     def get_slot(self, *args, **kwargs):
         return self._optimizer.get_slot(*args, **kwargs)
@@ -50,13 +85,11 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
                          "tf.compat.v1.train.Optimizer; for a Keras optimizer use "
                          "perseus.tensorflow.keras.DistributedOptimizer (got %s)"
                          % type(optimizer).__name__)
-    if backward_passes_per_step != 1:
-        raise NotImplementedError("backward_passes_per_step > 1 is not supported by the TF1 "
-                                  "DistributedOptimizer in Perseus yet")
     return _DistributedOptimizer(optimizer, name, use_locking, dict(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-        groups=groups, process_set=process_set))
+        groups=groups, process_set=process_set), check_passes(backward_passes_per_step),
+        bool(average_aggregated_gradients))
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):

@@ -6,30 +6,76 @@ The wrapper is a dynamic subclass of the optimizer's own class, rebuilt from its
 config, so it is still that optimizer to Keras (checks, serialization, slots).
 Keras 3 routes every update through apply() (apply_gradients() calls it), so that
 is where gradients are reduced; Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1) has no
-apply(), and reduces in apply_gradients().
+apply(), and reduces in apply_gradients(). With backward_passes_per_step > 1 the
+same methods sum the gradients instead and reduce and apply only every k-th call
+(perseus.tensorflow.gradient_accumulation).
 """
 
 import tensorflow as tf
 
 from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
+from perseus.tensorflow.gradient_accumulation import (GradientAccumulator, check_passes,
+                                                      run_every_k)
 from perseus.tensorflow.gradients import reduce_gradients
+
+
+def _accumulator(optimizer):
+    """The optimizer's GradientAccumulator, or None when it updates on every call."""
+    passes, average = optimizer._perseus_passes
+    if passes == 1:
+        return None
+    if "_perseus_accumulator" not in optimizer.__dict__:
+        args = optimizer._perseus_reduce_args
+        optimizer.__dict__["_perseus_accumulator"] = GradientAccumulator(
+            passes, average, lambda grads, variables: reduce_gradients(grads, variables, **args))
+    return optimizer.__dict__["_perseus_accumulator"]
+
+
+def _every_k(optimizer, accumulator, grads, variables, apply):
+    """Adds the gradients; on every k-th call apply(reduced sums), else only counts
+    the step in optimizer.iterations (as Horovod does)."""
+    due = accumulator.add(grads, variables)
+    return run_every_k(due, lambda: apply(accumulator.take(variables)),
+                       lambda: optimizer.iterations.assign_add(1))
 
 
 class _Keras3Mixin:
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
-        grads = reduce_gradients(grads, variables, **self._perseus_reduce_args)
-        return super().apply(grads, trainable_variables)
+        accumulator = _accumulator(self)
+        if accumulator is None:
+            grads = reduce_gradients(grads, variables, **self._perseus_reduce_args)
+            return super().apply(grads, trainable_variables)
+        if variables is None:
+            if not self.built:
+                raise ValueError("apply(grads) without variables needs a built optimizer; "
+                                 "call optimizer.build(trainable_variables) first")
+            variables = list(self._trainable_variables)
+        elif not self.built:  # its slots must exist before the tf.cond below
+            self.build(variables)
+        base_apply = super().apply
+        return _every_k(self, accumulator, grads, variables,
+                        lambda reduced: base_apply(reduced, variables))
 
 
 class _Keras2Mixin:
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)
-        grads = reduce_gradients([g for g, _ in pairs], [v for _, v in pairs],
-                                 **self._perseus_reduce_args)
-        return super().apply_gradients(list(zip(grads, [v for _, v in pairs])), *args, **kwargs)
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        accumulator = _accumulator(self)
+        if accumulator is None:
+            grads = reduce_gradients(grads, variables, **self._perseus_reduce_args)
+            return super().apply_gradients(list(zip(grads, variables)), *args, **kwargs)
+        with tf.init_scope():  # slots must exist before the tf.cond below
+            if hasattr(self, "_create_all_weights"):  # tf-keras' legacy optimizers
+                self._create_all_weights(variables)
+            else:
+                self.build(variables)
+        base_apply = super().apply_gradients
+        return _every_k(self, accumulator, grads, variables,
+                        lambda reduced: base_apply(list(zip(reduced, variables)), *args, **kwargs))
 
 
 def _is_keras3_class(cls):
@@ -48,16 +94,18 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          num_groups=0, groups=None, process_set=mpi_ops.global_process_set,
                          scale_local_gradients=True):
     """Returns a copy of the Keras `optimizer` (same class and config, fresh state)
-    whose updates use gradients averaged over the ranks of `process_set`."""
-    if backward_passes_per_step != 1:
-        raise NotImplementedError("backward_passes_per_step > 1 is not supported by the Keras "
-                                  "DistributedOptimizer in Perseus yet")
+    whose updates use gradients averaged over the ranks of `process_set`.
+
+    backward_passes_per_step=k: gradients are summed locally over k calls and only
+    every k-th call reduces them (divided by k if average_aggregated_gradients) and
+    updates the variables; the other calls only advance optimizer.iterations."""
+    passes = (check_passes(backward_passes_per_step), bool(average_aggregated_gradients))
     base = type(optimizer)
     while "_perseus_reduce_args" in vars(base):  # re-wrapping: start from the plain class
         base = base.__bases__[1]
     cls = distributed_class(base, _reduce_args(
         compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-        process_set))
+        process_set), passes)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -72,24 +120,28 @@ def _reduce_args(compression=Compression.none, sparse_as_dense=False, op=mpi_ops
                 groups=groups, process_set=process_set)
 
 
-def distributed_class(base, reduce_args):
+def distributed_class(base, reduce_args, passes=(1, False)):
     """The distributed subclass of the Keras optimizer class `base`. It keeps the
     base's name and module, so a saved model names the plain optimizer (loadable
-    anywhere) and load_model() can map that name back to this class."""
+    anywhere) and load_model() can map that name back to this class.
+    passes: (backward_passes_per_step, average_aggregated_gradients)."""
     mixin = _Keras3Mixin if _is_keras3_class(base) else _Keras2Mixin
     return type(base.__name__, (mixin, base), {"__module__": base.__module__,
-                                               "_perseus_reduce_args": reduce_args})
+                                               "_perseus_reduce_args": reduce_args,
+                                               "_perseus_passes": passes})
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none, **kwargs):
+               compression=Compression.none, backward_passes_per_step=1,
+               average_aggregated_gradients=False, **kwargs):
     """keras.models.load_model, with the saved optimizer restored (state included) as
     a DistributedOptimizer. custom_optimizers: optimizer classes beyond Keras' own.
     kwargs: DistributedOptimizer's reduction options (op, sparse_as_dense, ...)."""
     args = _reduce_args(compression=compression, **kwargs)
+    passes = (check_passes(backward_passes_per_step), bool(average_aggregated_gradients))
     bases = [c for c in vars(tf.keras.optimizers).values()
              if isinstance(c, type) and issubclass(c, tf.keras.optimizers.Optimizer)]
-    objects = {base.__name__: distributed_class(base, args)
+    objects = {base.__name__: distributed_class(base, args, passes)
                for base in bases + list(custom_optimizers or [])}
     objects.update(custom_objects or {})
     return tf.keras.models.load_model(filepath, custom_objects=objects)
