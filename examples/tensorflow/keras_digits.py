@@ -51,8 +51,7 @@ def main():
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hvd.callbacks.MetricAverageCallback(),
                  hvd.callbacks.LearningRateWarmupCallback(initial_lr=args.lr * size,
-                                                          warmup_epochs=2,
-                                                          momentum_correction=False)]
+                                                          warmup_epochs=2)]
     model.fit(x_shard, y_shard, batch_size=args.batch_size, epochs=args.epochs,
               callbacks=callbacks, verbose=2 if rank == 0 else 0)
     if rank == 0:

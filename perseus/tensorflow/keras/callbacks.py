@@ -53,6 +53,11 @@ class MetricAverageCallback(tf.keras.callbacks.Callback):
             logs[key] = float(value)
 
 
+def _get_lr(optimizer):
+    lr = optimizer.learning_rate
+    return float(lr.numpy()) if hasattr(lr, "numpy") else float(lr)
+
+
 def _set_lr(optimizer, value):
     lr = optimizer.learning_rate
     if hasattr(lr, "assign"):
@@ -61,11 +66,50 @@ def _set_lr(optimizer, value):
         optimizer.learning_rate = value
 
 
+def _momentum(optimizer):
+    momentum = getattr(optimizer, "momentum", 0.0)
+    return float(momentum.numpy()) if hasattr(momentum, "numpy") else float(momentum or 0.0)
+
+
+def _velocities(optimizer):
+    """The optimizer's momentum buffers: `momentums` (SGD) or `_momentums` (RMSprop) in
+    Keras 3 and tf-keras, the "momentum" slots of tf-keras' legacy optimizers."""
+    for attr in ("momentums", "_momentums"):
+        buffers = getattr(optimizer, attr, None)
+        if buffers:
+            return list(buffers)
+    slots = getattr(optimizer, "_slots", None)
+    if isinstance(slots, dict):
+        return [s["momentum"] for s in slots.values() if "momentum" in s]
+    return []
+
+
+def _correct_momentum(optimizer, ratio):
+    """Momentum correction (Goyal et al.) for the step after the lr changed by `ratio`.
+
+    Horovod multiplies the momentum coefficient by ratio for that one step. Keras 3
+    and tf-keras keep SGD's momentum as a Python float that the traced train function
+    has already read, so changing it would do nothing. The same step is had by scaling
+    the velocity instead: their velocity includes the lr (v = mu * v - lr * g, then
+    w += v), so (ratio * mu) * v == mu * (ratio * v), and nothing needs restoring."""
+    buffers = _velocities(optimizer)
+    if not buffers:
+        if int(optimizer.iterations.numpy()) == 0:
+            return  # no step taken yet: the velocity is zero either way
+        raise NotImplementedError(
+            "momentum correction: cannot find the momentum buffers of %s; pass "
+            "momentum_correction=False" % type(optimizer).__name__)
+    for v in buffers:
+        v.assign(v * ratio)
+
+
 class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     """lr = initial_lr * multiplier(epoch) for start_epoch <= epoch < end_epoch.
 
     multiplier: a number or a function of the (fractional, unless staircase) epoch.
-    steps_per_epoch: needed for staircase=False when fit cannot tell (params)."""
+    steps_per_epoch: needed for staircase=False when fit cannot tell (params).
+    momentum_correction: when the lr changes from old to new, the next step uses
+    momentum * new / old (Goyal et al., "Accurate, Large Minibatch SGD")."""
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
                  momentum_correction=True, steps_per_epoch=None):
@@ -80,17 +124,24 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         self.current_epoch = 0
 
     def on_train_begin(self, logs=None):
-        # Momentum correction (scaling the momentum by new_lr / old_lr for the step
-        # where the lr changes) is not implemented: say so rather than ignore it.
-        # Without momentum it would change nothing, so it is allowed then.
-        momentum = getattr(self.model.optimizer, "momentum", 0.0)
-        if hasattr(momentum, "numpy"):
-            momentum = float(momentum.numpy())
-        if self.momentum_correction and momentum:
+        # Nesterov's step also uses the momentum coefficient outside the velocity
+        # (w += mu * v - lr * g), so scaling the velocity (see _correct_momentum) is
+        # not the scaled-momentum step there, and the coefficient itself cannot change.
+        optimizer = self.model.optimizer
+        if self.momentum_correction and _momentum(optimizer) and getattr(optimizer, "nesterov",
+                                                                         False):
             raise NotImplementedError(
-                "%s(momentum_correction=True) with an optimizer that has momentum (%g) is not "
-                "implemented in Perseus; pass momentum_correction=False"
-                % (type(self).__name__, momentum))
+                "%s(momentum_correction=True) with Nesterov momentum is not supported by "
+                "Perseus (Keras reads the momentum coefficient once, when it traces the "
+                "train step); pass momentum_correction=False" % type(self).__name__)
+
+    def _adjust_lr(self, new_lr):
+        optimizer = self.model.optimizer
+        old_lr = _get_lr(optimizer)
+        _set_lr(optimizer, new_lr)
+        new_lr = _get_lr(optimizer)  # as stored (float32 in Keras 3)
+        if self.momentum_correction and _momentum(optimizer) and old_lr and new_lr != old_lr:
+            _correct_momentum(optimizer, new_lr / old_lr)
 
     def _active(self, epoch):
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
@@ -101,7 +152,7 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.current_epoch = epoch
         if self._active(epoch) and self.staircase:
-            _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+            self._adjust_lr(self.initial_lr * self.multiplier(epoch))
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.staircase or not self._active(self.current_epoch):
@@ -110,7 +161,7 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         if not steps:
             raise ValueError("staircase=False needs steps_per_epoch")
         epoch = self.current_epoch + float(batch) / steps
-        _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+        self._adjust_lr(self.initial_lr * self.multiplier(epoch))
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
