@@ -27,6 +27,7 @@ TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}  # TensorFlow's start-up banners on every
 SCRIPTS = [
     "collectives",  # every collective x dtype, eager and tf.function; gradients; errors
     "training",     # DistributedGradientTape, Keras fit, TF1 session + hook vs one process
+    "accumulation",  # backward_passes_per_step (Keras, TF1), momentum correction vs references
 ]
 
 
@@ -47,9 +48,10 @@ def test_tensorflow_script(run_mpi, script, nprocs):
     run_mpi(script, nprocs, env=TF_ENV, timeout=360, python=tf_python(), scripts_dir=TF_SCRIPTS)
 
 
-def test_training_keras2(run_mpi):
-    """training.py's Keras checks (and the rest) with Keras 2 (tf-keras)."""
-    run_mpi("training", 2, env=dict(TF_ENV, TF_USE_LEGACY_KERAS="1"), timeout=360,
+@pytest.mark.parametrize("script", ["training", "accumulation"])
+def test_training_keras2(run_mpi, script):
+    """The scripts' Keras checks (and the rest) with Keras 2 (tf-keras)."""
+    run_mpi(script, 2, env=dict(TF_ENV, TF_USE_LEGACY_KERAS="1"), timeout=360,
             python=tf_python(), scripts_dir=TF_SCRIPTS)
 
 
@@ -105,24 +107,47 @@ def test_synthetic_benchmark_two_ranks():
     assert re.search(r"^Total img/sec on 2 GPU\(s\): [\d.]+ \+-[\d.]+$", out, re.M), out
 
 
-def test_momentum_correction_is_refused_not_ignored():
-    """LR callbacks do not implement momentum correction: with a momentum optimizer
-    the default momentum_correction=True is a clear error; False trains."""
+@pytest.mark.parametrize("legacy_keras", [False, True])
+def test_momentum_correction_refuses_nesterov(legacy_keras):
+    """Momentum correction scales the velocity (tests/tensorflow/accumulation.py checks
+    the values); with Nesterov momentum that is not the scaled-momentum step, so the
+    default momentum_correction=True is a clear error there; False trains."""
     code = ("import numpy as np, tensorflow as tf, perseus.tensorflow.keras as hvd\n"
             "hvd.init()\n"
-            "def fit(correction):\n"
+            "def fit(correction, nesterov):\n"
             "    m = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])\n"
-            "    m.compile(optimizer=hvd.DistributedOptimizer(\n"
-            "        tf.keras.optimizers.SGD(0.1, momentum=0.9)), loss='mse')\n"
+            "    m.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(\n"
+            "        0.1, momentum=0.9, nesterov=nesterov)), loss='mse')\n"
             "    cb = hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=1,\n"
             "        momentum_correction=correction, steps_per_epoch=2)\n"
             "    m.fit(np.ones((4, 2)), np.ones((4, 1)), batch_size=2, callbacks=[cb], verbose=0)\n"
-            "fit(False)\n"
+            "fit(True, False)\n"
+            "fit(False, True)\n"
             "try:\n"
-            "    fit(True)\n"
+            "    fit(True, True)\n"
             "except NotImplementedError as e:\n"
             "    assert 'momentum_correction=False' in str(e), e\n"
             "    print('refused ok')\n"
             "hvd.shutdown()\n")
-    result = _tf_subprocess(code, {})
+    result = _tf_subprocess(code, {"TF_USE_LEGACY_KERAS": "1"} if legacy_keras else {})
     assert result.returncode == 0 and "refused ok" in result.stdout, result.stderr
+
+
+def test_backward_passes_per_step_is_checked():
+    code = ("import tensorflow as tf, perseus.tensorflow.keras as hvd\n"
+            "import perseus.tensorflow.horovod as tfhvd\n"
+            "for make in (lambda k: hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),\n"
+            "                                                backward_passes_per_step=k),\n"
+            "             lambda k: tfhvd.DistributedOptimizer(\n"
+            "                 tf.compat.v1.train.GradientDescentOptimizer(0.1),\n"
+            "                 backward_passes_per_step=k)):\n"
+            "    for bad in (0, 1.5):\n"
+            "        try:\n"
+            "            make(bad)\n"
+            "        except ValueError as e:\n"
+            "            assert 'backward_passes_per_step' in str(e), e\n"
+            "        else:\n"
+            "            raise AssertionError(bad)\n"
+            "print('checked ok')\n")
+    result = _tf_subprocess(code, {})
+    assert result.returncode == 0 and "checked ok" in result.stdout, result.stderr
