@@ -48,6 +48,13 @@ def test_mxnet_script(run_mpi, script, nprocs):
             scripts_dir=MX_SCRIPTS)
 
 
+def test_collectives_naive_engine(run_mpi):
+    """MXNET_ENGINE_TYPE=NaiveEngine (synchronous MXNet, for debugging): the ops run
+    at once and raise their errors from the call."""
+    run_mpi("collectives", 2, env={"MXNET_ENGINE_TYPE": "NaiveEngine"}, timeout=360,
+            python=mx_python(), scripts_dir=MX_SCRIPTS)
+
+
 def test_single_process_without_mpirun():
     code = ("import mxnet as mx, perseus.mxnet as hvd\n"
             "hvd.init(); assert (hvd.rank(), hvd.size()) == (0, 1)\n"

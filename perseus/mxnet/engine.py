@@ -12,6 +12,7 @@ differ across ranks) is raised as MXNetError by whatever reads an output
 """
 
 import ctypes
+import math
 import os
 
 import mxnet as mx
@@ -26,9 +27,11 @@ _bridge.perseus_mx_set_functions(*(ctypes.cast(getattr(_LIB, name), ctypes.c_voi
                                                 "MXShallowCopyNDArray", "MXNDArrayFree")))
 _RUN = ctypes.cast(_bridge.perseus_mx_job_run, ctypes.c_void_p)
 _DELETE = ctypes.cast(_bridge.perseus_mx_job_delete, ctypes.c_void_p)
-# MXNet's NaiveEngine (MXNET_ENGINE_TYPE=NaiveEngine) runs every operation
-# synchronously and needs it complete on return: the bridge then waits inline.
-_WAIT_INLINE = 1 if os.environ.get("MXNET_ENGINE_TYPE") == "NaiveEngine" else 0
+# MXNet's NaiveEngine (MXNET_ENGINE_TYPE=NaiveEngine, for debugging) runs every
+# operation on the pushing thread at once and drops the errors operations report;
+# there push() runs the requests directly and raises their errors itself.
+_NAIVE = os.environ.get("MXNET_ENGINE_TYPE") == "NaiveEngine"
+_GET_DATA = _LIB.MXNDArrayGetData
 
 
 class _Context(ctypes.Structure):
@@ -53,9 +56,12 @@ def push(specs, inputs, outputs, priority=0, op_name=b"Perseus"):
     are ignored: the bridge reads them from the arrays when the engine runs it) as
     one MXNet engine operation. inputs[i] and outputs[i] are the NDArrays of
     specs[i]; outputs[i] may be inputs[i] (in place). Returns at once."""
+    if _NAIVE:
+        _run_now(specs, inputs, outputs)
+        return
     buf, n = _requests.pack(specs)
     job = _bridge.perseus_mx_job_new(buf.buffer_info()[0], len(buf), 8 * n, n,
-                                     _handles(inputs), _handles(outputs), _WAIT_INLINE)
+                                     _handles(inputs), _handles(outputs))
     if not job:
         raise RuntimeError("Perseus could not reference the MXNet arrays: %s"
                            % mx.base.py_str(_LIB.MXGetLastError()))
@@ -74,3 +80,18 @@ def push(specs, inputs, outputs, priority=0, op_name=b"Perseus"):
     # The job belongs to the engine from here: it calls _DELETE when done with it.
     check_call(_PUSH(_RUN, job, _DELETE, ctypes.addressof(ctx), _handles(read), len(read),
                      _handles(written), len(written), None, int(priority), op_name, False))
+
+
+def _address(array):
+    data = ctypes.c_void_p()
+    check_call(_GET_DATA(array.handle, ctypes.byref(data)))
+    return data.value or 0
+
+
+def _run_now(specs, inputs, outputs):
+    """push() under NaiveEngine: every earlier operation has finished, so the data
+    addresses are final; run the requests and wait, raising their errors here."""
+    specs = [spec[:6] + ((_address(i), _address(o)) if math.prod(spec[5]) else (0, 0)) + spec[8:]
+             for spec, i, o in zip(specs, inputs, outputs)]
+    _requests.synchronize(_requests.submit(specs, lambda state, handles: None,
+                                           (inputs, outputs), drive=True))

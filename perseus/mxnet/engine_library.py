@@ -97,7 +97,7 @@ def load():
         lib.perseus_mx_set_functions.argtypes = [vp, vp, vp, vp]
         lib.perseus_mx_set_functions.restype = None
         lib.perseus_mx_job_new.argtypes = [vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
-                                           ctypes.POINTER(vp), ctypes.POINTER(vp), ctypes.c_int32]
+                                           ctypes.POINTER(vp), ctypes.POINTER(vp)]
         lib.perseus_mx_job_new.restype = vp
         lib.perseus_mx_job_delete.argtypes = [vp]
         lib.perseus_mx_job_delete.restype = None

@@ -3,6 +3,9 @@
 Each op's result is compared exactly with the reduction/concatenation every rank
 computes itself from the other ranks' deterministic inputs.
 """
+import os
+import time
+
 import mxnet as mx
 import numpy as np
 
@@ -113,10 +116,10 @@ def check_reducescatter(rank, size):
 def check_errors(rank, size):
     # Shapes that differ across ranks: a clear error on every rank, raised by the
     # read of the output, and the library keeps working afterwards.
-    out = hvd.allreduce(mx.nd.ones((rank + 1,)), name="mismatch")
+    # (Under MXNET_ENGINE_TYPE=NaiveEngine the call itself raises.)
     try:
-        out.asnumpy()
-    except mx.base.MXNetError as e:
+        hvd.allreduce(mx.nd.ones((rank + 1,)), name="mismatch").asnumpy()
+    except RuntimeError as e:  # MXNetError from the engine
         assert "mismatch" in str(e) and "shape" in str(e), e
     else:
         raise AssertionError("mismatched shapes were not reported")
@@ -140,6 +143,25 @@ def check_errors(rank, size):
                  "after errors")
 
 
+def check_asynchronous(rank, size):
+    """allreduce returns before the collective has run: rank 0 goes on while the
+    last rank is 1.5 s late, and only reading the result waits for it."""
+    if os.environ.get("MXNET_ENGINE_TYPE") == "NaiveEngine":
+        return  # NaiveEngine runs everything at once, by design
+    x = mx.nd.ones(1000) * (rank + 1)
+    if rank == size - 1:
+        time.sleep(1.5)
+    start = time.monotonic()
+    y = hvd.allreduce(x, op=hvd.Sum, name="late_peer")
+    returned = time.monotonic() - start
+    z = (y * 2).asnumpy()  # an MXNet op queued behind the collective, then a read
+    waited = time.monotonic() - start
+    assert np.array_equal(z, np.full(1000, size * (size + 1), np.float32)), z[:4]
+    if rank == 0:
+        assert returned < 0.5 and waited > 1.0, (returned, waited)
+        log("allreduce returned after %.4f s, result read after %.2f s" % (returned, waited))
+
+
 def check_objects(rank, size):
     obj = hvd.broadcast_object({"rank": rank, "list": list(range(rank + 2))}, root_rank=size - 1)
     assert obj == {"rank": size - 1, "list": list(range(size + 1))}, obj
@@ -152,7 +174,8 @@ def body():
     assert (hvd.local_rank(), hvd.local_size()) == (rank, size)
     assert hvd.is_initialized() and hvd.cross_size() == 1
     for check in (check_allreduce, check_grouped, check_allgather, check_broadcast,
-                  check_alltoall, check_reducescatter, check_objects, check_errors):
+                  check_alltoall, check_reducescatter, check_objects, check_asynchronous,
+                  check_errors):
         check(rank, size)
         log(check.__name__, "passed")
     mx.nd.waitall()

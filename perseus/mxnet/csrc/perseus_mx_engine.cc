@@ -63,7 +63,6 @@ struct Job {
   std::vector<void*> inputs;   // NDArray handle per request (one of `owned`)
   std::vector<void*> outputs;  // NDArray handle per request (may equal the input)
   std::vector<int64_t> handles;
-  bool wait_inline = false;
   OnComplete done{};
 };
 
@@ -174,7 +173,7 @@ void perseus_mx_set_functions(void* get_data, void* last_error, void* shallow_co
 // before the engine runs the job). Returns nullptr when copying a handle fails.
 __attribute__((visibility("default")))
 void* perseus_mx_job_new(const void* batch, int64_t bytes, int64_t records_at, int32_t n,
-                         void* const* inputs, void* const* outputs, int32_t wait_inline) {
+                         void* const* inputs, void* const* outputs) {
   Job* job = new Job;
   job->blob.resize((bytes + 7) / 8);
   std::memcpy(job->blob.data(), batch, bytes);
@@ -206,7 +205,6 @@ void* perseus_mx_job_new(const void* batch, int64_t bytes, int64_t records_at, i
     job->outputs.push_back(out);
   }
   job->handles.resize(n);
-  job->wait_inline = wait_inline != 0;
   return job;
 }
 
@@ -235,11 +233,6 @@ void perseus_mx_job_run(void* /*run_context*/, void* on_complete, void* param) {
   if (status != PERSEUS_SUCCESS) {
     const char* text = perseus_last_error();
     Finish(job, status, text ? text : "");
-    return;
-  }
-  if (job->wait_inline) {  // MXNet's NaiveEngine needs the op complete on return
-    perseus_status_t failure = WaitAndRelease(job->handles, &message);
-    Finish(job, failure, message);
     return;
   }
   Waiters::Get().Add(job);
