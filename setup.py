@@ -68,9 +68,10 @@ setup(
     version="0.1.0",
     description="Horovod-compatible data-parallel training over one framework-neutral C++ core",
     packages=find_packages(include=["perseus", "perseus.*"]),
-    # The TensorFlow ops are compiled on first use, against the TensorFlow installed
-    # then: ship their source and the C ABI header (a symlink to csrc/include).
-    package_data={"perseus.tensorflow": ["csrc/*.cc", "csrc/include/perseus/*.h"]},
+    # The TensorFlow ops and the MXNet engine bridge are compiled on first use: ship
+    # their source and the C ABI header (a symlink to csrc/include).
+    package_data={"perseus.tensorflow": ["csrc/*.cc", "csrc/include/perseus/*.h"],
+                  "perseus.mxnet": ["csrc/*.cc", "csrc/include/perseus/*.h"]},
     ext_modules=[core],
     cmdclass={"build_ext": BuildCore},
     python_requires=">=3.9",
