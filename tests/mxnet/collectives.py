@@ -162,6 +162,30 @@ def check_asynchronous(rank, size):
         log("allreduce returned after %.4f s, result read after %.2f s" % (returned, waited))
 
 
+def check_process_set(rank, size):
+    evens = list(range(0, size, 2))
+    ps = hvd.add_process_set(evens)
+    try:
+        if rank in evens:
+            inputs = [make_array("ps", r, (3,), np.int32) for r in evens]
+            assert_equal(hvd.allreduce(nd(inputs[evens.index(rank)]), op=hvd.Sum,
+                                       process_set=ps),
+                         np.sum(np.stack(inputs), axis=0).astype(np.int32), "set allreduce")
+            assert_equal(hvd.broadcast(nd(inputs[evens.index(rank)]), root_rank=evens[-1],
+                                       process_set=ps), inputs[-1], "set broadcast")
+            assert_equal(hvd.allgather(nd(inputs[evens.index(rank)]), process_set=ps),
+                         np.concatenate(inputs), "set allgather")
+        else:
+            try:
+                hvd.allreduce(mx.nd.ones(2), process_set=ps)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("a rank outside the set was not refused")
+    finally:
+        hvd.remove_process_set(ps)
+
+
 def check_objects(rank, size):
     obj = hvd.broadcast_object({"rank": rank, "list": list(range(rank + 2))}, root_rank=size - 1)
     assert obj == {"rank": size - 1, "list": list(range(size + 1))}, obj
@@ -174,7 +198,7 @@ def body():
     assert (hvd.local_rank(), hvd.local_size()) == (rank, size)
     assert hvd.is_initialized() and hvd.cross_size() == 1
     for check in (check_allreduce, check_grouped, check_allgather, check_broadcast,
-                  check_alltoall, check_reducescatter, check_objects, check_asynchronous,
+                  check_alltoall, check_reducescatter, check_objects, check_process_set, check_asynchronous,
                   check_errors):
         check(rank, size)
         log(check.__name__, "passed")
