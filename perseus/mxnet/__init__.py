@@ -9,6 +9,7 @@ errors), perseus.mxnet.mpi_ops (collectives in MXNet's engine), .functions,
 from perseus.common.horovod_api import *  # noqa: F401,F403
 from perseus.common.horovod_api import __all__ as _common_all
 from perseus.mxnet.compression import Compression
+from perseus.mxnet.engine import shutdown  # waits for MXNet's pending ops first
 from perseus.mxnet.kvstore import create
 from perseus.mxnet.sync_batch_norm import PerseusSyncBatchNorm
 from perseus.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters

@@ -11,13 +11,16 @@ differ across ranks) is raised as MXNetError by whatever reads an output
 (asnumpy(), wait_to_read(), mx.nd.waitall()).
 """
 
+import atexit
 import ctypes
 import math
 import os
+import sys
 
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
+from perseus.common import basics as _basics
 from perseus.common import requests as _requests
 from perseus.mxnet import engine_library
 
@@ -32,6 +35,13 @@ _DELETE = ctypes.cast(_bridge.perseus_mx_job_delete, ctypes.c_void_p)
 # there push() runs the requests directly and raises their errors itself.
 _NAIVE = os.environ.get("MXNET_ENGINE_TYPE") == "NaiveEngine"
 _GET_DATA = _LIB.MXNDArrayGetData
+# With oneDNN (MKLDNN, on in the pip wheel unless MXNET_MKLDNN_ENABLED=0), an array
+# of 2+ dimensions may hold its data in a blocked layout. Its plain-layout address
+# is only available after a reorder that MXNet runs as another engine operation,
+# which would wait behind ours: a deadlock. So such inputs go through Cast (no
+# oneDNN kernel: its output is a plain copy) and in-place results are copied back.
+_ONEDNN = (mx.runtime.Features().is_enabled("MKLDNN")
+           and os.environ.get("MXNET_MKLDNN_ENABLED", "1") != "0")
 
 
 class _Context(ctypes.Structure):
@@ -59,6 +69,16 @@ def push(specs, inputs, outputs, priority=0, op_name=b"Perseus"):
     if _NAIVE:
         _run_now(specs, inputs, outputs)
         return
+    copy_back = []
+    if _ONEDNN:
+        inputs, outputs = list(inputs), list(outputs)
+        for i, array in enumerate(inputs):
+            if array.ndim >= 2 and array.size:
+                plain = mx.nd.Cast(array, dtype=array.dtype)
+                if outputs[i] is array:
+                    outputs[i] = plain
+                    copy_back.append((plain, array))
+                inputs[i] = plain
     buf, n = _requests.pack(specs)
     job = _bridge.perseus_mx_job_new(buf.buffer_info()[0], len(buf), 8 * n, n,
                                      _handles(inputs), _handles(outputs))
@@ -80,6 +100,8 @@ def push(specs, inputs, outputs, priority=0, op_name=b"Perseus"):
     # The job belongs to the engine from here: it calls _DELETE when done with it.
     check_call(_PUSH(_RUN, job, _DELETE, ctypes.addressof(ctx), _handles(read), len(read),
                      _handles(written), len(written), None, int(priority), op_name, False))
+    for plain, array in copy_back:
+        plain.copyto(array)
 
 
 def _address(array):
@@ -95,3 +117,25 @@ def _run_now(specs, inputs, outputs):
              for spec, i, o in zip(specs, inputs, outputs)]
     _requests.synchronize(_requests.submit(specs, lambda state, handles: None,
                                            (inputs, outputs), drive=True))
+
+
+def shutdown():
+    """hvd.shutdown() for MXNet: lets MXNet finish every pushed operation (Perseus'
+    among them), then stops Perseus. An operation that failed raises here, after
+    Perseus has stopped."""
+    try:
+        mx.nd.waitall()
+    finally:
+        _basics.shutdown()
+
+
+def _finish_at_exit():
+    # Runs before perseus.common.basics' exit hook (registered earlier), so
+    # operations still in MXNet's engine are not cut off by Perseus' shutdown.
+    try:
+        mx.nd.waitall()
+    except Exception as e:  # nobody read that result; say so instead of a traceback
+        sys.stderr.write("perseus.mxnet: an MXNet operation failed before exit: %s\n" % e)
+
+
+atexit.register(_finish_at_exit)

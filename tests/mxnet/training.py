@@ -127,6 +127,54 @@ def check_optimizer(rank, size):
                      atol=1e-10)
 
 
+def conv_net(seed):
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    # 8 and 16 channels: oneDNN's blocked layouts need multiples of 8
+    net.add(gluon.nn.Conv2D(8, 3, in_channels=2, activation="relu"),
+            gluon.nn.Conv2D(16, 3, in_channels=8), gluon.nn.Flatten(),
+            gluon.nn.Dense(3, in_units=16 * 4 * 4))
+    net.initialize(mx.init.Uniform(0.3))
+    net.hybridize()
+    return net
+
+
+def check_conv(rank, size):
+    """Convolutions (oneDNN arrays in blocked layouts, in the pip wheel) through
+    DistributedTrainer equal one process on the whole batch (float32)."""
+    rng = np.random.default_rng(3)
+    xs = rng.normal(size=(STEPS, PER_RANK * size, 2, 8, 8))
+    ys = rng.normal(size=(STEPS, PER_RANK * size, 3))
+    rows = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+
+    def fit(net, trainer, batch_size, rows):
+        loss_fn = gluon.loss.L2Loss()
+        for step in range(STEPS):
+            with autograd.record():
+                loss = loss_fn(net(mx.nd.array(xs[step][rows])), mx.nd.array(ys[step][rows]))
+            loss.backward()
+            trainer.step(batch_size)
+        return [p.data().asnumpy() for p in net.collect_params().values()]
+
+    net = conv_net(50 + rank)
+    # An inference pass first: oneDNN then keeps convolution weights in its own
+    # layout, which broadcast_parameters must cope with.
+    net(mx.nd.array(xs[0][rows])).wait_to_read()
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0, prefix="conv.")
+    start = [p.data().copy() for p in net.collect_params().values()]
+    got = fit(net, hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                          {"learning_rate": 0.1, "momentum": 0.9},
+                                          prefix="conv"), PER_RANK, rows)
+    ref_net = conv_net(0)
+    for p, value in zip(ref_net.collect_params().values(), start):
+        p.set_data(value)
+    expected = fit(ref_net, gluon.Trainer(ref_net.collect_params(), "sgd",
+                                          {"learning_rate": 0.1, "momentum": 0.9},
+                                          kvstore=None), PER_RANK * size, slice(None))
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert_close(g, e, "conv parameter %d" % i, rtol=1e-4, atol=1e-5)
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -139,6 +187,8 @@ def body():
     log("DistributedTrainer passed")
     check_optimizer(rank, size)
     log("DistributedOptimizer passed")
+    check_conv(rank, size)
+    log("convolutions passed")
     hvd.shutdown()
 
 
