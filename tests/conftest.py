@@ -76,8 +76,34 @@ def _descendants(pid):
     return found
 
 
+def describe_processes(pids):
+    """One line per process and thread: state and kernel wait channel, to show where a hang sat."""
+    lines = []
+    for pid in pids:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            tids = sorted(os.listdir("/proc/%d/task" % pid), key=int)
+        except OSError:
+            continue
+        lines.append("pid %d: %s" % (pid, cmd))
+        for tid in tids:
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                    stat = f.read()
+                with open("/proc/%d/task/%s/wchan" % (pid, tid)) as f:
+                    wchan = f.read().strip()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            state = stat.rsplit(")", 1)[1].split()[0]
+            lines.append("    tid %s %-16s state %s wchan %s" % (tid, name, state, wchan or "-"))
+    return "\n".join(lines)
+
+
 def kill_job(proc):
-    """SIGKILL the launcher and every process it started."""
+    """SIGKILL the launcher and every process it started. Returns what was still alive."""
+    alive = describe_processes([proc.pid] + _descendants(proc.pid))
     for _ in range(3):
         victims = _descendants(proc.pid)
         for pid in victims + [proc.pid]:
@@ -88,6 +114,7 @@ def kill_job(proc):
         if not victims:
             break
         time.sleep(0.1)
+    return alive
 
 
 def _report(what, cmd, env_extra, out, err):

@@ -26,18 +26,19 @@ HARD_TIMEOUT_S = 90
 
 def run_dead_rank(tmp_path, np, leave, workload):
     cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "dead_rank.py")]
+    # A live rank prints its Python stacks shortly before the hard timeout.
     env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_LEAVE": leave,
-                     "PTEST_WORKLOAD": workload})
+                     "PTEST_WORKLOAD": workload, "PTEST_HANG_DUMP_S": str(HARD_TIMEOUT_S - 10)})
     proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=HARD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        kill_job(proc)
+        alive = kill_job(proc)
         out, err = proc.communicate()
-        pytest.fail("job hung after a rank left (%s, %s, np %d)\nstdout:\n%s\nstderr:\n%s"
-                    % (leave, workload, np, out, err))
+        pytest.fail("job hung after a rank left (%s, %s, np %d)\nstill alive:\n%s\nstdout:\n%s"
+                    "\nstderr:\n%s" % (leave, workload, np, alive, out, err))
     ended = time.time()
     left_file = tmp_path / "left"
     assert left_file.exists(), "the victim never left\nstdout:\n%s\nstderr:\n%s" % (out, err)
