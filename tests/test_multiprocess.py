@@ -37,7 +37,7 @@ def test_script(run_mpi, script, nprocs):
 
 # Engine settings under which the mixed load of stress.py must give the same, correct
 # results: 1, 2 and 4 lanes, fusion off, tiny fusion buffers, the Horovod spelling of the
-# threshold, and an extra 5 ms batching window.
+# threshold, an extra 5 ms batching window, and no holding of small requests.
 KNOBS = {
     "defaults": {},
     "lanes1": {"PERSEUS_ALLREDUCE_STREAMS": "1"},
@@ -47,6 +47,7 @@ KNOBS = {
     "tiny_fusion_lanes2": {"PERSEUS_FUSION_THRESHOLD": "1024", "PERSEUS_ALLREDUCE_STREAMS": "2"},
     "horovod_threshold": {"HOROVOD_FUSION_THRESHOLD": "4096"},
     "cycle_5ms": {"PERSEUS_CYCLE_TIME": "5"},
+    "no_hold": {"PERSEUS_HOLD_BYTES": "0"},
 }
 
 

@@ -124,6 +124,11 @@ const std::vector<Variable>& Table() {
        IntIn(0, 1ll << 40, [](Config* c, int64_t v) { c->fusion_threshold = v; })},
       {"PERSEUS_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "extra batching window, ms",
        NumberIn(0, 10000, [](Config* c, double v) { c->cycle_time_ms = v; })},
+      {"PERSEUS_HOLD_BYTES", nullptr,
+       "while no thread waits, start a round only once this many bytes are pending (0 = at once)",
+       IntIn(0, 1ll << 40, [](Config* c, int64_t v) { c->hold_bytes = v; })},
+      {"PERSEUS_HOLD_TIME", nullptr, "... or once the oldest pending request is this old, ms",
+       NumberIn(0, 10000, [](Config* c, double v) { c->hold_time_ms = v; })},
       {"PERSEUS_ALLREDUCE_STREAMS", nullptr, "concurrent execution lanes",
        IntIn(1, 64, [](Config* c, int64_t v) { c->lanes = static_cast<int>(v); })},
       {"PERSEUS_CHUNK_SIZE", nullptr, "bytes per MPI call on large buffers",
@@ -178,6 +183,8 @@ std::string DescribeConfig(const Config& c) {
   std::ostringstream out;
   out << "PERSEUS_FUSION_THRESHOLD=" << c.fusion_threshold << "\n"
       << "PERSEUS_CYCLE_TIME=" << c.cycle_time_ms << "\n"
+      << "PERSEUS_HOLD_BYTES=" << c.hold_bytes << "\n"
+      << "PERSEUS_HOLD_TIME=" << c.hold_time_ms << "\n"
       << "PERSEUS_ALLREDUCE_STREAMS=" << c.lanes << "\n"
       << "PERSEUS_CHUNK_SIZE=" << c.chunk_bytes << "\n"
       << "PERSEUS_CACHE_CAPACITY=" << c.cache_capacity << "\n"

@@ -173,8 +173,17 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       entries[i]->handle = handles_->Create();
       handles_out[i] = entries[i]->handle;
       targets[i]->in_flight.insert(entries[i]->meta.name);
+      const int64_t bytes = PayloadBytes(entries[i]->meta);
+      if (hold_headroom_ > bytes) {
+        hold_headroom_ -= bytes;
+      } else {
+        hold_headroom_ = 0;
+      }
       incoming_.push_back(std::move(entries[i]));
     }
+    // A held engine is not woken for what it would hold anyway (a context switch
+    // per gradient on a busy core); it wakes when its hold ends.
+    if (hold_headroom_ > 0) wake_engine = false;
   }
   if (wake_engine) cv_.notify_all();
   return Status::OK();
@@ -189,7 +198,7 @@ void Engine::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      auto news = [&] { return !incoming_.empty() || stop_requested_; };
+      auto news = [&] { return !incoming_.empty() || stop_requested_ || poked_; };
       if (!busy_) {
         // Idle: no polling, no cost to the rest of the process. busy_ wakes it too:
         // a driver handing over unfinished work sets it before notifying. Only the
@@ -221,6 +230,7 @@ bool Engine::Iterate(bool driving) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(incoming_);
+    poked_ = false;
     stopping = stop_requested_;
     for (auto& kv : sets_)
       if (kv.second->negotiator) sets.push_back(kv.second);
@@ -241,9 +251,16 @@ bool Engine::Iterate(bool driving) {
   Clock::time_point wake_at = Clock::time_point::max();
   bool busy = false, all_stopped = true;
   single_set_ = sets.size() == 1;
+  int64_t hold_headroom = 0;
   for (auto& set : sets) {
-    Step(set.get(), stopping, driving, now, &wake_at, &busy);
+    Step(set.get(), stopping, driving, now, &wake_at, &busy, &hold_headroom);
     all_stopped = all_stopped && set->stopped;
+  }
+  {
+    // Skipping wake-ups is safe with one process set only: a request for another
+    // set must not wait out this set's hold.
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_headroom_ = single_set_ && incoming_.empty() && !poked_ && !stopping ? hold_headroom : 0;
   }
   wake_at_ = wake_at.time_since_epoch().count();
   busy_ = busy;
@@ -284,7 +301,14 @@ void Engine::Drive(const int64_t* handles, int n, double max_drive_s, bool hande
     }
     step.unlock();
   } else if (!handed_work) {
-    return;  // another thread drives; the caller waits on its handles
+    // Another thread drives; the caller waits on its handles. The driver may have
+    // decided to hold requests before this waiter came: make it look again.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      poked_ = true;
+    }
+    cv_.notify_all();
+    return;
   }
   bool leftover;
   {
@@ -295,8 +319,9 @@ void Engine::Drive(const int64_t* handles, int n, double max_drive_s, bool hande
 }
 
 void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
-                  Clock::time_point* wake_at, bool* busy) {
+                  Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom) {
   const Clock::duration spin = driving ? kDriverSpin : kBackgroundSpin;
+  *hold_headroom = 0;  // unless this set ends the step holding requests
   if (set->stopped) return;
   Negotiator& negotiator = *set->negotiator;
   if (set->stall->Due(now, wake_at))
@@ -322,17 +347,34 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   *busy = true;
   if (!stopping) {
     Clock::time_point ready = (set->new_work || set->progressed) ? now : set->retry_at;
+    int64_t headroom = 0;
+    if (!driving && !SomeoneWaits()) ready = std::max(ready, HoldUntil(negotiator, &headroom));
     if (config_.cycle_time_ms > 0 && !driving)
       ready = std::max(ready, set->round_start + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double, std::milli>(
                                                          config_.cycle_time_ms)));
     if (ready > now) {
       *wake_at = std::min(*wake_at, ready);
+      *hold_headroom = headroom;
       return;
     }
   }
   StartRound(set, stopping, now);
   *wake_at = now;  // test it straight away
+}
+
+// While no thread waits for a result (e.g. during backward()), small requests are
+// held so that one round and one fused collective carry many of them: every round
+// is a meeting of all ranks' engine threads, which costs context switches on cores
+// that are busy training. A waiter, or enough bytes, or enough time, ends the hold.
+Clock::time_point Engine::HoldUntil(const Negotiator& negotiator, int64_t* headroom) const {
+  if (config_.hold_bytes <= 0 || config_.hold_time_ms <= 0) return Clock::time_point::min();
+  Negotiator::Load load = negotiator.PendingLoad();
+  if (load.bytes >= config_.hold_bytes || load.oldest == Clock::time_point::max())
+    return Clock::time_point::min();
+  *headroom = config_.hold_bytes - load.bytes;
+  return load.oldest + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double, std::milli>(config_.hold_time_ms));
 }
 
 void Engine::StartRound(ProcessSet* set, bool stopping, Clock::time_point now) {

@@ -66,8 +66,9 @@ class Engine {
   Clock::time_point WakeAt() const;
   // One scheduling step for a set; lowers *wake_at when it needs attention sooner.
   void Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
-            Clock::time_point* wake_at, bool* busy);
+            Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom);
   void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
+  Clock::time_point HoldUntil(const Negotiator& negotiator, int64_t* headroom) const;
   void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now, bool driving);
   void StopSet(ProcessSet* set, const Status& status);
   void Finish(int set_id, const EntryPtr& entry, Status status, Result result = Result());
@@ -88,6 +89,10 @@ class Engine {
   std::map<int, std::shared_ptr<ProcessSet>> sets_;
   int next_set_id_ = 0;
   std::vector<EntryPtr> incoming_;
+  bool poked_ = false;  // a waiter arrived that the background thread should notice
+  // While the engine holds small requests: bytes that may still arrive without
+  // waking it (it would only hold them too). 0 = wake it for every request.
+  int64_t hold_headroom_ = 0;
   bool stop_requested_ = false;
   bool stopped_ = false;
   std::mutex step_mu_;      // held by whichever thread runs Iterate()

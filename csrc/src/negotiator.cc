@@ -56,6 +56,15 @@ Clock::time_point Negotiator::OldestSubmitted() const {
   return oldest;
 }
 
+Negotiator::Load Negotiator::PendingLoad() const {
+  Load load;
+  for (const auto& kv : pending_) {
+    load.bytes += PayloadBytes(kv.second->meta);
+    load.oldest = std::min(load.oldest, kv.second->submitted);
+  }
+  return load;
+}
+
 EntryPtr Negotiator::TakeLocal(const std::string& name) {
   auto it = pending_.find(name);
   if (it == pending_.end()) return nullptr;

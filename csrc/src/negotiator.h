@@ -48,6 +48,12 @@ class Negotiator {
   void RequestInspection(int flags) { inspect_flags_ |= flags; }
   // When the oldest pending request (other than join) was submitted; max() if none.
   Clock::time_point OldestSubmitted() const;
+  // Payload bytes of this rank's pending requests, and when the oldest of them came.
+  struct Load {
+    int64_t bytes = 0;
+    Clock::time_point oldest = Clock::time_point::max();
+  };
+  Load PendingLoad() const;
   bool active() const { return phase_ != Phase::kIdle; }
   std::vector<EntryPtr> TakePending();
 
