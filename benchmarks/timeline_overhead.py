@@ -1,0 +1,95 @@
+"""What the timeline costs the hot path: allreduce time with the timeline off and on.
+
+    mpirun -np 2 python benchmarks/timeline_overhead.py [--pairs 9] [--iters 1500]
+
+Each pair times the same loop twice, once with the timeline off and once writing
+one (start_timeline / stop_timeline between them, the order alternating per pair),
+so drift on this noisy machine hits both alike. Three workloads: one 4 KiB
+allreduce at a time (the most events per second the engine makes), one 1 MiB
+allreduce at a time, and 40 small async allreduces then a wait for all (a
+backward pass's gradients). Rank 0 prints per-op medians and the median of the
+per-pair on/off ratios; 1.00 means no cost.
+"""
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+import perseus.torch.horovod as hvd
+
+
+def one_at_a_time(numel):
+    tensor = torch.ones(numel)
+
+    def run():
+        hvd.allreduce_(tensor, name="timed", op=hvd.Sum)
+    return run
+
+
+def gradient_burst(count=40, numel=4096):
+    tensors = [torch.ones(numel) for _ in range(count)]
+    names = ["grad.%d" % i for i in range(count)]
+
+    def run():
+        handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(tensors, names)]
+        for h in handles:
+            hvd.synchronize(h)
+    return run
+
+
+def time_loop(run, iters):
+    for _ in range(max(10, iters // 20)):
+        run()
+    hvd.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()
+    return (time.perf_counter() - start) / iters * 1e6
+
+
+def measure(run, iters, pairs, path):
+    off, on = [], []
+    for p in range(pairs):
+        for timeline_on in ((False, True) if p % 2 == 0 else (True, False)):
+            if timeline_on:
+                hvd.start_timeline(path)
+                on.append(time_loop(run, iters))
+                hvd.stop_timeline()
+            else:
+                off.append(time_loop(run, iters))
+    return off, on
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=9)
+    parser.add_argument("--iters", type=int, default=1500, help="per timed loop (4 KiB case)")
+    args = parser.parse_args()
+    hvd.init()
+    workloads = [("4 KiB allreduce", one_at_a_time(1024), args.iters),
+                 ("1 MiB allreduce", one_at_a_time(256 * 1024), max(20, args.iters // 20)),
+                 ("40 x 16 KiB async burst", gradient_burst(), max(20, args.iters // 20))]
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "timeline.json")
+        rows = []
+        for label, run, iters in workloads:
+            off, on = measure(run, iters, args.pairs, path)
+            ratios = [a / b for a, b in zip(on, off)]
+            rows.append((label, statistics.median(off), statistics.median(on),
+                         statistics.median(ratios), min(ratios), max(ratios)))
+        size = os.path.getsize(path) if hvd.rank() == 0 else 0
+    if hvd.rank() == 0:
+        print("np=%d, %d pairs; times per op (burst: per burst), medians" % (hvd.size(), args.pairs))
+        print("| workload | off us | on us | on/off (median) | on/off range |")
+        print("|---|---:|---:|---:|---:|")
+        for label, off, on, ratio, low, high in rows:
+            print("| %s | %.1f | %.1f | %.3f | %.3f-%.3f |" % (label, off, on, ratio, low, high))
+        print("last timeline file: %d bytes" % size)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
