@@ -162,9 +162,11 @@ def momentum_reference(batches, lrs, momentum):
 def check_momentum_correction(rank, size):
     tf.keras.backend.set_floatx("float64")
     steps = 4
-    # Warmup over the first epoch (lr changes on every batch), then constant; and a
-    # staircase schedule that halves the lr each epoch. All lrs are exact in float32.
-    warmup = [0.5 / size * (b / steps * (size - 1) + 1) for b in range(steps)]
+    # Warmup over the first epoch (lr changes on every batch, one batch ahead, so the
+    # last warmup batch runs at the full lr), then constant; and a staircase schedule
+    # that halves the lr each epoch. All lrs are exact in float32.
+    warmup = [0.5 / size * ((b + 1) / steps * (size - 1) + 1) for b in range(steps)]
+    assert warmup[-1] == 0.5
     cases = [("warmup", 2, warmup + [warmup[-1]] * steps,
               lambda: hvd_keras.callbacks.LearningRateWarmupCallback(
                   0.5, warmup_epochs=1, steps_per_epoch=steps)),

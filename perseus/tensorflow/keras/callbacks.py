@@ -174,6 +174,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         size = basics.size()
 
         def multiplier(epoch):
+            # One batch ahead, as in Horovod: the last warmup batch runs at initial_lr.
+            epoch += 1.0 / self._steps()
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
