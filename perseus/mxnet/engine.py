@@ -61,11 +61,13 @@ def _handles(arrays):
     return (ctypes.c_void_p * len(arrays))(*[a.handle.value for a in arrays])
 
 
-def push(specs, inputs, outputs, priority=0, op_name=b"Perseus"):
+def push(specs, inputs, outputs, priority=0, op_name=b"Perseus", after=None):
     """Runs the requests `specs` (RequestSpec tuples whose input/output addresses
     are ignored: the bridge reads them from the arrays when the engine runs it) as
     one MXNet engine operation. inputs[i] and outputs[i] are the NDArrays of
-    specs[i]; outputs[i] may be inputs[i] (in place). Returns at once."""
+    specs[i]; outputs[i] may be inputs[i] (in place). `after`: an extra NDArray the
+    operation counts as written, so operations given the same one run one after
+    another (e.g. requests of the same name). Returns at once."""
     if _NAIVE:
         _run_now(specs, inputs, outputs)
         return
@@ -87,7 +89,7 @@ def push(specs, inputs, outputs, priority=0, op_name=b"Perseus"):
                            % mx.base.py_str(_LIB.MXGetLastError()))
     # An array is listed once, as written if any request writes it, else as read.
     written, read, seen = [], [], set()
-    for array in outputs:
+    for array in list(outputs) + ([after] if after is not None else []):
         if array.handle.value not in seen:
             seen.add(array.handle.value)
             written.append(array)

@@ -100,6 +100,22 @@ def _spec(wire, op_type, reduce_op, code, shape, prescale, postscale, root, set_
             float(postscale), root, set_id, None, 0, 0)
 
 
+# (op type, user name) -> a one-element NDArray that every request of that name
+# lists as written: MXNet then runs same-named requests one after the other, so a
+# name is never twice in flight in the core (which refuses that), whatever order
+# the engine picks. Unnamed requests get fresh numbered names and need none.
+_tokens = {}
+
+
+def _after(op_type, name):
+    if name is None:
+        return None
+    token = _tokens.get((op_type, name))
+    if token is None:
+        token = _tokens[(op_type, name)] = mx.nd.zeros((1,))
+    return token
+
+
 def _same_shape(op_type, tensors, inplace, name, reduce_op, prescale, postscale, root_rank,
                 process_set, priority, grouped, op_name):
     """Allreduce / broadcast in MXNet's engine; returns the output arrays."""
@@ -120,7 +136,7 @@ def _same_shape(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
         specs.append(_spec(wire, op_type, reduce_op, code, tensor.shape, prescale, postscale,
                            root, set_id))
     if specs:
-        _engine.push(specs, list(tensors), outputs, priority, op_name)
+        _engine.push(specs, list(tensors), outputs, priority, op_name, _after(op_type, name))
     return outputs
 
 
@@ -200,7 +216,8 @@ def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_
     wire = _names(_ops.REDUCESCATTER, name, 1, False)[0]
     spec = _spec(wire, _ops.REDUCESCATTER, op, code, tensor.shape, prescale_factor,
                  postscale_factor, 0, _set_id(process_set))
-    _engine.push([spec], [tensor], [output], priority, b"PerseusReducescatter")
+    _engine.push([spec], [tensor], [output], priority, b"PerseusReducescatter",
+                 _after(_ops.REDUCESCATTER, name))
     return output
 
 

@@ -186,6 +186,16 @@ def check_process_set(rank, size):
         hvd.remove_process_set(ps)
 
 
+def check_same_name(rank, size):
+    """Requests of one name pushed back to back run one after the other (the core
+    refuses a name twice in flight; MXNet would otherwise run them at once)."""
+    outs = [hvd.allreduce(mx.nd.ones(3) * i, name="same", op=hvd.Sum) for i in range(5)]
+    outs += hvd.grouped_allreduce([mx.nd.ones(2), mx.nd.ones(2)], name="same_group", op=hvd.Sum)
+    outs += hvd.grouped_allreduce([mx.nd.ones(2), mx.nd.ones(2)], name="same_group", op=hvd.Sum)
+    expected = [i * size for i in range(5)] + [size] * 4
+    assert [o.asnumpy()[0] for o in outs] == expected, [o.asnumpy()[0] for o in outs]
+
+
 def check_objects(rank, size):
     obj = hvd.broadcast_object({"rank": rank, "list": list(range(rank + 2))}, root_rank=size - 1)
     assert obj == {"rank": size - 1, "list": list(range(size + 1))}, obj
@@ -198,7 +208,7 @@ def body():
     assert (hvd.local_rank(), hvd.local_size()) == (rank, size)
     assert hvd.is_initialized() and hvd.cross_size() == 1
     for check in (check_allreduce, check_grouped, check_allgather, check_broadcast,
-                  check_alltoall, check_reducescatter, check_objects, check_process_set, check_asynchronous,
+                  check_alltoall, check_reducescatter, check_objects, check_same_name, check_process_set, check_asynchronous,
                   check_errors):
         check(rank, size)
         log(check.__name__, "passed")

@@ -30,6 +30,11 @@ def check_basics(kv, rank, size):
     kv.pull(3, out=out)
     assert_equal(out, total, "push/pull")
     assert_equal(pushed, inputs[rank], "pushed value untouched")
+    # two pushes of a key in a row: the second sum is stored
+    kv.push(3, nd(inputs[rank]))
+    kv.push(3, nd(inputs[rank]) * 2)
+    kv.pull(3, out=out)
+    assert_equal(out, 2 * total, "push twice/pull")
     # a list of values per key (several devices in one process) is summed too
     kv.push(3, [nd(inputs[rank]), nd(inputs[rank]) * 2])
     outs = [mx.nd.zeros((2, 3)), mx.nd.zeros((2, 3))]
