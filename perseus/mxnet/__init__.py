@@ -3,7 +3,7 @@
 Only re-exports, under Horovod's names: perseus.common (init, ranks, process sets,
 errors), perseus.mxnet.mpi_ops (collectives in MXNet's engine), .functions,
 .optimizer (DistributedOptimizer, DistributedTrainer), .kvstore (create),
-.sync_batch_norm (PerseusSyncBatchNorm).
+.sync_batch_norm (PerseusSyncBatchNorm) and its symbolic form.
 """
 
 from perseus.common.horovod_api import *  # noqa: F401,F403
@@ -12,6 +12,7 @@ from perseus.mxnet.compression import Compression
 from perseus.mxnet.engine import shutdown  # waits for MXNet's pending ops first
 from perseus.mxnet.kvstore import create
 from perseus.mxnet.sync_batch_norm import PerseusSyncBatchNorm
+from perseus.mxnet.sync_batch_norm_symbol import sync_batch_norm_symbol
 from perseus.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters
 from perseus.mxnet.optimizer import DistributedOptimizer, DistributedTrainer
 from perseus.mxnet.mpi_ops import (  # noqa: F401
@@ -24,5 +25,5 @@ __all__ = list(_common_all) + [
     "alltoall", "broadcast", "broadcast_", "grouped_allreduce", "grouped_allreduce_",
     "reducescatter", "Compression", "allgather_object", "broadcast_object",
     "broadcast_parameters", "DistributedOptimizer", "DistributedTrainer", "create",
-    "PerseusSyncBatchNorm",
+    "PerseusSyncBatchNorm", "sync_batch_norm_symbol",
 ]

@@ -34,6 +34,59 @@ def _per_channel(v, ndim):
     return v.reshape((1, -1) + (1,) * (ndim - 2))
 
 
+def sync_forward(x, gamma, beta, epsilon, process_set, name=None):
+    """Training-mode batch norm of x (N, C, ...) with the group's statistics.
+
+    Returns (y, mean, var, saved): var is the biased variance (as BatchNorm's
+    running statistics use it); `saved` is what sync_backward needs. `name`: a
+    request name, for callers whose call order may differ across ranks."""
+    channels = x.shape[1]
+    count = mx.nd.full((1,), x.size // channels, ctx=x.context, dtype=x.dtype)
+    stats = mx.nd.concat(_channel_sum(x), _channel_sum(x * x), count, dim=0)
+    stats = allreduce(stats, op=Sum, process_set=process_set,
+                      name=None if name is None else name + ".stats")
+    total = stats[2 * channels]
+    mean = stats[:channels] / total
+    var = stats[channels:2 * channels] / total - mean * mean
+    invstd = 1.0 / mx.nd.sqrt(var + epsilon)
+    xhat = (x - _per_channel(mean, x.ndim)) * _per_channel(invstd, x.ndim)
+    y = xhat * _per_channel(gamma, x.ndim) + _per_channel(beta, x.ndim)
+    return y, mean, var, (xhat, invstd, gamma, total)
+
+
+def sync_backward(dy, saved, process_set, name=None):
+    """(dx, dgamma, dbeta) for sync_forward: dx of the group's batch norm; dgamma and
+    dbeta this rank's share (the group's are their sum)."""
+    xhat, invstd, gamma, total = saved
+    channels = dy.shape[1]
+    sum_dy = _channel_sum(dy)
+    sum_dy_xhat = _channel_sum(dy * xhat)
+    group = allreduce(mx.nd.concat(sum_dy, sum_dy_xhat, dim=0), op=Sum, process_set=process_set,
+                      name=None if name is None else name + ".grads")
+    mean_dy = group[:channels] / total
+    mean_dy_xhat = group[channels:] / total
+    n = dy.ndim
+    dx = (dy - _per_channel(mean_dy, n) - xhat * _per_channel(mean_dy_xhat, n)) * \
+        _per_channel(gamma * invstd, n)
+    return dx, sum_dy_xhat, sum_dy
+
+
+def update_running(running_mean, running_var, mean, var, momentum):
+    """BatchNorm's running statistics: running = running * momentum + batch * (1 - momentum)."""
+    for running, batch in ((running_mean, mean), (running_var, var)):
+        running[:] = running * momentum + batch.astype(running.dtype) * (1 - momentum)
+
+
+def check_comm_scope(comm_scope):
+    if comm_scope not in (0, 1):
+        raise ValueError("comm_scope must be 0 (ranks of this node) or 1 (all ranks), "
+                         "got %r" % (comm_scope,))
+
+
+def scope_process_set(comm_scope):
+    return _nodes.node_process_set() if comm_scope == 0 else global_process_set
+
+
 class _SyncBatchNormFunction(autograd.Function):
 
     def __init__(self, block, process_set):
@@ -43,40 +96,21 @@ class _SyncBatchNormFunction(autograd.Function):
 
     def forward(self, x, gamma, beta):
         block = self._block
-        channels = x.shape[1]
-        count = mx.nd.full((1,), x.size // channels, ctx=x.context, dtype=x.dtype)
-        stats = mx.nd.concat(_channel_sum(x), _channel_sum(x * x), count, dim=0)
-        stats = allreduce(stats, op=Sum, process_set=self._set)
-        total = stats[2 * channels]
-        mean = stats[:channels] / total
-        var = stats[channels:2 * channels] / total - mean * mean
-        invstd = 1.0 / mx.nd.sqrt(var + block._epsilon)
         if not block._scale:
             gamma = mx.nd.ones_like(gamma)
-        xhat = (x - _per_channel(mean, x.ndim)) * _per_channel(invstd, x.ndim)
-        y = xhat * _per_channel(gamma, x.ndim) + _per_channel(beta, x.ndim)
-        m = block._momentum
-        for running, batch in ((block.running_mean, mean), (block.running_var, var)):
-            data = running.data(x.context)
-            data[:] = data * m + batch.astype(data.dtype) * (1 - m)
-        self.save_for_backward(xhat, invstd, gamma, total)
+        y, mean, var, saved = sync_forward(x, gamma, beta, block._epsilon, self._set)
+        update_running(block.running_mean.data(x.context), block.running_var.data(x.context),
+                       mean, var, block._momentum)
+        self.save_for_backward(*saved)
         return y
 
     def backward(self, dy):
-        xhat, invstd, gamma, total = self.saved_tensors
         block = self._block
-        channels = dy.shape[1]
-        sum_dy = _channel_sum(dy)
-        sum_dy_xhat = _channel_sum(dy * xhat)
-        group = allreduce(mx.nd.concat(sum_dy, sum_dy_xhat, dim=0), op=Sum,
-                          process_set=self._set)
-        mean_dy = group[:channels] / total
-        mean_dy_xhat = group[channels:] / total
-        n = dy.ndim
-        dx = (dy - _per_channel(mean_dy, n) - xhat * _per_channel(mean_dy_xhat, n)) * \
-            _per_channel(gamma * invstd, n)
-        dgamma = sum_dy_xhat if block._scale else mx.nd.zeros_like(sum_dy_xhat)
-        dbeta = sum_dy if block._center else mx.nd.zeros_like(sum_dy)
+        dx, dgamma, dbeta = sync_backward(dy, self.saved_tensors, self._set)
+        if not block._scale:
+            dgamma = mx.nd.zeros_like(dgamma)
+        if not block._center:
+            dbeta = mx.nd.zeros_like(dbeta)
         return dx, dgamma, dbeta
 
 
@@ -90,9 +124,7 @@ class PerseusSyncBatchNorm(gluon.Block):
                  gamma_initializer="ones", running_mean_initializer="zeros",
                  running_variance_initializer="ones", **kwargs):
         super().__init__(**kwargs)
-        if comm_scope not in (0, 1):
-            raise ValueError("comm_scope must be 0 (ranks of this node) or 1 (all ranks), "
-                             "got %r" % (comm_scope,))
+        check_comm_scope(comm_scope)
         self._comm_scope = comm_scope
         self._momentum = float(momentum)
         self._epsilon = float(epsilon)
@@ -116,7 +148,7 @@ class PerseusSyncBatchNorm(gluon.Block):
                                                allow_deferred_init=True, differentiable=False)
 
     def process_set(self):
-        return _nodes.node_process_set() if self._comm_scope == 0 else global_process_set
+        return scope_process_set(self._comm_scope)
 
     def forward(self, x):
         channels = x.shape[1]
