@@ -35,6 +35,13 @@ def test_script(run_mpi, script, nprocs):
     run_mpi(script, nprocs)
 
 
+@pytest.mark.parametrize("nprocs", NPROCS)
+def test_what_ends_a_hold(run_mpi, nprocs):
+    # A hold far longer than the script's bounds: only a waiter, a poll or enough
+    # bytes may end it (tests/mpi/hold.py).
+    run_mpi("hold", nprocs, env={"PERSEUS_HOLD_TIME": "20000", "PERSEUS_HOLD_BYTES": "65536"})
+
+
 # Engine settings under which the mixed load of stress.py must give the same, correct
 # results: 1, 2 and 4 lanes, fusion off, tiny fusion buffers, the Horovod spelling of the
 # threshold, an extra 5 ms batching window, and no holding of small requests.

@@ -296,6 +296,8 @@ perseus_status_t perseus_poll(int64_t handle, int32_t* done_out) {
   bool done = false;
   Status status = g_handles.Poll(handle, &done);
   if (!status.ok()) return Report(status);
+  if (!done)
+    if (auto engine = Current()) engine->EndHold();
   *done_out = done ? 1 : 0;
   return PERSEUS_SUCCESS;
 }

@@ -127,8 +127,10 @@ const std::vector<Variable>& Table() {
       {"PERSEUS_HOLD_BYTES", nullptr,
        "while no thread waits, start a round only once this many bytes are pending (0 = at once)",
        IntIn(0, 1ll << 40, [](Config* c, int64_t v) { c->hold_bytes = v; })},
-      {"PERSEUS_HOLD_TIME", nullptr, "... or once the oldest pending request is this old, ms",
-       NumberIn(0, 10000, [](Config* c, double v) { c->hold_time_ms = v; })},
+      {"PERSEUS_HOLD_TIME", nullptr,
+       "while no thread waits, start a round at the latest when the oldest pending request is "
+       "this old, ms (0 = at once)",
+       NumberIn(0, 3.6e6, [](Config* c, double v) { c->hold_time_ms = v; })},
       {"PERSEUS_ALLREDUCE_STREAMS", nullptr, "concurrent execution lanes",
        IntIn(1, 64, [](Config* c, int64_t v) { c->lanes = static_cast<int>(v); })},
       {"PERSEUS_CHUNK_SIZE", nullptr, "bytes per MPI call on large buffers",

@@ -230,6 +230,7 @@ bool Engine::Iterate(bool driving) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(incoming_);
+    hold_ended_ = driving || poked_;
     poked_ = false;
     stopping = stop_requested_;
     for (auto& kv : sets_)
@@ -303,11 +304,7 @@ void Engine::Drive(const int64_t* handles, int n, double max_drive_s, bool hande
   } else if (!handed_work) {
     // Another thread drives; the caller waits on its handles. The driver may have
     // decided to hold requests before this waiter came: make it look again.
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      poked_ = true;
-    }
-    cv_.notify_all();
+    EndHold();
     return;
   }
   bool leftover;
@@ -316,6 +313,14 @@ void Engine::Drive(const int64_t* handles, int n, double max_drive_s, bool hande
     leftover = busy_ || !incoming_.empty() || stop_requested_;
   }
   if (leftover) cv_.notify_all();  // the background thread takes over from here
+}
+
+void Engine::EndHold() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    poked_ = true;
+  }
+  cv_.notify_all();
 }
 
 void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
@@ -348,7 +353,7 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   if (!stopping) {
     Clock::time_point ready = (set->new_work || set->progressed) ? now : set->retry_at;
     int64_t headroom = 0;
-    if (!driving && !SomeoneWaits()) ready = std::max(ready, HoldUntil(negotiator, &headroom));
+    if (!hold_ended_ && !SomeoneWaits()) ready = std::max(ready, HoldUntil(negotiator, &headroom));
     if (config_.cycle_time_ms > 0 && !driving)
       ready = std::max(ready, set->round_start + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double, std::milli>(

@@ -45,6 +45,9 @@ class Engine {
   // thread may then poll lazily, since whoever waits spins for the latency.
   // handed_work: the caller enqueued without waking the engine thread.
   void Drive(const int64_t* handles, int n, double max_drive_s, bool handed_work = false);
+  // Someone looks for results (a poll that found a request unfinished): the next
+  // step starts a round for held requests instead of holding them longer.
+  void EndHold();
   Status AddProcessSet(const int32_t* ranks, int n, int32_t* id_out);
   Status RemoveProcessSet(int id);
   // Copies the set's global ranks and this process's rank in it (-1: not a member).
@@ -89,7 +92,7 @@ class Engine {
   std::map<int, std::shared_ptr<ProcessSet>> sets_;
   int next_set_id_ = 0;
   std::vector<EntryPtr> incoming_;
-  bool poked_ = false;  // a waiter arrived that the background thread should notice
+  bool poked_ = false;  // EndHold() was called: the next step holds nothing
   // While the engine holds small requests: bytes that may still arrive without
   // waking it (it would only hold them too). 0 = wake it for every request.
   int64_t hold_headroom_ = 0;
@@ -97,6 +100,7 @@ class Engine {
   bool stopped_ = false;
   std::mutex step_mu_;      // held by whichever thread runs Iterate()
   bool single_set_ = true;  // under step_mu_: this rank is in one process set
+  bool hold_ended_ = false;  // under step_mu_: this step holds no requests
   // Left by the last Iterate(): whether work is under way, and when to look again.
   std::atomic<bool> busy_{false};
   std::atomic<Clock::rep> wake_at_{Clock::time_point::max().time_since_epoch().count()};

@@ -1,0 +1,62 @@
+"""Holding small requests while nobody waits (PERSEUS_HOLD_BYTES / PERSEUS_HOLD_TIME).
+
+Run with PERSEUS_HOLD_TIME set far beyond the checks' bounds (test_multiprocess.py
+sets 20 s), so that only what is meant to end a hold can end it:
+- a thread that waits (synchronize) ends it at once, also for requests submitted
+  before it and held meanwhile, which then share its round;
+- a poll that finds a request unfinished ends it too (a polling loop is waiting);
+- enough bytes pending end it without any waiter;
+- held requests of a burst all come back right, whatever order they are awaited in.
+"""
+import os
+import time
+
+import torch
+
+from common import hvd, init, main
+
+BOUND_S = 10.0  # each check finishes far sooner; a held request would take 20 s
+
+
+def check_wait_ends_hold(rank, size):
+    tensors = [torch.full((256,), float(rank + i)) for i in range(12)]
+    start = time.monotonic()
+    handles = [hvd.allreduce_async(t, name="hold.wait.%d" % i, op=hvd.Sum)
+               for i, t in enumerate(tensors)]
+    for i in reversed(range(len(handles))):  # awaited out of order
+        expected = sum(r + i for r in range(size))
+        out = hvd.synchronize(handles[i])
+        assert torch.all(out == expected), (i, out[:4], expected)
+    assert time.monotonic() - start < BOUND_S, "a waiter did not end the hold"
+
+
+def check_poll_ends_hold(rank, size):
+    handle = hvd.allreduce_async(torch.full((64,), 1.0), name="hold.poll", op=hvd.Sum)
+    start = time.monotonic()
+    while not hvd.poll(handle):
+        assert time.monotonic() - start < BOUND_S, "polling did not end the hold"
+        time.sleep(0.001)
+    assert torch.all(hvd.synchronize(handle) == size)
+
+
+def check_bytes_end_hold(rank, size):
+    # Over PERSEUS_HOLD_BYTES in one request: it goes without any waiter or poll, so
+    # the first look, a while later, finds it done (a poll would end a hold itself).
+    numel = int(os.environ["PERSEUS_HOLD_BYTES"]) // 4 + 1024
+    handle = hvd.allreduce_async(torch.ones(numel), name="hold.big", op=hvd.Sum)
+    time.sleep(3.0)
+    assert hvd.poll(handle), "a request over PERSEUS_HOLD_BYTES was held"
+    assert torch.all(hvd.synchronize(handle) == size)
+
+
+def body():
+    rank, size = init()
+    assert float(os.environ["PERSEUS_HOLD_TIME"]) >= 2 * BOUND_S * 1000
+    check_wait_ends_hold(rank, size)
+    check_poll_ends_hold(rank, size)
+    check_bytes_end_hold(rank, size)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main(body)
