@@ -26,17 +26,27 @@ def _broadcast_when_initialized(param, root_rank, name, process_set):
     def init_then_broadcast(*args, **kwargs):
         initialize(*args, **kwargs)
         param._init_impl = initialize
-        _broadcast_arrays(param.list_data(), root_rank, name, process_set)
+        _wait(_broadcast_arrays(param.list_data(), root_rank, name, process_set))
 
     param._init_impl = init_then_broadcast
 
 
 def _broadcast_arrays(arrays, root_rank, name, process_set):
     """Root's first array into every rank's arrays (one process may hold copies on
-    several contexts: they all get root's value)."""
+    several contexts: they all get root's value). Returns them."""
     broadcast_(arrays[0], root_rank, name=name, process_set=process_set)
     for other in arrays[1:]:
         arrays[0].copyto(other)
+    return arrays
+
+
+def _wait(arrays):
+    # With oneDNN, a parameter written back after its broadcast while a later oneDNN
+    # operator re-lays the same weight out crashed MXNet now and then (in testing,
+    # after an inference pass had put convolution weights in a blocked layout). A
+    # setup-time call loses nothing by finishing its writes before returning.
+    for array in arrays:
+        array.wait_to_read()
 
 
 def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_process_set):
@@ -45,8 +55,8 @@ def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_pr
     params: a gluon ParameterDict (block.collect_params()) or a dict of name ->
     NDArray (e.g. Module.get_params()'s). Parameters whose initialization is deferred
     are broadcast as soon as MXNet initializes them. Names (sorted) become request
-    names, so every rank must pass the same names. Asynchronous like every MXNet op:
-    the values are ready when MXNet's engine says so.
+    names, so every rank must pass the same names. Returns once the values are in
+    place (a failure raises MXNetError here).
     """
     prefix = "" if prefix is None else str(prefix)
     if isinstance(params, mx.gluon.parameter.ParameterDict):
@@ -56,6 +66,7 @@ def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_pr
     else:
         raise ValueError("broadcast_parameters takes a gluon ParameterDict or a dict of "
                          "NDArrays, got %s" % type(params).__name__)
+    written = []
     for key, value in items:
         name = "broadcast_parameters.%s%s" % (prefix, key)
         if isinstance(value, mx.gluon.Parameter):
@@ -65,9 +76,10 @@ def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_pr
                 raise ValueError("parameter %r is not initialized: call initialize() on every "
                                  "rank before broadcast_parameters" % key)
             else:
-                _broadcast_arrays(value.list_data(), root_rank, name, process_set)
+                written += _broadcast_arrays(value.list_data(), root_rank, name, process_set)
         elif isinstance(value, mx.nd.NDArray):
-            broadcast_(value, root_rank, name=name, process_set=process_set)
+            written.append(broadcast_(value, root_rank, name=name, process_set=process_set))
         else:
             raise ValueError("broadcast_parameters: value of %r is a %s, not an NDArray or "
                              "gluon Parameter" % (key, type(value).__name__))
+    _wait(written)
