@@ -14,7 +14,7 @@ struct Config {
   int64_t fusion_threshold = 64ll << 20;  // bytes per fused buffer; 0 disables fusion
   double cycle_time_ms = 0.0;             // extra batching window before a round
   int64_t hold_bytes = 1ll << 20;         // while nobody waits, gather this much before a round
-  double hold_time_ms = 50.0;             // ... or until the oldest request is this old
+  double hold_time_ms = 200.0;            // ... or until the oldest request is this old
   int lanes = 1;                          // concurrent execution lanes per process set
   int64_t chunk_bytes = 4ll << 20;        // a large buffer is reduced in pieces of this size
   int cache_capacity = 1024;              // names agreed by bit vector instead of metadata
