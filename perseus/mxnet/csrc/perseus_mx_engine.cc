@@ -235,6 +235,10 @@ void perseus_mx_job_run(void* /*run_context*/, void* on_complete, void* param) {
     Finish(job, status, text ? text : "");
     return;
   }
+  // A poll that finds the request unfinished tells the core that a thread waits for
+  // it (ours, in a moment), so it does not hold it as it holds a backward's gradients.
+  int32_t done = 0;
+  if (job->n > 0) perseus_poll(job->handles[0], &done);
   Waiters::Get().Add(job);
 }
 

@@ -286,7 +286,9 @@ class CollectiveOp : public AsyncOpKernel {
       for (int64_t handle : batch->handles) perseus_release(handle);
       done();
     };
-    if (drive_s_ > 0 && AllDone(batch->handles)) {
+    // Polling also tells the core that a thread waits for these (the waiter thread is
+    // not waiting yet), so it does not hold them as it holds a backward's gradients.
+    if (AllDone(batch->handles)) {
       std::string message;
       perseus_status_t failure = WaitAll(batch->handles, &message);
       complete(failure, message);
