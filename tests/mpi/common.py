@@ -8,18 +8,15 @@ A script calls `main(body)`: any exception prints a traceback tagged with the ra
 ends the process with exit code 1 at once (MPICH then tears the job down), so a
 failure on one rank fails the test instead of leaving the others waiting.
 """
-import faulthandler
 import os
 import sys
 import time
-import traceback
 import zlib
 
 import torch
 
-# Shortly before run_mpi's timeout, print where every thread is: a hang shows its place.
-if os.environ.get("PTEST_HANG_DUMP_S"):
-    faulthandler.dump_traceback_later(float(os.environ["PTEST_HANG_DUMP_S"]), exit=False)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rank_script import launcher_rank_size, log, main, rank_tag  # noqa: E402,F401 - shared by scripts
 
 import perseus.torch.horovod as hvd  # noqa: E402
 
@@ -39,44 +36,6 @@ _INT_RANGES = {
     "big": {torch.uint8: (0, 60), torch.int8: (-30, 30),
             torch.int32: (-2**28, 2**28), torch.int64: (-2**60, 2**60)},
 }
-
-
-_LAUNCHER_VARS = [("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                  ("PMIX_RANK", "PMIX_SIZE")]
-
-
-def launcher_rank_size():
-    """(rank, size) as the launcher (MPICH's hydra, Open MPI) told this process."""
-    for rank_var, size_var in _LAUNCHER_VARS:
-        if rank_var in os.environ and size_var in os.environ:
-            return int(os.environ[rank_var]), int(os.environ[size_var])
-    raise AssertionError("no launcher variables (%s) in the environment" % _LAUNCHER_VARS)
-
-
-def rank_tag():
-    for rank_var, _ in _LAUNCHER_VARS:
-        if rank_var in os.environ:
-            return "[rank %s]" % os.environ[rank_var]
-    return "[rank ?]"
-
-
-def log(*args):
-    print(rank_tag(), *args, flush=True)
-
-
-def main(body):
-    """Run body(); on any exception print it and exit 1 without running atexit hooks."""
-    try:
-        body()
-    except BaseException:
-        sys.stdout.flush()
-        sys.stderr.write("%s FAILED\n" % rank_tag())
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    log("ok")
-    sys.stdout.flush()
-    sys.exit(0)
 
 
 def init():

@@ -9,16 +9,14 @@ reductions are compared exactly.
 A script calls `main(body)`: any exception prints a traceback tagged with the rank
 and ends the process with exit code 1 at once (MPICH then tears the job down).
 """
-import faulthandler
 import os
 import sys
-import traceback
 import zlib
 
 import numpy as np
 
-if os.environ.get("PTEST_HANG_DUMP_S"):
-    faulthandler.dump_traceback_later(float(os.environ["PTEST_HANG_DUMP_S"]), exit=False)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rank_script import launcher_rank_size, log, main, rank_tag  # noqa: E402,F401 - shared by scripts
 
 import mxnet as mx  # noqa: E402
 
@@ -31,14 +29,6 @@ DTYPES = INT_DTYPES + FLOAT_DTYPES
 # Value ranges no reference result overflows with up to 4 ranks.
 _RANGES = {"sum": {np.uint8: (0, 60), np.int8: (-30, 30)},
            "product": {np.uint8: (0, 3), np.int8: (-2, 2), np.float16: (-3, 3)}}
-
-
-def rank_tag():
-    return "[rank %s]" % os.environ.get("PMI_RANK", "?")
-
-
-def log(*args):
-    print(rank_tag(), *args, flush=True)
 
 
 def make_array(tag, rank, shape, dtype, kind="sum"):
@@ -68,18 +58,3 @@ def assert_close(actual, expected, what, rtol=1e-6, atol=1e-7):
         raise AssertionError("%s: max |diff| %s\ngot %r\nexpected %r" % (
             what, np.max(np.abs(actual - expected)) if actual.shape == expected.shape else "-",
             actual, expected))
-
-
-def main(body):
-    """Run body(); on any exception print it and exit 1 without atexit hooks."""
-    try:
-        body()
-    except BaseException:
-        sys.stdout.flush()
-        sys.stderr.write("%s FAILED\n" % rank_tag())
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    log("ok")
-    sys.stdout.flush()
-    sys.exit(0)

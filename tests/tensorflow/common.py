@@ -9,16 +9,14 @@ expected result with numpy. Values are small integers, exact in every dtype
 A script calls `main(body)`: any exception prints a traceback tagged with the rank
 and ends the process with exit code 1 at once (MPICH then tears the job down).
 """
-import faulthandler
 import os
 import sys
-import traceback
 import zlib
 
 import numpy as np
 
-if os.environ.get("PTEST_HANG_DUMP_S"):
-    faulthandler.dump_traceback_later(float(os.environ["PTEST_HANG_DUMP_S"]), exit=False)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rank_script import launcher_rank_size, log, main, rank_tag  # noqa: E402,F401 - shared by scripts
 
 import tensorflow as tf  # noqa: E402
 
@@ -29,28 +27,6 @@ import perseus.tensorflow.horovod as hvd  # noqa: E402
 INT_DTYPES = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64]
 FLOAT_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 DTYPES = INT_DTYPES + FLOAT_DTYPES
-
-
-def rank_tag():
-    return "[rank %s]" % os.environ.get("PMI_RANK", "?")
-
-
-def log(*args):
-    print(rank_tag(), *args, flush=True)
-
-
-def main(body):
-    try:
-        body()
-    except BaseException:
-        sys.stdout.flush()
-        sys.stderr.write("%s FAILED\n" % rank_tag())
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    log("ok")
-    sys.stdout.flush()
-    sys.exit(0)
 
 
 def make_array(tag, rank, shape, dtype, low=-3, high=4):
