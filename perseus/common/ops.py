@@ -15,6 +15,27 @@ Adasum = 5  # accepted by the API; the core answers PERSEUS_UNSUPPORTED
 
 REDUCE_OP_NAMES = ("Sum", "Average", "Min", "Max", "Product", "Adasum")
 
+
+def resolve_op(op, average):
+    """The reduce op of a front end's collective call, by Horovod's op/average rules
+    (average= is deprecated). Adasum and unknown ops are refused here, before
+    anything is enqueued. Called from the front end's public function, so the
+    warning points at the user's line."""
+    if op is None:
+        if average is None:
+            return Average
+        import warnings
+        warnings.warn("average= is deprecated, pass op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not implemented in Perseus yet")
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError("unknown reduce op %r" % (op,))
+    return op
+
 # perseus_op_type_t
 ALLREDUCE = 0
 ALLGATHER = 1

@@ -15,7 +15,6 @@ CPU NDArrays (default storage) only.
 """
 
 import math
-import warnings
 
 import mxnet as mx
 import numpy as np
@@ -26,6 +25,7 @@ from perseus.common import requests as _requests
 from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
 from perseus.common.process_sets import global_process_set
 from perseus.mxnet import engine as _engine
+from perseus.common.ops import resolve_op as _resolve_op
 
 # The one numpy/MXNet dtype <-> core dtype table.
 _DTYPE_CODES = {
@@ -77,22 +77,6 @@ def _names(op_type, name, count, grouped):
     if grouped:
         return [_requests.wire_name(op_type, "%s.%d" % (name, i)) for i in range(count)]
     return (_requests.wire_name(op_type, name),)
-
-
-def _resolve_op(op, average):
-    if op is None:
-        if average is None:
-            return Average
-        warnings.warn("average= is deprecated, pass op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    if average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented in Perseus yet")
-    if op not in (Sum, Average, Min, Max, Product):
-        raise ValueError("unknown reduce op %r" % (op,))
-    return op
 
 
 def _spec(wire, op_type, reduce_op, code, shape, prescale, postscale, root, set_id):

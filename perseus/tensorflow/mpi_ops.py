@@ -24,6 +24,7 @@ from perseus.common import requests as _requests
 from perseus.common.process_sets import global_process_set
 from perseus.tensorflow import op_library
 from perseus.tensorflow.compression import Compression
+from perseus.common.ops import resolve_op as _resolve_op
 
 
 _OPS = op_library.load()
@@ -59,16 +60,6 @@ def _drive_s():
     front end does; graph ops leave the wait to a waiter thread, so as not to hold
     TensorFlow's inter-op threads."""
     return _requests._DRIVE_S if tf.executing_eagerly() else 0.0
-
-
-def _resolve_op(op, average):
-    if op is None:
-        return Average if average is None or average else Sum
-    if average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented in Perseus yet")
-    return op
 
 
 def _check_reducible(tensors, what):

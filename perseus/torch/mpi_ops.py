@@ -12,7 +12,6 @@ CPU tensors only for now. Non-contiguous inputs are copied to contiguous memory
 """
 
 import math
-import warnings
 
 import torch
 
@@ -25,6 +24,7 @@ from perseus.torch.compression import Compression
 
 # Autograd wrappers; they import this module back (resolved at call time).
 from perseus.torch import autograd_ops as _autograd
+from perseus.common.ops import resolve_op as _resolve_op
 
 
 # The one torch dtype <-> core dtype table.
@@ -93,21 +93,6 @@ def _wire_names(op_type, name, count, grouped):
     if grouped:
         return [_wire_name(op_type, "%s.%d" % (name, i)) for i in range(count)]
     return (_wire_name(op_type, name),)
-
-
-def _resolve_op(op, average):
-    """Horovod's op/average rules; rejects Adasum before anything is enqueued."""
-    if op is None:
-        if average is None:
-            return Average
-        warnings.warn("average= is deprecated, pass op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    if average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented in Perseus yet")
-    return op
 
 
 def _requires_grad(tensors):
