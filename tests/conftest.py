@@ -39,6 +39,22 @@ def find_mpirun():
     return found
 
 
+def framework_python(label, tag, setup_script):
+    """The python of a framework's own venv (.venv-<tag>, or $PERSEUS_<TAG>_PYTHON).
+    PERSEUS_SKIP_<TAG>=1 skips the framework's tests on purpose; a missing venv
+    otherwise fails them, so a broken setup never passes CI as skips."""
+    skip_var = "PERSEUS_SKIP_%s" % tag.upper()
+    if os.environ.get(skip_var) == "1":
+        pytest.skip("%s=1: %s front-end tests skipped on purpose" % (skip_var, label))
+    python = Path(os.environ.get("PERSEUS_%s_PYTHON" % tag.upper())
+                  or REPO_ROOT / (".venv-%s" % tag) / "bin" / "python")
+    if not python.exists():
+        pytest.fail("%s not found: run `bash scripts/%s` (scripts/setup.sh does) to create the "
+                    "%s venv, or set %s=1 to skip these tests"
+                    % (python, setup_script, label, skip_var), pytrace=False)
+    return python
+
+
 def clean_env(extra=None):
     """A copy of os.environ fit for a child job: no launcher state, one thread per rank."""
     env = {

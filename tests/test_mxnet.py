@@ -7,14 +7,12 @@ PERSEUS_SKIP_MX=1; PERSEUS_MX_PYTHON names another interpreter with mxnet 1.9.1.
 The examples in examples/mxnet/ (Gluon + Horovod API, Gluon with the KVStore swap,
 Module.fit with the KVStore) run at np 2 and must reach the promised accuracy.
 """
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, TESTS_DIR, clean_env
+from conftest import REPO_ROOT, TESTS_DIR, clean_env, framework_python
 from test_examples import run_job
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
@@ -32,13 +30,7 @@ SCRIPT_ENV = {"sync_batch_norm": {"PERSEUS_RANKS_PER_NODE": "2"}}
 
 
 def mx_python():
-    if os.environ.get("PERSEUS_SKIP_MX") == "1":
-        pytest.skip("PERSEUS_SKIP_MX=1: MXNet front-end tests skipped on purpose")
-    python = Path(os.environ.get("PERSEUS_MX_PYTHON") or REPO_ROOT / ".venv-mx" / "bin" / "python")
-    if not python.exists():
-        pytest.skip("%s not found: run `bash scripts/setup_mxnet.sh` (scripts/setup.sh does) "
-                    "to test the MXNet front end" % python)
-    return python
+    return framework_python("MXNet", "mx", "setup_mxnet.sh")
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])

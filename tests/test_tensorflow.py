@@ -9,14 +9,12 @@ The examples in examples/tensorflow/ (TF2 GradientTape, Keras fit, TF1
 MonitoredTrainingSession) run at np 2 and must reach the promised accuracy; the
 Keras one also under Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1).
 """
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, TESTS_DIR, clean_env
+from conftest import REPO_ROOT, TESTS_DIR, clean_env, framework_python
 from test_examples import run_job
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
@@ -32,14 +30,7 @@ SCRIPTS = [
 
 
 def tf_python():
-    if os.environ.get("PERSEUS_SKIP_TF") == "1":
-        pytest.skip("PERSEUS_SKIP_TF=1: TensorFlow front-end tests skipped on purpose")
-    python = Path(os.environ.get("PERSEUS_TF_PYTHON") or REPO_ROOT / ".venv-tf" / "bin" / "python")
-    if not python.exists():
-        pytest.fail("%s not found: run `bash scripts/setup_tf.sh` (scripts/setup.sh does) to "
-                    "create the TensorFlow venv, or set PERSEUS_SKIP_TF=1 to skip these tests"
-                    % python, pytrace=False)
-    return python
+    return framework_python("TensorFlow", "tf", "setup_tf.sh")
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])
