@@ -9,7 +9,8 @@ it is read all the same (a line cut short is skipped).
 Per tensor: how many times it ran, the time spent negotiating (submit until every
 rank agreed), queued for its lane, executing (the collective with its packing and
 unpacking), and the bytes it carried. Per lane: the batches it ran (fused tensors
-count once), its busy time and bytes.
+count once), its busy time and bytes. Events the recorder dropped because its
+buffer was full (TIMELINE_DROPPED markers) are counted at the end.
 """
 import json
 import sys
@@ -116,6 +117,10 @@ def main(argv=None):
         print("cannot read %s: %s" % (argv[0], e), file=sys.stderr)
         return 1
     print(format_summary(*summarize(events)))
+    dropped = sum(int(e.get("args", {}).get("events", 0))
+                  for e in events if e.get("name") == "TIMELINE_DROPPED")
+    if dropped:
+        print("\n%d events were dropped (the writer fell behind); totals above miss them" % dropped)
     return 0
 
 

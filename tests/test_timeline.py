@@ -89,6 +89,15 @@ def test_summary_of_a_file_cut_mid_event(tmp_path):
     assert "tensor" in summary(tmp_path / "empty.json")
 
 
+def test_summary_counts_dropped_events(tmp_path):
+    marker = '{"name":"TIMELINE_DROPPED","ph":"i","s":"g","pid":0,"tid":0,"ts":%d,"args":{"events":%d}},\n'
+    path = tmp_path / "dropped.json"
+    path.write_text("[\n" + marker % (10, 5) + marker % (20, 2))
+    assert "7 events were dropped" in summary(path)
+    path.write_text("[\n")
+    assert "dropped" not in summary(path)
+
+
 API = """
 import sys, torch
 import perseus.torch.horovod as hvd

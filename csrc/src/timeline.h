@@ -4,8 +4,11 @@
 // writes one (PERSEUS_TIMELINE, or perseus_start_timeline).
 //
 // Cost: with the timeline off, every hook is one relaxed atomic load and a branch
-// (TimelineOn()). With it on, a hook appends a small record under a mutex; a
-// writer thread formats the records and writes them to the file.
+// (TimelineOn()). With it on, a hook fills a slot of its own thread's ring
+// (no lock, and no allocation once the slot's name buffer has grown); a writer
+// thread formats the rings' records and writes them to the file. A full ring
+// drops the event and counts it, so the hot path never waits for the writer;
+// the file then says how many were dropped.
 //
 // The file is a JSON array whose closing bracket comes only at Stop(): "[\n",
 // then every event followed by ",\n". The trace viewers accept that unterminated
@@ -18,12 +21,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <utility>
+#include <unordered_map>
 #include <vector>
 
 #include "status.h"
@@ -48,6 +51,7 @@ extern const char* const kCycleActivity;      // a negotiation round started
 class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
+  struct Ring;  // one thread's records: that thread produces, the writer consumes
 
   static Timeline& Get();  // the one timeline of the process
 
@@ -67,7 +71,8 @@ class Timeline {
 
  private:
   struct Record {
-    char phase;  // 'X' span, 'i' instant
+    uint32_t epoch;  // the Start() it belongs to: a late hook must not leak into the next file
+    char phase;      // 'X' span, 'i' instant
     const char* activity;
     int set;
     std::string tensor;  // empty: the set's negotiation track
@@ -76,10 +81,19 @@ class Timeline {
     int64_t bytes;
     int fused;
   };
+  friend struct RingOwner;
 
   Timeline() = default;
-  void Push(Record record);
+  // The calling thread's ring (made or reused on its first event); null when none can be had.
+  Ring* ThreadRing();
+  void Release(Ring* ring);  // the ring's thread exits: another thread may take it
+  uint64_t DroppedSoFar();   // events lost to full rings since the process started
+  // Fills the next slot of this thread's ring, or counts a drop when it is full.
+  void Push(char phase, const char* activity, int set, const std::string& tensor,
+            Clock::time_point begin, Clock::time_point end, int lane, int64_t bytes, int fused);
   void WriterLoop();
+  // Formats and frees every committed record of every ring into *out.
+  void Drain(std::string* out);
   // Tells the writer thread to finish the file and joins it; caller holds control_mu_.
   void StopWriter();
   // Appends the record's JSON line(s) to *out, naming new tracks first.
@@ -88,19 +102,28 @@ class Timeline {
 
   std::mutex control_mu_;  // serialises Start and Stop
   std::atomic<bool> mark_cycles_{false};
+  std::atomic<uint32_t> epoch_{0};
 
-  std::mutex mu_;  // guards the queue and the flags below
+  std::mutex rings_mu_;  // guards the two lists (not the rings' contents)
+  std::vector<Ring*> rings_;       // every ring ever made; never freed (threads may outlive Stop)
+  std::vector<Ring*> free_rings_;  // of threads that exited
+
+  std::mutex mu_;  // guards the flags below, for the writer's wait
   std::condition_variable cv_;
-  std::vector<Record> queue_;
-  bool open_ = false;      // records are accepted
   bool stopping_ = false;  // the writer drains and exits
+  std::atomic<bool> wake_early_{false};  // a ring is half full
   std::thread writer_;
 
   // Writer-thread state (and Start/Stop while the writer is not running).
   int fd_ = -1;
   Clock::time_point origin_;
-  std::map<std::pair<int, std::string>, int> tracks_;  // (set, tensor) -> tid
-  std::map<int, int> next_tid_;                        // per set; tid 0 is the set's rounds
+  uint32_t writing_epoch_ = 0;
+  uint64_t dropped_reported_ = 0;
+  struct SetTracks {
+    int next_tid = 1;  // tid 0 is the set's negotiation rounds
+    std::unordered_map<std::string, int> tids;  // tensor -> tid
+  };
+  std::unordered_map<int, SetTracks> tracks_;  // per process set
 };
 
 }  // namespace perseus
