@@ -47,9 +47,14 @@ class BuildCore(build_ext):
         mpicxx = find_mpicxx()
         if mpicxx is None:
             sys.exit(MISSING_MPI)
-        self.compiler.set_executable("compiler_so", [mpicxx])
-        self.compiler.set_executable("compiler_cxx", [mpicxx])
-        self.compiler.set_executable("linker_so", [mpicxx, "-shared"])
+        # Newer setuptools keep separate C++ commands (compiler_so_cxx, linker_so_cxx)
+        # that would otherwise stay $CXX without MPI's flags: set every one there is.
+        for name in ("compiler_so", "compiler_so_cxx", "compiler_cxx"):
+            if name in self.compiler.executables:
+                self.compiler.set_executable(name, [mpicxx])
+        for name in ("linker_so", "linker_so_cxx"):
+            if name in self.compiler.executables:
+                self.compiler.set_executable(name, [mpicxx, "-shared"])
         super().build_extensions()
 
 
