@@ -35,6 +35,13 @@ def resolve_op(op, average):
     return op
 
 
+# Raised by the front ends' gradient of an allreduce with op=Adasum: Adasum is not
+# linear in its inputs, so reducing the upstream gradients again (what Horovod does)
+# would not be the gradient.
+ADASUM_HAS_NO_GRADIENT = ("allreduce with op=Adasum has no gradient (Adasum is not linear in "
+                          "its inputs); reduce the gradients with op=Adasum instead")
+
+
 def check_adasum(op_type, dtype_name=None):
     """Adasum's rules a rank can check alone, applied at the call before anything
     is sent (the core checks again): allreduce only, of floating tensors only.

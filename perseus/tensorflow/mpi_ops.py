@@ -151,9 +151,9 @@ def _allreduce_grad(op, *grads):
     # d(sum_r x_r)/dx_r = 1: the gradient is the same reduction of the upstream
     # gradients (Average averages them, Sum sums them), with the same scaling.
     reduce_op = op.get_attr("reduce_op")
+    if reduce_op == Adasum:
+        raise NotImplementedError(_ops.ADASUM_HAS_NO_GRADIENT)
     if reduce_op not in (Average, Sum):
-        # Min/Max/Product, and Adasum, whose result is not linear in the inputs:
-        # reducing the upstream gradients the same way would not be the gradient.
         raise NotImplementedError("allreduce with op %s has no gradient"
                                   % _ops.REDUCE_OP_NAMES[reduce_op])
     set_id = op.get_attr("process_set")

@@ -1,8 +1,9 @@
 """op=Adasum: every float dtype and shape (0-d, empty), sync / async / in place / grouped,
 several tensors of different sizes fused into one batch (each with its own dot products),
 Adasum and Sum requests in flight together, prescale/postscale, process sets (also of a
-non-power-of-two size), identical bits on every rank, and the local errors (int dtype ->
-ValueError, reducescatter -> NotImplementedError) after which the engine still works.
+non-power-of-two size), identical bits on every rank, joined ranks (zeros), and the local
+errors (int dtype -> ValueError, reducescatter -> NotImplementedError, no gradient) after
+which the engine still works.
 Expected values come from tests/adasum_reference.py (numpy)."""
 import os
 import sys
@@ -134,6 +135,15 @@ def body():
     for ps in sets:
         hvd.remove_process_set(ps)
 
+    # join(): a rank that joined counts as a zero vector, which Adasum leaves out.
+    # Rank 0 joins at once; the others reduce one tensor, then join.
+    if rank != 0:
+        name = "ada.joined"
+        xs = [make_tensor(name, r, (7,), torch.float32) for r in range(size)]
+        xs[0] = torch.zeros(7)
+        check(hvd.allreduce(xs[rank], name=name, op=hvd.Adasum), xs, torch.float32, name)
+    hvd.join()
+
     # Local errors, raised at the call on every rank; nothing is sent.
     for dtype in (torch.int32, torch.int64, torch.uint8):
         expect_raises(ValueError, "Adasum of " + dtype_name(dtype), hvd.allreduce,
@@ -144,6 +154,12 @@ def body():
                   op=hvd.Adasum, contains=("Adasum", "int64"))
     expect_raises(NotImplementedError, "reducescatter Adasum", hvd.reducescatter,
                   torch.ones(4, 2), name="ada.rs", op=hvd.Adasum, contains=("Adasum",))
+
+    # The gradient of an Adasum allreduce is refused (Adasum is not linear).
+    x = torch.ones(3, requires_grad=True)
+    out = hvd.allreduce(x, name="ada.grad", op=hvd.Adasum)
+    expect_raises(NotImplementedError, "gradient of Adasum", out.sum().backward,
+                  contains=("Adasum",))
 
     # The engine still works afterwards, under the names just refused.
     xs = [make_tensor("ada.after", r, (8,), torch.float32) for r in range(size)]
