@@ -9,6 +9,7 @@ NPROCS = [2, 4]
 
 SCRIPTS = [
     "allreduce",                # every op x dtype x shape; sync, async, in place; scaling
+    "adasum",                   # op=Adasum against a numpy reference; fused, sets, errors
     "grouped_allreduce",        # grouped variants, many groups in flight
     "allgather",                # uneven first dims, bool; grouped variants
     "broadcast",                # every root, 0-d and empty; in place and async
@@ -33,6 +34,18 @@ SCRIPTS = [
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_script(run_mpi, script, nprocs):
     run_mpi(script, nprocs)
+
+
+def test_adasum_non_power_of_two(run_mpi):
+    # 3 ranks: rank 2 folds into rank 0 before the recursive doubling.
+    run_mpi("adasum", 3)
+
+
+def test_adasum_lanes_and_small_pieces(run_mpi):
+    # Two lanes, fusion buffers of 1 KiB and 4 KiB MPI pieces: Adasum batches spread
+    # over both communicators, the large tensor sent in several pieces.
+    run_mpi("adasum", 4, env={"PERSEUS_ALLREDUCE_STREAMS": "2", "PERSEUS_FUSION_THRESHOLD": "1024",
+                              "PERSEUS_CHUNK_SIZE": "4096"})
 
 
 @pytest.mark.parametrize("nprocs", NPROCS)

@@ -99,6 +99,23 @@ def test_allreduce_scaling_sync_async_inplace(initialized, dtype):
     torch.testing.assert_close(y, expected, **tol)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_adasum_of_one_is_the_scaled_input(initialized, dtype):
+    hvd = initialized
+    for i, shape in enumerate(SHAPES):
+        x = make(shape, dtype, seed=i)
+        assert_same(hvd.allreduce(x, name="sp.adasum.%s.%d" % (dtype, i), op=hvd.Adasum), x)
+    x = make((33,), dtype)
+    expected = (x.double() * 3.0 * 0.5).to(dtype)
+    tol = dict(rtol=4 * torch.finfo(dtype).eps, atol=torch.finfo(dtype).tiny)
+    out = hvd.allreduce(x, name="sp.adasum.scaled", op=hvd.Adasum, prescale_factor=3.0,
+                        postscale_factor=0.5)
+    torch.testing.assert_close(out, expected, **tol)
+    outs = hvd.grouped_allreduce([x, x[:5]], name="sp.adasum.grouped", op=hvd.Adasum)
+    assert_same(outs[0], x)
+    assert_same(outs[1], x[:5])
+
+
 def test_allreduce_defaults_to_average(initialized):
     hvd = initialized
     x = make((5,), torch.float32)
@@ -199,8 +216,10 @@ def test_local_argument_errors(initialized):
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
     with pytest.raises(ValueError):
         hvd.allreduce(torch.ones(3, dtype=torch.bool), name="sp.bool", op=hvd.Sum)
-    with pytest.raises(NotImplementedError):
-        hvd.allreduce(torch.ones(3), name="sp.adasum", op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Adasum needs a floating-point tensor"):
+        hvd.allreduce(torch.ones(3, dtype=torch.int32), name="sp.adasum", op=hvd.Adasum)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.reducescatter(torch.ones(3), name="sp.adasum_rs", op=hvd.Adasum)
     # The engine still serves requests afterwards.
     assert_same(hvd.allreduce(torch.arange(3.0), name="sp.after_errors", op=hvd.Sum), torch.arange(3.0))
 

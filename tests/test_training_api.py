@@ -1,6 +1,7 @@
 """Training API under mpirun -np 2 and 4: DistributedOptimizer against single-process
 training on the whole batch (tests/mpi/optimizer.py), and the broadcast helpers
-restoring identical model and optimizer state (tests/mpi/broadcast_state.py). Each
+restoring identical model and optimizer state (tests/mpi/broadcast_state.py), and
+DistributedOptimizer(op=Adasum) against a simulation (tests/mpi/adasum_optimizer.py). Each
 script computes its reference on every rank with plain torch; see their docstrings."""
 import pytest
 import torch
@@ -10,7 +11,7 @@ from perseus.torch.compression import Compression
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 NPROCS = [2, 4]
-SCRIPTS = ["optimizer", "broadcast_state"]
+SCRIPTS = ["optimizer", "broadcast_state", "adasum_optimizer"]
 
 
 @pytest.mark.parametrize("nprocs", NPROCS)

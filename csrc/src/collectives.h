@@ -32,6 +32,8 @@ Status AgreeOnStatus(MPI_Comm comm, const Status& local);
 // Each returns the status for the whole batch; `results` gets one Result per item
 // for the operations whose output the core allocates.
 Status RunAllreduce(const Batch& batch, ExecContext& ctx);
+// Allreduce batches whose reduce op is Adasum (adasum.cc).
+Status RunAdasum(const Batch& batch, ExecContext& ctx);
 Status RunBroadcast(const Batch& batch, ExecContext& ctx);
 Status RunAllgather(const BatchItem& item, ExecContext& ctx, Result* result);
 Status RunAlltoall(const BatchItem& item, ExecContext& ctx, Result* result);

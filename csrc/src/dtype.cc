@@ -5,21 +5,6 @@
 
 namespace perseus {
 
-namespace {
-
-struct DtypeInfo {
-  const char* name;
-  size_t size;
-  bool floating;
-};
-
-const DtypeInfo kDtypes[PERSEUS_NUM_DTYPES] = {
-    {"uint8", 1, false},   {"int8", 1, false},    {"int32", 4, false},
-    {"int64", 8, false},   {"float16", 2, true},  {"bfloat16", 2, true},
-    {"float32", 4, true},  {"float64", 8, true},  {"bool", 1, false},
-    {"int16", 2, false},
-};
-
 // ---- 16-bit floats, converted through float32 ------------------------------
 float HalfToFloat(uint16_t h) {
   uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
@@ -78,6 +63,21 @@ uint16_t FloatToBf16(float f) {
   x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(x >> 16);
 }
+
+namespace {
+
+struct DtypeInfo {
+  const char* name;
+  size_t size;
+  bool floating;
+};
+
+const DtypeInfo kDtypes[PERSEUS_NUM_DTYPES] = {
+    {"uint8", 1, false},   {"int8", 1, false},    {"int32", 4, false},
+    {"int64", 8, false},   {"float16", 2, true},  {"bfloat16", 2, true},
+    {"float32", 4, true},  {"float64", 8, true},  {"bool", 1, false},
+    {"int16", 2, false},
+};
 
 struct Half {
   static float Load(uint16_t v) { return HalfToFloat(v); }

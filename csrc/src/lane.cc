@@ -80,7 +80,10 @@ void Lane::Execute(const Batch& batch) {
   {
     auto mpi = LockMpi();
     switch (batch.op_type()) {
-      case PERSEUS_ALLREDUCE: status = RunAllreduce(batch, ctx); break;
+      case PERSEUS_ALLREDUCE:
+        status = batch.items[0].meta.reduce_op == PERSEUS_ADASUM ? RunAdasum(batch, ctx)
+                                                                 : RunAllreduce(batch, ctx);
+        break;
       case PERSEUS_BROADCAST: status = RunBroadcast(batch, ctx); break;
       case PERSEUS_ALLGATHER: status = RunAllgather(batch.items[0], ctx, &results[0]); break;
       case PERSEUS_ALLTOALL: status = RunAlltoall(batch.items[0], ctx, &results[0]); break;

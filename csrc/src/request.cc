@@ -97,11 +97,15 @@ Status MakeEntry(const perseus_request_t& r, int set_rank, int set_size, EntryPt
   switch (r.op_type) {
     case PERSEUS_ALLREDUCE:
     case PERSEUS_REDUCESCATTER:
-      if (r.reduce_op == PERSEUS_ADASUM)
-        return Status::Error(PERSEUS_UNSUPPORTED, "Adasum is not implemented in Perseus yet");
-      if (r.reduce_op < PERSEUS_SUM || r.reduce_op > PERSEUS_PRODUCT)
+      if (r.reduce_op < PERSEUS_SUM || r.reduce_op > PERSEUS_ADASUM)
         return bad("unknown reduce op " + std::to_string(r.reduce_op));
       if (r.dtype == PERSEUS_BOOL) return bad("bool tensors cannot be reduced");
+      if (r.reduce_op == PERSEUS_ADASUM && r.op_type == PERSEUS_REDUCESCATTER)
+        return Status::Error(PERSEUS_UNSUPPORTED, std::string("request '") + r.name +
+                                                      "': Adasum is not supported for reducescatter");
+      if (r.reduce_op == PERSEUS_ADASUM && !IsFloatingDtype(r.dtype))
+        return bad(std::string("Adasum needs a floating-point tensor (float16, bfloat16, "
+                               "float32 or float64), got ") + DtypeName(r.dtype));
       if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale))
         return bad("scale factors must be finite");
       m.reduce_op = r.reduce_op;

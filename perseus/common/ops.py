@@ -11,16 +11,16 @@ Average = 1
 Min = 2
 Max = 3
 Product = 4
-Adasum = 5  # accepted by the API; the core answers PERSEUS_UNSUPPORTED
+Adasum = 5  # allreduce of float tensors only (csrc/src/adasum.cc)
 
 REDUCE_OP_NAMES = ("Sum", "Average", "Min", "Max", "Product", "Adasum")
 
 
 def resolve_op(op, average):
     """The reduce op of a front end's collective call, by Horovod's op/average rules
-    (average= is deprecated). Adasum and unknown ops are refused here, before
-    anything is enqueued. Called from the front end's public function, so the
-    warning points at the user's line."""
+    (average= is deprecated). Unknown ops are refused here, before anything is
+    enqueued. Called from the front end's public function, so the warning points
+    at the user's line."""
     if op is None:
         if average is None:
             return Average
@@ -30,11 +30,27 @@ def resolve_op(op, average):
         return Average if average else Sum
     if average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented in Perseus yet")
-    if op not in (Sum, Average, Min, Max, Product):
+    if op not in (Sum, Average, Min, Max, Product, Adasum):
         raise ValueError("unknown reduce op %r" % (op,))
     return op
+
+
+# Raised by the front ends' gradient of an allreduce with op=Adasum: Adasum is not
+# linear in its inputs, so reducing the upstream gradients again (what Horovod does)
+# would not be the gradient.
+ADASUM_HAS_NO_GRADIENT = ("allreduce with op=Adasum has no gradient (Adasum is not linear in "
+                          "its inputs); reduce the gradients with op=Adasum instead")
+
+
+def check_adasum(op_type, dtype_name=None):
+    """Adasum's rules a rank can check alone, applied at the call before anything
+    is sent (the core checks again): allreduce only, of floating tensors only.
+    dtype_name: the tensor's dtype as the framework names it ("float32", "int64")."""
+    if op_type != ALLREDUCE:
+        raise NotImplementedError("Adasum is not supported for %s" % OP_TYPE_NAMES[op_type])
+    if dtype_name not in FLOATING_DTYPE_NAMES:
+        raise ValueError("Adasum needs a floating-point tensor (float16, bfloat16, float32 "
+                         "or float64), got %s" % dtype_name)
 
 # perseus_op_type_t
 ALLREDUCE = 0
@@ -66,6 +82,7 @@ NUM_DTYPES = 10
 DTYPE_SIZES = (1, 1, 4, 8, 2, 2, 4, 8, 1, 2)
 DTYPE_NAMES = ("uint8", "int8", "int32", "int64", "float16", "bfloat16",
                "float32", "float64", "bool", "int16")
+FLOATING_DTYPE_NAMES = frozenset(DTYPE_NAMES[code] for code in (FLOAT16, BFLOAT16, FLOAT32, FLOAT64))
 
 # Device id of host memory (PERSEUS_CPU_DEVICE) and the id of the set of all
 # ranks (PERSEUS_GLOBAL_PROCESS_SET).

@@ -115,6 +115,8 @@ def _same_shape(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
     specs, outputs = [], []
     for tensor, wire in zip(tensors, _names(op_type, name, len(tensors), grouped)):
         code = _code(tensor, op_type)
+        if op_type == _ops.ALLREDUCE and reduce_op == Adasum:
+            _ops.check_adasum(op_type, _ops.DTYPE_NAMES[code])
         outputs.append(tensor if inplace else
                        mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype))
         specs.append(_spec(wire, op_type, reduce_op, code, tensor.shape, prescale, postscale,
@@ -137,7 +139,7 @@ def _check_group(tensors):
 def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set, op=None):
     """Reduces `tensor` over the process set (op: Average by default, Sum, Min, Max,
-    Product) into a new NDArray."""
+    Product, Adasum) into a new NDArray."""
     op = _resolve_op(op, average)
     return _same_shape(_ops.ALLREDUCE, (tensor,), False, name, op, prescale_factor,
                        postscale_factor, 0, process_set, priority, False, b"PerseusAllreduce")[0]
@@ -190,6 +192,8 @@ def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_
     """Reduces `tensor` over the set and returns this rank's block of rows of the
     result (dim 0 split as evenly as possible, the first ranks getting one more)."""
     op = _resolve_op(op, None)
+    if op == Adasum:
+        _ops.check_adasum(_ops.REDUCESCATTER)
     code = _code(tensor, _ops.REDUCESCATTER)
     if tensor.ndim == 0:
         raise ValueError("reducescatter needs an array with at least one dimension")

@@ -1,11 +1,14 @@
 """DistributedOptimizer and DistributedTrainer: MXNet training with gradients
-averaged over the ranks by allreduce in MXNet's engine (Horovod's MXNet API)."""
+averaged over the ranks by allreduce in MXNet's engine (Horovod's MXNet API).
+
+Both also take op=Adasum (a Perseus extension: Horovod's MXNet classes have no op):
+the gradients are then combined by Adasum, which is not divided by the size."""
 
 import warnings
 
 import mxnet as mx
 
-from perseus.common.ops import Sum
+from perseus.common.ops import Adasum, Average, Sum
 from perseus.common.process_sets import global_process_set
 from perseus.mxnet.compression import Compression
 from perseus.mxnet.mpi_ops import allreduce_, grouped_allreduce_
@@ -23,22 +26,40 @@ def _groups(items, num_groups):
     return groups
 
 
-def _allreduce_grads(grads, names, predivide, num_groups, process_set, compression):
+def _check_op(op, gradient_predivide_factor):
+    if op not in (Average, Adasum):
+        raise ValueError("the MXNet DistributedOptimizer and DistributedTrainer reduce "
+                         "gradients with op=Average or op=Adasum, got %r" % (op,))
+    if gradient_predivide_factor <= 0:
+        raise ValueError("gradient_predivide_factor must be positive, got %r"
+                         % (gradient_predivide_factor,))
+    if op == Adasum and gradient_predivide_factor != 1.0:
+        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+
+
+def _rescale(op, gradient_predivide_factor, process_set):
+    """The factor the caller's rescale_grad takes: Average sums on the wire and
+    divides here; Adasum is not divided."""
+    return 1.0 if op == Adasum else gradient_predivide_factor / process_set.size()
+
+
+def _allreduce_grads(grads, names, predivide, num_groups, process_set, compression, op=Average):
     """Sums `grads` over the set in place (prescaled by 1/predivide), in MXNet's
-    engine; the caller's rescale_grad finishes the average. Earlier gradients get
-    higher priority, as in Horovod."""
+    engine; the caller's rescale_grad finishes the average. With op=Adasum they are
+    combined by Adasum instead. Earlier gradients get higher priority, as in Horovod."""
     if process_set.size() == 1 or not grads:
         return
     prescale = 1.0 / predivide
+    wire_op = Adasum if op == Adasum else Sum
     if num_groups > 0:
         for g, (group, group_names) in enumerate(zip(_groups(grads, num_groups),
                                                     _groups(names, num_groups))):
             grouped_allreduce_(group, name="%s.group%d" % (group_names[0], g), priority=-g,
-                               op=Sum, prescale_factor=prescale, process_set=process_set)
+                               op=wire_op, prescale_factor=prescale, process_set=process_set)
         return
     for i, (grad, name) in enumerate(zip(grads, names)):
         wire, ctx = compression.compress(grad)
-        allreduce_(wire, name=name, priority=-i, op=Sum, prescale_factor=prescale,
+        allreduce_(wire, name=name, priority=-i, op=wire_op, prescale_factor=prescale,
                    process_set=process_set)
         if ctx is not None:
             grad[:] = compression.decompress(wire, ctx)
@@ -51,21 +72,21 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     the average. Every other attribute is the wrapped optimizer's (read and written).
 
     num_groups > 0: the gradients of one update call are reduced in that many grouped
-    allreduces instead of one per gradient.
+    allreduces instead of one per gradient. op=Adasum: combined by Adasum, and
+    rescale_grad is left as it is.
     """
 
-    _OWN = ("_optimizer", "_predivide", "_num_groups", "_process_set")
+    _OWN = ("_optimizer", "_predivide", "_num_groups", "_process_set", "_op")
 
     def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
-                 process_set=global_process_set):
-        if gradient_predivide_factor <= 0:
-            raise ValueError("gradient_predivide_factor must be positive, got %r"
-                             % (gradient_predivide_factor,))
+                 process_set=global_process_set, op=Average):
+        _check_op(op, gradient_predivide_factor)
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_predivide", float(gradient_predivide_factor))
         object.__setattr__(self, "_num_groups", int(num_groups))
         object.__setattr__(self, "_process_set", process_set)
-        optimizer.rescale_grad *= gradient_predivide_factor / process_set.size()
+        object.__setattr__(self, "_op", op)
+        optimizer.rescale_grad *= _rescale(op, gradient_predivide_factor, process_set)
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
@@ -80,7 +101,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         indices = list(index) if isinstance(index, (list, tuple)) else [index]
         grads = list(grad) if isinstance(grad, (list, tuple)) else [grad]
         _allreduce_grads(grads, ["DistributedOptimizer.%s" % i for i in indices],
-                         self._predivide, self._num_groups, self._process_set, Compression.none)
+                         self._predivide, self._num_groups, self._process_set, Compression.none,
+                         self._op)
 
     def update(self, index, weight, grad, state):
         self._do_allreduce(index, grad)
@@ -119,24 +141,24 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     compression: hvd.Compression.none or .fp16 (ignored with num_groups > 0, as in
     Horovod). prefix: prepended to the request names, for several trainers.
+    op=Adasum: gradients combined by Adasum (not divided by the size).
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
                  gradient_predivide_factor=1.0, prefix=None, num_groups=0,
-                 process_set=global_process_set):
+                 process_set=global_process_set, op=Average):
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._optimizer
             warnings.warn("DistributedTrainer does not take DistributedOptimizer as its "
                           "optimizer; the wrapped optimizer is used")
-        if gradient_predivide_factor <= 0:
-            raise ValueError("gradient_predivide_factor must be positive, got %r"
-                             % (gradient_predivide_factor,))
+        _check_op(op, gradient_predivide_factor)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         if len(self._contexts) > 1:
             raise ValueError("DistributedTrainer drives one device per process; the "
                              "parameters live on %s" % (self._contexts,))
         # Gradients are summed; rescale_grad = _scale / batch_size makes it an average.
-        self._scale *= gradient_predivide_factor / process_set.size()
+        self._scale *= _rescale(op, gradient_predivide_factor, process_set)
+        self._op = op
         self._compression = compression
         self._predivide = float(gradient_predivide_factor)
         self._prefix = "" if prefix is None else str(prefix)
@@ -150,4 +172,4 @@ class DistributedTrainer(mx.gluon.Trainer):
                 grads.append(param.list_grad()[0])
                 names.append("DistributedTrainer.%s%d" % (self._prefix, i))
         _allreduce_grads(grads, names, self._predivide, self._num_groups, self._process_set,
-                         self._compression)
+                         self._compression, self._op)

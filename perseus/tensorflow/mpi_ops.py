@@ -91,6 +91,9 @@ def _nonempty(tensors, what):
 def _allreduce(tensors, name, op, prescale, postscale, process_set, grouped):
     set_id = _set_id(process_set)
     _check_reducible(tensors, "allreduce")
+    if op == Adasum:
+        for t in tensors:
+            _ops.check_adasum(_ops.ALLREDUCE, t.dtype.name)
     names, anonymous = _names(_ops.ALLREDUCE, name, len(tensors), set_id, grouped)
     return _OPS.perseus_allreduce(tensors, names, reduce_op=op, prescale=prescale,
                                   postscale=postscale, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
@@ -148,6 +151,8 @@ def _allreduce_grad(op, *grads):
     # d(sum_r x_r)/dx_r = 1: the gradient is the same reduction of the upstream
     # gradients (Average averages them, Sum sums them), with the same scaling.
     reduce_op = op.get_attr("reduce_op")
+    if reduce_op == Adasum:
+        raise NotImplementedError(_ops.ADASUM_HAS_NO_GRADIENT)
     if reduce_op not in (Average, Sum):
         raise NotImplementedError("allreduce with op %s has no gradient"
                                   % _ops.REDUCE_OP_NAMES[reduce_op])
@@ -250,6 +255,8 @@ def _broadcast_grad(op, *grads):
 # ---- reducescatter --------------------------------------------------------------
 
 def _reducescatter(tensors, name, op, prescale, postscale, process_set, grouped):
+    if op == Adasum:
+        _ops.check_adasum(_ops.REDUCESCATTER)
     set_id = _set_id(process_set)
     _check_reducible(tensors, "reducescatter")
     names, anonymous = _names(_ops.REDUCESCATTER, name, len(tensors), set_id, grouped)

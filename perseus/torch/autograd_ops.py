@@ -16,6 +16,7 @@ order, as with Horovod.
 import torch
 
 # Imported back by mpi_ops: only attributes are used, at call time.
+from perseus.common import ops as _ops
 from perseus.torch import mpi_ops as _m
 
 
@@ -29,6 +30,8 @@ class Allreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         op, prescale, postscale, process_set = ctx.args
+        if op == _ops.Adasum:
+            raise NotImplementedError(_ops.ADASUM_HAS_NO_GRADIENT)
         return (_m.allreduce(grad, op=op, prescale_factor=prescale, postscale_factor=postscale,
                              process_set=process_set),
                 None, None, None, None, None)
@@ -44,6 +47,8 @@ class GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         op, prescale, postscale, process_set = ctx.args
+        if op == _ops.Adasum:
+            raise NotImplementedError(_ops.ADASUM_HAS_NO_GRADIENT)
         reduced = _m.grouped_allreduce(list(grads), op=op, prescale_factor=prescale,
                                        postscale_factor=postscale, process_set=process_set)
         return (None,) * 5 + tuple(reduced)

@@ -162,6 +162,8 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
         source, code = _prepare(tensor)
         if code == _BOOL and op_type == _ALLREDUCE:
             raise ValueError("allreduce does not support bool tensors")
+        if reduce_op == Adasum and op_type == _ALLREDUCE:
+            _ops.check_adasum(op_type, _ops.DTYPE_NAMES[code])
         if inplace:
             output = source
             results.append(tensor)
@@ -250,6 +252,8 @@ def _alltoall_async(tensor, splits, name, process_set, drive=False):
 def _reducescatter_async(tensors, name, op, prescale, postscale, process_set, grouped, drive=False):
     """Output: this rank's share of dim 0; the first (dim0 % size) ranks of the set
     get one extra row. Computed here, so we allocate the output."""
+    if op == Adasum:
+        _ops.check_adasum(_REDUCESCATTER)
     set_id = _set_id(process_set)
     set_size = process_set.size()
     set_rank = process_set.rank()

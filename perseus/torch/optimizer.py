@@ -14,6 +14,8 @@ checks on the user's optimizer type still hold) that:
 - waits for all reductions in step() (or in an explicit synchronize(), after which
   step() runs inside skip_synchronize());
 - refuses zero_grad() while reductions are pending.
+
+op=Adasum reduces parameter deltas instead of gradients (adasum_optimizer.py).
 """
 
 import contextlib
@@ -209,10 +211,19 @@ class _DistributedMixin:
         if len(ready) == len(self._groups[index]):
             self._submit_group(index)
 
+    def _to_reduce(self, p):
+        """The tensor reduced for p (its gradient; the Adasum optimizer's delta)."""
+        return self._dense_grad(p)
+
+    def _apply(self, p, wire, ctx):
+        """Puts p's reduced tensor in place once its reduction is done."""
+        grad = self._compression.decompress(wire, ctx)
+        if grad is not p.grad:
+            p.grad.copy_(grad)
+
     def _submit_one(self, p):
         op, prescale, postscale = self._scales()
-        grad = self._dense_grad(p)
-        wire, ctx = self._compression.compress(grad)
+        wire, ctx = self._compression.compress(self._to_reduce(p))
         handle = allreduce_async_(wire, name=self._parameter_names[id(p)], op=op,
                                   prescale_factor=prescale, postscale_factor=postscale,
                                   process_set=self._process_set)
@@ -223,7 +234,7 @@ class _DistributedMixin:
         op, prescale, postscale = self._scales()
         wires, ctxs = [], []
         for p in members:
-            wire, ctx = self._compression.compress(self._dense_grad(p))
+            wire, ctx = self._compression.compress(self._to_reduce(p))
             wires.append(wire)
             ctxs.append(ctx)
         name = "group%d.%s" % (index, self._parameter_names[id(members[0])])
@@ -260,9 +271,7 @@ class _DistributedMixin:
                 if handle is not _IN_GROUP:
                     synchronize(handle)
             for p, handle, (wire, ctx) in self._handles.values():
-                grad = self._compression.decompress(wire, ctx)
-                if grad is not p.grad:
-                    p.grad.copy_(grad)
+                self._apply(p, wire, ctx)
         finally:
             self._handles.clear()
             self._group_ready = [set() for _ in self._groups]
@@ -310,9 +319,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Returns an instance of a subclass of optimizer's class sharing its param_groups
     (hyperparameters included) and its state.
     """
-    if op == Adasum:
-        raise NotImplementedError("DistributedOptimizer with op=Adasum is not implemented in "
-                                  "Perseus yet")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
     if gradient_predivide_factor <= 0:
@@ -329,7 +335,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("the optimizer is already a DistributedOptimizer")
 
     base = optimizer.__class__
-    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
+    mixin = _DistributedMixin
+    if op == Adasum and process_set.size() > 1:
+        # Over one rank, Adasum of the gradient is the gradient: the plain wrapper does.
+        from perseus.torch.adasum_optimizer import _AdasumMixin
+        mixin = _AdasumMixin
+    cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
                   backward_passes_per_step, op, gradient_predivide_factor, groups,
                   sparse_as_dense, process_set)

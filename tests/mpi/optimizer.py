@@ -10,7 +10,8 @@ bf16 compression (looser tolerance, and they must differ from the exact result, 
 wire dtype really changed), synchronize() + skip_synchronize() with gradient
 clipping, Adam, op=Sum, a parameter without gradient, sparse gradients. Then the
 error cases: duplicate/missing names, zero_grad() while reductions are pending,
-Adasum, sparse gradients without sparse_as_dense.
+gradient_predivide_factor with Adasum, sparse gradients without sparse_as_dense.
+(op=Adasum itself: adasum_optimizer.py.)
 """
 import warnings
 
@@ -204,7 +205,8 @@ def errors(rank, size):
     missing = named[:-1]
     expect_raises(ValueError, "missing names", DistributedOptimizer, sgd(model),
                   named_parameters=missing, contains=("does not name", "(3,)"))
-    expect_raises(NotImplementedError, "Adasum", DistributedOptimizer, sgd(model), op=hvd.Adasum)
+    expect_raises(ValueError, "predivide with Adasum", DistributedOptimizer, sgd(model),
+                  op=hvd.Adasum, gradient_predivide_factor=2.0)
     expect_raises(ValueError, "predivide with Sum", DistributedOptimizer, sgd(model),
                   op=hvd.Sum, gradient_predivide_factor=2.0)
 

@@ -1,16 +1,19 @@
 """Every collective of perseus.mxnet x dtype against numpy references; errors.
 
 Each op's result is compared exactly with the reduction/concatenation every rank
-computes itself from the other ranks' deterministic inputs.
+computes itself from the other ranks' deterministic inputs; op=Adasum (collectives,
+DistributedOptimizer, DistributedTrainer) against tests/adasum_reference.py.
 """
 import os
 import time
+import zlib
 
 import mxnet as mx
 import numpy as np
 
 from common import (DTYPES, FLOAT_DTYPES, assert_close, assert_equal, hvd, log, main,
                     make_array, nd)
+from adasum_reference import adasum, assert_adasum_close  # tests/, on the path via common
 
 REDUCERS = {hvd.Sum: ("sum", lambda xs: np.sum(xs, axis=0)),
             hvd.Min: ("sum", lambda xs: np.min(xs, axis=0)),
@@ -113,6 +116,51 @@ def check_reducescatter(rank, size):
         assert_equal(out, total[start:start + counts[rank]], tag)
 
 
+def normal_array(tag, rank, shape, dtype=np.float64):
+    rng = np.random.default_rng(zlib.crc32(("%s|%d" % (tag, rank)).encode()))
+    return rng.normal(0, 3, size=shape).astype(dtype)
+
+
+def check_adasum(rank, size):
+    for dtype in FLOAT_DTYPES:
+        name = np.dtype(dtype).name
+        for shape in [(3, 5), (), (0,), (17,)]:
+            tag = "adasum-%s-%s" % (name, shape)
+            xs = [normal_array(tag, r, shape, dtype) for r in range(size)]
+            out = hvd.allreduce(nd(xs[rank]), op=hvd.Adasum, name=tag)
+            assert out.dtype == dtype, tag
+            assert_adasum_close(out.asnumpy(), xs, name, tag)
+            y = nd(xs[rank])
+            assert hvd.allreduce_(y, op=hvd.Adasum, prescale_factor=0.5, postscale_factor=3.0) is y
+            assert_adasum_close(y.asnumpy(), xs, name, tag + " in place, scaled",
+                                prescale=0.5, postscale=3.0)
+    # Grouped: fused, each array with its own dot products.
+    groups = [[normal_array("adasum-g%d" % i, r, s, np.float32) for r in range(size)]
+              for i, s in enumerate([(4,), (2, 3), (), (30,)])]
+    outs = hvd.grouped_allreduce([nd(g[rank]) for g in groups], op=hvd.Adasum, name="adasum-g")
+    for i, (out, xs) in enumerate(zip(outs, groups)):
+        assert_adasum_close(out.asnumpy(), xs, "float32", "grouped adasum [%d]" % i)
+
+    # DistributedOptimizer(op=Adasum): plain SGD (lr 1, rescale_grad 1) moves the weight
+    # by minus the Adasum of the ranks' gradients, not their average.
+    gs = [normal_array("adasum-opt", r, (5,)) for r in range(size)]
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0), op=hvd.Adasum)
+    weight = mx.nd.zeros(5, dtype=np.float64)
+    opt.update(0, weight, nd(gs[rank]), opt.create_state(0, weight))
+    assert_close(weight, -adasum(gs), "DistributedOptimizer Adasum", rtol=1e-10, atol=1e-12)
+
+    # DistributedTrainer(op=Adasum): loss = sum(w * c_r), so each rank's gradient is c_r.
+    cs = [normal_array("adasum-trainer", r, (3,), np.float32) for r in range(size)]
+    w = mx.gluon.Parameter("w", shape=(3,), init=mx.init.Zero(), dtype=np.float32)
+    w.initialize()
+    trainer = hvd.DistributedTrainer([w], "sgd", {"learning_rate": 1.0}, op=hvd.Adasum)
+    with mx.autograd.record():
+        loss = (w.data() * nd(cs[rank])).sum()
+    loss.backward()
+    trainer.step(1)
+    assert_adasum_close(-w.data().asnumpy(), cs, "float32", "DistributedTrainer Adasum")
+
+
 def check_errors(rank, size):
     # Shapes that differ across ranks: a clear error on every rank, raised by the
     # read of the output, and the library keeps working afterwards.
@@ -131,7 +179,10 @@ def check_errors(rank, size):
         raise AssertionError("mismatched allgather shapes were not reported")
     for bad, exc in ((lambda: hvd.allreduce(mx.nd.ones(2, dtype=np.bool_)), ValueError),
                      (lambda: hvd.allreduce(np.ones(2)), TypeError),
-                     (lambda: hvd.allreduce(mx.nd.ones(2), op=hvd.Adasum), NotImplementedError),
+                     (lambda: hvd.allreduce(mx.nd.ones(2, dtype=np.int32), op=hvd.Adasum),
+                      ValueError),
+                     (lambda: hvd.reducescatter(mx.nd.ones(2), op=hvd.Adasum), NotImplementedError),
+                     (lambda: hvd.DistributedOptimizer(mx.optimizer.SGD(), op=hvd.Sum), ValueError),
                      (lambda: hvd.broadcast(mx.nd.ones(2), root_rank=size), ValueError)):
         try:
             bad()
@@ -207,7 +258,7 @@ def body():
     rank, size = hvd.rank(), hvd.size()
     assert (hvd.local_rank(), hvd.local_size()) == (rank, size)
     assert hvd.is_initialized() and hvd.cross_size() == 1
-    for check in (check_allreduce, check_grouped, check_allgather, check_broadcast,
+    for check in (check_allreduce, check_adasum, check_grouped, check_allgather, check_broadcast,
                   check_alltoall, check_reducescatter, check_objects, check_same_name, check_process_set, check_asynchronous,
                   check_errors):
         check(rank, size)

@@ -1,11 +1,16 @@
 """Every collective x dtype, eagerly and inside tf.function, against numpy
 references; grouped variants; process sets; gradients of allreduce, allgather,
 broadcast, reducescatter and alltoall against analytic references; barrier/join;
-errors raised as TensorFlow errors on every rank, after which the engine works."""
+op=Adasum (collectives, DistributedGradientTape, Keras DistributedOptimizer) against
+tests/adasum_reference.py; errors raised as TensorFlow errors on every rank, after
+which the engine works."""
+import zlib
+
 import numpy as np
 import tensorflow as tf
 
 from common import DTYPES, FLOAT_DTYPES, assert_equal, hvd, log, main, make_array, reduce_ref
+from adasum_reference import adasum, assert_adasum_close  # tests/, on the path via common
 
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
 
@@ -139,6 +144,74 @@ def run_gradients(mode, rank, size):
     np.testing.assert_allclose(a2a_grad(y).numpy(), expected, err_msg="alltoall gradient " + mode)
 
 
+def normal_array(tag, rank, shape):
+    rng = np.random.default_rng(zlib.crc32(("%s|%d" % (tag, rank)).encode()))
+    return rng.normal(0, 3, size=shape)
+
+
+def run_adasum(mode, rank, size):
+    wrap = (lambda f: f) if mode == "eager" else tf.function
+    for dtype in FLOAT_DTYPES:
+        for shape in [(3, 4), (), (0,), (17,)]:
+            what = "adasum %s %s %s" % (mode, dtype.name, shape)
+            xs = [normal_array(what, r, shape) for r in range(size)]
+            got = wrap(lambda t: hvd.allreduce(t, op=hvd.Adasum))(tf.cast(xs[rank], dtype))
+            assert got.dtype == dtype, what
+            assert_adasum_close(tf.cast(got, tf.float64).numpy(), xs, dtype.name, what)
+        what = "adasum scaled %s %s" % (mode, dtype.name)
+        xs = [normal_array(what, r, (6,)) for r in range(size)]
+        got = wrap(lambda t: hvd.allreduce(t, op=hvd.Adasum, name=what.replace(" ", "."),
+                                           prescale_factor=0.5, postscale_factor=4.0))(
+            tf.cast(xs[rank], dtype))
+        assert_adasum_close(tf.cast(got, tf.float64).numpy(), xs, dtype.name, what,
+                            prescale=0.5, postscale=4.0)
+    # Grouped: one fused batch, each tensor with its own dot products.
+    shapes = [(5,), (2, 3), (), (40,)]
+    groups = [[normal_array("adasum.g%d.%s" % (i, mode), r, s) for r in range(size)]
+              for i, s in enumerate(shapes)]
+    got = wrap(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Adasum))(
+        [tf.constant(g[rank], tf.float32) for g in groups])
+    for i, (out, xs) in enumerate(zip(got, groups)):
+        assert_adasum_close(out.numpy(), xs, "float32", "grouped adasum %s [%d]" % (mode, i))
+
+    # DistributedGradientTape(op=Adasum): loss = sum(v * c_r) has gradient c_r on rank r.
+    cs = [normal_array("adasum.tape." + mode, r, (3, 2)) for r in range(size)]
+    v = tf.Variable(tf.zeros((3, 2), tf.float64))
+
+    @wrap
+    def tape_grad():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * tf.constant(cs[rank]))
+        tape = hvd.DistributedGradientTape(tape, op=hvd.Adasum)
+        return tape.gradient(loss, [v])[0]
+    assert_adasum_close(tape_grad().numpy(), cs, "float64", "DistributedGradientTape Adasum " + mode)
+
+    # The gradient of an Adasum allreduce is refused (Adasum is not linear).
+    try:
+        with tf.GradientTape() as tape:
+            x = tf.constant(cs[rank])
+            tape.watch(x)
+            loss = tf.reduce_sum(hvd.allreduce(x, op=hvd.Adasum))
+        tape.gradient(loss, x)
+    except NotImplementedError as e:
+        assert "Adasum" in str(e), str(e)
+    else:
+        raise AssertionError("the gradient of an Adasum allreduce did not raise")
+
+
+def run_adasum_keras(rank, size):
+    # Keras DistributedOptimizer(op=Adasum): plain SGD with lr 1 moves the variable by
+    # minus the Adasum of the ranks' gradients.
+    gs = [normal_array("adasum.keras", r, (4,)) for r in range(size)]
+    import perseus.tensorflow.keras as hvd_keras
+    var = tf.Variable(tf.zeros(4, tf.float64))
+    opt = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=1.0),
+                                         op=hvd.Adasum)
+    opt.apply_gradients([(tf.constant(gs[rank]), var)])
+    np.testing.assert_allclose(var.numpy(), -adasum(gs), rtol=1e-12, atol=1e-12,
+                               err_msg="Keras DistributedOptimizer Adasum")
+
+
 def run_process_sets(rank, size):
     members = list(range(1, size))
     pset = hvd.add_process_set(members)
@@ -173,7 +246,8 @@ def run_errors(rank, size):
     else:
         raise AssertionError("a dtype mismatch did not raise")
     for call, exc in [(lambda: hvd.allreduce(tf.constant([True])), ValueError),
-                      (lambda: hvd.allreduce(tf.ones(2), op=hvd.Adasum), NotImplementedError),
+                      (lambda: hvd.allreduce(tf.ones(2, tf.int32), op=hvd.Adasum), ValueError),
+                      (lambda: hvd.reducescatter(tf.ones(2), op=hvd.Adasum), NotImplementedError),
                       (lambda: hvd.allreduce(tf.ones(2), process_set=hvd.ProcessSet([0])),
                        ValueError),
                       (lambda: hvd.allgather(tf.constant(["a"])), tf.errors.InvalidArgumentError)]:
@@ -197,6 +271,9 @@ def body():
         log(mode, "collectives ok")
         run_gradients(mode, rank, size)
         log(mode, "gradients ok")
+        run_adasum(mode, rank, size)
+        log(mode, "adasum ok")
+    run_adasum_keras(rank, size)
     run_process_sets(rank, size)
     assert hvd.broadcast_object({"from": rank}, root_rank=size - 1) == {"from": size - 1}
     assert hvd.allgather_object(rank * 10) == [r * 10 for r in range(size)]

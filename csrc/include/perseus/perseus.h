@@ -64,7 +64,9 @@ typedef enum {
   PERSEUS_MIN = 2,
   PERSEUS_MAX = 3,
   PERSEUS_PRODUCT = 4,
-  PERSEUS_ADASUM = 5 /* accepted by the API, answered with PERSEUS_UNSUPPORTED */
+  PERSEUS_ADASUM = 5 /* allreduce of float tensors only: pairwise adaptive summation over
+                        the set, per tensor, bitwise identical on every rank; not divided
+                        by the size (reducescatter: PERSEUS_UNSUPPORTED) */
 } perseus_reduce_op_t;
 
 #define PERSEUS_CPU_DEVICE (-1)
