@@ -26,6 +26,7 @@ SCRIPTS = [
     "collectives",  # every collective x dtype, eager and tf.function; gradients; errors
     "training",     # DistributedGradientTape, Keras fit, TF1 session + hook vs one process
     "accumulation",  # backward_passes_per_step (Keras, TF1), momentum correction vs references
+    "adasum_optimizer",  # TF1 DistributedOptimizer(op=Adasum): delta optimizer vs a reference
 ]
 
 
