@@ -37,25 +37,19 @@ def run(block, xs, ws):
     return results, stats, inference
 
 
-def check(rank, size, comm_scope):
+def scope_group(rank, size, comm_scope):
+    """The ranks whose batches this rank's layer normalizes over."""
     if comm_scope == 1:
-        group = list(range(size))
-    else:
-        k = int(os.environ["PERSEUS_RANKS_PER_NODE"])
-        group = list(range(rank // k * k, min(rank // k * k + k, size)))
-    data = {r: [batch(r, s) for s in range(2)] for r in group}
-    block = hvd.PerseusSyncBatchNorm(comm_scope=comm_scope, momentum=0.8)
-    block.initialize()
-    mine = run(block, [data[rank][s][0] for s in range(2)], [data[rank][s][1] for s in range(2)])
-    reference = gluon.nn.BatchNorm(momentum=0.8, in_channels=C)
-    reference.initialize()
-    whole = run(reference, [np.concatenate([data[r][s][0] for r in group]) for s in range(2)],
-                [np.concatenate([data[r][s][1] for r in group]) for s in range(2)])
+        return list(range(size))
+    k = int(os.environ["PERSEUS_RANKS_PER_NODE"])
+    return list(range(rank // k * k, min(rank // k * k + k, size)))
+
+
+def compare(mine, whole, rank, group, data, process_set, what, stat_names):
+    """This rank's (results, stats, inference) against the reference run on the
+    group's concatenated batch: its own rows, and gamma/beta gradients summed."""
     start = sum(data[r][0][0].shape[0] for r in group if r < rank)
     rows = slice(start, start + data[rank][0][0].shape[0])
-    process_set = block.process_set()
-    assert process_set.size() == len(group), (process_set, group)
-    what = "comm_scope=%d" % comm_scope
     for step, ((y, dx, dg, db), (ry, rdx, rdg, rdb)) in enumerate(zip(mine[0], whole[0])):
         assert_close(y, ry[rows], "%s step %d output" % (what, step), rtol=1e-4, atol=1e-5)
         assert_close(dx, rdx[rows], "%s step %d input grad" % (what, step), rtol=1e-4,
@@ -64,10 +58,25 @@ def check(rank, size, comm_scope):
             summed = hvd.allreduce(mx.nd.array(mine_g), op=hvd.Sum, process_set=process_set)
             assert_close(summed.asnumpy(), ref_g, "%s step %d %s grad" % (what, step, name),
                          rtol=1e-4, atol=1e-5)
-    for got, ref, name in zip(mine[1], whole[1], ("running_mean", "running_var")):
+    for got, ref, name in zip(mine[1], whole[1], stat_names):
         assert_close(got, ref, "%s %s" % (what, name), rtol=1e-5, atol=1e-6)
     assert_close(mine[2], whole[2][rows], "%s inference" % what, rtol=1e-4, atol=1e-5)
 
+
+def check(rank, size, comm_scope):
+    group = scope_group(rank, size, comm_scope)
+    data = {r: [batch(r, s) for s in range(2)] for r in group}
+    block = hvd.PerseusSyncBatchNorm(comm_scope=comm_scope, momentum=0.8)
+    block.initialize()
+    mine = run(block, [data[rank][s][0] for s in range(2)], [data[rank][s][1] for s in range(2)])
+    reference = gluon.nn.BatchNorm(momentum=0.8, in_channels=C)
+    reference.initialize()
+    whole = run(reference, [np.concatenate([data[r][s][0] for r in group]) for s in range(2)],
+                [np.concatenate([data[r][s][1] for r in group]) for s in range(2)])
+    process_set = block.process_set()
+    assert process_set.size() == len(group), (process_set, group)
+    compare(mine, whole, rank, group, data, process_set, "comm_scope=%d" % comm_scope,
+            ("running_mean", "running_var"))
 
 def run_symbol(symbol, xs, ws, prefix):
     """Two training steps through an executor (what Module runs); then inference."""
@@ -92,11 +101,7 @@ def run_symbol(symbol, xs, ws, prefix):
 def check_symbol(rank, size, comm_scope):
     """The symbolic form (mx.sym.contrib.PerseusSyncBatchNorm) against the BatchNorm
     symbol on the group's concatenated batch."""
-    if comm_scope == 1:
-        group = list(range(size))
-    else:
-        k = int(os.environ["PERSEUS_RANKS_PER_NODE"])
-        group = list(range(rank // k * k, min(rank // k * k + k, size)))
+    group = scope_group(rank, size, comm_scope)
     data = {r: [batch(r, s) for s in range(2)] for r in group}
     symbol = mx.sym.contrib.PerseusSyncBatchNorm(mx.sym.Variable("data"), name="psbn%d" % comm_scope,
                                                  comm_scope=comm_scope, momentum=0.8)
@@ -107,22 +112,8 @@ def check_symbol(rank, size, comm_scope):
     whole = run_symbol(reference, [np.concatenate([data[r][s][0] for r in group])
                                    for s in range(2)],
                        [np.concatenate([data[r][s][1] for r in group]) for s in range(2)], "bn")
-    start = sum(data[r][0][0].shape[0] for r in group if r < rank)
-    rows = slice(start, start + data[rank][0][0].shape[0])
-    process_set = hvd.sync_batch_norm.scope_process_set(comm_scope)
-    what = "symbol comm_scope=%d" % comm_scope
-    for step, ((y, dx, dg, db), (ry, rdx, rdg, rdb)) in enumerate(zip(mine[0], whole[0])):
-        assert_close(y, ry[rows], "%s step %d output" % (what, step), rtol=1e-4, atol=1e-5)
-        assert_close(dx, rdx[rows], "%s step %d input grad" % (what, step), rtol=1e-4,
-                     atol=1e-5)
-        for mine_g, ref_g, name in ((dg, rdg, "gamma"), (db, rdb, "beta")):
-            summed = hvd.allreduce(mx.nd.array(mine_g), op=hvd.Sum, process_set=process_set)
-            assert_close(summed.asnumpy(), ref_g, "%s step %d %s grad" % (what, step, name),
-                         rtol=1e-4, atol=1e-5)
-    for got, ref, name in zip(mine[1], whole[1], ("moving_mean", "moving_var")):
-        assert_close(got, ref, "%s %s" % (what, name), rtol=1e-5, atol=1e-6)
-    assert_close(mine[2], whole[2][rows], "%s inference" % what, rtol=1e-4, atol=1e-5)
-
+    compare(mine, whole, rank, group, data, hvd.sync_batch_norm.scope_process_set(comm_scope),
+            "symbol comm_scope=%d" % comm_scope, ("moving_mean", "moving_var"))
 
 def check_module_fit(rank, size):
     """Module.fit with the symbolic layer (comm_scope=1) and the Perseus KVStore: the

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import hvd, log, main
+from tiny_model import forward, init_weights, keras_model, mse_gradient
 
 import perseus.tensorflow.keras as hvd_keras
 
@@ -36,24 +37,6 @@ def local_data(batches, rank):
             np.concatenate([y[part] for _, y in batches]))
 
 
-def init_weights(seed):
-    rng = np.random.default_rng(seed)
-    return [rng.normal(size=(5, 4)), rng.normal(size=(4,)), rng.normal(size=(4, 2))]
-
-
-def forward(ws, x):
-    return tf.matmul(tf.tanh(tf.matmul(x, ws[0]) + ws[1]), ws[2])
-
-
-def batch_gradient(ws, x, y):
-    """The gradient of the mean squared error over one whole global batch."""
-    ws = [tf.constant(w) for w in ws]
-    with tf.GradientTape() as tape:
-        tape.watch(ws)
-        loss = tf.reduce_mean((forward(ws, tf.constant(x)) - tf.constant(y)) ** 2)
-    return [g.numpy() for g in tape.gradient(loss, ws)]
-
-
 def accumulated_reference(batches, passes, average, momentum=0.0):
     """Sums the gradients of `passes` consecutive batches, then one update: plain
     SGD (w -= lr * g), or TF1's Momentum (a = momentum * a + g; w -= lr * a)."""
@@ -61,23 +44,13 @@ def accumulated_reference(batches, passes, average, momentum=0.0):
     velocity = [np.zeros_like(w) for w in ws]
     sums = [np.zeros_like(w) for w in ws]
     for i, (x, y) in enumerate(batches):
-        sums = [s + g for s, g in zip(sums, batch_gradient(ws, x, y))]
+        sums = [s + g for s, g in zip(sums, mse_gradient(ws, x, y))]
         if (i + 1) % passes == 0:
             grads = [s / passes if average else s for s in sums]
             velocity = [momentum * v + g for v, g in zip(velocity, grads)]
             ws = [w - LR * v for w, v in zip(ws, velocity)]
             sums = [np.zeros_like(w) for w in ws]
     return ws
-
-
-def keras_model(seed):
-    model = tf.keras.Sequential([tf.keras.Input((5,)),
-                                 tf.keras.layers.Dense(4, activation="tanh", dtype="float64"),
-                                 tf.keras.layers.Dense(2, use_bias=False, dtype="float64")])
-    w = init_weights(seed)
-    model.layers[0].set_weights([w[0], w[1]])
-    model.layers[1].set_weights([w[2]])
-    return model
 
 
 def keras_weights(model):
@@ -153,7 +126,7 @@ def momentum_reference(batches, lrs, momentum):
     velocity = [np.zeros_like(w) for w in ws]
     for i, (x, y) in enumerate(batches):
         mu = momentum * (lrs[i] / lrs[i - 1] if i > 0 else 1.0)
-        grads = batch_gradient(ws, x, y)
+        grads = mse_gradient(ws, x, y)
         velocity = [mu * v - lrs[i] * g for v, g in zip(velocity, grads)]
         ws = [w + v for w, v in zip(ws, velocity)]
     return ws

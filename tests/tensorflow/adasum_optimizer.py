@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import hvd, log, main
+from tiny_model import forward, init_weights, mse_gradient
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from adasum_reference import adasum  # noqa: E402
@@ -30,23 +31,6 @@ def batches(rank, count):
     return [(rng.normal(size=(ROWS, 5)), rng.normal(size=(ROWS, 2))) for _ in range(count)]
 
 
-def init_weights(seed):
-    rng = np.random.default_rng(seed)
-    return [rng.normal(size=(5, 4)), rng.normal(size=(4,)), rng.normal(size=(4, 2))]
-
-
-def forward(ws, x):
-    return tf.matmul(tf.tanh(tf.matmul(x, ws[0]) + ws[1]), ws[2])
-
-
-def gradient(ws, x, y):
-    """d loss / d ws at numpy weights ws, in plain eager TensorFlow."""
-    ws = [tf.Variable(w) for w in ws]
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean((forward(ws, tf.constant(x)) - tf.constant(y)) ** 2)
-    return [g.numpy() for g in tape.gradient(loss, ws)]
-
-
 def reference(ranks, steps, passes=1, deltas=True):
     """Weights (shared) and each rank's momentum slots after `steps` runs.
 
@@ -60,7 +44,7 @@ def reference(ranks, steps, passes=1, deltas=True):
     sums = {r: [np.zeros_like(w) for w in ws] for r in ranks}
     for step in range(steps):
         for r in ranks:
-            sums[r] = [s + g for s, g in zip(sums[r], gradient(ws, *data[r][step]))]
+            sums[r] = [s + g for s, g in zip(sums[r], mse_gradient(ws, *data[r][step]))]
         if (step + 1) % passes:
             continue
         if deltas:

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import hvd, log, main
+from tiny_model import forward, init_weights, keras_model
 
 import perseus.tensorflow.keras as hvd_keras
 
@@ -28,15 +29,6 @@ def data(size, rows_per_rank=3):
     x = rng.normal(size=(rows_per_rank * size, 5))
     y = rng.normal(size=(rows_per_rank * size, 2))
     return x, y
-
-
-def init_weights(seed):
-    rng = np.random.default_rng(seed)
-    return [rng.normal(size=(5, 4)), rng.normal(size=(4,)), rng.normal(size=(4, 2))]
-
-
-def forward(ws, x):
-    return tf.matmul(tf.tanh(tf.matmul(x, ws[0]) + ws[1]), ws[2])
 
 
 def reference(x, y, steps=STEPS):
@@ -131,16 +123,6 @@ def check_tape_options(rank, size):
 
 def make_rows(rank):
     return np.random.default_rng(100 + rank).normal(size=(4, 5))
-
-
-def keras_model(seed):
-    model = tf.keras.Sequential([tf.keras.Input((5,)),
-                                 tf.keras.layers.Dense(4, activation="tanh", dtype="float64"),
-                                 tf.keras.layers.Dense(2, use_bias=False, dtype="float64")])
-    w = init_weights(seed)
-    model.layers[0].set_weights([w[0], w[1]])
-    model.layers[1].set_weights([w[2]])
-    return model
 
 
 def check_keras(rank, size, x, y, expected):
