@@ -16,7 +16,7 @@ import json
 import sys
 from collections import defaultdict
 
-# Activities that are the collective itself (csrc/src/timeline.cc, kExecute).
+# Activities that are the collective itself (csrc/src/common/timeline.cc, kExecute).
 EXECUTE = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER", "JOIN"}
 
 

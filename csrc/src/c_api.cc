@@ -8,13 +8,13 @@
 #include <mutex>
 #include <string>
 
-#include "collectives.h"
-#include "config.h"
-#include "engine.h"
-#include "logging.h"
-#include "mpi_lock.h"
-#include "timeline.h"
-#include "wait_policy.h"
+#include "common/logging.h"
+#include "common/timeline.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "mpi/mpi_lock.h"
+#include "mpi/mpi_status.h"
+#include "mpi/wait_policy.h"
 #include "perseus/perseus.h"
 
 using namespace perseus;

@@ -11,7 +11,7 @@ Average = 1
 Min = 2
 Max = 3
 Product = 4
-Adasum = 5  # allreduce of float tensors only (csrc/src/adasum.cc)
+Adasum = 5  # allreduce of float tensors only (csrc/src/collectives/adasum.cc)
 
 REDUCE_OP_NAMES = ("Sum", "Average", "Min", "Max", "Product", "Adasum")
 

@@ -1,0 +1,40 @@
+// The MPI implementations of each operation, run by a lane on its own communicator.
+#ifndef PERSEUS_COLLECTIVES_H_
+#define PERSEUS_COLLECTIVES_H_
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/batch.h"
+#include "common/result.h"
+#include "common/status.h"
+#include "mpi/mpi_status.h"
+
+namespace perseus {
+
+struct ExecContext {
+  MPI_Comm comm;
+  int rank;                    // within the process set
+  int size;
+  int64_t chunk_bytes;         // largest piece handed to one MPI call
+  std::vector<char>* scratch;  // the lane's reusable fusion buffer
+  const std::vector<int>* global_ranks;  // set rank -> global rank, for messages
+  bool nan_check;              // PERSEUS_ALLREDUCE_NANCHECK
+};
+
+// Each returns the status for the whole batch; `results` gets one Result per item
+// for the operations whose output the core allocates.
+Status RunAllreduce(const Batch& batch, ExecContext& ctx);
+// Allreduce batches whose reduce op is Adasum (adasum.cc).
+Status RunAdasum(const Batch& batch, ExecContext& ctx);
+Status RunBroadcast(const Batch& batch, ExecContext& ctx);
+Status RunAllgather(const BatchItem& item, ExecContext& ctx, Result* result);
+Status RunAlltoall(const BatchItem& item, ExecContext& ctx, Result* result);
+Status RunReducescatter(const BatchItem& item, ExecContext& ctx);
+Status RunBarrier(ExecContext& ctx);
+
+}  // namespace perseus
+
+#endif  // PERSEUS_COLLECTIVES_H_

@@ -1,0 +1,37 @@
+// The unit of execution: agreed requests fused into one collective call sequence.
+#ifndef PERSEUS_BATCH_H_
+#define PERSEUS_BATCH_H_
+
+#include <chrono>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/request.h"
+
+namespace perseus {
+
+// Payload bytes of one request on this rank (barrier and join carry none).
+inline int64_t PayloadBytes(const TensorMeta& meta) {
+  if (meta.op_type == PERSEUS_BARRIER || meta.op_type == PERSEUS_JOIN) return 0;
+  return meta.NumElements() * static_cast<int64_t>(DtypeSize(meta.dtype));
+}
+
+struct BatchItem {
+  TensorMeta meta;   // agreed metadata (identical on every rank but the first dim of gathers)
+  EntryPtr entry;    // this rank's request; null when this rank has joined and adds zeros
+};
+
+struct Batch {
+  std::vector<BatchItem> items;
+  std::chrono::steady_clock::time_point agreed;  // when negotiation ended (for the timeline)
+  int op_type() const { return items.front().meta.op_type; }
+  int64_t Bytes() const {
+    int64_t bytes = 0;
+    for (const BatchItem& item : items) bytes += PayloadBytes(item.meta);
+    return bytes;
+  }
+};
+
+}  // namespace perseus
+
+#endif  // PERSEUS_BATCH_H_

@@ -1,0 +1,231 @@
+#include "common/dtype.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace perseus {
+
+// ---- 16-bit floats, converted through float32 ------------------------------
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf / nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: renormalise
+    int shift = 0;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      ++shift;
+    }
+    bits = sign | ((113 - shift) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0);
+  if (absx >= 0x477ff000u) return sign | 0x7c00u;  // rounds to inf
+  if (absx < 0x38800000u) {                        // subnormal or zero in half
+    if (absx < 0x33000000u) return sign;
+    uint32_t e = absx >> 23, m = (absx & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;  // 14..24
+    uint32_t half = m >> shift, rest = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rest > mid || (rest == mid && (half & 1))) ++half;
+    return sign | half;
+  }
+  uint32_t half = ((absx - 0x38000000u) >> 13);
+  uint32_t rest = absx & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1))) ++half;  // round to nearest even
+  return sign | half;
+}
+
+float Bf16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToBf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(x >> 16);
+}
+
+namespace {
+
+struct DtypeInfo {
+  const char* name;
+  size_t size;
+  bool floating;
+};
+
+const DtypeInfo kDtypes[PERSEUS_NUM_DTYPES] = {
+    {"uint8", 1, false},   {"int8", 1, false},    {"int32", 4, false},
+    {"int64", 8, false},   {"float16", 2, true},  {"bfloat16", 2, true},
+    {"float32", 4, true},  {"float64", 8, true},  {"bool", 1, false},
+    {"int16", 2, false},
+};
+
+struct Half {
+  static float Load(uint16_t v) { return HalfToFloat(v); }
+  static uint16_t Store(float v) { return FloatToHalf(v); }
+};
+struct BFloat {
+  static float Load(uint16_t v) { return Bf16ToFloat(v); }
+  static uint16_t Store(float v) { return FloatToBf16(v); }
+};
+
+struct Sum { static float Apply(float a, float b) { return a + b; } };
+struct Prod { static float Apply(float a, float b) { return a * b; } };
+struct Min { static float Apply(float a, float b) { return std::fmin(a, b); } };
+struct Max { static float Apply(float a, float b) { return std::fmax(a, b); } };
+
+// MPI user function: inout[i] = in[i] (op) inout[i] for 16-bit floats.
+template <typename Format, typename Op>
+void Reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = Format::Store(Op::Apply(Format::Load(a[i]), Format::Load(b[i])));
+}
+
+// [format: 0 half, 1 bfloat][op: sum, min, max, product]
+MPI_Op g_ops16[2][4];
+bool g_ops_created = false;
+
+template <typename Format>
+void CreateOps16(MPI_Op* ops) {
+  MPI_Op_create(&Reduce16<Format, Sum>, 1, &ops[0]);
+  MPI_Op_create(&Reduce16<Format, Min>, 1, &ops[1]);
+  MPI_Op_create(&Reduce16<Format, Max>, 1, &ops[2]);
+  MPI_Op_create(&Reduce16<Format, Prod>, 1, &ops[3]);
+}
+
+template <typename T>
+void ScaleInts(T* dst, const T* src, int64_t n, double factor) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<double>(src[i]) * factor);
+}
+
+template <typename Format>
+void Scale16(uint16_t* dst, const uint16_t* src, int64_t n, double factor) {
+  float f = static_cast<float>(factor);
+  for (int64_t i = 0; i < n; ++i) dst[i] = Format::Store(Format::Load(src[i]) * f);
+}
+
+}  // namespace
+
+bool ValidDtype(int dtype) { return dtype >= 0 && dtype < PERSEUS_NUM_DTYPES; }
+size_t DtypeSize(int dtype) { return kDtypes[dtype].size; }
+const char* DtypeName(int dtype) { return ValidDtype(dtype) ? kDtypes[dtype].name : "invalid"; }
+bool IsFloatingDtype(int dtype) { return kDtypes[dtype].floating; }
+
+const char* ReduceOpName(int op) {
+  static const char* const names[] = {"Sum", "Average", "Min", "Max", "Product", "Adasum"};
+  return (op >= 0 && op <= PERSEUS_ADASUM) ? names[op] : "invalid";
+}
+
+const char* OpTypeName(int op_type) {
+  static const char* const names[] = {"allreduce", "allgather",     "broadcast", "alltoall",
+                                      "reducescatter", "barrier", "join"};
+  return (op_type >= 0 && op_type <= PERSEUS_JOIN) ? names[op_type] : "invalid";
+}
+
+void CreateMpiOps() {
+  if (g_ops_created) return;
+  CreateOps16<Half>(g_ops16[0]);
+  CreateOps16<BFloat>(g_ops16[1]);
+  g_ops_created = true;
+}
+
+void FreeMpiOps() {
+  if (!g_ops_created) return;
+  for (auto& format : g_ops16)
+    for (auto& op : format) MPI_Op_free(&op);
+  g_ops_created = false;
+}
+
+MPI_Datatype MpiDatatype(int dtype) {
+  switch (dtype) {
+    case PERSEUS_UINT8: return MPI_UINT8_T;
+    case PERSEUS_INT8: return MPI_INT8_T;
+    case PERSEUS_INT16: return MPI_INT16_T;
+    case PERSEUS_INT32: return MPI_INT32_T;
+    case PERSEUS_INT64: return MPI_INT64_T;
+    case PERSEUS_FLOAT16:
+    case PERSEUS_BFLOAT16: return MPI_UINT16_T;  // reduced by our own operators
+    case PERSEUS_FLOAT32: return MPI_FLOAT;
+    case PERSEUS_FLOAT64: return MPI_DOUBLE;
+    case PERSEUS_BOOL: return MPI_C_BOOL;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+Status MpiReduceOp(int dtype, int op, MPI_Op* out) {
+  int index;
+  switch (op) {
+    case PERSEUS_SUM:
+    case PERSEUS_AVERAGE: index = 0; break;
+    case PERSEUS_MIN: index = 1; break;
+    case PERSEUS_MAX: index = 2; break;
+    case PERSEUS_PRODUCT: index = 3; break;
+    default:
+      return Status::Error(PERSEUS_UNSUPPORTED,
+                           std::string("reduce op ") + ReduceOpName(op) + " is not supported");
+  }
+  if (dtype == PERSEUS_BOOL) {
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "bool tensors cannot be reduced");
+  }
+  if (dtype == PERSEUS_FLOAT16 || dtype == PERSEUS_BFLOAT16) {
+    *out = g_ops16[dtype == PERSEUS_FLOAT16 ? 0 : 1][index];
+    return Status::OK();
+  }
+  static const MPI_Op builtin[] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+  *out = builtin[index];
+  return Status::OK();
+}
+
+void CopyScaled(int dtype, void* dst, const void* src, int64_t n, double factor) {
+  if (factor == 1.0) {
+    if (dst != src) std::memcpy(dst, src, n * DtypeSize(dtype));
+    return;
+  }
+  switch (dtype) {
+    case PERSEUS_UINT8: ScaleInts((uint8_t*)dst, (const uint8_t*)src, n, factor); break;
+    case PERSEUS_INT8: ScaleInts((int8_t*)dst, (const int8_t*)src, n, factor); break;
+    case PERSEUS_INT16: ScaleInts((int16_t*)dst, (const int16_t*)src, n, factor); break;
+    case PERSEUS_INT32: ScaleInts((int32_t*)dst, (const int32_t*)src, n, factor); break;
+    case PERSEUS_INT64: ScaleInts((int64_t*)dst, (const int64_t*)src, n, factor); break;
+    case PERSEUS_FLOAT16: Scale16<Half>((uint16_t*)dst, (const uint16_t*)src, n, factor); break;
+    case PERSEUS_BFLOAT16: Scale16<BFloat>((uint16_t*)dst, (const uint16_t*)src, n, factor); break;
+    case PERSEUS_FLOAT32: {
+      float f = static_cast<float>(factor);
+      float* d = static_cast<float*>(dst);
+      const float* s = static_cast<const float*>(src);
+      for (int64_t i = 0; i < n; ++i) d[i] = s[i] * f;
+      break;
+    }
+    case PERSEUS_FLOAT64: {
+      double* d = static_cast<double*>(dst);
+      const double* s = static_cast<const double*>(src);
+      for (int64_t i = 0; i < n; ++i) d[i] = s[i] * factor;
+      break;
+    }
+    default:  // bool is never scaled (requests with scales on bool are rejected)
+      if (dst != src) std::memcpy(dst, src, n * DtypeSize(dtype));
+  }
+}
+
+}  // namespace perseus

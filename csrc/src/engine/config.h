@@ -1,0 +1,38 @@
+// The one table of environment variables: parsed and validated once, at init().
+#ifndef PERSEUS_CONFIG_H_
+#define PERSEUS_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace perseus {
+
+struct Config {
+  int64_t fusion_threshold = 64ll << 20;  // bytes per fused buffer; 0 disables fusion
+  double cycle_time_ms = 0.0;             // extra batching window before a round
+  int64_t hold_bytes = 1ll << 20;         // while nobody waits, gather this much before a round
+  double hold_time_ms = 200.0;            // ... or until the oldest request is this old
+  int lanes = 1;                          // concurrent execution lanes per process set
+  int64_t chunk_bytes = 4ll << 20;        // a large buffer is reduced in pieces of this size
+  int cache_capacity = 1024;              // names agreed by bit vector instead of metadata
+  double stall_check_seconds = 60.0;      // warn about requests waiting this long; 0 = off
+  double stall_shutdown_seconds = 0.0;    // stop the process set after this long; 0 = off
+  bool nan_check = false;                 // look for NaN/Inf in allreduce inputs
+  std::string timeline_path;              // Chrome-trace file rank 0 writes; empty = off
+  bool timeline_mark_cycles = false;      // negotiation rounds as instant events
+  LogLevel log_level = LogLevel::kWarning;
+};
+
+// Reads every variable of the table from the environment. A bad value is a
+// PERSEUS_CONFIG_ERROR naming the variable and what it accepts.
+Status LoadConfig(Config* config);
+
+// "NAME=value" lines of the effective configuration.
+std::string DescribeConfig(const Config& config);
+
+}  // namespace perseus
+
+#endif  // PERSEUS_CONFIG_H_

@@ -1,0 +1,565 @@
+#include "engine/engine.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "common/timeline.h"
+#include "engine/fusion.h"
+#include "mpi/mpi_lock.h"
+#include "mpi/mpi_status.h"
+#include "mpi/wait_policy.h"
+
+namespace perseus {
+
+namespace {
+
+// After a round that agreed nothing, ranks whose pending sets did not match retry
+// after a growing pause (local submissions start a round at once regardless).
+constexpr auto kMinBackoff = std::chrono::microseconds(20);
+constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
+// A batch runs on the engine's own thread, saving a hop to its lane, when the lane
+// is idle and the batch is small or the thread is a driver (which waits for it
+// anyway) with nothing else to run. Only while this rank is in a single process
+// set: with several, blocking in one set's collective could wait on a peer that
+// is itself blocked in another set.
+constexpr int64_t kInlineBytes = 256 << 10;
+
+// Negotiation spans end when the round agrees on the requests.
+void TraceAgreed(int set_id, const std::vector<BatchItem>& agreed, Clock::time_point now) {
+  for (const BatchItem& item : agreed)
+    if (item.entry)
+      Timeline::Get().Span(set_id, item.meta.name, NegotiateActivity(item.meta.op_type),
+                           item.entry->submitted, now);
+}
+
+}  // namespace
+
+Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles)
+    : config_(config),
+      world_(world),
+      thread_multiple_(thread_multiple),
+      lanes_(thread_multiple ? config.lanes : 1),
+      handles_(handles) {}
+
+Status Engine::Start(const Config& config, MPI_Comm world, bool thread_multiple,
+                     HandleTable* handles, std::unique_ptr<Engine>* out) {
+  std::unique_ptr<Engine> engine(new Engine(config, world, thread_multiple, handles));
+  Status status = engine->Init();
+  if (!status.ok()) return status;
+  *out = std::move(engine);
+  return Status::OK();
+}
+
+Status Engine::Init() {
+  MPI_Comm_rank(world_, &topo_.rank);
+  MPI_Comm_size(world_, &topo_.size);
+  SetLogRank(topo_.rank);
+  Status status = MpiStatus(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, topo_.rank,
+                                                MPI_INFO_NULL, &local_comm_),
+                            "MPI_Comm_split_type");
+  if (!status.ok()) return status;
+  MPI_Comm_rank(local_comm_, &topo_.local_rank);
+  MPI_Comm_size(local_comm_, &topo_.local_size);
+  status = MpiStatus(MPI_Comm_split(world_, topo_.local_rank, topo_.rank, &cross_comm_),
+                     "MPI_Comm_split");
+  if (!status.ok()) return status;
+  MPI_Comm_rank(cross_comm_, &topo_.cross_rank);
+  MPI_Comm_size(cross_comm_, &topo_.cross_size);
+
+  // Settings that shape the collectives must match, or ranks would plan different calls.
+  const char* const names[] = {"PERSEUS_FUSION_THRESHOLD", "PERSEUS_ALLREDUCE_STREAMS",
+                               "PERSEUS_CACHE_CAPACITY", "PERSEUS_CHUNK_SIZE"};
+  int64_t mine[] = {config_.fusion_threshold, lanes_, config_.cache_capacity, config_.chunk_bytes};
+  std::vector<int64_t> all(4 * topo_.size);
+  status = MpiStatus(MPI_Allgather(mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, world_),
+                     "MPI_Allgather");
+  if (!status.ok()) return status;
+  for (int k = 0; k < 4; ++k) {
+    for (int r = 1; r < topo_.size; ++r) {
+      if (all[4 * r + k] != all[k]) {
+        std::ostringstream msg;
+        msg << names[k] << " differs across ranks (rank 0: " << all[k] << ", rank " << r << ": "
+            << all[4 * r + k] << "); every rank must use the same value";
+        return Status::Error(PERSEUS_CONFIG_ERROR, msg.str());
+      }
+    }
+  }
+  if (!thread_multiple_ && config_.lanes > 1 && topo_.rank == 0) {
+    PERSEUS_LOG(kWarning) << "MPI does not provide MPI_THREAD_MULTIPLE: using 1 lane instead of "
+                          << config_.lanes;
+  }
+  CreateMpiOps();
+
+  std::vector<int> everyone(topo_.size);
+  for (int r = 0; r < topo_.size; ++r) everyone[r] = r;
+  std::shared_ptr<ProcessSet> global;
+  status = OpenProcessSet(0, everyone, world_, config_, lanes_,
+                          [this](const Batch& b, const std::vector<Status>& s,
+                                 std::vector<Result>& r) { OnBatchDone(0, b, s, r); },
+                          &global);
+  if (!status.ok()) return status;
+  sets_[0] = std::move(global);
+  next_set_id_ = 1;
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "perseus-engine");  // for top -H, perf, gdb
+    Loop();
+  });
+  return Status::OK();
+}
+
+Engine::~Engine() {
+  if (thread_.joinable()) Shutdown();
+}
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stop_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::map<int, std::shared_ptr<ProcessSet>> sets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sets.swap(sets_);
+    stopped_ = true;
+  }
+  sets.clear();  // lanes finish the batches every rank agreed on, then stop
+  handles_->FailAll(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
+  if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
+  if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
+  FreeMpiOps();
+  MPI_Comm_free(&world_);
+}
+
+Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out,
+                       bool wake_engine) {
+  std::vector<EntryPtr> entries;
+  std::vector<ProcessSet*> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_requested_) return Status::Error(PERSEUS_SHUT_DOWN, "Perseus is shutting down");
+    std::set<std::pair<int, std::string>> batch_names;
+    for (int i = 0; i < n; ++i) {
+      const perseus_request_t& r = requests[i];
+      auto it = sets_.find(r.process_set);
+      if (it == sets_.end())
+        return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                             "unknown process set " + std::to_string(r.process_set));
+      ProcessSet* set = it->second.get();
+      if (set->rank < 0)
+        return Status::Error(PERSEUS_INVALID_ARGUMENT, "this rank (" + std::to_string(topo_.rank) +
+                                                           ") is not a member of process set " +
+                                                           std::to_string(set->id));
+      if (set->stopped) return set->stop_status;
+      EntryPtr entry;
+      Status status = MakeEntry(r, set->rank, set->size(), &entry);
+      if (!status.ok()) return status;
+      if (set->in_flight.count(entry->meta.name) ||
+          !batch_names.emplace(set->id, entry->meta.name).second)
+        return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                             "a request named '" + entry->meta.name +
+                                 "' is already in flight; wait for it before reusing the name");
+      entries.push_back(std::move(entry));
+      targets.push_back(set);
+    }
+    for (int i = 0; i < n; ++i) {
+      entries[i]->handle = handles_->Create();
+      handles_out[i] = entries[i]->handle;
+      targets[i]->in_flight.insert(entries[i]->meta.name);
+      const int64_t bytes = PayloadBytes(entries[i]->meta);
+      if (hold_headroom_ > bytes) {
+        hold_headroom_ -= bytes;
+      } else {
+        hold_headroom_ = 0;
+      }
+      incoming_.push_back(std::move(entries[i]));
+    }
+    // A held engine is not woken for what it would hold anyway (a context switch
+    // per gradient on a busy core); it wakes when its hold ends.
+    if (hold_headroom_ > 0) wake_engine = false;
+  }
+  if (wake_engine) cv_.notify_all();
+  return Status::OK();
+}
+
+void Engine::Loop() {
+  {
+    // A first pass schedules the stall inspector's probes, if it is on.
+    std::lock_guard<std::mutex> step(step_mu_);
+    if (Iterate(false)) return;
+  }
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto news = [&] { return !incoming_.empty() || stop_requested_ || poked_; };
+      if (!busy_) {
+        // Idle: no polling, no cost to the rest of the process. busy_ wakes it too:
+        // a driver handing over unfinished work sets it before notifying. Only the
+        // stall inspector, when on, wakes it now and then to look for peers' pings.
+        Clock::time_point wake_at = WakeAt();
+        if (wake_at == Clock::time_point::max()) {
+          cv_.wait(lock, [&] { return news() || busy_; });
+        } else {
+          cv_.wait_until(lock, wake_at, [&] { return news() || busy_; });
+        }
+      } else {
+        Clock::time_point wake_at = WakeAt();
+        if (wake_at > Clock::now()) cv_.wait_until(lock, wake_at, news);
+      }
+    }
+    std::lock_guard<std::mutex> step(step_mu_);
+    if (Iterate(false)) return;
+  }
+}
+
+Clock::time_point Engine::WakeAt() const {
+  return Clock::time_point(Clock::duration(wake_at_.load()));
+}
+
+bool Engine::Iterate(bool driving) {
+  std::vector<EntryPtr> arrived;
+  std::vector<std::shared_ptr<ProcessSet>> sets;
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arrived.swap(incoming_);
+    hold_ended_ = driving || poked_;
+    poked_ = false;
+    stopping = stop_requested_;
+    for (auto& kv : sets_)
+      if (kv.second->negotiator) sets.push_back(kv.second);
+  }
+  Clock::time_point now = Clock::now();
+  for (EntryPtr& entry : arrived) {
+    for (auto& set : sets) {
+      if (set->id != entry->process_set) continue;
+      if (set->stopped) {
+        Finish(set->id, entry, set->stop_status);
+      } else {
+        entry->submitted = now;
+        set->negotiator->Add(entry);
+        set->new_work = true;
+      }
+    }
+  }
+  Clock::time_point wake_at = Clock::time_point::max();
+  bool busy = false, all_stopped = true;
+  single_set_ = sets.size() == 1;
+  int64_t hold_headroom = 0;
+  for (auto& set : sets) {
+    Step(set.get(), stopping, driving, now, &wake_at, &busy, &hold_headroom);
+    all_stopped = all_stopped && set->stopped;
+  }
+  {
+    // Skipping wake-ups is safe with one process set only: a request for another
+    // set must not wait out this set's hold.
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_headroom_ = single_set_ && incoming_.empty() && !poked_ && !stopping ? hold_headroom : 0;
+  }
+  wake_at_ = wake_at.time_since_epoch().count();
+  busy_ = busy;
+  return stopping && all_stopped;
+}
+
+Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t* handles_out,
+                               double max_drive_s) {
+  Status status = Enqueue(requests, n, handles_out, /*wake_engine=*/false);
+  if (!status.ok()) return status;
+  Drive(handles_out, n, max_drive_s, /*handed_work=*/true);
+  return Status::OK();
+}
+
+void Engine::Drive(const int64_t* handles, int n, double max_drive_s, bool handed_work) {
+  WaiterScope waiting;
+  auto all_done = [&] {
+    for (int i = 0; i < n; ++i) {
+      bool done = false;
+      if (handles_->Poll(handles[i], &done).ok() && !done) return false;
+    }
+    return true;
+  };
+  const Clock::time_point give_up =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::max(0.0, max_drive_s)));
+  std::unique_lock<std::mutex> step(step_mu_, std::try_to_lock);
+  if (step.owns_lock()) {
+    // This thread is the engine until its requests are done, so none of them waits
+    // for a thread hand-off. It stops driving when only lanes have work left.
+    while (!all_done() && !Iterate(true) && !all_done() && busy_) {
+      Clock::time_point wake_at = std::min(WakeAt(), give_up), now = Clock::now();
+      if (now >= give_up) break;
+      if (wake_at > now) {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_until(lock, wake_at, [&] { return !incoming_.empty() || stop_requested_; });
+      }
+    }
+    step.unlock();
+  } else if (!handed_work) {
+    // Another thread drives; the caller waits on its handles. The driver may have
+    // decided to hold requests before this waiter came: make it look again.
+    EndHold();
+    return;
+  }
+  bool leftover;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    leftover = busy_ || !incoming_.empty() || stop_requested_;
+  }
+  if (leftover) cv_.notify_all();  // the background thread takes over from here
+}
+
+void Engine::EndHold() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    poked_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
+                  Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom) {
+  const Clock::duration spin = driving ? kDriverSpin : kBackgroundSpin;
+  *hold_headroom = 0;  // unless this set ends the step holding requests
+  if (set->stopped) return;
+  Negotiator& negotiator = *set->negotiator;
+  if (set->stall->Due(now, wake_at))
+    negotiator.RequestInspection(set->stall->Check(now, negotiator.OldestSubmitted()));
+  if (negotiator.active()) {
+    RoundOutcome outcome;
+    Status error;
+    if (!negotiator.Test(&outcome, &error)) {
+      *busy = true;
+      *wake_at = std::min(*wake_at, now + PollGap(now - set->round_start, spin));
+      return;
+    }
+    if (!error.ok()) {
+      StopSet(set, error);
+      return;
+    }
+    now = Clock::now();
+    Apply(set, outcome, now, driving);
+    if (set->stopped) return;
+  }
+  bool wanted = stopping ? !set->final_round_done : negotiator.WantsRound();
+  if (!wanted) return;
+  *busy = true;
+  if (!stopping) {
+    Clock::time_point ready = (set->new_work || set->progressed) ? now : set->retry_at;
+    int64_t headroom = 0;
+    if (!hold_ended_ && !SomeoneWaits()) ready = std::max(ready, HoldUntil(negotiator, &headroom));
+    if (config_.cycle_time_ms > 0 && !driving)
+      ready = std::max(ready, set->round_start + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double, std::milli>(
+                                                         config_.cycle_time_ms)));
+    if (ready > now) {
+      *wake_at = std::min(*wake_at, ready);
+      *hold_headroom = headroom;
+      return;
+    }
+  }
+  StartRound(set, stopping, now);
+  *wake_at = now;  // test it straight away
+}
+
+// While no thread waits for a result (e.g. during backward()), small requests are
+// held so that one round and one fused collective carry many of them: every round
+// is a meeting of all ranks' engine threads, which costs context switches on cores
+// that are busy training. A waiter, or enough bytes, or enough time, ends the hold.
+Clock::time_point Engine::HoldUntil(const Negotiator& negotiator, int64_t* headroom) const {
+  if (config_.hold_bytes <= 0 || config_.hold_time_ms <= 0) return Clock::time_point::min();
+  Negotiator::Load load = negotiator.PendingLoad();
+  if (load.bytes >= config_.hold_bytes || load.oldest == Clock::time_point::max())
+    return Clock::time_point::min();
+  *headroom = config_.hold_bytes - load.bytes;
+  return load.oldest + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double, std::milli>(config_.hold_time_ms));
+}
+
+void Engine::StartRound(ProcessSet* set, bool stopping, Clock::time_point now) {
+  Status status = set->negotiator->Start(stopping);
+  if (!status.ok()) {
+    StopSet(set, status);
+    return;
+  }
+  if (stopping) set->final_round_done = true;
+  if (TimelineOn() && Timeline::Get().mark_cycles()) Timeline::Get().Cycle(set->id, now);
+  set->round_start = now;
+  set->new_work = false;
+}
+
+void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now,
+                   bool driving) {
+  for (auto& failed : outcome.failed) Finish(set->id, failed.first, failed.second);
+  for (auto& done : outcome.finished)
+    Finish(set->id, done.first, Status::OK(), std::move(done.second));
+  if (!outcome.agreed.empty()) {
+    if (TimelineOn()) TraceAgreed(set->id, outcome.agreed, now);
+    std::vector<Batch> batches =
+        PlanBatches(std::move(outcome.agreed), config_.fusion_threshold, config_.chunk_bytes);
+    const bool only_batch = batches.size() == 1;
+    for (Batch& batch : batches) {
+      batch.agreed = now;
+      Lane& lane = *set->lanes[set->next_lane++ % set->lanes.size()];
+      bool inline_ok = single_set_ && ((driving && only_batch) || batch.Bytes() <= kInlineBytes);
+      if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
+    }
+  }
+  set->progressed = outcome.progressed;
+  if (outcome.progressed) {
+    set->backoff = kMinBackoff;
+    set->retry_at = now;
+  } else {
+    set->backoff = std::min<Clock::duration>(kMaxBackoff, std::max<Clock::duration>(
+                                                              kMinBackoff, set->backoff * 2));
+    set->retry_at = now + set->backoff;
+  }
+  if (outcome.inspect_flags) ReportStall(set, outcome, now);
+  if (!outcome.shutdown_ranks.empty() && !set->stopped) {
+    std::ostringstream msg;
+    msg << "Perseus was shut down on rank(s) [";
+    for (size_t i = 0; i < outcome.shutdown_ranks.size(); ++i)
+      msg << (i ? ", " : "") << outcome.shutdown_ranks[i];
+    msg << "] before this request could complete";
+    StopSet(set, Status::Error(PERSEUS_SHUT_DOWN, msg.str()));
+  }
+}
+
+void Engine::StopSet(ProcessSet* set, const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    set->stopped = true;
+    set->stop_status = status;
+  }
+  for (EntryPtr& entry : set->negotiator->TakePending()) Finish(set->id, entry, status);
+}
+
+void Engine::Finish(int set_id, const EntryPtr& entry, Status status, Result result) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sets_.find(set_id);
+    if (it != sets_.end()) it->second->in_flight.erase(entry->meta.name);
+  }
+  handles_->Complete(entry->handle, std::move(status), std::move(result));
+}
+
+void Engine::OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
+                         std::vector<Result>& results) {
+  {
+    // Names are freed before handles complete, so a waiter may reuse a name at once.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sets_.find(set_id);
+    if (it != sets_.end())
+      for (const BatchItem& item : batch.items)
+        if (item.entry) it->second->in_flight.erase(item.meta.name);
+  }
+  for (size_t i = 0; i < batch.items.size(); ++i)
+    if (batch.items[i].entry)
+      handles_->Complete(batch.items[i].entry->handle, statuses[i], std::move(results[i]));
+}
+
+void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now) {
+  // Every member saw the same gather, so all stop together, with the same error.
+  if ((outcome.inspect_flags & kInspectShutdown) && !outcome.stalled.empty()) {
+    StopSet(set, StallInspector::ShutdownError(set->id, outcome.stalled));
+    return;
+  }
+  set->stall->Warn(set->id, outcome.stalled, now, set->negotiator->OldestSubmitted());
+}
+
+Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
+  std::lock_guard<std::mutex> control(control_mu_);
+  if (n <= 0) return Status::Error(PERSEUS_INVALID_ARGUMENT, "a process set needs at least one rank");
+  std::vector<int> sorted(ranks, ranks + n);
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < n; ++i) {
+    if (sorted[i] < 0 || sorted[i] >= topo_.size)
+      return Status::Error(PERSEUS_INVALID_ARGUMENT, "process set rank " + std::to_string(sorted[i]) +
+                                                         " is outside [0, " +
+                                                         std::to_string(topo_.size) + ")");
+    if (i > 0 && sorted[i] == sorted[i - 1])
+      return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                           "process set lists rank " + std::to_string(sorted[i]) + " twice");
+  }
+  // Every rank must pass the same list: compare with rank 0's.
+  auto mpi = LockMpi();
+  std::vector<int> reference = sorted;
+  int count = n;
+  MPI_Bcast(&count, 1, MPI_INT, 0, world_);
+  reference.resize(count);
+  MPI_Bcast(reference.data(), count, MPI_INT, 0, world_);
+  int same = reference == sorted ? 1 : 0, all_same = 0;
+  MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, world_);
+  if (!all_same)
+    return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                         "add_process_set was called with different ranks on different processes");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : sets_)
+      if (kv.second->ranks == sorted)
+        return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                             "a process set with these ranks already exists (id " +
+                                 std::to_string(kv.first) + ")");
+  }
+  int position = static_cast<int>(std::find(sorted.begin(), sorted.end(), topo_.rank) - sorted.begin());
+  bool member = position < n;
+  MPI_Comm comm = MPI_COMM_NULL;
+  Status status = MpiStatus(
+      MPI_Comm_split(world_, member ? 0 : MPI_UNDEFINED, position, &comm), "MPI_Comm_split");
+  if (!status.ok()) return status;
+  int id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_set_id_++;
+  }
+  std::shared_ptr<ProcessSet> set;
+  status = OpenProcessSet(id, sorted, comm, config_, lanes_,
+                          [this, id](const Batch& b, const std::vector<Status>& s,
+                                     std::vector<Result>& r) { OnBatchDone(id, b, s, r); },
+                          &set);
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  if (!status.ok()) return status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sets_[id] = std::move(set);
+  }
+  *id_out = id;
+  return Status::OK();
+}
+
+Status Engine::RemoveProcessSet(int id) {
+  std::lock_guard<std::mutex> control(control_mu_);
+  if (id == PERSEUS_GLOBAL_PROCESS_SET)
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "the global process set cannot be removed");
+  std::shared_ptr<ProcessSet> removed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sets_.find(id);
+    if (it == sets_.end())
+      return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
+    if (!it->second->in_flight.empty())
+      return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                           "process set " + std::to_string(id) + " still has requests in flight");
+    removed = std::move(it->second);
+    sets_.erase(it);
+  }
+  return Status::OK();  // freed here or, if the engine still holds it, after its step
+}
+
+Status Engine::DescribeProcessSet(int id, std::vector<int>* ranks, int* rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  if (it == sets_.end())
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
+  *ranks = it->second->ranks;
+  *rank = it->second->rank;
+  return Status::OK();
+}
+
+}  // namespace perseus

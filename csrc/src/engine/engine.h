@@ -1,0 +1,114 @@
+// The engine: one background thread per process that moves submitted requests
+// through negotiation into the lanes, plus the process-set table and topology.
+#ifndef PERSEUS_ENGINE_H_
+#define PERSEUS_ENGINE_H_
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/handle_table.h"
+#include "engine/process_set.h"
+
+namespace perseus {
+
+struct Topology {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+};
+
+class Engine {
+ public:
+  // `world` is the communicator Perseus runs on (already duplicated for us).
+  static Status Start(const Config& config, MPI_Comm world, bool thread_multiple,
+                      HandleTable* handles, std::unique_ptr<Engine>* out);
+  ~Engine();
+
+  // Drains agreed work, tells the peers, fails what is left, stops the thread.
+  void Shutdown();
+
+  Status Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out,
+                 bool wake_engine = true);
+  // Enqueues, then lets the calling thread run the engine until these requests
+  // complete (or max_drive_s passes, or only lane work is left). For callers that
+  // wait at once: the engine thread stays asleep, so no hand-off is on the path.
+  Status EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t* handles_out,
+                         double max_drive_s);
+  // Runs the engine on the calling thread, as EnqueueAndDrive does, until `handles`
+  // complete (same limits). For a caller about to wait on them: the background
+  // thread may then poll lazily, since whoever waits spins for the latency.
+  // handed_work: the caller enqueued without waking the engine thread.
+  void Drive(const int64_t* handles, int n, double max_drive_s, bool handed_work = false);
+  // Someone looks for results (a poll that found a request unfinished): the next
+  // step starts a round for held requests instead of holding them longer.
+  void EndHold();
+  Status AddProcessSet(const int32_t* ranks, int n, int32_t* id_out);
+  Status RemoveProcessSet(int id);
+  // Copies the set's global ranks and this process's rank in it (-1: not a member).
+  Status DescribeProcessSet(int id, std::vector<int>* ranks, int* rank);
+
+  const Topology& topology() const { return topo_; }
+  int lanes() const { return lanes_; }
+  bool thread_multiple() const { return thread_multiple_; }
+  const Config& config() const { return config_; }
+
+ private:
+  Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles);
+  Status Init();
+  void Loop();
+  // One pass of the engine: admit new requests, advance every set. The caller holds
+  // step_mu_; `driving`: a waiting caller runs it, not the engine thread. True once
+  // a requested shutdown has completed.
+  bool Iterate(bool driving);
+  Clock::time_point WakeAt() const;
+  // One scheduling step for a set; lowers *wake_at when it needs attention sooner.
+  void Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
+            Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom);
+  void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
+  Clock::time_point HoldUntil(const Negotiator& negotiator, int64_t* headroom) const;
+  void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now, bool driving);
+  void StopSet(ProcessSet* set, const Status& status);
+  void Finish(int set_id, const EntryPtr& entry, Status status, Result result = Result());
+  void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
+                   std::vector<Result>& results);
+  void ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now);
+
+  const Config config_;
+  MPI_Comm world_;  // control communicator: process-set creation, config checks
+  MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
+  const bool thread_multiple_;
+  const int lanes_;
+  HandleTable* handles_;
+  Topology topo_;
+
+  std::mutex mu_;  // guards everything below, and ProcessSet's guarded fields
+  std::condition_variable cv_;
+  std::map<int, std::shared_ptr<ProcessSet>> sets_;
+  int next_set_id_ = 0;
+  std::vector<EntryPtr> incoming_;
+  bool poked_ = false;  // EndHold() was called: the next step holds nothing
+  // While the engine holds small requests: bytes that may still arrive without
+  // waking it (it would only hold them too). 0 = wake it for every request.
+  int64_t hold_headroom_ = 0;
+  bool stop_requested_ = false;
+  bool stopped_ = false;
+  std::mutex step_mu_;      // held by whichever thread runs Iterate()
+  bool single_set_ = true;  // under step_mu_: this rank is in one process set
+  bool hold_ended_ = false;  // under step_mu_: this step holds no requests
+  // Left by the last Iterate(): whether work is under way, and when to look again.
+  std::atomic<bool> busy_{false};
+  std::atomic<Clock::rep> wake_at_{Clock::time_point::max().time_since_epoch().count()};
+
+  std::mutex control_mu_;  // serialises process-set changes made by user threads
+  std::thread thread_;
+};
+
+}  // namespace perseus
+
+#endif  // PERSEUS_ENGINE_H_

@@ -1,0 +1,32 @@
+// A lane: an execution stream that runs agreed batches in the order they are queued.
+// Every rank queues the same batches to the same lane in the same order, so lanes
+// never need to agree on anything themselves. The engine sees only this interface;
+// the MPI lane (mpi/) and, for GPU tensors, the device lanes implement it.
+#ifndef PERSEUS_ENGINE_LANE_H_
+#define PERSEUS_ENGINE_LANE_H_
+
+#include <functional>
+#include <vector>
+
+#include "common/batch.h"
+#include "common/result.h"
+#include "common/status.h"
+
+namespace perseus {
+
+// Called on the lane's thread when a batch finishes: one status and result per item.
+using BatchDone = std::function<void(const Batch&, const std::vector<Status>&,
+                                     std::vector<Result>&)>;
+
+class Lane {
+ public:
+  virtual ~Lane() = default;  // an implementation finishes queued batches, then stops
+  virtual void Push(Batch batch) = 0;
+  // Runs `batch` on the calling thread when the lane is idle with nothing queued
+  // (so the order on its communicator is unchanged); false when it is busy.
+  virtual bool TryRunInline(const Batch& batch) = 0;
+};
+
+}  // namespace perseus
+
+#endif  // PERSEUS_ENGINE_LANE_H_

@@ -1,0 +1,357 @@
+#include "engine/negotiator.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/dtype.h"
+#include "mpi/mpi_lock.h"
+#include "mpi/mpi_status.h"
+
+namespace perseus {
+
+namespace {
+
+// Flags travel inverted in word 0 so that the bitwise AND computes their OR.
+constexpr uint64_t kNeedsGather = 1;
+constexpr uint64_t kLeaving = 2;
+constexpr int kInspectShift = 2;  // stall inspection bits (kInspectWarn/Shutdown) follow
+// Flags in a rank's gathered message.
+constexpr int32_t kMsgJoined = 1;
+constexpr int32_t kMsgLeaving = 2;
+
+// Agreed: every rank holds it or has joined, and at least one rank holds it.
+bool Agreed(const std::vector<uint64_t>& bits, int capacity, int bit) {
+  const int words = (capacity + 63) / 64;
+  uint64_t agree = bits[1 + bit / 64], nobody_holds = bits[1 + words + bit / 64];
+  return ((agree & ~nobody_holds) >> (bit % 64)) & 1u;
+}
+
+}  // namespace
+
+Negotiator::Negotiator(MPI_Comm comm, std::vector<int> global_ranks, int rank, int cache_capacity)
+    : comm_(comm),
+      global_ranks_(std::move(global_ranks)),
+      rank_(rank),
+      size_(static_cast<int>(global_ranks_.size())),
+      cache_(cache_capacity),
+      joined_(size_, 0),
+      join_round_(size_, 0) {}
+
+Negotiator::~Negotiator() = default;
+
+void Negotiator::Add(EntryPtr entry) { pending_[entry->meta.name] = std::move(entry); }
+
+std::vector<EntryPtr> Negotiator::TakePending() {
+  std::vector<EntryPtr> all;
+  for (auto& kv : pending_) all.push_back(kv.second);
+  pending_.clear();
+  return all;
+}
+
+Clock::time_point Negotiator::OldestSubmitted() const {
+  Clock::time_point oldest = Clock::time_point::max();
+  for (const auto& kv : pending_)  // a join legitimately waits for the others' data
+    if (kv.second->meta.op_type != PERSEUS_JOIN) oldest = std::min(oldest, kv.second->submitted);
+  return oldest;
+}
+
+Negotiator::Load Negotiator::PendingLoad() const {
+  Load load;
+  for (const auto& kv : pending_) {
+    load.bytes += PayloadBytes(kv.second->meta);
+    load.oldest = std::min(load.oldest, kv.second->submitted);
+  }
+  return load;
+}
+
+EntryPtr Negotiator::TakeLocal(const std::string& name) {
+  auto it = pending_.find(name);
+  if (it == pending_.end()) return nullptr;
+  EntryPtr e = it->second;
+  pending_.erase(it);
+  return e;
+}
+
+std::string Negotiator::RankList(const std::vector<int>& set_ranks) const {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < set_ranks.size(); ++i) out << (i ? ", " : "") << global_ranks_[set_ranks[i]];
+  out << "]";
+  return out.str();
+}
+
+Status Negotiator::Start(bool leaving) {
+  // Layout: [flags][agree bits][inverted hold bits]. A rank sets an agree bit when it
+  // holds the request or has joined (it adds zeros); the hold bits, inverted so the
+  // AND yields their OR, make sure somebody actually submitted it.
+  const int capacity = cache_.capacity();
+  const int words = (capacity + 63) / 64;
+  bits_send_.assign(1 + 2 * words, 0);
+  auto set_bit = [&](int section, int bit) {
+    bits_send_[1 + section * words + bit / 64] |= uint64_t{1} << (bit % 64);
+  };
+  bool joined_here = false, needs_gather = leaving;
+  for (const auto& kv : pending_) {
+    const TensorMeta& meta = kv.second->meta;
+    if (meta.op_type == PERSEUS_JOIN) {
+      joined_here = true;
+      continue;
+    }
+    int bit = meta.anonymous ? -1 : cache_.Lookup(meta);
+    if (bit < 0) {
+      needs_gather = true;
+    } else {
+      set_bit(0, bit);
+      set_bit(1, bit);
+    }
+  }
+  if (joined_here) {
+    for (int bit = 0; bit < capacity; ++bit)
+      if (cache_.InUse(bit)) set_bit(0, bit);
+  }
+  for (int w = 0; w < words; ++w) bits_send_[1 + words + w] = ~bits_send_[1 + words + w];
+  if (joined_here != static_cast<bool>(joined_[rank_])) needs_gather = true;  // announce it
+  // An inspection gathers every rank's pending names, which tells who lacks what.
+  if (inspect_flags_) needs_gather = true;
+  bits_send_[0] = ~((needs_gather ? kNeedsGather : 0) | (leaving ? kLeaving : 0) |
+                    (static_cast<uint64_t>(inspect_flags_) << kInspectShift));
+  inspect_flags_ = 0;
+  bits_recv_.assign(bits_send_.size(), 0);
+  leaving_ = leaving;
+  auto mpi = LockMpi();
+  int rc = MPI_Iallreduce(bits_send_.data(), bits_recv_.data(), static_cast<int>(bits_send_.size()),
+                          MPI_UINT64_T, MPI_BAND, comm_, &request_);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "negotiation MPI_Iallreduce");
+  phase_ = Phase::kBits;
+  return Status::OK();
+}
+
+void Negotiator::TakeFastAgreed() {
+  fast_agreed_.clear();
+  for (int bit = 0; bit < cache_.capacity(); ++bit) {
+    if (!Agreed(bits_recv_, cache_.capacity(), bit) || !cache_.InUse(bit)) continue;
+    cache_.Touch(bit, round_);
+    BatchItem item;
+    item.meta = cache_.MetaAt(bit);
+    auto it = pending_.find(item.meta.name);
+    if (it != pending_.end() && cache_.Lookup(it->second->meta) == bit) {
+      item.entry = it->second;
+      item.meta = it->second->meta;  // carries this rank's own first dimension
+      pending_.erase(it);
+    }
+    fast_agreed_.push_back(std::move(item));
+  }
+}
+
+Status Negotiator::BeginGather() {
+  Writer w;
+  int32_t flags = (leaving_ ? kMsgLeaving : 0);
+  std::vector<const TensorMeta*> metas;
+  for (const auto& kv : pending_) {
+    if (kv.second->meta.op_type == PERSEUS_JOIN) {
+      flags |= kMsgJoined;
+    } else {
+      metas.push_back(&kv.second->meta);
+    }
+  }
+  w.I32(flags);
+  w.I32(static_cast<int32_t>(metas.size()));
+  for (const TensorMeta* m : metas) w.Meta(*m);
+  send_bytes_ = std::move(w.bytes());
+  sizes_.assign(size_, 0);
+  send_size_ = static_cast<int>(send_bytes_.size());
+  auto mpi = LockMpi();
+  int rc = MPI_Iallgather(&send_size_, 1, MPI_INT, sizes_.data(), 1, MPI_INT, comm_, &request_);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "negotiation MPI_Iallgather");
+  phase_ = Phase::kSizes;
+  return Status::OK();
+}
+
+bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
+  while (phase_ != Phase::kIdle) {
+    int done = 0;
+    {
+      auto mpi = LockMpi();
+      int rc = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        phase_ = Phase::kIdle;
+        *error = MpiStatus(rc, "negotiation MPI_Test");
+        return true;
+      }
+    }
+    if (!done) return false;
+    switch (phase_) {
+      case Phase::kBits: {
+        ++round_;
+        round_inspect_ = static_cast<int>((~bits_recv_[0]) >> kInspectShift) &
+                         (kInspectWarn | kInspectShutdown);
+        TakeFastAgreed();
+        if ((~bits_recv_[0]) & kNeedsGather) {
+          *error = BeginGather();
+          if (!error->ok()) {
+            phase_ = Phase::kIdle;
+            return true;
+          }
+          break;  // test the gather straight away
+        }
+        *outcome = RoundOutcome();
+        outcome->agreed = std::move(fast_agreed_);
+        RejectWhileJoined(outcome);
+        outcome->progressed = !outcome->agreed.empty() || !outcome->failed.empty();
+        phase_ = Phase::kIdle;
+        return true;
+      }
+      case Phase::kSizes: {
+        displs_.assign(size_, 0);
+        int total = 0;
+        for (int r = 0; r < size_; ++r) {
+          displs_[r] = total;
+          total += sizes_[r];
+        }
+        recv_bytes_.assign(std::max(total, 1), 0);
+        auto mpi = LockMpi();
+        int rc = MPI_Iallgatherv(send_bytes_.data(), static_cast<int>(send_bytes_.size()), MPI_BYTE,
+                                 recv_bytes_.data(), sizes_.data(), displs_.data(), MPI_BYTE, comm_,
+                                 &request_);
+        if (rc != MPI_SUCCESS) {
+          phase_ = Phase::kIdle;
+          *error = MpiStatus(rc, "negotiation MPI_Iallgatherv");
+          return true;
+        }
+        phase_ = Phase::kMetas;
+        break;
+      }
+      case Phase::kMetas: {
+        *outcome = RoundOutcome();
+        outcome->agreed = std::move(fast_agreed_);
+        try {
+          DecodeGather(outcome);
+        } catch (const std::exception& ex) {
+          *error = Status::Error(PERSEUS_INTERNAL_ERROR, ex.what());
+        }
+        outcome->progressed = !outcome->agreed.empty() || !outcome->failed.empty() ||
+                              !outcome->finished.empty();
+        phase_ = Phase::kIdle;
+        return true;
+      }
+      case Phase::kIdle:
+        break;
+    }
+  }
+  return false;
+}
+
+void Negotiator::DecodeGather(RoundOutcome* out) {
+  std::map<std::string, std::vector<Held>> by_name;  // sorted: the same order on every rank
+  std::vector<int> leaving;
+  for (int r = 0; r < size_; ++r) {
+    Reader reader(recv_bytes_.data() + displs_[r], sizes_[r]);
+    int32_t flags = reader.I32();
+    int32_t count = reader.I32();
+    if (flags & kMsgLeaving) leaving.push_back(r);
+    if ((flags & kMsgJoined) && !joined_[r]) {
+      joined_[r] = 1;
+      join_round_[r] = round_;
+    }
+    for (int32_t i = 0; i < count; ++i) {
+      TensorMeta meta = reader.Meta();
+      std::string name = meta.name;
+      by_name[name].push_back(Held{r, std::move(meta)});
+    }
+  }
+  for (int r : leaving) out->shutdown_ranks.push_back(global_ranks_[r]);
+  for (const auto& kv : by_name) AgreeNamed(kv.first, kv.second, out);
+  out->inspect_flags = round_inspect_;
+  RejectWhileJoined(out);  // before a completed join clears the joined ranks
+  FinishJoinIfComplete(out);
+}
+
+void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& holders,
+                            RoundOutcome* out) {
+  // Ready once every rank that has not joined holds it.
+  size_t needed = 0, present = 0;
+  for (int r = 0; r < size_; ++r) needed += joined_[r] ? 0 : 1;
+  for (const Held& h : holders) present += joined_[h.rank] ? 0 : 1;
+  if (present < needed) {
+    if (round_inspect_) out->stalled.push_back(Stalled(name, holders));
+    return;
+  }
+
+  const Held& first = holders.front();
+  for (const Held& other : holders) {
+    std::string diff = first.meta.Difference(other.meta);
+    if (diff.empty()) continue;
+    std::ostringstream msg;
+    msg << "Mismatched " << OpTypeName(first.meta.op_type) << " of tensor '" << name
+        << "' across ranks: rank " << global_ranks_[first.rank] << " vs rank "
+        << global_ranks_[other.rank] << " differ in " << diff;
+    if (EntryPtr local = TakeLocal(name))
+      out->failed.emplace_back(local, Status::Error(PERSEUS_MISMATCH, msg.str()));
+    return;
+  }
+  BatchItem item;
+  item.entry = TakeLocal(name);
+  item.meta = item.entry ? item.entry->meta : first.meta;
+  cache_.Put(first.meta, round_);
+  out->agreed.push_back(std::move(item));
+}
+
+StalledRequest Negotiator::Stalled(const std::string& name, const std::vector<Held>& holders) const {
+  StalledRequest s;
+  s.name = name;
+  std::vector<char> holds(size_, 0);
+  for (const Held& h : holders) holds[h.rank] = 1;
+  for (int r = 0; r < size_; ++r) {
+    if (holds[r]) {
+      s.holders.push_back(global_ranks_[r]);
+    } else if (!joined_[r]) {
+      s.missing.push_back(global_ranks_[r]);
+    }
+  }
+  s.held_here = holds[rank_];
+  return s;
+}
+
+void Negotiator::FinishJoinIfComplete(RoundOutcome* out) {
+  for (int r = 0; r < size_; ++r)
+    if (!joined_[r]) return;
+  int last = 0;
+  for (int r = 1; r < size_; ++r)
+    if (join_round_[r] >= join_round_[last]) last = r;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second->meta.op_type == PERSEUS_JOIN) {
+      Result result;
+      result.shape = {global_ranks_[last]};
+      out->finished.emplace_back(it->second, std::move(result));
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::fill(joined_.begin(), joined_.end(), 0);
+  std::fill(join_round_.begin(), join_round_.end(), 0);
+}
+
+void Negotiator::RejectWhileJoined(RoundOutcome* out) {
+  std::vector<int> joined;
+  for (int r = 0; r < size_; ++r)
+    if (joined_[r]) joined.push_back(r);
+  if (joined.empty()) return;
+  std::vector<BatchItem> kept;
+  for (BatchItem& item : out->agreed) {
+    if (item.meta.op_type == PERSEUS_ALLREDUCE) {
+      kept.push_back(std::move(item));
+    } else if (item.entry) {
+      out->failed.emplace_back(
+          item.entry, Status::Error(PERSEUS_MISMATCH,
+                                    std::string(OpTypeName(item.meta.op_type)) + " of tensor '" +
+                                        item.meta.name + "' cannot run while rank(s) " +
+                                        RankList(joined) +
+                                        " have joined; only allreduce supports join"));
+    }
+  }
+  out->agreed = std::move(kept);
+}
+
+}  // namespace perseus

@@ -1,0 +1,107 @@
+// Symmetric negotiation for one process set: every member runs the same rounds on
+// its own communicator, with no coordinator rank.
+//
+// A round is one MPI_Iallreduce(BAND) of a bit vector: a bit per cached name
+// (set when this rank has that request pending with the cached metadata) plus a
+// flag word. Only when some rank has something the cache cannot express (a new
+// name, changed metadata, an anonymous request, a join or a shutdown) does the
+// round go on to gather every rank's pending metadata. All ranks see the same
+// results and so agree on the same requests, in the same order.
+#ifndef PERSEUS_NEGOTIATOR_H_
+#define PERSEUS_NEGOTIATOR_H_
+
+#include <mpi.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/batch.h"
+#include "engine/handle_table.h"
+#include "engine/response_cache.h"
+#include "engine/stall_inspector.h"
+
+namespace perseus {
+
+struct RoundOutcome {
+  std::vector<BatchItem> agreed;                           // to execute, in agreed order
+  std::vector<std::pair<EntryPtr, Status>> failed;         // local requests ending in error
+  std::vector<std::pair<EntryPtr, Result>> finished;       // local requests done without data (join)
+  std::vector<int> shutdown_ranks;                         // global ranks that called shutdown()
+  // Inspection rounds only (some rank raised stall flags): names not every rank holds.
+  std::vector<StalledRequest> stalled;
+  int inspect_flags = 0;                                   // kInspect* bits raised by any rank
+  bool progressed = false;                                 // anything agreed, failed or finished
+};
+
+class Negotiator {
+ public:
+  Negotiator(MPI_Comm comm, std::vector<int> global_ranks, int rank, int cache_capacity);
+  ~Negotiator();
+
+  void Add(EntryPtr entry);
+  bool HasPending() const { return !pending_.empty(); }
+  // Pending requests, or an inspection asked for: this rank should run a round.
+  bool WantsRound() const { return !pending_.empty() || inspect_flags_ != 0; }
+  // Raises stall-inspection flags (kInspect*) in the next round.
+  void RequestInspection(int flags) { inspect_flags_ |= flags; }
+  // When the oldest pending request (other than join) was submitted; max() if none.
+  Clock::time_point OldestSubmitted() const;
+  // Payload bytes of this rank's pending requests, and when the oldest of them came.
+  struct Load {
+    int64_t bytes = 0;
+    Clock::time_point oldest = Clock::time_point::max();
+  };
+  Load PendingLoad() const;
+  bool active() const { return phase_ != Phase::kIdle; }
+  std::vector<EntryPtr> TakePending();
+
+  // Begins a round. `leaving` announces that this rank is shutting down.
+  Status Start(bool leaving);
+  // Advances the outstanding round without blocking; true once it has finished.
+  bool Test(RoundOutcome* outcome, Status* error);
+
+ private:
+  enum class Phase { kIdle, kBits, kSizes, kMetas };
+  struct Held {  // one rank's pending request, as seen in the metadata gather
+    int rank;
+    TensorMeta meta;
+  };
+
+  void TakeFastAgreed();
+  Status BeginGather();
+  void DecodeGather(RoundOutcome* outcome);
+  void AgreeNamed(const std::string& name, const std::vector<Held>& holders, RoundOutcome* out);
+  StalledRequest Stalled(const std::string& name, const std::vector<Held>& holders) const;
+  void FinishJoinIfComplete(RoundOutcome* out);
+  void RejectWhileJoined(RoundOutcome* out);
+  EntryPtr TakeLocal(const std::string& name);
+  std::string RankList(const std::vector<int>& set_ranks) const;
+
+  MPI_Comm comm_;
+  std::vector<int> global_ranks_;
+  int rank_, size_;
+  ResponseCache cache_;
+  std::map<std::string, EntryPtr> pending_;  // by name: sorted, so order is reproducible
+
+  Phase phase_ = Phase::kIdle;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  uint64_t round_ = 0;
+  bool leaving_ = false;
+  int inspect_flags_ = 0;  // to raise in the next round
+  int round_inspect_ = 0;  // raised by any rank in the current round
+  std::vector<uint64_t> bits_send_, bits_recv_;
+  int send_size_ = 0;
+  std::vector<int> sizes_, displs_;
+  std::vector<char> send_bytes_, recv_bytes_;
+  std::vector<BatchItem> fast_agreed_;
+
+  // Join state, identical on every member: who has joined and in which round.
+  std::vector<char> joined_;
+  std::vector<uint64_t> join_round_;
+};
+
+}  // namespace perseus
+
+#endif  // PERSEUS_NEGOTIATOR_H_

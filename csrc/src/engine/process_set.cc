@@ -1,0 +1,43 @@
+#include "engine/process_set.h"
+
+#include "mpi/mpi_lane.h"
+#include "mpi/mpi_status.h"
+
+namespace perseus {
+
+Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Config& config,
+                      int lanes, BatchDone done, std::shared_ptr<ProcessSet>* out) {
+  auto set = std::make_shared<ProcessSet>();
+  set->id = id;
+  set->ranks = std::move(ranks);
+  if (comm != MPI_COMM_NULL) {
+    MPI_Comm_rank(comm, &set->rank);
+    Status status = MpiStatus(MPI_Comm_dup(comm, &set->negotiation_comm), "MPI_Comm_dup");
+    for (int i = 0; status.ok() && i < lanes; ++i) {
+      MPI_Comm lane_comm;
+      status = MpiStatus(MPI_Comm_dup(comm, &lane_comm), "MPI_Comm_dup");
+      if (status.ok()) set->lane_comms.push_back(lane_comm);
+    }
+    if (!status.ok()) return status;  // the destructor frees what was made
+    set->negotiator = std::make_unique<Negotiator>(set->negotiation_comm, set->ranks, set->rank,
+                                                   config.cache_capacity);
+    set->stall = std::make_unique<StallInspector>(config, set->negotiation_comm, set->rank,
+                                                  set->size());
+    for (size_t i = 0; i < set->lane_comms.size(); ++i)
+      set->lanes.push_back(std::make_unique<MpiLane>(static_cast<int>(i), set->lane_comms[i], set->rank, set->size(),
+                                                  config.chunk_bytes, config.nan_check,
+                                                  &set->ranks, done));
+  }
+  *out = std::move(set);
+  return Status::OK();
+}
+
+ProcessSet::~ProcessSet() {
+  lanes.clear();  // each lane finishes its queue and joins its thread
+  negotiator.reset();
+  stall.reset();
+  for (MPI_Comm& c : lane_comms) MPI_Comm_free(&c);
+  if (negotiation_comm != MPI_COMM_NULL) MPI_Comm_free(&negotiation_comm);
+}
+
+}  // namespace perseus

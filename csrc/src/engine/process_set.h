@@ -1,0 +1,58 @@
+// A process set: a group of global ranks with its own communicators, negotiator
+// and lanes, so that work in one set never waits for another set.
+#ifndef PERSEUS_PROCESS_SET_H_
+#define PERSEUS_PROCESS_SET_H_
+
+#include <mpi.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "common/clock.h"
+#include "engine/config.h"
+#include "engine/lane.h"
+#include "engine/negotiator.h"
+#include "engine/stall_inspector.h"
+
+namespace perseus {
+
+struct ProcessSet {
+  int id = 0;
+  std::vector<int> ranks;  // global ranks, sorted; set rank = index here
+  int rank = -1;           // this process's rank in the set, -1 if not a member
+  int size() const { return static_cast<int>(ranks.size()); }
+  ~ProcessSet();
+
+  // Members only.
+  MPI_Comm negotiation_comm = MPI_COMM_NULL;
+  std::vector<MPI_Comm> lane_comms;
+  std::unique_ptr<Negotiator> negotiator;
+  std::unique_ptr<StallInspector> stall;
+  std::vector<std::unique_ptr<Lane>> lanes;
+  size_t next_lane = 0;
+
+  // Guarded by the engine mutex.
+  std::unordered_set<std::string> in_flight;  // names submitted and not yet completed
+  bool stopped = false;                       // no more rounds: shut down here or by a peer
+  Status stop_status;
+
+  // Engine-thread scheduling state.
+  bool new_work = false;      // submissions since the last round began
+  bool progressed = false;    // the last round agreed or failed something
+  bool final_round_done = false;
+  Clock::time_point round_start, retry_at;
+  Clock::duration backoff{};
+};
+
+// Builds a set from `comm` (already restricted to the members, or MPI_COMM_NULL
+// for a non-member): duplicates the negotiation and lane communicators and
+// starts the lanes.
+Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Config& config,
+                      int lanes, BatchDone done, std::shared_ptr<ProcessSet>* out);
+
+}  // namespace perseus
+
+#endif  // PERSEUS_PROCESS_SET_H_

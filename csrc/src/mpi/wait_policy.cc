@@ -1,0 +1,41 @@
+#include "mpi/wait_policy.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "mpi/mpi_status.h"
+
+namespace perseus {
+
+namespace {
+std::atomic<int> g_waiters{0};
+constexpr auto kMaxPoll = std::chrono::microseconds(200);
+}  // namespace
+
+WaiterScope::WaiterScope() { g_waiters.fetch_add(1, std::memory_order_relaxed); }
+WaiterScope::~WaiterScope() { g_waiters.fetch_sub(1, std::memory_order_relaxed); }
+bool SomeoneWaits() { return g_waiters.load(std::memory_order_relaxed) > 0; }
+
+Clock::duration PollGap(Clock::duration waited, Clock::duration spin) {
+  if (waited < spin) return Clock::duration::zero();
+  return std::min<Clock::duration>(kMaxPoll, waited / 8);
+}
+
+Status CompleteRequest(int start_rc, MPI_Request* request, const char* what) {
+  if (start_rc != MPI_SUCCESS) return MpiStatus(start_rc, what);
+  const Clock::time_point start = Clock::now();
+  while (true) {
+    int done = 0;
+    int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return MpiStatus(rc, what);
+    if (done) return Status::OK();
+    // Even a waiter stops spinning after a while: with every core busy, its spin
+    // would slow the late peer that everyone waits for.
+    Clock::duration gap =
+        PollGap(Clock::now() - start, SomeoneWaits() ? kDriverSpin : kBackgroundSpin);
+    if (gap > Clock::duration::zero()) std::this_thread::sleep_for(gap);
+  }
+}
+
+}  // namespace perseus

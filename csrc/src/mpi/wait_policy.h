@@ -1,0 +1,48 @@
+// How Perseus threads wait for MPI: one policy for negotiation rounds and collectives.
+//
+// MPICH advances a request only inside MPI calls, and its blocking calls spin. On a
+// machine whose cores all run training (the CPU case), a background thread that
+// spins in MPI takes its core from the training thread, and two ranks' background
+// threads then meet only when both happen to be scheduled. So: spin while some
+// thread waits for a result (it has nothing else to do), otherwise test with a
+// growing pause and leave the core to the framework. Even a waiter's spin is
+// bounded: with every core busy it would slow the late peer that everyone awaits.
+#ifndef PERSEUS_WAIT_POLICY_H_
+#define PERSEUS_WAIT_POLICY_H_
+
+#include <mpi.h>
+
+#include <chrono>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace perseus {
+
+// While a thread that waits for (or drives) a request holds one of these, MPI waits
+// spin for kDriverSpin rather than kBackgroundSpin. Cheap: one atomic increment.
+class WaiterScope {
+ public:
+  WaiterScope();
+  ~WaiterScope();
+  WaiterScope(const WaiterScope&) = delete;
+  WaiterScope& operator=(const WaiterScope&) = delete;
+};
+bool SomeoneWaits();
+
+// Back-to-back tests for this long before pausing: a thread that waits for the
+// result (a driver) spins longer than the background thread.
+constexpr auto kDriverSpin = std::chrono::microseconds(1000);
+constexpr auto kBackgroundSpin = std::chrono::microseconds(20);
+
+// The pause before testing again a request pending for `waited`: none while within
+// `spin`, then an eighth of the time waited, at most 200 us.
+Clock::duration PollGap(Clock::duration waited, Clock::duration spin);
+
+// Completes the request of a non-blocking MPI call that returned `start_rc`, by the
+// policy above. `what` names the call in errors.
+Status CompleteRequest(int start_rc, MPI_Request* request, const char* what);
+
+}  // namespace perseus
+
+#endif  // PERSEUS_WAIT_POLICY_H_
