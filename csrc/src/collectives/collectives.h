@@ -35,6 +35,10 @@ Status RunAlltoall(const BatchItem& item, ExecContext& ctx, Result* result);
 Status RunReducescatter(const BatchItem& item, ExecContext& ctx);
 Status RunBarrier(ExecContext& ctx);
 
+// Runs `batch` with the algorithm of its operation; `results` holds one Result per
+// item. The caller holds the MPI lock (mpi/mpi_lock.h).
+Status RunMpiBatch(const Batch& batch, ExecContext& ctx, std::vector<Result>* results);
+
 }  // namespace perseus
 
 #endif  // PERSEUS_COLLECTIVES_H_
