@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "common/timeline.h"
+#include "cuda/device_backend.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "mpi/mpi_lock.h"
@@ -94,6 +95,22 @@ Status StartConfiguredTimeline(const Config& config, MPI_Comm world) {
   Status status = Timeline::Get().Start(config.timeline_path, config.timeline_mark_cycles);
   if (!status.ok()) status = Status::Error(PERSEUS_CONFIG_ERROR, "PERSEUS_TIMELINE: " + status.message);
   return status;
+}
+
+// The GPU settings of the running engine, else of the environment (the GPU calls
+// work before init, for perseusrun --check-build).
+Status CurrentGpuSettings(GpuSettings* out) {
+  Config config;
+  if (auto engine = Current()) {
+    config = engine->config();
+  } else {
+    Status status = LoadConfig(&config);
+    if (!status.ok()) return status;
+  }
+  out->cuda_lib = config.cuda_lib;
+  out->nccl_lib = config.nccl_lib;
+  out->use_nccl = config.gpu_use_nccl;
+  return Status::OK();
 }
 
 template <typename Getter>
@@ -345,5 +362,40 @@ perseus_status_t perseus_release(int64_t handle) {
 }
 
 void perseus_free_buffer(void* data) { std::free(data); }
+
+perseus_status_t perseus_set_gpu_library_dirs(const char* dirs) {
+  Status status = SetGpuLibraryDirs(dirs ? dirs : "");
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_gpu_load(int32_t* cuda_ok, int32_t* nccl_ok) {
+  GpuSettings settings;
+  Status status = CurrentGpuSettings(&settings);
+  bool cuda = false, nccl = false;
+  if (status.ok()) status = LoadGpu(settings, &cuda, &nccl);
+  if (cuda_ok) *cuda_ok = cuda ? 1 : 0;
+  if (nccl_ok) *nccl_ok = nccl ? 1 : 0;
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+const char* perseus_gpu_describe(void) {
+  static thread_local std::string text;
+  GpuSettings settings;
+  Status status = CurrentGpuSettings(&settings);
+  text = status.ok() ? DescribeGpu(settings) : "error: " + status.message + "\n";
+  return text.c_str();
+}
+
+perseus_status_t perseus_stream_wait(int64_t handle, void* stream) {
+  std::shared_ptr<void> event;  // held: a concurrent release cannot recycle it meanwhile
+  Status status = g_handles.DoneEvent(handle, &event);
+  if (status.ok()) status = StreamWaitEvent(stream, event);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_free_device_buffer(void* data, void* stream) {
+  Status status = FreeDeviceBuffer(data, stream);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
 
 }  // extern "C"

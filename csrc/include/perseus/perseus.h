@@ -155,7 +155,9 @@ perseus_status_t perseus_poll(int64_t handle, int32_t* done_out);
  * request's own status; its message is in perseus_last_error(). */
 perseus_status_t perseus_wait(int64_t handle, double timeout_s);
 /* After completion: the core-allocated output (allgather, alltoall) and its shape.
- * Ownership of *data passes to the caller (free with perseus_free_buffer). For
+ * Ownership of *data passes to the caller: for a CPU request it is host memory (free
+ * with perseus_free_buffer); for a GPU request it is device memory on the request's
+ * device (free with perseus_free_device_buffer, never perseus_free_buffer). For
  * alltoall, recv_splits gets the rows received from each rank (nsplits entries,
  * valid until perseus_release). For join, shape[0] carries the last rank to join. */
 perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* shape,
@@ -164,6 +166,65 @@ perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* sha
 /* Forgets a completed handle. */
 perseus_status_t perseus_release(int64_t handle);
 void perseus_free_buffer(void* data);
+
+/* ---- GPU tensors -------------------------------------------------------------
+ * A request with device >= 0 is a CUDA tensor on that device ordinal: input and
+ * output are device pointers, and `stream` is the cudaStream_t that produces the
+ * input and will consume the output (NULL = the legacy default stream). One GPU per
+ * process: every GPU request of a process names the same ordinal (ordinals may differ
+ * between ranks). No CUDA is needed at build time: the CUDA runtime and NCCL are
+ * loaded at run time, at the first GPU request or perseus_gpu_load(), from
+ * PERSEUS_CUDA_LIB / PERSEUS_NCCL_LIB if set (a file or a folder; if set and not
+ * loadable, that is the error), else an already-loaded copy (libcudart.so.13/.12/
+ * .11.0, libnccl.so.2), else the folders of perseus_set_gpu_library_dirs(), else the
+ * system loader path. If they cannot be loaded, or there is no device, GPU requests
+ * fail on every rank with a message naming each path tried; CPU requests keep working.
+ *
+ * Ordering, with no host synchronisation on the hot path: perseus_enqueue records an
+ * event on the request's stream; the lane's stream waits for it before reading the
+ * input. A GPU handle completes once the request's device work is QUEUED on the
+ * lane's stream; the result is ready on the device only after perseus_stream_wait().
+ *
+ * Paths: with PERSEUS_GPU_OPERATIONS=nccl (default) the collectives run with NCCL
+ * (allreduce Sum/Average/Min/Max/Product; broadcast; allgather, uneven first
+ * dimensions too; alltoall with splits; reducescatter), scale factors of Sum and
+ * Average folded into one NCCL pre-multiply-sum operator. These run host-staged
+ * (pinned copies, the MPI algorithms) instead: Adasum; reductions of int16; integer
+ * reductions with scale factors; Min/Max/Product with scale factors; and every GPU
+ * batch when PERSEUS_GPU_OPERATIONS=mpi or NCCL cannot be loaded (one warning). With
+ * PERSEUS_ALLREDUCE_NANCHECK, NCCL allreduce inputs are copied to host and checked
+ * first. GPU tensors need MPI_THREAD_MULTIPLE. */
+
+/* ':'-separated folders searched for the CUDA runtime and NCCL after
+ * PERSEUS_*_LIB and before the system loader path (the torch front end passes torch's
+ * lib/ and the nvidia/<package>/lib folders). Call before the first GPU request; once
+ * a library was loaded (or tried), other folders are PERSEUS_INVALID_ARGUMENT and the
+ * same folders again are accepted. Works before perseus_init. */
+perseus_status_t perseus_set_gpu_library_dirs(const char* dirs);
+/* Loads the CUDA runtime and NCCL now (else the first GPU request does), once per
+ * process; the outcome, failure included, is kept. Sets *cuda_ok and *nccl_ok (either
+ * may be NULL) to 1 for each library that loaded. PERSEUS_SUCCESS when the CUDA
+ * runtime loaded, even if NCCL did not (see perseus_gpu_describe); else
+ * PERSEUS_UNSUPPORTED naming every path tried. Does not initialise the CUDA driver.
+ * Works before perseus_init. */
+perseus_status_t perseus_gpu_load(int32_t* cuda_ok, int32_t* nccl_ok);
+/* Human-readable, one line per library: its path and version (CUDA runtime and
+ * driver versions and the device count, NCCL as X.Y.Z), or why it did not load with
+ * the paths tried. Loads them (as perseus_gpu_load) and asks cudaGetDeviceCount, which
+ * initialises the CUDA driver. Works before perseus_init. Valid until the next call
+ * on the same thread. */
+const char* perseus_gpu_describe(void);
+/* After a GPU request's handle completed successfully: makes `stream` (a
+ * cudaStream_t; NULL = legacy default) wait on the device until the request's device
+ * work is done (cudaStreamWaitEvent; the host does not wait). Call it for the stream
+ * that will read the output, or free or overwrite the input, before doing so. A no-op
+ * for CPU handles and failed ones; PERSEUS_INVALID_ARGUMENT while pending. */
+perseus_status_t perseus_stream_wait(int64_t handle, void* stream);
+/* Frees a core-allocated device output (GPU allgather/alltoall, from
+ * perseus_handle_output) stream-ordered on `stream` (cudaFreeAsync), so a framework
+ * tensor viewing it may be dropped while kernels reading it are still queued there.
+ * `stream` must have waited for the handle (perseus_stream_wait). NULL data: no-op. */
+perseus_status_t perseus_free_device_buffer(void* data, void* stream);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

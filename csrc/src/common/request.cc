@@ -90,10 +90,10 @@ Status MakeEntry(const perseus_request_t& r, int set_rank, int set_size, EntryPt
       if (d < 0) return bad("negative dimension in shape " + ShapeString(m.shape));
     if (m.NumElements() > 0 && r.input == nullptr) return bad("input pointer is NULL");
   }
-  if (r.device != PERSEUS_CPU_DEVICE && has_data)
-    return Status::Error(PERSEUS_UNSUPPORTED,
-                         std::string("request '") + r.name +
-                             "': GPU tensors are not supported by this build yet");
+  if (r.device < PERSEUS_CPU_DEVICE) return bad("invalid device " + std::to_string(r.device));
+  // Barrier and join carry no tensor: whatever device the front end named, they are
+  // control operations (a joined rank's zeros are made by the lane of the data).
+  if (!has_data) m.device = PERSEUS_CPU_DEVICE;
   switch (r.op_type) {
     case PERSEUS_ALLREDUCE:
     case PERSEUS_REDUCESCATTER:

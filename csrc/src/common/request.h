@@ -46,6 +46,10 @@ struct Entry {
   void* output = nullptr;
   std::vector<int64_t> splits;  // alltoall
   void* stream = nullptr;
+  // GPU requests: an event recorded on `stream` at enqueue, which the device lane's
+  // stream waits for before reading the input (opaque here; cuda/ knows it). Returned
+  // to its pool when the entry goes.
+  std::shared_ptr<void> ready_event;
   int32_t process_set = 0;
   int64_t handle = 0;
   std::chrono::steady_clock::time_point submitted;  // when the engine took it in (stall check)

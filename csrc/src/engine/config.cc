@@ -118,6 +118,21 @@ Parser LogLevelParser() {
   };
 }
 
+// nccl or mpi, in any case (Horovod's build-time spelling is upper case).
+Parser GpuOperationsParser() {
+  return [](const std::string& text, Config* c) -> std::string {
+    std::string lower;
+    for (char ch : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower == "nccl" || lower == "mpi") {
+      c->gpu_use_nccl = lower == "nccl";
+      return "";
+    }
+    if (lower == "ddl" || lower == "ccl" || lower == "gloo")
+      return "nccl or mpi ('" + text + "' is not implemented by Perseus)";
+    return "nccl or mpi";
+  };
+}
+
 const std::vector<Variable>& Table() {
   static const std::vector<Variable> table = {
       {"PERSEUS_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "bytes per fused buffer",
@@ -155,6 +170,13 @@ const std::vector<Variable>& Table() {
       {"PERSEUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",
        "mark negotiation rounds in the timeline",
        Flag([](Config* c, bool v) { c->timeline_mark_cycles = v; })},
+      {"PERSEUS_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS",
+       "how GPU tensors are reduced: nccl, or mpi (host-staged through pinned memory)",
+       GpuOperationsParser()},
+      {"PERSEUS_CUDA_LIB", nullptr, "the CUDA runtime to load: a file, or a folder holding it",
+       Text([](Config* c, const std::string& v) { c->cuda_lib = v; })},
+      {"PERSEUS_NCCL_LIB", nullptr, "the NCCL library to load: a file, or a folder holding it",
+       Text([](Config* c, const std::string& v) { c->nccl_lib = v; })},
   };
   return table;
 }
@@ -195,7 +217,10 @@ std::string DescribeConfig(const Config& c) {
       << "PERSEUS_ALLREDUCE_NANCHECK=" << (c.nan_check ? 1 : 0) << "\n"
       << "PERSEUS_TIMELINE=" << c.timeline_path << "\n"
       << "PERSEUS_TIMELINE_MARK_CYCLES=" << (c.timeline_mark_cycles ? 1 : 0) << "\n"
-      << "PERSEUS_LOG_LEVEL=" << kLogLevelNames[static_cast<int>(c.log_level)] << "\n";
+      << "PERSEUS_LOG_LEVEL=" << kLogLevelNames[static_cast<int>(c.log_level)] << "\n"
+      << "PERSEUS_GPU_OPERATIONS=" << (c.gpu_use_nccl ? "nccl" : "mpi") << "\n"
+      << "PERSEUS_CUDA_LIB=" << c.cuda_lib << "\n"
+      << "PERSEUS_NCCL_LIB=" << c.nccl_lib << "\n";
   return out.str();
 }
 

@@ -23,6 +23,9 @@ struct Config {
   bool nan_check = false;                 // look for NaN/Inf in allreduce inputs
   std::string timeline_path;              // Chrome-trace file rank 0 writes; empty = off
   bool timeline_mark_cycles = false;      // negotiation rounds as instant events
+  bool gpu_use_nccl = true;               // GPU tensors: NCCL, else host-staged through MPI
+  std::string cuda_lib;                   // the CUDA runtime (file or folder); empty = search
+  std::string nccl_lib;                   // NCCL (file or folder); empty = search
   LogLevel log_level = LogLevel::kWarning;
 };
 

@@ -44,6 +44,7 @@ Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, Handl
       world_(world),
       thread_multiple_(thread_multiple),
       lanes_(thread_multiple ? config.lanes : 1),
+      gpu_{config.cuda_lib, config.nccl_lib, config.gpu_use_nccl, config.nan_check, config.chunk_bytes},
       handles_(handles) {}
 
 Status Engine::Start(const Config& config, MPI_Comm world, bool thread_multiple,
@@ -142,6 +143,13 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
                        bool wake_engine) {
   std::vector<EntryPtr> entries;
   std::vector<ProcessSet*> targets;
+  for (int i = 0; i < n; ++i) {
+    // The first GPU request loads CUDA here, outside the engine's lock.
+    if (requests[i].device != PERSEUS_CPU_DEVICE) {
+      WarmGpu(gpu_);
+      break;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_requested_) return Status::Error(PERSEUS_SHUT_DOWN, "Perseus is shutting down");
@@ -160,6 +168,9 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       if (set->stopped) return set->stop_status;
       EntryPtr entry;
       Status status = MakeEntry(r, set->rank, set->size(), &entry);
+      // GPU: an event on the caller's stream, which the device lane will wait for.
+      if (status.ok() && entry->meta.device != PERSEUS_CPU_DEVICE)
+        status = PrepareGpuEntry(entry.get(), gpu_);
       if (!status.ok()) return status;
       if (set->in_flight.count(entry->meta.name) ||
           !batch_names.emplace(set->id, entry->meta.name).second)
@@ -406,7 +417,7 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
     const bool only_batch = batches.size() == 1;
     for (Batch& batch : batches) {
       batch.agreed = now;
-      Lane& lane = *set->lanes[set->next_lane++ % set->lanes.size()];
+      Lane& lane = LaneFor(set, batch);
       bool inline_ok = single_set_ && ((driving && only_batch) || batch.Bytes() <= kInlineBytes);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
@@ -429,6 +440,18 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
     msg << "] before this request could complete";
     StopSet(set, Status::Error(PERSEUS_SHUT_DOWN, msg.str()));
   }
+}
+
+Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {
+  if (batch.items.front().meta.device == PERSEUS_CPU_DEVICE)
+    return *set->lanes[set->next_lane++ % set->lanes.size()];
+  if (set->device_lanes.empty()) {
+    for (size_t i = 0; i < set->device_comms.size(); ++i)
+      set->device_lanes.push_back(MakeDeviceLane(
+          DeviceLaneArgs{static_cast<int>(i), set->device_comms[i], set->rank, set->size(),
+                         &set->ranks, thread_multiple_, gpu_, set->done}));
+  }
+  return *set->device_lanes[set->next_device_lane++ % set->device_lanes.size()];
 }
 
 void Engine::StopSet(ProcessSet* set, const Status& status) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/device_backend.h"
 #include "engine/config.h"
 #include "engine/handle_table.h"
 #include "engine/process_set.h"
@@ -73,6 +74,9 @@ class Engine {
   void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
   Clock::time_point HoldUntil(const Negotiator& negotiator, int64_t* headroom) const;
   void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now, bool driving);
+  // The next lane for `batch`: MPI lanes for CPU tensors, device lanes (made at the
+  // set's first GPU batch) for GPU tensors, each kind round robin.
+  Lane& LaneFor(ProcessSet* set, const Batch& batch);
   void StopSet(ProcessSet* set, const Status& status);
   void Finish(int set_id, const EntryPtr& entry, Status status, Result result = Result());
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
@@ -84,6 +88,7 @@ class Engine {
   MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
   const bool thread_multiple_;
   const int lanes_;
+  const GpuSettings gpu_;
   HandleTable* handles_;
   Topology topo_;
 

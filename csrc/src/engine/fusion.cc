@@ -13,10 +13,16 @@ bool Fusible(const TensorMeta& m) {
   return m.op_type == PERSEUS_ALLREDUCE || m.op_type == PERSEUS_BROADCAST;
 }
 
-// Requests with equal keys may share a buffer.
-std::tuple<int, int, int, int, int> FusionKey(const TensorMeta& m) {
-  if (m.op_type == PERSEUS_BROADCAST) return {m.op_type, 0, 0, m.root_rank, m.device};
-  return {m.op_type, m.dtype, m.reduce_op, 0, m.device};
+// Requests with equal keys may share a buffer. The device enters as its kind (CPU or
+// GPU), not its ordinal: ordinals may differ across ranks (rank 1 on cuda:1), and every
+// rank must plan the same batches. GPU allreduces also key on their scale factors:
+// NCCL scales a whole fused buffer with one factor.
+using Key = std::tuple<int, int, int, int, int, double, double>;
+Key FusionKey(const TensorMeta& m) {
+  const int gpu = m.device == PERSEUS_CPU_DEVICE ? 0 : 1;
+  if (m.op_type == PERSEUS_BROADCAST) return Key{m.op_type, 0, 0, m.root_rank, gpu, 1.0, 1.0};
+  if (gpu) return Key{m.op_type, m.dtype, m.reduce_op, 0, gpu, m.prescale, m.postscale};
+  return Key{m.op_type, m.dtype, m.reduce_op, 0, gpu, 1.0, 1.0};
 }
 
 int64_t Bytes(const TensorMeta& m) {

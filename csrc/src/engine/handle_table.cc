@@ -6,7 +6,7 @@
 namespace perseus {
 
 HandleTable::~HandleTable() {
-  for (auto& kv : states_) std::free(kv.second->result.data);
+  for (auto& kv : states_) kv.second->result.FreeData();
 }
 
 int64_t HandleTable::Create() {
@@ -26,7 +26,7 @@ void HandleTable::Complete(int64_t handle, Status status, Result result) {
     std::lock_guard<std::mutex> lock(mu_);
     auto s = Find(handle);
     if (!s || s->done) {
-      std::free(result.data);
+      result.FreeData();
       return;
     }
     s->status = std::move(status);
@@ -72,13 +72,22 @@ Status HandleTable::TakeResult(int64_t handle, Result** result) {
   return Status::OK();
 }
 
+Status HandleTable::DoneEvent(int64_t handle, std::shared_ptr<void>* event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto s = Find(handle);
+  if (!s) return Unknown(handle);
+  if (!s->done) return Status::Error(PERSEUS_INVALID_ARGUMENT, "handle is still pending");
+  *event = s->result.done_event;
+  return Status::OK();
+}
+
 Status HandleTable::Release(int64_t handle) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = states_.find(handle);
   if (it == states_.end()) return Unknown(handle);
   if (!it->second->done)
     return Status::Error(PERSEUS_INVALID_ARGUMENT, "cannot release a pending handle");
-  std::free(it->second->result.data);  // unless the caller took ownership (data reset)
+  it->second->result.FreeData();  // unless the caller took ownership (data reset)
   states_.erase(it);
   return Status::OK();
 }

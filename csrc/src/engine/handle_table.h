@@ -24,6 +24,9 @@ class HandleTable {
   // Waits without holding any engine lock; timeout_s < 0 waits forever.
   Status Wait(int64_t handle, double timeout_s);
   Status TakeResult(int64_t handle, Result** result);
+  // A completed handle's completion event (null for CPU requests and failures);
+  // PERSEUS_INVALID_ARGUMENT while pending or unknown.
+  Status DoneEvent(int64_t handle, std::shared_ptr<void>* event);
   Status Release(int64_t handle);
   // Completes every handle still open with `status` (used by shutdown).
   void FailAll(const Status& status);

@@ -13,14 +13,15 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
   if (comm != MPI_COMM_NULL) {
     MPI_Comm_rank(comm, &set->rank);
     Status status = MpiStatus(MPI_Comm_dup(comm, &set->negotiation_comm), "MPI_Comm_dup");
-    for (int i = 0; status.ok() && i < lanes; ++i) {
+    for (int i = 0; status.ok() && i < 2 * lanes; ++i) {
       MPI_Comm lane_comm;
       status = MpiStatus(MPI_Comm_dup(comm, &lane_comm), "MPI_Comm_dup");
-      if (status.ok()) set->lane_comms.push_back(lane_comm);
+      if (status.ok()) (i < lanes ? set->lane_comms : set->device_comms).push_back(lane_comm);
     }
     if (!status.ok()) return status;  // the destructor frees what was made
     set->negotiator = std::make_unique<Negotiator>(set->negotiation_comm, set->ranks, set->rank,
                                                    config.cache_capacity);
+    set->done = done;
     set->stall = std::make_unique<StallInspector>(config, set->negotiation_comm, set->rank,
                                                   set->size());
     for (size_t i = 0; i < set->lane_comms.size(); ++i)
@@ -34,9 +35,11 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
 
 ProcessSet::~ProcessSet() {
   lanes.clear();  // each lane finishes its queue and joins its thread
+  device_lanes.clear();
   negotiator.reset();
   stall.reset();
   for (MPI_Comm& c : lane_comms) MPI_Comm_free(&c);
+  for (MPI_Comm& c : device_comms) MPI_Comm_free(&c);
   if (negotiation_comm != MPI_COMM_NULL) MPI_Comm_free(&negotiation_comm);
 }
 

@@ -33,6 +33,13 @@ struct ProcessSet {
   std::unique_ptr<StallInspector> stall;
   std::vector<std::unique_ptr<Lane>> lanes;
   size_t next_lane = 0;
+  // GPU batches run on device lanes, made at the set's first GPU batch (the engine's
+  // thread, the same point on every member); each has its own MPI communicator,
+  // duplicated here at creation because lanes never share one.
+  std::vector<MPI_Comm> device_comms;
+  std::vector<std::unique_ptr<Lane>> device_lanes;
+  size_t next_device_lane = 0;
+  BatchDone done;  // what every lane of the set calls when a batch finishes
 
   // Guarded by the engine mutex.
   std::unordered_set<std::string> in_flight;  // names submitted and not yet completed
@@ -48,8 +55,8 @@ struct ProcessSet {
 };
 
 // Builds a set from `comm` (already restricted to the members, or MPI_COMM_NULL
-// for a non-member): duplicates the negotiation and lane communicators and
-// starts the lanes.
+// for a non-member): duplicates the negotiation, lane and device-lane communicators
+// and starts the MPI lanes.
 Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Config& config,
                       int lanes, BatchDone done, std::shared_ptr<ProcessSet>* out);
 

@@ -1,0 +1,287 @@
+#include "cuda/device_lane.h"
+
+#include <atomic>
+#include <sstream>
+
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "common/timeline.h"
+#include "cuda/device_guard.h"
+#include "cuda/event_pool.h"
+#include "cuda/nccl_ops.h"
+#include "cuda/process_device.h"
+#include "cuda/staged_ops.h"
+#include "mpi/mpi_lock.h"
+#include "mpi/mpi_status.h"
+
+namespace perseus {
+
+std::unique_ptr<Lane> MakeDeviceLane(DeviceLaneArgs args) {
+  return std::make_unique<gpu::DeviceLane>(std::move(args));
+}
+
+namespace gpu {
+
+namespace {
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
+// The device of this process: bound by its first GPU request, else (a rank that has
+// joined before submitting any GPU request) this thread's current device.
+Status ChooseDevice(int count, int* device) {
+  int chosen = BoundDevice();
+  if (chosen < 0) {
+    int current = 0;
+    PERSEUS_RETURN_IF_ERROR(CudaStatus(Cuda()->GetDevice(&current), "cudaGetDevice"));
+    chosen = BindDevice(current);
+  }
+  if (chosen >= count)
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "device cuda:" + std::to_string(chosen) +
+                                                       " does not exist; this process sees " +
+                                                       std::to_string(count) + " CUDA device(s)");
+  *device = chosen;
+  return Status::OK();
+}
+
+}  // namespace
+
+DeviceLane::DeviceLane(DeviceLaneArgs args)
+    : args_(std::move(args)),
+      worker_("perseus-gpulane", [this](const Batch& batch) { Execute(batch); }) {}
+
+DeviceLane::~DeviceLane() {
+  worker_.Stop();
+  Close();
+}
+
+void DeviceLane::Push(Batch batch) { worker_.Push(std::move(batch)); }
+
+bool DeviceLane::TryRunInline(const Batch& batch) {
+  // Opening blocks in collective calls (ncclCommInitRank): only on the lane's thread.
+  return worker_.TryRunInline(batch, [this] { return mode_ == Mode::kNccl || mode_ == Mode::kStaged; });
+}
+
+void DeviceLane::Execute(const Batch& batch) {
+  std::vector<Result> results(batch.items.size());
+  const bool traced = TimelineOn();  // spans show the host time to queue the device work
+  const auto start = traced ? Clock::now() : Clock::time_point();
+  Status status;
+  if (mode_ == Mode::kClosed) status = Open();
+  if (status.ok() && mode_ == Mode::kBroken) status = broken_;
+  if (status.ok()) status = Run(batch, &results);
+  if (traced) TraceLaneBatch(batch, args_.index, start, Clock::now());
+  if (!status.ok()) {
+    status.message = std::string(OpTypeName(batch.op_type())) + " of GPU tensor '" +
+                     batch.items[0].meta.name + "'" +
+                     (batch.items.size() > 1 ? " (and fused tensors)" : "") + ": " + status.message;
+    for (Result& result : results) result.FreeData();
+  }
+  std::vector<Status> statuses(batch.items.size(), status);
+  args_.done(batch, statuses, results);
+}
+
+Status DeviceLane::Open() {
+  const GpuSettings& settings = args_.settings;
+  if (!args_.thread_multiple)  // every rank of a job has the same thread level: no exchange
+    return Status::Error(PERSEUS_UNSUPPORTED,
+                         "GPU tensors need MPI initialized with MPI_THREAD_MULTIPLE (the device "
+                         "lanes call MPI from their own threads)");
+  // 1. What this rank can do.
+  Status local = LoadCuda(settings.cuda_lib);
+  int count = 0, device = 0;
+  if (local.ok()) local = DeviceCount(&count);
+  if (local.ok()) local = ChooseDevice(count, &device);
+  if (local.ok()) {
+    device_ = device;
+    DeviceGuard guard(device, &local);
+    if (local.ok())
+      local = CudaStatus(Cuda()->StreamCreateWithFlags(&stream_, kStreamNonBlocking),
+                         "cudaStreamCreateWithFlags");
+  }
+  Status nccl = settings.use_nccl && local.ok() ? LoadNccl(settings.nccl_lib) : Status::OK();
+  // 2. What every rank can do, and which path the set takes (the same on every rank).
+  int mine[2] = {settings.use_nccl ? 1 : 0, settings.use_nccl && nccl.ok() ? 1 : 0};
+  std::vector<int> all(2 * args_.size);
+  Status agreed;
+  {
+    auto mpi = LockMpi();
+    agreed = MpiStatus(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, args_.comm),
+                       "MPI_Allgather (GPU lane setup)");
+    if (agreed.ok()) agreed = AgreeOnStatus(args_.comm, local);
+  }
+  std::vector<int> want_mpi, lack_nccl;
+  for (int r = 0; r < args_.size; ++r) {
+    if (!all[2 * r]) want_mpi.push_back((*args_.global_ranks)[r]);
+    if (all[2 * r] && !all[2 * r + 1]) lack_nccl.push_back((*args_.global_ranks)[r]);
+  }
+  if (agreed.ok() && !want_mpi.empty() && want_mpi.size() < static_cast<size_t>(args_.size))
+    agreed = Status::Error(PERSEUS_CONFIG_ERROR,
+                           "PERSEUS_GPU_OPERATIONS differs across ranks (mpi on rank(s) " +
+                               RankList(want_mpi) + ", nccl on the others); every rank must "
+                               "use the same value");
+  if (!agreed.ok()) {
+    DropStream();
+    return agreed;
+  }
+  if (!settings.use_nccl) {
+    mode_ = Mode::kStaged;
+    return Status::OK();
+  }
+  if (!lack_nccl.empty()) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      PERSEUS_LOG(kWarning) << "NCCL could not be loaded on rank(s) " << RankList(lack_nccl)
+                            << (nccl.ok() ? "" : " (here: " + nccl.message + ")")
+                            << "; GPU collectives run host-staged through MPI instead (slower)";
+    }
+    mode_ = Mode::kStaged;
+    return Status::OK();
+  }
+  Status opened = OpenNccl();
+  if (!opened.ok()) {
+    DropStream();
+    return opened;
+  }
+  mode_ = Mode::kNccl;
+  return Status::OK();
+}
+
+Status DeviceLane::OpenNccl() {
+  const NcclApi& nccl = *Nccl();
+  ncclUniqueId id{};
+  Status made = args_.rank == 0 ? NcclStatus(nccl.GetUniqueId(&id), "ncclGetUniqueId") : Status::OK();
+  {
+    auto mpi = LockMpi();
+    PERSEUS_RETURN_IF_ERROR(AgreeOnStatus(args_.comm, made));
+    PERSEUS_RETURN_IF_ERROR(MpiStatus(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, args_.comm),
+                                      "MPI_Bcast (NCCL unique id)"));
+  }
+  // Blocking and collective over the set; no MPI lock held meanwhile.
+  Status local;
+  {
+    DeviceGuard guard(device_, &local);
+    if (local.ok())
+      local = NcclStatus(nccl.CommInitRank(&comm_, args_.size, id, args_.rank), "ncclCommInitRank");
+  }
+  if (!local.ok()) {
+    comm_ = nullptr;
+    local.message += " (NCCL needs a GPU of its own per rank; with several ranks per GPU set "
+                     "PERSEUS_GPU_OPERATIONS=mpi)";
+  }
+  Status agreed;
+  {
+    auto mpi = LockMpi();
+    agreed = AgreeOnStatus(args_.comm, local);
+  }
+  if (!agreed.ok() && comm_ != nullptr) {
+    Status ignored;
+    DeviceGuard guard(device_, &ignored);
+    nccl.CommAbort(comm_);  // a peer failed: nothing to wait for
+    comm_ = nullptr;
+  }
+  return agreed;
+}
+
+Status DeviceLane::Run(const Batch& batch, std::vector<Result>* results) {
+  Status status;
+  DeviceGuard guard(device_, &status);
+  if (!status.ok()) return status;
+  DeviceContext ctx = Context();
+  if (comm_ != nullptr) {  // a peer's failure in an earlier batch may show here first
+    ncclResult_t async = kNcclSuccess;
+    status = ctx.Nc(ctx.nccl->CommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    if (status.ok() && async != kNcclSuccess && async != kNcclInProgress)
+      status = ctx.Nc(async, "NCCL (asynchronous error from an earlier batch)");
+    if (!status.ok()) {
+      Break(status);
+      return broken_;
+    }
+  }
+  // The lane's stream waits on the device for each input's producer.
+  for (const BatchItem& item : batch.items) {
+    if (!item.entry) continue;
+    if (!item.entry->ready_event) {
+      status = Status::Error(PERSEUS_INTERNAL_ERROR,
+                             "request '" + item.meta.name + "' has no ready event");
+      break;
+    }
+    status = ctx.Cu(ctx.cuda.StreamWaitEvent(stream_, AsEvent(item.entry->ready_event), 0),
+                    "cudaStreamWaitEvent (input ready)");
+    if (!status.ok()) break;
+  }
+  if (status.ok()) {
+    const bool staged = mode_ == Mode::kStaged || !NcclServes(batch.items.front().meta);
+    status = staged ? RunStaged(batch, ctx, results) : RunNcclBatch(batch, ctx, results);
+    // A CUDA or NCCL call that failed mid-batch may leave the peers inside the
+    // collective and this communicator out of step with theirs.
+    if (!staged && status.code == PERSEUS_INTERNAL_ERROR) Break(status);
+  }
+  // Recorded even after a failure: work queued before it may still use the tensors.
+  std::shared_ptr<void> done;
+  Status recorded = AcquireEvent(device_, &done);
+  if (recorded.ok())
+    recorded = ctx.Cu(ctx.cuda.EventRecord(AsEvent(done), stream_), "cudaEventRecord (completion)");
+  if (recorded.ok())
+    for (size_t i = 0; i < batch.items.size(); ++i)
+      if (batch.items[i].entry) (*results)[i].done_event = done;
+  return status.ok() ? recorded : status;
+}
+
+void DeviceLane::Break(const Status& why) {
+  if (comm_ != nullptr) Nccl()->CommAbort(comm_);
+  comm_ = nullptr;
+  mode_ = Mode::kBroken;
+  broken_ = Status::Error(why.code, "GPU lane " + std::to_string(args_.index) +
+                                        " stopped after a CUDA/NCCL failure and aborted its NCCL "
+                                        "communicator; its later GPU work fails: " +
+                                        why.message);
+}
+
+void DeviceLane::Close() {
+  if (stream_ == nullptr) return;
+  Status status;
+  DeviceGuard guard(device_, &status);
+  // The batches every rank agreed on have been queued: let them finish (a peer's
+  // NCCL failure ends the wait), then free everything.
+  Status drained = DrainStream(Context());
+  if (comm_ != nullptr) drained.ok() ? Nccl()->CommDestroy(comm_) : Nccl()->CommAbort(comm_);
+  comm_ = nullptr;
+  fusion_.Release(stream_);
+  if (drained.ok()) host_.Release();  // else copies may still use it: leak rather than corrupt
+  DropStream();
+}
+
+void DeviceLane::DropStream() {
+  if (stream_ != nullptr) {
+    Status status;
+    DeviceGuard guard(device_, &status);
+    Cuda()->StreamDestroy(stream_);
+  }
+  stream_ = nullptr;
+}
+
+DeviceContext DeviceLane::Context() {
+  return DeviceContext{*Cuda(),
+                       comm_ ? Nccl() : nullptr,
+                       comm_,
+                       stream_,
+                       device_,
+                       args_.comm,
+                       args_.rank,
+                       args_.size,
+                       args_.global_ranks,
+                       args_.settings.chunk_bytes,
+                       args_.settings.nan_check,
+                       &fusion_,
+                       &host_,
+                       &scratch_};
+}
+
+}  // namespace gpu
+}  // namespace perseus
