@@ -55,7 +55,8 @@ void* OpenLibrary(const LibrarySpec& spec, const std::string& configured,
     dlerror();  // clear a stale message
     void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle) {
-      *path = LoadedPath(handle, file);
+      // A path we named is the answer; a bare name is what the loader resolved it to.
+      *path = file.find('/') != std::string::npos ? file : LoadedPath(handle, file);
       return handle;
     }
     const char* why = dlerror();
