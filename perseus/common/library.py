@@ -137,6 +137,12 @@ _SIGNATURES = {
                                         _i32p, ctypes.POINTER(_i64p), _i32p]),
     "perseus_release": (_status, [ctypes.c_int64]),
     "perseus_free_buffer": (None, [ctypes.c_void_p]),
+    # GPU tensors (work before init)
+    "perseus_set_gpu_library_dirs": (_status, [ctypes.c_char_p]),
+    "perseus_gpu_load": (_status, [_i32p, _i32p]),
+    "perseus_gpu_describe": (ctypes.c_char_p, []),
+    "perseus_stream_wait": (_status, [ctypes.c_int64, ctypes.c_void_p]),
+    "perseus_free_device_buffer": (_status, [ctypes.c_void_p, ctypes.c_void_p]),
 }
 
 
@@ -179,6 +185,11 @@ perseus_wait = _bind("perseus_wait")
 perseus_handle_output = _bind("perseus_handle_output")
 perseus_release = _bind("perseus_release")
 perseus_free_buffer = _bind("perseus_free_buffer")
+perseus_set_gpu_library_dirs = _bind("perseus_set_gpu_library_dirs")
+perseus_gpu_load = _bind("perseus_gpu_load")
+perseus_gpu_describe = _bind("perseus_gpu_describe")
+perseus_stream_wait = _bind("perseus_stream_wait")
+perseus_free_device_buffer = _bind("perseus_free_device_buffer")
 
 
 def error(status):
