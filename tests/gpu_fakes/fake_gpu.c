@@ -1,0 +1,619 @@
+/* A stand-in for the CUDA runtime and NCCL, so that Perseus's device lanes can be
+ * tested on machines without a GPU. It is NOT a model of CUDA timing: "device"
+ * memory is host memory and every stream operation runs at once on the calling
+ * thread, so it cannot reveal a missing stream wait. NCCL operations run over
+ * MPI_COMM_WORLD point to point (one tag per communicator).
+ *
+ * What it checks, counting each violation as a misuse (fake_gpu_stats):
+ *   - stream work (copies, memsets, stream-ordered allocations) is issued while the
+ *     stream's device is current (a missing device switch in Perseus);
+ *   - an event is recorded on a stream of the event's own device;
+ *   - an NCCL operation's stream belongs to the communicator's device;
+ *   - user reduction operators are destroyed before their communicator.
+ * It counts live streams, device and pinned buffers and communicators, so a test can
+ * see that shutdown frees them. Built by tests/test_gpu_core.py as one library that
+ * both libcudart.so.12 and libnccl.so.2 link to.
+ *
+ * Failure injection (environment): FAKE_CUDA_DEVICES (device count, default 1; 0 = no
+ * device); FAKE_NCCL_FAIL_INIT_RANK=<world rank> makes ncclCommInitRank fail there
+ * (after the exchange, so nobody hangs); FAKE_NCCL_FAIL_ALLREDUCE_AFTER=<n> makes
+ * every ncclAllReduce after the n-th fail on every rank (use at one rank only).
+ */
+#include <mpi.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STREAM_MAGIC 0x5eea0001
+#define EVENT_MAGIC 0x5eea0002
+#define COMM_MAGIC 0x5eea0003
+#define MAX_OPS 64
+
+typedef struct { int magic; int device; } FakeStream;
+typedef struct { int magic; int device; } FakeEvent;
+typedef struct {
+  int magic, device, rank, nranks, tag;
+  int* world; /* comm rank -> world rank */
+  int op_used[MAX_OPS];
+  double op_scalar[MAX_OPS];
+} FakeComm;
+typedef struct { char internal[128]; } ncclUniqueId;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static long g_live_device, g_live_host, g_live_streams, g_live_events, g_live_comms, g_misuse;
+static long g_allreduces, g_comms_created, g_nccl_calls;
+static char g_misuse_text[512];
+static __thread int t_device = 0;
+static __thread int t_group_depth = 0;
+static __thread MPI_Request* t_pending = NULL;
+static __thread int t_npending = 0, t_cap = 0;
+
+static void tally(long* counter, long delta) {
+  pthread_mutex_lock(&g_mu);
+  *counter += delta;
+  pthread_mutex_unlock(&g_mu);
+}
+
+static void misuse(const char* fmt, ...) {
+  char text[512];
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(text, sizeof text, fmt, args);
+  va_end(args);
+  pthread_mutex_lock(&g_mu);
+  g_misuse++;
+  memcpy(g_misuse_text, text, sizeof text);
+  pthread_mutex_unlock(&g_mu);
+  fprintf(stderr, "fake_gpu MISUSE: %s\n", text);
+}
+
+/* out: live device buffers, pinned buffers, streams, events, communicators, misuses,
+ * communicators ever created, NCCL data calls ever made. */
+void fake_gpu_stats(long* out) {
+  pthread_mutex_lock(&g_mu);
+  out[6] = g_comms_created;
+  out[7] = g_nccl_calls;
+  out[0] = g_live_device;
+  out[1] = g_live_host;
+  out[2] = g_live_streams;
+  out[3] = g_live_events;
+  out[4] = g_live_comms;
+  out[5] = g_misuse;
+  pthread_mutex_unlock(&g_mu);
+}
+const char* fake_gpu_last_misuse(void) { return g_misuse_text; }
+
+static int env_int(const char* name, int fallback) {
+  const char* v = getenv(name);
+  return v && *v ? atoi(v) : fallback;
+}
+
+/* ---------------------------------------------------------------- CUDA runtime */
+
+static int device_count(void) { return env_int("FAKE_CUDA_DEVICES", 1); }
+
+static int stream_device(void* s) {
+  if (s == NULL || s == (void*)1 || s == (void*)2) return t_device; /* legacy, per-thread */
+  FakeStream* fs = (FakeStream*)s;
+  if (fs->magic != STREAM_MAGIC) {
+    misuse("%p is not a live stream", s);
+    return -1;
+  }
+  return fs->device;
+}
+
+static int check_current(void* s, const char* what) {
+  int d = stream_device(s);
+  if (d != t_device) {
+    misuse("%s on a stream of device %d while device %d is current", what, d, t_device);
+    return 400;
+  }
+  return 0;
+}
+
+int cudaRuntimeGetVersion(int* v) { *v = 12080; return 0; }
+int cudaDriverGetVersion(int* v) { *v = 12080; return 0; }
+int cudaGetDeviceCount(int* n) {
+  *n = device_count();
+  return *n > 0 ? 0 : 100; /* cudaErrorNoDevice */
+}
+int cudaGetDevice(int* d) { *d = t_device; return 0; }
+int cudaSetDevice(int d) {
+  if (d < 0 || d >= device_count()) return 101; /* cudaErrorInvalidDevice */
+  t_device = d;
+  return 0;
+}
+const char* cudaGetErrorString(int e) { return e == 0 ? "no error" : "fake CUDA error"; }
+int cudaGetLastError(void) { return 0; }
+
+int cudaStreamCreateWithFlags(void** s, unsigned flags) {
+  FakeStream* fs = (FakeStream*)malloc(sizeof *fs);
+  fs->magic = STREAM_MAGIC;
+  fs->device = t_device;
+  *s = fs;
+  tally(&g_live_streams, 1);
+  return 0;
+}
+int cudaStreamDestroy(void* s) {
+  if (stream_device(s) < 0) return 400;
+  ((FakeStream*)s)->magic = 0;
+  free(s);
+  tally(&g_live_streams, -1);
+  return 0;
+}
+int cudaStreamSynchronize(void* s) { return stream_device(s) < 0 ? 400 : 0; }
+int cudaStreamQuery(void* s) { return stream_device(s) < 0 ? 400 : 0; }
+int cudaStreamWaitEvent(void* s, void* e, unsigned flags) {
+  if (stream_device(s) < 0 || ((FakeEvent*)e)->magic != EVENT_MAGIC) return 400;
+  return 0;
+}
+int cudaEventCreateWithFlags(void** e, unsigned flags) {
+  FakeEvent* fe = (FakeEvent*)malloc(sizeof *fe);
+  fe->magic = EVENT_MAGIC;
+  fe->device = t_device;
+  *e = fe;
+  tally(&g_live_events, 1);
+  return 0;
+}
+int cudaEventDestroy(void* e) {
+  ((FakeEvent*)e)->magic = 0;
+  free(e);
+  tally(&g_live_events, -1);
+  return 0;
+}
+int cudaEventRecord(void* e, void* s) {
+  FakeEvent* fe = (FakeEvent*)e;
+  if (fe->magic != EVENT_MAGIC) {
+    misuse("cudaEventRecord of %p, not an event", e);
+    return 400;
+  }
+  int d = stream_device(s);
+  if (d != fe->device) {
+    misuse("event of device %d recorded on a stream of device %d", fe->device, d);
+    return 400;
+  }
+  return 0;
+}
+int cudaMalloc(void** p, size_t n) {
+  *p = malloc(n ? n : 1);
+  tally(&g_live_device, 1);
+  return 0;
+}
+int cudaFree(void* p) {
+  if (p == NULL) return 0;
+  free(p);
+  tally(&g_live_device, -1);
+  return 0;
+}
+int cudaMallocAsync(void** p, size_t n, void* s) {
+  if (check_current(s, "cudaMallocAsync")) return 400;
+  return cudaMalloc(p, n);
+}
+int cudaFreeAsync(void* p, void* s) {
+  if (check_current(s, "cudaFreeAsync")) return 400;
+  return cudaFree(p);
+}
+int cudaMallocHost(void** p, size_t n) {
+  *p = malloc(n ? n : 1);
+  tally(&g_live_host, 1);
+  return 0;
+}
+int cudaFreeHost(void* p) {
+  free(p);
+  tally(&g_live_host, -1);
+  return 0;
+}
+int cudaMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* s) {
+  if (check_current(s, "cudaMemcpyAsync")) return 400;
+  if (kind < 1 || kind > 4) misuse("cudaMemcpyAsync kind %d", kind);
+  memmove(dst, src, n);
+  return 0;
+}
+int cudaMemsetAsync(void* p, int value, size_t n, void* s) {
+  if (check_current(s, "cudaMemsetAsync")) return 400;
+  memset(p, value, n);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- NCCL */
+
+enum { kInt8, kUint8, kInt32, kUint32, kInt64, kUint64, kF16, kF32, kF64, kBf16 };
+enum { kSum, kProd, kMax, kMin, kAvg };
+
+static size_t type_size(int t) {
+  switch (t) {
+    case kInt8: case kUint8: return 1;
+    case kF16: case kBf16: return 2;
+    case kInt32: case kUint32: case kF32: return 4;
+    default: return 8;
+  }
+}
+
+static double half_to_double(uint16_t h) {
+  int sign = h >> 15, exp = (h >> 10) & 31, mant = h & 1023;
+  double v;
+  if (exp == 0) v = mant / 1024.0 / 16384.0;
+  else if (exp == 31) v = mant ? 0.0 / 0.0 : 1.0 / 0.0;
+  else v = (1.0 + mant / 1024.0) * (double)(1 << exp) / 32768.0;
+  return sign ? -v : v;
+}
+static uint16_t double_to_half(double d) { /* round to nearest, via float bits */
+  float f = (float)d;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  int exp = (int)((x >> 23) & 255) - 127 + 15;
+  uint32_t mant = x & 0x7fffff;
+  if (((x >> 23) & 255) == 255) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return (uint16_t)sign;
+    mant |= 0x800000;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t h = mant >> shift, rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+  return (uint16_t)(sign | h);
+}
+static double bf16_to_double(uint16_t b) {
+  uint32_t x = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+static uint16_t double_to_bf16(double d) {
+  float f = (float)d;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  x += 0x7fff + ((x >> 16) & 1);
+  return (uint16_t)(x >> 16);
+}
+
+static double load_f(const char* p, int t) {
+  uint16_t h;
+  switch (t) {
+    case kF16: memcpy(&h, p, 2); return half_to_double(h);
+    case kBf16: memcpy(&h, p, 2); return bf16_to_double(h);
+    case kF32: { float f; memcpy(&f, p, 4); return f; }
+    default: { double d; memcpy(&d, p, 8); return d; }
+  }
+}
+static void store_f(char* p, int t, double v) {
+  uint16_t h;
+  switch (t) {
+    case kF16: h = double_to_half(v); memcpy(p, &h, 2); break;
+    case kBf16: h = double_to_bf16(v); memcpy(p, &h, 2); break;
+    case kF32: { float f = (float)v; memcpy(p, &f, 4); break; }
+    default: memcpy(p, &v, 8);
+  }
+}
+static int64_t load_i(const char* p, int t) {
+  switch (t) {
+    case kInt8: return *(const int8_t*)p;
+    case kUint8: return *(const uint8_t*)p;
+    case kInt32: { int32_t v; memcpy(&v, p, 4); return v; }
+    case kUint32: { uint32_t v; memcpy(&v, p, 4); return v; }
+    default: { int64_t v; memcpy(&v, p, 8); return v; }
+  }
+}
+static void store_i(char* p, int t, int64_t v) {
+  switch (t) {
+    case kInt8: case kUint8: *(int8_t*)p = (int8_t)v; break;
+    case kInt32: case kUint32: { int32_t x = (int32_t)v; memcpy(p, &x, 4); break; }
+    default: memcpy(p, &v, 8);
+  }
+}
+static int is_float(int t) { return t == kF16 || t == kF32 || t == kF64 || t == kBf16; }
+
+/* out[i] = op over ranks of all[r][i], in rank order. */
+static void reduce(char* out, char** all, size_t count, int t, int op, FakeComm* c) {
+  size_t es = type_size(t);
+  double scalar = 1.0;
+  int premul = op >= 5;
+  if (premul) scalar = c->op_scalar[op - 5];
+  for (size_t i = 0; i < count; ++i) {
+    if (is_float(t)) {
+      double acc = 0;
+      for (int r = 0; r < c->nranks; ++r) {
+        double x = load_f(all[r] + i * es, t);
+        if (premul) x *= scalar;
+        if (r == 0) acc = x;
+        else if (op == kProd) acc *= x;
+        else if (op == kMax) acc = x > acc ? x : acc;
+        else if (op == kMin) acc = x < acc ? x : acc;
+        else acc += x;
+      }
+      if (op == kAvg) acc /= c->nranks;
+      store_f(out + i * es, t, acc);
+    } else {
+      int64_t acc = 0;
+      for (int r = 0; r < c->nranks; ++r) {
+        int64_t x = load_i(all[r] + i * es, t);
+        if (premul) misuse("PreMulSum on an integer type");
+        if (r == 0) acc = x;
+        else if (op == kProd) acc = (int64_t)((uint64_t)acc * (uint64_t)x);
+        else if (op == kMax) acc = x > acc ? x : acc;
+        else if (op == kMin) acc = x < acc ? x : acc;
+        else acc = (int64_t)((uint64_t)acc + (uint64_t)x);
+      }
+      if (op == kAvg) acc /= c->nranks;
+      store_i(out + i * es, t, acc);
+    }
+  }
+}
+
+static int check_comm(FakeComm* c, void* stream, const char* what) {
+  if (c == NULL || c->magic != COMM_MAGIC) {
+    misuse("%s on %p, not a live communicator", what, (void*)c);
+    return 4;
+  }
+  tally(&g_nccl_calls, 1);
+  int d = stream_device(stream);
+  if (d != c->device) {
+    misuse("%s: stream of device %d, communicator of device %d", what, d, c->device);
+    return 4;
+  }
+  return 0;
+}
+
+static void post(MPI_Request r) {
+  if (t_npending == t_cap) {
+    t_cap = t_cap ? 2 * t_cap : 16;
+    t_pending = (MPI_Request*)realloc(t_pending, t_cap * sizeof(MPI_Request));
+  }
+  t_pending[t_npending++] = r;
+}
+static void isend(FakeComm* c, int peer, const void* p, size_t n) {
+  MPI_Request r;
+  MPI_Isend(p, (int)n, MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &r);
+  post(r);
+}
+static void irecv(FakeComm* c, int peer, void* p, size_t n) {
+  MPI_Request r;
+  MPI_Irecv(p, (int)n, MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &r);
+  post(r);
+}
+static void complete(void) {
+  MPI_Waitall(t_npending, t_pending, MPI_STATUSES_IGNORE);
+  t_npending = 0;
+}
+/* Collectives complete at once (they are posted and waited in the same order on every
+ * rank); sends and receives in a group wait for ncclGroupEnd. */
+static void complete_unless_grouped(void) {
+  if (t_group_depth == 0) complete();
+}
+
+int ncclGetVersion(int* v) { *v = 22305; return 0; }
+const char* ncclGetErrorString(int r) { return r == 0 ? "no error" : "fake NCCL error"; }
+const char* ncclGetLastError(void* comm) { return "(fake NCCL)"; }
+
+int ncclGetUniqueId(ncclUniqueId* id) {
+  static int counter = 0;
+  int world_rank, ids[2];
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  pthread_mutex_lock(&g_mu);
+  ids[1] = 100 + world_rank * 1000 + counter++ % 900; /* the communicator's tag */
+  pthread_mutex_unlock(&g_mu);
+  ids[0] = world_rank;
+  memset(id, 0, sizeof *id);
+  memcpy(id->internal, ids, sizeof ids);
+  return 0;
+}
+
+int ncclCommInitRank(void** out, int nranks, ncclUniqueId id, int rank) {
+  int ids[2], world_rank;
+  memcpy(ids, id.internal, sizeof ids);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  FakeComm* c = (FakeComm*)calloc(1, sizeof *c);
+  c->magic = COMM_MAGIC;
+  c->device = t_device;
+  c->rank = rank;
+  c->nranks = nranks;
+  c->tag = ids[1];
+  c->world = (int*)malloc(nranks * sizeof(int));
+  if (rank == 0) { /* the creator learns who is who, then tells everyone */
+    c->world[0] = world_rank;
+    for (int i = 1; i < nranks; ++i) {
+      int msg[2];
+      MPI_Recv(msg, 2, MPI_INT, MPI_ANY_SOURCE, c->tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      c->world[msg[0]] = msg[1];
+    }
+    for (int r = 1; r < nranks; ++r)
+      MPI_Send(c->world, nranks, MPI_INT, c->world[r], c->tag, MPI_COMM_WORLD);
+  } else {
+    int msg[2] = {rank, world_rank};
+    MPI_Send(msg, 2, MPI_INT, ids[0], c->tag, MPI_COMM_WORLD);
+    MPI_Recv(c->world, nranks, MPI_INT, ids[0], c->tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+  if (env_int("FAKE_NCCL_FAIL_INIT_RANK", -1) == world_rank) {
+    free(c->world);
+    free(c);
+    return 2; /* ncclSystemError */
+  }
+  tally(&g_live_comms, 1);
+  tally(&g_comms_created, 1);
+  *out = c;
+  return 0;
+}
+
+static int destroy(FakeComm* c) {
+  if (c == NULL || c->magic != COMM_MAGIC) return 4;
+  for (int k = 0; k < MAX_OPS; ++k)
+    if (c->op_used[k]) misuse("communicator destroyed with reduction operator %d alive", k + 5);
+  c->magic = 0;
+  free(c->world);
+  free(c);
+  tally(&g_live_comms, -1);
+  return 0;
+}
+int ncclCommDestroy(void* c) { return destroy((FakeComm*)c); }
+int ncclCommAbort(void* c) { return destroy((FakeComm*)c); }
+int ncclCommGetAsyncError(void* c, int* err) {
+  *err = 0;
+  return 0;
+}
+
+int ncclRedOpCreatePreMulSum(int* op, void* scalar, int type, int residence, void* comm) {
+  FakeComm* c = (FakeComm*)comm;
+  if (residence != 1) misuse("PreMulSum scalar residence %d", residence);
+  for (int k = 0; k < MAX_OPS; ++k) {
+    if (!c->op_used[k]) {
+      c->op_used[k] = 1;
+      c->op_scalar[k] = is_float(type) ? load_f((const char*)scalar, type)
+                                       : (double)load_i((const char*)scalar, type);
+      *op = 5 + k;
+      return 0;
+    }
+  }
+  return 3;
+}
+int ncclRedOpDestroy(int op, void* comm) {
+  FakeComm* c = (FakeComm*)comm;
+  if (op < 5 || !c->op_used[op - 5]) misuse("ncclRedOpDestroy of unknown operator %d", op);
+  else c->op_used[op - 5] = 0;
+  return 0;
+}
+
+int ncclAllReduce(const void* send, void* recv, size_t count, int t, int op, void* comm, void* s) {
+  FakeComm* c = (FakeComm*)comm;
+  if (check_comm(c, s, "ncclAllReduce")) return 4;
+  int fail_after = env_int("FAKE_NCCL_FAIL_ALLREDUCE_AFTER", -1);
+  pthread_mutex_lock(&g_mu);
+  long nth = ++g_allreduces;
+  pthread_mutex_unlock(&g_mu);
+  if (fail_after >= 0 && nth > fail_after) return 6; /* ncclRemoteError */
+  size_t n = count * type_size(t);
+  char** all = (char**)calloc(c->nranks, sizeof(char*));
+  for (int r = 0; r < c->nranks; ++r) {
+    all[r] = r == c->rank ? (char*)send : (char*)malloc(n ? n : 1);
+    if (r != c->rank) {
+      irecv(c, r, all[r], n);
+      isend(c, r, send, n);
+    }
+  }
+  complete();
+  char* result = (char*)malloc(n ? n : 1);
+  reduce(result, all, count, t, op, c);
+  memcpy(recv, result, n);
+  for (int r = 0; r < c->nranks; ++r)
+    if (r != c->rank) free(all[r]);
+  free(all);
+  free(result);
+  return 0;
+}
+
+int ncclReduce(const void* send, void* recv, size_t count, int t, int op, int root, void* comm,
+               void* s) {
+  FakeComm* c = (FakeComm*)comm;
+  if (check_comm(c, s, "ncclReduce")) return 4;
+  size_t n = count * type_size(t);
+  if (c->rank != root) {
+    isend(c, root, send, n);
+    complete();
+    return 0;
+  }
+  if (recv == NULL) misuse("ncclReduce: NULL receive buffer on the root");
+  char** all = (char**)calloc(c->nranks, sizeof(char*));
+  for (int r = 0; r < c->nranks; ++r) {
+    all[r] = r == root ? (char*)send : (char*)malloc(n ? n : 1);
+    if (r != root) irecv(c, r, all[r], n);
+  }
+  complete();
+  char* result = (char*)malloc(n ? n : 1);
+  reduce(result, all, count, t, op, c);
+  memcpy(recv, result, n);
+  for (int r = 0; r < c->nranks; ++r)
+    if (r != root) free(all[r]);
+  free(all);
+  free(result);
+  return 0;
+}
+
+int ncclReduceScatter(const void* send, void* recv, size_t recvcount, int t, int op, void* comm,
+                      void* s) {
+  FakeComm* c = (FakeComm*)comm;
+  if (check_comm(c, s, "ncclReduceScatter")) return 4;
+  size_t es = type_size(t), total = recvcount * c->nranks;
+  char* full = (char*)malloc(total * es + 1);
+  /* An allreduce of the whole buffer, of which each rank keeps its block. */
+  char** all = (char**)calloc(c->nranks, sizeof(char*));
+  for (int r = 0; r < c->nranks; ++r) {
+    all[r] = r == c->rank ? (char*)send : (char*)malloc(total * es + 1);
+    if (r != c->rank) {
+      irecv(c, r, all[r], total * es);
+      isend(c, r, send, total * es);
+    }
+  }
+  complete();
+  reduce(full, all, total, t, op, c);
+  memcpy(recv, full + c->rank * recvcount * es, recvcount * es);
+  for (int r = 0; r < c->nranks; ++r)
+    if (r != c->rank) free(all[r]);
+  free(all);
+  free(full);
+  return 0;
+}
+
+int ncclBroadcast(const void* send, void* recv, size_t count, int t, int root, void* comm, void* s) {
+  FakeComm* c = (FakeComm*)comm;
+  if (check_comm(c, s, "ncclBroadcast")) return 4;
+  size_t n = count * type_size(t);
+  if (c->rank == root) {
+    for (int r = 0; r < c->nranks; ++r)
+      if (r != root) isend(c, r, send, n);
+    memmove(recv, send, n);
+  } else {
+    irecv(c, root, recv, n);
+  }
+  complete();
+  return 0;
+}
+
+int ncclAllGather(const void* send, void* recv, size_t count, int t, void* comm, void* s) {
+  FakeComm* c = (FakeComm*)comm;
+  if (check_comm(c, s, "ncclAllGather")) return 4;
+  size_t n = count * type_size(t);
+  for (int r = 0; r < c->nranks; ++r) {
+    if (r == c->rank) continue;
+    irecv(c, r, (char*)recv + r * n, n);
+    isend(c, r, send, n);
+  }
+  memmove((char*)recv + c->rank * n, send, n);
+  complete();
+  return 0;
+}
+
+int ncclSend(const void* buf, size_t count, int t, int peer, void* comm, void* s) {
+  FakeComm* c = (FakeComm*)comm;
+  if (check_comm(c, s, "ncclSend")) return 4;
+  isend(c, peer, buf, count * type_size(t));
+  complete_unless_grouped();
+  return 0;
+}
+
+int ncclRecv(void* buf, size_t count, int t, int peer, void* comm, void* s) {
+  FakeComm* c = (FakeComm*)comm;
+  if (check_comm(c, s, "ncclRecv")) return 4;
+  irecv(c, peer, buf, count * type_size(t));
+  complete_unless_grouped();
+  return 0;
+}
+
+int ncclGroupStart(void) {
+  t_group_depth++;
+  return 0;
+}
+int ncclGroupEnd(void) {
+  if (t_group_depth <= 0) {
+    misuse("ncclGroupEnd without ncclGroupStart");
+    return 5;
+  }
+  if (--t_group_depth == 0) complete();
+  return 0;
+}

@@ -1,0 +1,297 @@
+"""The core's GPU path, tested where no GPU is: no torch needed, everything through
+the C ABI (tests/capi.py, ctypes).
+
+- The loader of the CUDA runtime and NCCL: with the real libnccl.so.2 of the
+  nvidia-nccl-cu12/-cu13 wheel (found through $PERSEUS_TEST_NCCL_DIR or a
+  site-packages nvidia/nccl/lib folder; skipped with the reason if absent) it loads
+  and reports its version; a missing library names every path tried.
+- GPU requests on a machine where CUDA cannot be used fail on every rank, and the
+  engine goes on serving CPU requests; a CPU/GPU mismatch is an error on every rank.
+- The device lanes' logic (NCCL and host-staged paths, fusion, uneven splits, scale
+  factors, failures, shutdown) on a fake CUDA runtime and NCCL (tests/gpu_fakes),
+  built here with mpicc.
+- Fusion planning with CPU and GPU requests of different ordinals (a C++ test).
+- The configuration values PERSEUS_GPU_OPERATIONS / HOROVOD_GPU_OPERATIONS,
+  PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB.
+"""
+import ctypes
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, TESTS_DIR
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def find_mpi_compiler(name):
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip("%s not found next to %s nor on PATH" % (name, sys.executable))
+    return found
+
+
+def real_nccl_dir():
+    """A folder holding the real libnccl.so.2, or None."""
+    configured = os.environ.get("PERSEUS_TEST_NCCL_DIR")
+    if configured:
+        return configured if os.path.exists(os.path.join(configured, "libnccl.so.2")) else None
+    for site in sys.path:
+        for lib in glob.glob(os.path.join(site, "nvidia", "nccl", "lib", "libnccl.so.2")):
+            return os.path.dirname(lib)
+    return None
+
+
+NO_NCCL = ("the real NCCL library is not installed: `pip install nvidia-nccl-cu13` (or -cu12) "
+           "into this environment, or set PERSEUS_TEST_NCCL_DIR to a folder holding libnccl.so.2")
+
+
+@pytest.fixture(scope="module")
+def fake_gpu(tmp_path_factory):
+    """The fake CUDA runtime and NCCL: one library, linked as libcudart.so.12 and
+    libnccl.so.2 in one folder (point PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB at it)."""
+    folder = tmp_path_factory.mktemp("fake_gpu")
+    library = folder / "libfakegpu.so"
+    subprocess.run([find_mpi_compiler("mpicc"), "-shared", "-fPIC", "-O1", "-o", str(library),
+                    str(TESTS_DIR / "gpu_fakes" / "fake_gpu.c")], check=True)
+    for name in ("libcudart.so.12", "libnccl.so.2"):
+        (folder / name).symlink_to(library.name)
+    return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
+            "FAKE_GPU_LIB": str(library)}
+
+
+# ---------------------------------------------------------------- the loader
+
+LOAD_SNIPPET = textwrap.dedent("""
+    import ctypes, os
+    from perseus.common import library as lib
+    dirs = os.environ.get("TEST_GPU_DIRS")
+    if dirs is not None:
+        assert lib.perseus_set_gpu_library_dirs(dirs.encode()) == 0
+    cuda, nccl = ctypes.c_int32(-1), ctypes.c_int32(-1)
+    status = lib.perseus_gpu_load(ctypes.byref(cuda), ctypes.byref(nccl))
+    print("STATUS", status, "CUDA", cuda.value, "NCCL", nccl.value)
+    print("ERROR", lib.perseus_last_error().decode() if status else "")
+    print(lib.perseus_gpu_describe().decode())
+    again = lib.perseus_set_gpu_library_dirs(b"/somewhere/else")
+    same = lib.perseus_set_gpu_library_dirs((dirs or "").encode())
+    print("DIRS_AFTER_LOAD", again, same)
+""")
+
+
+def load(run_python, env=None):
+    result = run_python(LOAD_SNIPPET, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_real_nccl_loads_from_its_folder(run_python):
+    folder = real_nccl_dir()
+    if folder is None:
+        pytest.skip(NO_NCCL)
+    out = load(run_python, {"PERSEUS_NCCL_LIB": folder})
+    assert "NCCL 1" in out, out
+    assert "NCCL: %s (version 2." % os.path.join(folder, "libnccl.so.2") in out, out
+
+
+def test_real_nccl_loads_from_the_front_ends_folders(run_python):
+    folder = real_nccl_dir()
+    if folder is None:
+        pytest.skip(NO_NCCL)
+    out = load(run_python, {"TEST_GPU_DIRS": "/nonexistent/folder:" + folder})
+    assert "NCCL 1" in out and "(version 2." in out, out
+    # Other folders once loaded: refused; the same folders again: accepted.
+    assert "DIRS_AFTER_LOAD 1 0" in out, out
+
+
+def test_missing_configured_nccl_names_the_path(run_python):
+    out = load(run_python, {"PERSEUS_NCCL_LIB": "/nonexistent/libnccl.so.2"})
+    assert "NCCL 0" in out, out
+    assert ("NCCL: not loaded: could not load NCCL from PERSEUS_NCCL_LIB=/nonexistent/libnccl.so.2; "
+            "tried: /nonexistent/libnccl.so.2 (") in out, out
+    assert "No such file" in out, out
+
+
+def test_no_nccl_anywhere_names_every_path_tried(run_python, tmp_path):
+    try:
+        ctypes.CDLL("libnccl.so.2")
+        pytest.skip("libnccl.so.2 is on this machine's loader path")
+    except OSError:
+        pass
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    out = load(run_python, {"TEST_GPU_DIRS": "%s:%s" % (a, b)})
+    assert "NCCL 0" in out, out
+    for path in ("%s/libnccl.so.2 (" % a, "%s/libnccl.so (" % a, "%s/libnccl.so.2 (" % b,
+                 "libnccl.so.2 via the system loader path (", "libnccl.so via the system loader path ("):
+        assert path in out, "%r not named:\n%s" % (path, out)
+    assert "set PERSEUS_NCCL_LIB" in out, out
+
+
+def test_missing_cuda_runtime_fails_the_load(run_python, tmp_path):
+    # A folder: each name is tried in it, and nothing else.
+    out = load(run_python, {"PERSEUS_CUDA_LIB": str(tmp_path)})
+    assert "STATUS 7 CUDA 0" in out, out
+    assert "could not load the CUDA runtime from PERSEUS_CUDA_LIB=%s" % tmp_path in out, out
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"):
+        assert "%s/%s (" % (tmp_path, name) in out, out
+    assert "system loader path" not in out.split("NCCL:")[0], out
+    # A file.
+    out = load(run_python, {"PERSEUS_CUDA_LIB": "/nonexistent/libcudart.so.12"})
+    assert "STATUS 7 CUDA 0" in out, out
+    assert "tried: /nonexistent/libcudart.so.12 (" in out and "No such file" in out, out
+
+
+def test_describe_reports_the_runtime_and_devices(run_python, fake_gpu):
+    out = load(run_python, fake_gpu)
+    assert "STATUS 0 CUDA 1 NCCL 1" in out, out
+    assert "CUDA runtime: %s/libcudart.so.12 (runtime 12.8, driver 12.8); devices: 1" % \
+        fake_gpu["PERSEUS_CUDA_LIB"] in out, out
+    assert "NCCL: %s/libnccl.so.2 (version 2.23.5)" % fake_gpu["PERSEUS_NCCL_LIB"] in out, out
+
+
+# ---------------------------------------------------------------- configuration
+
+CONFIG_SNIPPET = textwrap.dedent("""
+    from perseus.common import library as lib
+    status = lib.perseus_init(-1)
+    if status:
+        print("INIT_ERROR", status, lib.perseus_last_error().decode())
+    else:
+        print(lib.perseus_config_string().decode())
+        lib.perseus_shutdown()
+""")
+
+BAD_GPU_SETTINGS = [
+    ({"PERSEUS_GPU_OPERATIONS": "gloo2"}, "PERSEUS_GPU_OPERATIONS='gloo2' is invalid", "nccl or mpi"),
+    ({"HOROVOD_GPU_OPERATIONS": "DDL"}, "HOROVOD_GPU_OPERATIONS='DDL' is invalid", "not implemented"),
+    ({"PERSEUS_GPU_OPERATIONS": ""}, "PERSEUS_GPU_OPERATIONS='' is invalid", "nccl or mpi"),
+]
+
+
+@pytest.mark.parametrize("env,named,says", BAD_GPU_SETTINGS, ids=lambda v: str(v)[:30])
+def test_bad_gpu_operations_fail_init(run_python, env, named, says):
+    result = run_python(CONFIG_SNIPPET, env=env)
+    assert "INIT_ERROR 6" in result.stdout, result.stdout + result.stderr
+    assert named in result.stdout and says in result.stdout, result.stdout
+
+
+GOOD_GPU_SETTINGS = [
+    ({}, ["PERSEUS_GPU_OPERATIONS=nccl", "PERSEUS_CUDA_LIB=\n", "PERSEUS_NCCL_LIB=\n"]),
+    ({"HOROVOD_GPU_OPERATIONS": "MPI"}, ["PERSEUS_GPU_OPERATIONS=mpi"]),
+    ({"PERSEUS_GPU_OPERATIONS": "Nccl"}, ["PERSEUS_GPU_OPERATIONS=nccl"]),
+    ({"PERSEUS_CUDA_LIB": "/opt/cuda/lib64", "PERSEUS_NCCL_LIB": "/opt/nccl/libnccl.so.2"},
+     ["PERSEUS_CUDA_LIB=/opt/cuda/lib64\n", "PERSEUS_NCCL_LIB=/opt/nccl/libnccl.so.2\n"]),
+]
+
+
+@pytest.mark.parametrize("env,lines", GOOD_GPU_SETTINGS, ids=lambda v: str(v)[:40])
+def test_gpu_settings_are_accepted(run_python, env, lines):
+    result = run_python(CONFIG_SNIPPET, env=env)
+    assert "INIT_ERROR" not in result.stdout, result.stdout + result.stderr
+    for line in lines:
+        assert line in result.stdout, result.stdout
+
+
+# ---------------------------------------------------------------- requests, no usable GPU
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_gpu_request_without_usable_cuda_fails_on_every_rank(run_mpi, nprocs):
+    # Whatever this machine has (a runtime without a driver, or no runtime at all).
+    run_mpi("gpu_unavailable", nprocs, timeout=120)
+
+
+@pytest.mark.mpi
+def test_gpu_request_with_unloadable_runtime_names_the_path(run_mpi):
+    run_mpi("gpu_unavailable", 2, timeout=120,
+            env={"PERSEUS_CUDA_LIB": "/nonexistent/libcudart.so.12",
+                 "GPU_EXPECT": "PERSEUS_CUDA_LIB=/nonexistent/libcudart.so.12; tried: "
+                               "/nonexistent/libcudart.so.12 ("})
+
+
+@pytest.mark.mpi
+def test_gpu_request_without_a_device_fails_on_every_rank(run_mpi, fake_gpu):
+    run_mpi("gpu_unavailable", 2, timeout=120,
+            env=dict(fake_gpu, FAKE_CUDA_DEVICES="0", GPU_EXPECT="no usable CUDA device"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_cpu_and_gpu_tensor_under_one_name_is_a_mismatch(run_mpi, nprocs):
+    run_mpi("gpu_mismatch", nprocs, timeout=120)
+
+
+# ---------------------------------------------------------------- device lanes on the fake
+
+LANE_CASES = {
+    "nccl-np1": (1, {"GPU_MODE": "nccl"}),
+    "nccl-np2": (2, {"GPU_MODE": "nccl"}),
+    "nccl-np2-lanes3-cuda_rank": (2, {"GPU_MODE": "nccl", "PERSEUS_ALLREDUCE_STREAMS": "3",
+                                      "FAKE_CUDA_DEVICES": "2"}),
+    "nccl-np4-tiny_fusion": (4, {"GPU_MODE": "nccl", "PERSEUS_FUSION_THRESHOLD": "64"}),
+    "staged-np2": (2, {"GPU_MODE": "staged", "PERSEUS_GPU_OPERATIONS": "mpi"}),
+    "staged-np2-horovod_spelling-lanes2": (2, {"GPU_MODE": "staged", "HOROVOD_GPU_OPERATIONS": "MPI",
+                                               "PERSEUS_ALLREDUCE_STREAMS": "2"}),
+    "nccl-np2-nancheck": (2, {"GPU_MODE": "nccl", "PERSEUS_ALLREDUCE_NANCHECK": "1"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(LANE_CASES))
+def test_device_lanes_on_fake_gpu(run_mpi, fake_gpu, case):
+    nprocs, env = LANE_CASES[case]
+    run_mpi("gpu_collectives", nprocs, env=dict(fake_gpu, **env), timeout=180)
+
+
+@pytest.mark.mpi
+def test_unloadable_nccl_falls_back_to_host_staging_with_one_warning(fake_gpu):
+    from conftest import clean_env, find_mpirun
+    env = clean_env(dict(fake_gpu, GPU_MODE="staged", PERSEUS_NCCL_LIB="/nonexistent/nccl",
+                         PERSEUS_ALLREDUCE_STREAMS="2"))
+    result = subprocess.run([find_mpirun(), "-np", "2", sys.executable,
+                             str(TESTS_DIR / "mpi" / "gpu_collectives.py")],
+                            cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "host-staged through MPI" in line]
+    assert len(warnings) == 2, result.stderr  # one per process, though two lanes opened twice
+    assert all("PERSEUS_NCCL_LIB=/nonexistent/nccl" in w for w in warnings), warnings
+
+
+FAILURE_CASES = {
+    "nccl_init_fails_on_rank_1": (2, {"GPU_FAILURE": "init", "FAKE_NCCL_FAIL_INIT_RANK": "1"}),
+    "nccl_fails_midway": (1, {"GPU_FAILURE": "midway", "FAKE_NCCL_FAIL_ALLREDUCE_AFTER": "1"}),
+    "second_device_in_a_process": (2, {"GPU_FAILURE": "devices", "FAKE_CUDA_DEVICES": "2"}),
+    "gpu_operations_differ": (2, {"GPU_FAILURE": "operations"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(FAILURE_CASES))
+def test_gpu_failures_on_fake_gpu(run_mpi, fake_gpu, case):
+    nprocs, env = FAILURE_CASES[case]
+    run_mpi("gpu_failures", nprocs, env=dict(fake_gpu, **env), timeout=120)
+
+
+# ---------------------------------------------------------------- fusion planning
+
+def test_fusion_plan_with_cpu_and_gpu_of_different_ordinals(tmp_path):
+    binary = tmp_path / "fusion_plan_test"
+    sources = [TESTS_DIR / "cpp" / "fusion_plan_test.cc"] + [
+        REPO_ROOT / "csrc" / "src" / p for p in ("engine/fusion.cc", "common/request.cc",
+                                                 "common/dtype.cc")]
+    subprocess.run([find_mpi_compiler("mpicxx"), "-std=c++17", "-O0",
+                    "-I%s" % (REPO_ROOT / "csrc" / "include"), "-I%s" % (REPO_ROOT / "csrc" / "src")]
+                   + [str(s) for s in sources] + ["-o", str(binary)], check=True)
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
