@@ -64,7 +64,8 @@ core = Extension(
     include_dirs=["csrc/include", "csrc/src"],
     extra_compile_args=["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility=hidden",
                         "-Wall", "-Wno-sign-compare"],
-    extra_link_args=["-pthread"],
+    # -ldl: dlopen of the CUDA runtime and NCCL at run time (part of libc since glibc 2.34).
+    extra_link_args=["-pthread", "-ldl"],
     language="c++",
 )
 

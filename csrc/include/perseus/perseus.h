@@ -214,11 +214,13 @@ perseus_status_t perseus_gpu_load(int32_t* cuda_ok, int32_t* nccl_ok);
  * initialises the CUDA driver. Works before perseus_init. Valid until the next call
  * on the same thread. */
 const char* perseus_gpu_describe(void);
-/* After a GPU request's handle completed successfully: makes `stream` (a
- * cudaStream_t; NULL = legacy default) wait on the device until the request's device
- * work is done (cudaStreamWaitEvent; the host does not wait). Call it for the stream
- * that will read the output, or free or overwrite the input, before doing so. A no-op
- * for CPU handles and failed ones; PERSEUS_INVALID_ARGUMENT while pending. */
+/* After a GPU request's handle completed: makes `stream` (a cudaStream_t; NULL =
+ * legacy default) wait on the device until the request's device work is done
+ * (cudaStreamWaitEvent; the host does not wait). Call it for the stream that will
+ * read the output, or free or overwrite the input, before doing so. A request that
+ * failed after some of its device work was queued is waited for the same way; one
+ * that failed before is a no-op, as are CPU handles. PERSEUS_INVALID_ARGUMENT while
+ * pending or for an unknown handle. */
 perseus_status_t perseus_stream_wait(int64_t handle, void* stream);
 /* Frees a core-allocated device output (GPU allgather/alltoall, from
  * perseus_handle_output) stream-ordered on `stream` (cudaFreeAsync), so a framework

@@ -29,7 +29,10 @@ int BoundDevice() { return g_bound_device.load(); }
 
 using namespace gpu;
 
-void WarmGpu(const GpuSettings& settings) { LoadCuda(settings.cuda_lib); }
+void WarmGpu(const GpuSettings& settings) {
+  int count = 0;
+  if (LoadCuda(settings.cuda_lib).ok()) DeviceCount(&count);  // the driver starts here, unlocked
+}
 
 Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings) {
   int count = 0;

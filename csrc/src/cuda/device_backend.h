@@ -26,7 +26,8 @@ struct GpuSettings {
 };
 
 // ---- enqueue (the framework's thread) ----------------------------------------
-// Loads the CUDA runtime if not yet (call outside engine locks; the outcome is kept).
+// Loads the CUDA runtime and asks the device count if not yet (both may take a
+// while the first time: call outside engine locks; the outcomes are kept).
 void WarmGpu(const GpuSettings& settings);
 // For a GPU request: makes its device current for the call, records a pooled event
 // on its stream (entry->stream; NULL = the legacy default stream) into
