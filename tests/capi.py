@@ -66,6 +66,17 @@ def size():
     return _get(lib.perseus_size)
 
 
+def add_process_set(ranks):
+    arr = (ctypes.c_int32 * len(ranks))(*ranks)
+    out = ctypes.c_int32()
+    check(lib.perseus_add_process_set(arr, len(ranks), ctypes.byref(out)))
+    return out.value
+
+
+def remove_process_set(set_id):
+    check(lib.perseus_remove_process_set(set_id))
+
+
 def config():
     return lib.perseus_config_string().decode()
 

@@ -197,6 +197,26 @@ def check_join(rank, size, device):
     assert status == 0, message
 
 
+def check_process_set(rank, size, device):
+    """A set of the first and last ranks: its own device lanes and NCCL communicators."""
+    if size < 3:
+        return
+    members = [0, size - 1]
+    set_id = capi.add_process_set(members)
+    if rank in members:
+        xs = [capi.make("set.ar", r, (8,), np.float32) for r in members]
+        out = capi.run(ALLREDUCE, "set.ar", xs[members.index(rank)], device=device,
+                       process_set=set_id)
+        same(out, reduce_ref(xs, capi.SUM, np.float32), "allreduce on a process set")
+        ys = [capi.make("set.ag", r, (members.index(r) + 1, 2), np.int32) for r in members]
+        out = capi.run(ALLGATHER, "set.ag", ys[members.index(rank)], device=device,
+                       process_set=set_id)
+        same(out, np.concatenate(ys), "allgather on a process set")
+    # Everyone passes the same point before the set goes (it is collective).
+    capi.run(ALLREDUCE, "set.done", np.ones(1, np.float32))
+    capi.remove_process_set(set_id)
+
+
 def body():
     rank, size = capi.init()
     devices = int(os.environ.get("FAKE_CUDA_DEVICES", "1"))
@@ -208,6 +228,7 @@ def body():
     check_alltoall(rank, size, device)
     check_reducescatter(rank, size, device)
     check_join(rank, size, device)
+    check_process_set(rank, size, device)
     # CPU work is unaffected.
     out = capi.run(ALLREDUCE, "cpu", np.ones(3, dtype=np.float32))
     same(out, np.full(3, size, dtype=np.float32), "cpu")
