@@ -27,6 +27,7 @@ SCRIPTS = [
     "config_per_rank",          # settings differing by rank fail init on every rank
     "init_serialized",          # no MPI_THREAD_MULTIPLE: one lane, still correct
     "late_peer",                # a peer later than the driving window: no hang
+    "on_complete",              # completion callbacks: once, first failure, shutdown
 ]
 
 

@@ -1,6 +1,7 @@
 """Single-process tests (no mpirun, a world of size 1), run inside the pytest process,
 plus configuration checks run in fresh `python -c` subprocesses because configuration
 is read at init()."""
+import json
 import textwrap
 import time
 
@@ -276,6 +277,8 @@ BAD_SETTINGS = [
     ("HOROVOD_CYCLE_TIME", "abc", "CYCLE_TIME"),
     ("PERSEUS_HOLD_BYTES", "-1", "PERSEUS_HOLD_BYTES"),
     ("PERSEUS_HOLD_TIME", "soon", "PERSEUS_HOLD_TIME"),
+    ("PERSEUS_RANKS_PER_NODE", "0", "PERSEUS_RANKS_PER_NODE"),
+    ("PERSEUS_RANKS_PER_NODE", "two", "PERSEUS_RANKS_PER_NODE"),
 ]
 
 
@@ -294,6 +297,7 @@ GOOD_SETTINGS = [
     {"HOROVOD_FUSION_THRESHOLD": "4096", "HOROVOD_CYCLE_TIME": "2.5"},
     {"PERSEUS_CYCLE_TIME": "5"},
     {"PERSEUS_HOLD_BYTES": "0", "PERSEUS_HOLD_TIME": "0"},
+    {"PERSEUS_RANKS_PER_NODE": "2"},
 ]
 
 
@@ -301,6 +305,26 @@ GOOD_SETTINGS = [
 def test_good_settings_are_accepted(run_python, env):
     result = run_python(INIT_SNIPPET, env=env)
     assert result.returncode == 0 and "INITIALISED size=1" in result.stdout, result.stdout + result.stderr
+
+
+def test_config_shows_the_values_the_core_took(run_python):
+    code = textwrap.dedent("""
+        import json
+        import perseus.torch.horovod as hvd
+        hvd.init()
+        print("CONFIG", json.dumps(hvd.config()))
+        hvd.shutdown()
+    """)
+    env = {"PERSEUS_HOLD_TIME": "2.5", "PERSEUS_ALLREDUCE_NANCHECK": "on",
+           "PERSEUS_RANKS_PER_NODE": "3", "HOROVOD_FUSION_THRESHOLD": "4096"}
+    result = run_python(code, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    shown = json.loads(result.stdout.split("CONFIG", 1)[1])
+    expected = {"PERSEUS_HOLD_TIME": "2.5", "PERSEUS_ALLREDUCE_NANCHECK": "1",
+                "PERSEUS_RANKS_PER_NODE": "3", "PERSEUS_FUSION_THRESHOLD": "4096",
+                "PERSEUS_CYCLE_TIME": "0", "PERSEUS_ALLREDUCE_DTYPE": "none",
+                "PERSEUS_LOG_LEVEL": "warning", "PERSEUS_TIMELINE": ""}
+    assert {k: shown.get(k) for k in expected} == expected, shown
 
 
 def test_plain_python_gets_a_world_of_one(run_python):

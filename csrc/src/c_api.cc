@@ -338,6 +338,30 @@ perseus_status_t perseus_wait(int64_t handle, double timeout_s) {
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 
+perseus_status_t perseus_on_complete(const int64_t* handles, int32_t n, perseus_callback_t cb,
+                                     void* arg) {
+  if (n < 0 || (n > 0 && handles == nullptr) || cb == nullptr)
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_on_complete: bad arguments"));
+  // A pending callback counts as a waiter (MPI waits spin, requests are not held),
+  // as the thread blocked in perseus_wait it replaces would.
+  AddWaiter();
+  bool pending = false;
+  Status status = g_handles.OnComplete(
+      handles, n,
+      [cb, arg](const Status& s) {
+        RemoveWaiter();
+        cb(arg, s.code, s.message.c_str());
+      },
+      &pending);
+  if (!status.ok()) {
+    RemoveWaiter();
+    return Report(status);
+  }
+  if (pending)
+    if (auto engine = Current()) engine->EndHold();
+  return PERSEUS_SUCCESS;
+}
+
 perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* shape, int32_t* ndim,
                                        const int64_t** recv_splits, int32_t* nsplits) {
   Result* result = nullptr;

@@ -98,6 +98,9 @@ _status = ctypes.c_int  # perseus_status_t is a C enum: int-sized
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _i64p = ctypes.POINTER(ctypes.c_int64)
 
+# perseus_callback_t (perseus_on_complete); keep the object alive until it has run.
+CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+
 # name -> (restype, argtypes). Every function of perseus.h, in header order.
 _SIGNATURES = {
     # lifecycle
@@ -133,6 +136,7 @@ _SIGNATURES = {
                                             ctypes.c_double]),
     "perseus_poll": (_status, [ctypes.c_int64, _i32p]),
     "perseus_wait": (_status, [ctypes.c_int64, ctypes.c_double]),
+    "perseus_on_complete": (_status, [_i64p, ctypes.c_int32, CALLBACK, ctypes.c_void_p]),
     "perseus_handle_output": (_status, [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), _i64p,
                                         _i32p, ctypes.POINTER(_i64p), _i32p]),
     "perseus_release": (_status, [ctypes.c_int64]),
@@ -182,6 +186,7 @@ perseus_enqueue = _bind("perseus_enqueue")
 perseus_enqueue_and_drive = _bind("perseus_enqueue_and_drive")
 perseus_poll = _bind("perseus_poll")
 perseus_wait = _bind("perseus_wait")
+perseus_on_complete = _bind("perseus_on_complete")
 perseus_handle_output = _bind("perseus_handle_output")
 perseus_release = _bind("perseus_release")
 perseus_free_buffer = _bind("perseus_free_buffer")

@@ -4,10 +4,10 @@ PERSEUS_RANKS_PER_NODE=k splits the ranks into simulated nodes of k consecutive
 ranks (rank r is on node r // k), so node-scoped features (MXNet's
 PerseusSyncBatchNorm with comm_scope=0, hierarchical schemes) can be tested on
 one machine. Unset: the real nodes, as the core found them (ranks with the same
-cross_rank share a node).
+cross_rank share a node). The core's configuration table parses and validates the
+variable at init() (a bad value, or different values on different ranks, fail it)
+and this module reads the value the core took.
 """
-
-import os
 
 from perseus.common import basics as _basics
 from perseus.common import objects as _objects
@@ -19,17 +19,9 @@ _cache = {}  # "set" -> this rank's node ProcessSet (until the set is unregister
 
 
 def ranks_per_node_override():
-    """k from PERSEUS_RANKS_PER_NODE, or None when unset; ValueError when bad."""
-    text = os.environ.get(ENV, "").strip()
-    if not text:
-        return None
-    try:
-        k = int(text)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise ValueError("%s must be a positive integer, got %r" % (ENV, text))
-    return k
+    """k from PERSEUS_RANKS_PER_NODE as the core validated it, or None when unset."""
+    text = _basics.config().get(ENV, "")
+    return int(text) if text else None
 
 
 def node_ranks():

@@ -33,8 +33,21 @@ def body():
                   contains=("PERSEUS_FUSION_THRESHOLD", "differs across ranks"), within_s=30)
     assert not hvd.is_initialized()
 
+    # Every setting that changes what goes on the wire (or when) is compared, whatever
+    # its type; the error names the variable and the ranks' values.
+    for variable, value_of in (("PERSEUS_ALLREDUCE_NANCHECK", lambda r: "1" if r == last else "0"),
+                               ("PERSEUS_HOLD_TIME", lambda r: "100.5" if r == last else "100"),
+                               ("PERSEUS_RANKS_PER_NODE", lambda r: "2" if r == last else "")):
+        shown = [value_of(r) or "unset" for r in (0, last)]
+        expect_raises(ValueError, variable + " differs", init_with, {variable: value_of(rank)},
+                      contains=(variable, "differs across ranks", "rank 0: %s," % shown[0],
+                                "rank %d: %s)" % (last, shown[1])), within_s=30)
+        assert not hvd.is_initialized()
+
     # The same values everywhere: works, and computes the right thing.
-    init_with({"PERSEUS_FUSION_THRESHOLD": str(1 << 20), "PERSEUS_ALLREDUCE_STREAMS": "2"})
+    init_with({"PERSEUS_FUSION_THRESHOLD": str(1 << 20), "PERSEUS_ALLREDUCE_STREAMS": "2",
+               "PERSEUS_RANKS_PER_NODE": "1"})
+    assert hvd.config()["PERSEUS_RANKS_PER_NODE"] == "1", hvd.config()
     total = hvd.allreduce(torch.full((5,), float(rank)), name="after", op=hvd.Sum)
     assert torch.equal(total, torch.full((5,), float(size * (size - 1) // 2))), total
     hvd.shutdown()

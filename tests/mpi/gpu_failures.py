@@ -8,8 +8,8 @@ GPU_FAILURE picks the case:
             clearly instead of hanging; CPU work goes on; nothing leaks.
   devices   (FAKE_CUDA_DEVICES=2) a second device in one process, or a device that
             does not exist, is refused at enqueue with the request's own error.
-  operations  PERSEUS_GPU_OPERATIONS=mpi on the last rank only: the first GPU batch
-            fails on every rank naming the setting (ranks would take different paths).
+  operations  PERSEUS_GPU_OPERATIONS=mpi on the last rank only: init() fails on every
+            rank naming the setting (ranks would take different paths).
 """
 import os
 import sys
@@ -68,22 +68,23 @@ def case_devices(rank, size):
     cpu_ok(size, "cpu.devices")
 
 
-def case_operations(rank, size):
-    status, message = gpu_outcome("differs")
-    assert status == capi.CONFIG_ERROR, (status, message)
-    assert "PERSEUS_GPU_OPERATIONS differs across ranks (mpi on rank(s) [%d]" % (size - 1) in message, \
-        message
-    cpu_ok(size, "cpu.operations")
-
-
 def body():
     case = os.environ["GPU_FAILURE"]
     launcher_rank, launcher_size = launcher_rank_size()
-    if case == "operations" and launcher_rank == launcher_size - 1:
-        os.environ["PERSEUS_GPU_OPERATIONS"] = "mpi"
+    if case == "operations":
+        if launcher_rank == launcher_size - 1:
+            os.environ["PERSEUS_GPU_OPERATIONS"] = "mpi"
+        try:
+            capi.init()
+        except capi.CoreError as e:
+            assert e.status == capi.CONFIG_ERROR, e
+            assert "PERSEUS_GPU_OPERATIONS differs across ranks" in e.message, e.message
+        else:
+            raise AssertionError("init() accepted differing PERSEUS_GPU_OPERATIONS")
+        os.environ.pop("PERSEUS_GPU_OPERATIONS", None)
     rank, size = capi.init()
     cases = {"init": case_init, "midway": case_midway, "devices": case_devices,
-             "operations": case_operations}
+             "operations": lambda rank, size: cpu_ok(size, "cpu.operations")}
     cases[case](rank, size)
     capi.shutdown()
     stats = fake_stats()

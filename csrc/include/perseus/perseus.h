@@ -154,6 +154,22 @@ perseus_status_t perseus_poll(int64_t handle, int32_t* done_out);
 /* Blocks until the handle completes or timeout_s passes (<0: forever). Returns the
  * request's own status; its message is in perseus_last_error(). */
 perseus_status_t perseus_wait(int64_t handle, double timeout_s);
+/* Called once when a set of handles has completed: status is the first failed
+ * handle's (in list order) with its message, else PERSEUS_SUCCESS and "". */
+typedef void (*perseus_callback_t)(void* arg, perseus_status_t status, const char* message);
+/* Calls cb(arg, ...) exactly once, when all n handles have completed (n = 0: at
+ * once). It runs on the thread that completes the last handle: the engine thread, a
+ * lane's worker thread, a thread running the engine inside perseus_wait or
+ * perseus_enqueue_and_drive, or the one in perseus_shutdown (PERSEUS_SHUT_DOWN for
+ * requests it cancels); when every handle is complete already, on the calling
+ * thread before this returns. So cb must be quick and must not block: no
+ * perseus_wait, no perseus_shutdown (perseus_poll, perseus_handle_output,
+ * perseus_release and perseus_enqueue are fine). Like a poll that finds them
+ * pending, it tells the engine that someone waits for these requests, so they are
+ * not held back. The handles stay valid until released. An unknown handle is
+ * PERSEUS_INVALID_ARGUMENT, and cb is then never called. */
+perseus_status_t perseus_on_complete(const int64_t* handles, int32_t n, perseus_callback_t cb,
+                                     void* arg);
 /* After completion: the core-allocated output (allgather, alltoall) and its shape.
  * Ownership of *data passes to the caller: for a CPU request it is host memory (free
  * with perseus_free_buffer); for a GPU request it is device memory on the request's

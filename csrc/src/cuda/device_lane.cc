@@ -105,26 +105,20 @@ Status DeviceLane::Open() {
                          "cudaStreamCreateWithFlags");
   }
   Status nccl = settings.use_nccl && local.ok() ? LoadNccl(settings.nccl_lib) : Status::OK();
-  // 2. What every rank can do, and which path the set takes (the same on every rank).
-  int mine[2] = {settings.use_nccl ? 1 : 0, settings.use_nccl && nccl.ok() ? 1 : 0};
-  std::vector<int> all(2 * args_.size);
+  // 2. What every rank can do, and so which path the set takes, the same on every rank
+  // (PERSEUS_GPU_OPERATIONS itself is agreed at init: the config table marks it so).
+  int mine = settings.use_nccl && nccl.ok() ? 1 : 0;
+  std::vector<int> all(args_.size);
   Status agreed;
   {
     auto mpi = LockMpi();
-    agreed = MpiStatus(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, args_.comm),
+    agreed = MpiStatus(MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, args_.comm),
                        "MPI_Allgather (GPU lane setup)");
     if (agreed.ok()) agreed = AgreeOnStatus(args_.comm, local);
   }
-  std::vector<int> want_mpi, lack_nccl;
-  for (int r = 0; r < args_.size; ++r) {
-    if (!all[2 * r]) want_mpi.push_back((*args_.global_ranks)[r]);
-    if (all[2 * r] && !all[2 * r + 1]) lack_nccl.push_back((*args_.global_ranks)[r]);
-  }
-  if (agreed.ok() && !want_mpi.empty() && want_mpi.size() < static_cast<size_t>(args_.size))
-    agreed = Status::Error(PERSEUS_CONFIG_ERROR,
-                           "PERSEUS_GPU_OPERATIONS differs across ranks (mpi on rank(s) " +
-                               RankList(want_mpi) + ", nccl on the others); every rank must "
-                               "use the same value");
+  std::vector<int> lack_nccl;
+  for (int r = 0; r < args_.size; ++r)
+    if (!all[r]) lack_nccl.push_back((*args_.global_ranks)[r]);
   if (!agreed.ok()) {
     DropStream();
     return agreed;

@@ -1,9 +1,13 @@
 // The one table of environment variables: parsed and validated once, at init().
+// Each row of the table (config.cc) owns everything about its variable: name,
+// Horovod alias, meaning, parser, how its value prints, and whether every rank
+// must use the same value.
 #ifndef PERSEUS_CONFIG_H_
 #define PERSEUS_CONFIG_H_
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/logging.h"
 #include "common/status.h"
@@ -21,6 +25,9 @@ struct Config {
   double stall_check_seconds = 60.0;      // warn about requests waiting this long; 0 = off
   double stall_shutdown_seconds = 0.0;    // stop the process set after this long; 0 = off
   bool nan_check = false;                 // look for NaN/Inf in allreduce inputs
+  std::string allreduce_dtype = "none";   // on-the-wire compression of float gradients
+  std::string allreduce_mode = "flat";    // flat or hierarchical allreduce
+  int64_t ranks_per_node = 0;             // simulated nodes of this many ranks; 0 = real nodes
   std::string timeline_path;              // Chrome-trace file rank 0 writes; empty = off
   bool timeline_mark_cycles = false;      // negotiation rounds as instant events
   bool gpu_use_nccl = true;               // GPU tensors: NCCL, else host-staged through MPI
@@ -32,6 +39,15 @@ struct Config {
 // Reads every variable of the table from the environment. A bad value is a
 // PERSEUS_CONFIG_ERROR naming the variable and what it accepts.
 Status LoadConfig(Config* config);
+
+// A variable's effective value, as text that round-trips (equal text, equal value).
+struct Setting {
+  const char* name;
+  std::string value;
+  bool agreed;  // ranks must use the same value: it shapes what goes on the wire
+};
+// Every variable of the table, in table order.
+std::vector<Setting> Settings(const Config& config);
 
 // "NAME=value" lines of the effective configuration.
 std::string DescribeConfig(const Config& config);

@@ -9,6 +9,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/timeline.h"
+#include "engine/config_agreement.h"
 #include "engine/fusion.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
@@ -72,24 +73,12 @@ Status Engine::Init() {
   MPI_Comm_rank(cross_comm_, &topo_.cross_rank);
   MPI_Comm_size(cross_comm_, &topo_.cross_size);
 
-  // Settings that shape the collectives must match, or ranks would plan different calls.
-  const char* const names[] = {"PERSEUS_FUSION_THRESHOLD", "PERSEUS_ALLREDUCE_STREAMS",
-                               "PERSEUS_CACHE_CAPACITY", "PERSEUS_CHUNK_SIZE"};
-  int64_t mine[] = {config_.fusion_threshold, lanes_, config_.cache_capacity, config_.chunk_bytes};
-  std::vector<int64_t> all(4 * topo_.size);
-  status = MpiStatus(MPI_Allgather(mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, world_),
-                     "MPI_Allgather");
+  // Settings that shape what goes on the wire must match, or ranks would plan
+  // different calls. The lanes compared are those in use.
+  Config in_use = config_;
+  in_use.lanes = lanes_;
+  status = AgreeOnConfig(in_use, world_);
   if (!status.ok()) return status;
-  for (int k = 0; k < 4; ++k) {
-    for (int r = 1; r < topo_.size; ++r) {
-      if (all[4 * r + k] != all[k]) {
-        std::ostringstream msg;
-        msg << names[k] << " differs across ranks (rank 0: " << all[k] << ", rank " << r << ": "
-            << all[4 * r + k] << "); every rank must use the same value";
-        return Status::Error(PERSEUS_CONFIG_ERROR, msg.str());
-      }
-    }
-  }
   if (!thread_multiple_ && config_.lanes > 1 && topo_.rank == 0) {
     PERSEUS_LOG(kWarning) << "MPI does not provide MPI_THREAD_MULTIPLE: using 1 lane instead of "
                           << config_.lanes;

@@ -1,9 +1,25 @@
 #include "engine/handle_table.h"
 
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 
 namespace perseus {
+
+// Handles an OnComplete caller waits for; guarded by the table's mutex.
+struct HandleTable::Group {
+  int remaining = 0;
+  int first_failed = INT_MAX;  // list position of the failure reported
+  Status failure;
+  GroupDone done;
+
+  void Note(int index, const Status& status) {
+    if (!status.ok() && index < first_failed) {
+      first_failed = index;
+      failure = status;
+    }
+  }
+};
 
 HandleTable::~HandleTable() {
   for (auto& kv : states_) kv.second->result.FreeData();
@@ -21,7 +37,22 @@ std::shared_ptr<HandleTable::State> HandleTable::Find(int64_t handle) {
   return it == states_.end() ? nullptr : it->second;
 }
 
+void HandleTable::MarkDone(State* s, Status status, std::vector<std::shared_ptr<Group>>* ready) {
+  s->status = std::move(status);
+  s->done = true;
+  for (Watcher& w : s->watchers) {
+    w.first->Note(w.second, s->status);
+    if (--w.first->remaining == 0) ready->push_back(std::move(w.first));
+  }
+  s->watchers.clear();
+}
+
+void HandleTable::Fire(std::vector<std::shared_ptr<Group>>& ready) {
+  for (auto& group : ready) group->done(group->failure);
+}
+
 void HandleTable::Complete(int64_t handle, Status status, Result result) {
+  std::vector<std::shared_ptr<Group>> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto s = Find(handle);
@@ -29,11 +60,11 @@ void HandleTable::Complete(int64_t handle, Status status, Result result) {
       result.FreeData();
       return;
     }
-    s->status = std::move(status);
     s->result = std::move(result);
-    s->done = true;
+    MarkDone(s.get(), std::move(status), &ready);
   }
   cv_.notify_all();
+  Fire(ready);
 }
 
 static Status Unknown(int64_t handle) {
@@ -61,6 +92,28 @@ Status HandleTable::Wait(int64_t handle, double timeout_s) {
                                               std::to_string(timeout_s) + " s");
   }
   return s->status;
+}
+
+Status HandleTable::OnComplete(const int64_t* handles, int n, GroupDone done, bool* pending) {
+  auto group = std::make_shared<Group>();
+  group->done = std::move(done);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::shared_ptr<State>> found(n);
+    for (int i = 0; i < n; ++i)  // all or nothing: no watcher is left behind on error
+      if (!(found[i] = Find(handles[i]))) return Unknown(handles[i]);
+    for (int i = 0; i < n; ++i) {
+      if (found[i]->done) {
+        group->Note(i, found[i]->status);
+      } else {
+        found[i]->watchers.emplace_back(group, i);
+        ++group->remaining;
+      }
+    }
+    *pending = group->remaining > 0;
+  }
+  if (!*pending) group->done(group->failure);
+  return Status::OK();
 }
 
 Status HandleTable::TakeResult(int64_t handle, Result** result) {
@@ -93,16 +146,14 @@ Status HandleTable::Release(int64_t handle) {
 }
 
 void HandleTable::FailAll(const Status& status) {
+  std::vector<std::shared_ptr<Group>> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& kv : states_) {
-      if (!kv.second->done) {
-        kv.second->status = status;
-        kv.second->done = true;
-      }
-    }
+    for (auto& kv : states_)
+      if (!kv.second->done) MarkDone(kv.second.get(), status, &ready);
   }
   cv_.notify_all();
+  Fire(ready);
 }
 
 }  // namespace perseus

@@ -13,8 +13,10 @@ std::atomic<int> g_waiters{0};
 constexpr auto kMaxPoll = std::chrono::microseconds(200);
 }  // namespace
 
-WaiterScope::WaiterScope() { g_waiters.fetch_add(1, std::memory_order_relaxed); }
-WaiterScope::~WaiterScope() { g_waiters.fetch_sub(1, std::memory_order_relaxed); }
+void AddWaiter() { g_waiters.fetch_add(1, std::memory_order_relaxed); }
+void RemoveWaiter() { g_waiters.fetch_sub(1, std::memory_order_relaxed); }
+WaiterScope::WaiterScope() { AddWaiter(); }
+WaiterScope::~WaiterScope() { RemoveWaiter(); }
 bool SomeoneWaits() { return g_waiters.load(std::memory_order_relaxed) > 0; }
 
 Clock::duration PollGap(Clock::duration waited, Clock::duration spin) {

@@ -29,6 +29,10 @@ class WaiterScope {
   WaiterScope& operator=(const WaiterScope&) = delete;
 };
 bool SomeoneWaits();
+// The same count for a waiter that is not a blocked thread: a completion callback
+// (perseus_on_complete) counts from registration until it runs.
+void AddWaiter();
+void RemoveWaiter();
 
 // Back-to-back tests for this long before pausing: a thread that waits for the
 // result (a driver) spins longer than the background thread.

@@ -6,22 +6,18 @@
 // function and a Job (made here) as its parameter. When the engine runs RunJob,
 // every input is written and nothing else touches the outputs; RunJob reads the
 // arrays' data pointers (MXNDArrayGetData, which also allocates a delay-allocated
-// output), enqueues the batch with the core and returns at once. A waiter thread
-// waits on the core handles and then signals the engine's completion callback,
-// with an error when a request failed, so the engine marks the outputs as failed
-// and whoever reads them gets the message. Nothing is linked against MXNet: the
-// two facts taken from its headers are restated below, and MXNDArrayGetData comes
-// in as a function pointer.
+// output), enqueues the batch with the core and returns at once. Once the core's
+// handles complete, the core calls back (perseus_on_complete) and that signals the
+// engine's completion callback, with an error when a request failed, so the engine
+// marks the outputs as failed and whoever reads them gets the message. Nothing is
+// linked against MXNet: the two facts taken from its headers are restated below,
+// and MXNDArrayGetData comes in as a function pointer.
 #include <perseus/perseus.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace dmlc {
@@ -66,21 +62,6 @@ struct Job {
   OnComplete done{};
 };
 
-// Waits for every handle and releases it; the first failure's text goes to *message.
-perseus_status_t WaitAndRelease(const std::vector<int64_t>& handles, std::string* message) {
-  perseus_status_t failure = PERSEUS_SUCCESS;
-  for (int64_t handle : handles) {
-    perseus_status_t status = perseus_wait(handle, -1.0);
-    if (status != PERSEUS_SUCCESS && failure == PERSEUS_SUCCESS) {
-      failure = status;
-      const char* text = perseus_last_error();  // thread-local: this thread's wait
-      *message = text ? text : perseus_status_string(status);
-    }
-    perseus_release(handle);
-  }
-  return failure;
-}
-
 // Tells the engine the job is over. The engine may delete the job (our deleter)
 // from inside the callback, so nothing of it is touched afterwards.
 void Finish(Job* job, perseus_status_t status, const std::string& message) {
@@ -93,48 +74,12 @@ void Finish(Job* job, perseus_status_t status, const std::string& message) {
   }
 }
 
-// Threads that wait on core handles. A job never queues behind another: when no
-// thread is idle a new one starts (a request whose peers first need another op's
-// result must not wait for that op's waiter). Threads are kept for reuse.
-class Waiters {
- public:
-  static Waiters& Get() {
-    static Waiters* waiters = new Waiters;  // never destroyed: threads outlive exit
-    return *waiters;
-  }
-
-  void Add(Job* job) {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(job);
-    if (jobs_.size() > idle_) {
-      std::thread([this] { Loop(); }).detach();
-    } else {
-      cv_.notify_one();
-    }
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      ++idle_;
-      cv_.wait(lock, [this] { return !jobs_.empty(); });
-      --idle_;
-      Job* job = jobs_.front();
-      jobs_.pop_front();
-      lock.unlock();
-      std::string message;
-      perseus_status_t status = WaitAndRelease(job->handles, &message);
-      Finish(job, status, message);
-      lock.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job*> jobs_;
-  size_t idle_ = 0;
-};
+// perseus_on_complete's callback: the job's requests are all done.
+void OnJobDone(void* arg, perseus_status_t status, const char* message) {
+  Job* job = static_cast<Job*>(arg);
+  for (int64_t handle : job->handles) perseus_release(handle);
+  Finish(job, status, message && *message ? message : perseus_status_string(status));
+}
 
 // The address of an NDArray's data, or nullptr with *message set.
 void* DataOf(void* ndarray, std::string* message) {
@@ -235,11 +180,15 @@ void perseus_mx_job_run(void* /*run_context*/, void* on_complete, void* param) {
     Finish(job, status, text ? text : "");
     return;
   }
-  // A poll that finds the request unfinished tells the core that a thread waits for
-  // it (ours, in a moment), so it does not hold it as it holds a backward's gradients.
-  int32_t done = 0;
-  if (job->n > 0) perseus_poll(job->handles[0], &done);
-  Waiters::Get().Add(job);
+  // The core calls back once all are done, on its own thread (or here, if they
+  // already are); it also learns that someone waits, so it does not hold them as
+  // it holds a backward's gradients.
+  status = perseus_on_complete(job->handles.data(), job->n, OnJobDone, job);
+  if (status != PERSEUS_SUCCESS) {
+    std::string text = perseus_last_error();  // before a release overwrites it
+    for (int64_t handle : job->handles) perseus_release(handle);
+    Finish(job, status, text);
+  }
 }
 
 }  // extern "C"

@@ -3,8 +3,9 @@
 // One asynchronous kernel serves every collective, eagerly and inside tf.function:
 // ComputeAsync turns its input tensors into perseus_request_t records, enqueues
 // them in ONE perseus_enqueue call (so a grouped op is negotiated as one unit) and
-// returns at once; a waiter thread calls perseus_wait on the handles and finishes
-// the op (copying core-allocated outputs, or setting the error) before done().
+// returns at once; the core calls back when the handles complete
+// (perseus_on_complete) and the callback finishes the op (copying core-allocated
+// outputs, or setting the error) before done().
 // No Python runs on this path. Names arrive as a string tensor, not an attribute:
 // eager mode caches one kernel per attribute set, and unnamed eager calls get a
 // new name each time.
@@ -12,14 +13,10 @@
 // Built on first use by perseus/tensorflow/op_library.py against the installed
 // TensorFlow, linked to libperseus.so.
 
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "perseus/perseus.h"
@@ -72,78 +69,13 @@ absl::Status ToStatus(perseus_status_t status, const std::string& message) {
   }
 }
 
-// Waits for every handle; returns the first failure (its message in *message).
-perseus_status_t WaitAll(const std::vector<int64_t>& handles, std::string* message) {
-  perseus_status_t failure = PERSEUS_SUCCESS;
-  for (int64_t handle : handles) {
-    perseus_status_t status = perseus_wait(handle, -1.0);
-    if (status != PERSEUS_SUCCESS && failure == PERSEUS_SUCCESS) {
-      failure = status;
-      const char* text = perseus_last_error();  // per thread: ours
-      *message = text ? text : "";
-    }
-  }
-  return failure;
+// What runs when a batch's handles complete (perseus_on_complete's argument).
+using Completion = std::function<void(perseus_status_t, const std::string&)>;
+
+void RunCompletion(void* arg, perseus_status_t status, const char* message) {
+  std::unique_ptr<Completion> completion(static_cast<Completion*>(arg));
+  (*completion)(status, message ? message : "");
 }
-
-bool AllDone(const std::vector<int64_t>& handles) {
-  for (int64_t handle : handles) {
-    int32_t done = 0;
-    if (perseus_poll(handle, &done) != PERSEUS_SUCCESS || !done) return false;
-  }
-  return true;
-}
-
-// Threads that wait on core handles and run the ops' completions. A job never
-// waits behind another job: when no thread is free, a new one starts, so one
-// request waiting for a peer that first needs another op's result cannot
-// deadlock. Threads are reused; their number is the peak of concurrent ops.
-class Waiters {
- public:
-  using Callback = std::function<void(perseus_status_t, const std::string&)>;
-
-  static Waiters& Get() {
-    static Waiters* waiters = new Waiters;  // never destroyed: threads outlive exit
-    return *waiters;
-  }
-
-  void Add(std::vector<int64_t> handles, Callback callback) {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back({std::move(handles), std::move(callback)});
-    if (jobs_.size() > idle_) {
-      std::thread([this] { Loop(); }).detach();
-    } else {
-      cv_.notify_one();
-    }
-  }
-
- private:
-  struct Job {
-    std::vector<int64_t> handles;
-    Callback callback;
-  };
-
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      ++idle_;
-      cv_.wait(lock, [this] { return !jobs_.empty(); });
-      --idle_;
-      Job job = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      std::string message;
-      perseus_status_t failure = WaitAll(job.handles, &message);
-      job.callback(failure, message);
-      lock.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  size_t idle_ = 0;
-};
 
 // Everything the core may read until the handles complete.
 struct Batch {
@@ -266,7 +198,7 @@ class CollectiveOp : public AsyncOpKernel {
   // drive_s > 0 (eager calls, whose caller waits anyway): this thread first runs
   // the engine itself for up to drive_s, as the PyTorch front end does, and
   // completes inline when the result is in; no thread hand-off on that path.
-  // Otherwise (or if the peers are late) a waiter thread completes the op.
+  // Otherwise (or if the peers are late) the core's completing thread does.
   void Submit(OpKernelContext* ctx, DoneCallback done, std::shared_ptr<Batch> batch,
               std::function<absl::Status()> finish) {
     const int n = static_cast<int>(batch->requests.size());
@@ -286,15 +218,14 @@ class CollectiveOp : public AsyncOpKernel {
       for (int64_t handle : batch->handles) perseus_release(handle);
       done();
     };
-    // Polling also tells the core that a thread waits for these (the waiter thread is
-    // not waiting yet), so it does not hold them as it holds a backward's gradients.
-    if (AllDone(batch->handles)) {
-      std::string message;
-      perseus_status_t failure = WaitAll(batch->handles, &message);
-      complete(failure, message);
-      return;
+    // The core calls back once all are done (inline if they already are); it also
+    // learns that someone waits, so it does not hold them as a backward's gradients.
+    auto completion = new Completion(std::move(complete));
+    status = perseus_on_complete(batch->handles.data(), n, RunCompletion, completion);
+    if (status != PERSEUS_SUCCESS) {
+      std::unique_ptr<Completion> never_called(completion);
+      (*never_called)(status, perseus_last_error());
     }
-    Waiters::Get().Add(batch->handles, std::move(complete));
   }
 
   // Moves a completed handle's core-allocated output into output `index`;
