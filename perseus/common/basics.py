@@ -9,6 +9,7 @@ import atexit
 import ctypes
 import os
 
+from perseus.common import gpu as _gpu
 from perseus.common import library as _lib
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
@@ -145,7 +146,8 @@ def stop_timeline():
     _lib.check(_lib.perseus_stop_timeline())
 
 
-# What this build provides. Perseus always runs on MPI; the rest is not built in.
+# What this build provides. Perseus always runs on MPI; CUDA and NCCL are loaded at
+# run time, so their answers come from trying to load them (perseus.common.gpu).
 def mpi_enabled():
     return True
 
@@ -163,7 +165,8 @@ def gloo_built(verbose=False):
 
 
 def nccl_built(verbose=False):
-    return False
+    """NCCL's version code when NCCL and the CUDA runtime load in this process, else 0."""
+    return _gpu.nccl_built(verbose)
 
 
 def ddl_built(verbose=False):
@@ -175,7 +178,8 @@ def ccl_built(verbose=False):
 
 
 def cuda_built(verbose=False):
-    return False
+    """True when the CUDA runtime loads in this process."""
+    return _gpu.cuda_built(verbose)
 
 
 def rocm_built(verbose=False):
