@@ -96,7 +96,7 @@ def train(rank, size, make_opt=sgd, micro=1, hook=None, model_kwargs=None, devic
     (tests/mpi/gpu_training.py); the weights come back from there."""
     # A different seed per rank: DDP's construction broadcast makes them equal.
     module = make_model(seed=1234 + rank, **(model_kwargs or {}))
-    if device is not None:
+    if device is not None and device.type == "cuda":
         module, ddp_kwargs = module.to(device), dict(ddp_kwargs, device_ids=[device.index])
     model = DDP(module, **ddp_kwargs)
     if hook is not None:
