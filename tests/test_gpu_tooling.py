@@ -164,3 +164,62 @@ def test_missing_loader_is_a_clear_error(monkeypatch):
     assert gpu.cuda_built() is False and gpu.nccl_built() == 0
     with pytest.raises(gpu.GpuSupportMissing, match="pip install"):
         gpu.prepare()
+
+
+# ---------------------------------------------------------------- without a CUDA device
+
+needs_no_cuda = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the behaviour on a machine without CUDA")
+
+
+@needs_no_cuda
+def test_gpu_bench_says_no_device():
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_bench.py")], cwd=str(REPO_ROOT),
+                         env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no CUDA device" in res.stdout and "nothing to measure" in res.stdout
+
+
+def _gpu_check(tmp_path, *args):
+    env = clean_env({"PYTHON": sys.executable, "PERSEUS_GPU_VENV": str(tmp_path / "venv"),
+                     "PERSEUS_GPU_REPORT": str(tmp_path / "report.md"),
+                     "PERSEUS_GPU_LOGS": str(tmp_path / "logs"), "PERSEUS_WHEELS": str(tmp_path / "wheels")})
+    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "gpu_check.sh")] + list(args),
+                          cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_gpu_check_prints_the_download_command(tmp_path):
+    res = _gpu_check(tmp_path, "--print-download")
+    assert res.returncode == 0, res.stderr
+    command = res.stdout.replace("\\\n", " ")
+    assert command.startswith("python3 -m pip download --only-binary=:all: --python-version 3.12")
+    for part in ("-d wheels", '"mpich==', '"pytest-timeout==', "manylinux_2_28_x86_64", "manylinux1_x86_64"):
+        assert part in command, part
+
+
+@needs_no_cuda
+def test_gpu_check_stops_without_cuda(tmp_path):
+    res = _gpu_check(tmp_path)
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "NO CUDA DEVICE" in res.stdout
+    # It stopped before changing anything.
+    assert not (tmp_path / "venv").exists() and not (tmp_path / "logs").exists()
+
+
+@needs_no_cuda
+def test_gpu_check_dry_run_shows_the_plan(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "mpich-5.0.2-py3-none-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    res = _gpu_check(tmp_path, "--dry-run")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "a real run would stop here with exit code 3" in out
+    assert "would run: %s -m venv --system-site-packages" % sys.executable in out
+    assert "--find-links %s --ignore-installed --no-deps mpich" % (tmp_path / "wheels") in out
+    assert "PERSEUS_MPICXX=%s" % (tmp_path / "venv" / "bin" / "mpicxx") in out
+    assert "--no-build-isolation --no-deps --no-index -e ." in out
+    from test_gpu import CONFIGS
+    for config in ["inproc"] + list(CONFIGS):
+        assert "would run (test_%s," % config in out, config
+    assert "would run (gpu_bench," in out and "dry run done" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wheels"], "the dry run created files"
