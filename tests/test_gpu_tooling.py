@@ -115,11 +115,11 @@ def fake_core(monkeypatch):
         ctypes.cast(nccl_ok, ctypes.POINTER(ctypes.c_int32))[0] = 1
         return 0
 
-    monkeypatch.setattr(gpu._lib, "perseus_set_gpu_library_dirs", set_dirs)
-    monkeypatch.setattr(gpu._lib, "perseus_gpu_load", load)
+    monkeypatch.setattr(gpu._lib, "perseus_set_gpu_library_dirs", set_dirs, raising=False)
+    monkeypatch.setattr(gpu._lib, "perseus_gpu_load", load, raising=False)
     monkeypatch.setattr(gpu._lib, "perseus_gpu_describe",
                         lambda: b"libcudart.so.13: /x/libcudart.so.13 (CUDA 13.0)\n"
-                                b"NCCL 2.32.3: /y/libnccl.so.2\ndevices: 1")
+                                b"NCCL 2.32.3: /y/libnccl.so.2\ndevices: 1", raising=False)
     monkeypatch.setattr(gpu, "_prepared", None)
     monkeypatch.setattr(gpu, "_loaded", None)
     return calls
@@ -159,7 +159,7 @@ def test_built_answers_are_truthful():
 
 
 def test_missing_loader_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(gpu._lib, "perseus_gpu_load", None)
+    monkeypatch.setattr(gpu._lib, "perseus_gpu_load", None, raising=False)
     monkeypatch.setattr(gpu, "_prepared", None)
     assert gpu.cuda_built() is False and gpu.nccl_built() == 0
     with pytest.raises(gpu.GpuSupportMissing, match="pip install"):

@@ -37,9 +37,15 @@ class GpuSupportMissing(RuntimeError):
     """This libperseus predates the GPU loader (a stale build)."""
 
 
+def _core(name):
+    """A GPU function of the C ABI (declared in library.py), None in a core built
+    before the GPU path."""
+    return getattr(_lib, name, None)
+
+
 def supported():
     """Whether the loaded core has the GPU loader functions at all."""
-    return _lib.perseus_gpu_load is not None
+    return _core("perseus_gpu_load") is not None
 
 
 def _require():
@@ -133,7 +139,7 @@ def prepare(dirs=None, first=None):
     with _lock:
         if _prepared is None:
             chosen = _unique_dirs(dirs) if dirs is not None else default_dirs(first)
-            _lib.check(_lib.perseus_set_gpu_library_dirs(os.pathsep.join(chosen).encode()))
+            _lib.check(_core("perseus_set_gpu_library_dirs")(os.pathsep.join(chosen).encode()))
             _prepared = chosen
         return list(_prepared)
 
@@ -147,9 +153,9 @@ def load():
         if _loaded is None:
             import ctypes
             cuda_ok, nccl_ok = ctypes.c_int32(0), ctypes.c_int32(0)
-            status = _lib.perseus_gpu_load(ctypes.byref(cuda_ok), ctypes.byref(nccl_ok))
-            # A failing status means neither is usable; describe() says why.
-            _loaded = (False, False) if status else (bool(cuda_ok.value), bool(nccl_ok.value))
+            # Not SUCCESS when the CUDA runtime did not load: the flags say what did, describe() why.
+            _core("perseus_gpu_load")(ctypes.byref(cuda_ok), ctypes.byref(nccl_ok))
+            _loaded = (bool(cuda_ok.value), bool(nccl_ok.value))
         return _loaded
 
 
@@ -159,7 +165,7 @@ def describe():
     if not supported():
         return "GPU loader missing from this build (%s)" % _lib.LIBRARY_PATH
     load()
-    raw = _lib.perseus_gpu_describe()
+    raw = _core("perseus_gpu_describe")()
     return raw.decode("utf-8", "replace") if raw else ""
 
 

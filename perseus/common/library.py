@@ -140,25 +140,6 @@ _SIGNATURES = {
 }
 
 
-# The GPU loader and device results (issue 14; csrc/src/cuda/). Bound when the
-# library exports them and None otherwise, so a core built before GPU support
-# still serves CPU work; perseus.common.gpu turns None into a clear "rebuild".
-_GPU_SIGNATURES = {
-    # ':'-separated folders searched for libcudart / libnccl.so.2 before the system
-    # loader path (after PERSEUS_CUDA_LIB / PERSEUS_NCCL_LIB). Before the first GPU request.
-    "perseus_set_gpu_library_dirs": (_status, [ctypes.c_char_p]),
-    # Loads both now (also before perseus_init): cuda_ok, nccl_ok.
-    "perseus_gpu_load": (_status, [_i32p, _i32p]),
-    # Each library's path and version, the device count, or why loading failed.
-    "perseus_gpu_describe": (ctypes.c_char_p, []),
-    # After a GPU handle completed: the cudaStream_t waits (on the device) for its result.
-    "perseus_stream_wait": (_status, [ctypes.c_int64, ctypes.c_void_p]),
-    # Stream-ordered free of a core-allocated device output (GPU allgather / alltoall).
-    "perseus_free_device_buffer": (_status, [ctypes.c_void_p, ctypes.c_void_p]),
-}
-_SIGNATURES.update(_GPU_SIGNATURES)
-
-
 def _bind(name):
     try:
         fn = getattr(_lib, name)
@@ -200,34 +181,6 @@ perseus_release = _bind("perseus_release")
 perseus_free_buffer = _bind("perseus_free_buffer")
 
 
-def _bind_optional(name):
-    return _bind(name) if hasattr(_lib, name) else None
-
-
-perseus_set_gpu_library_dirs = _bind_optional("perseus_set_gpu_library_dirs")
-perseus_gpu_load = _bind_optional("perseus_gpu_load")
-perseus_gpu_describe = _bind_optional("perseus_gpu_describe")
-perseus_stream_wait = _bind_optional("perseus_stream_wait")
-perseus_free_device_buffer = _bind_optional("perseus_free_device_buffer")
-
-
-def mpi_library_version():
-    """MPI_Get_library_version() of the MPI libperseus is linked with (callable before
-    MPI_Init), first line only; None when the symbol cannot be found. Here because
-    this module is the one place that reaches into the loaded libraries."""
-    try:
-        fn = ctypes.CDLL(None).MPI_Get_library_version  # global: libperseus is RTLD_GLOBAL
-    except (AttributeError, OSError):
-        return None
-    buf = ctypes.create_string_buffer(8192)  # >= MPI_MAX_LIBRARY_VERSION_STRING of MPICH / Open MPI
-    length = ctypes.c_int(0)
-    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
-    if fn(buf, ctypes.byref(length)) != 0:
-        return None
-    text = buf.value.decode("utf-8", "replace").strip()
-    return " ".join(text.splitlines()[0].split()) if text else None
-
-
 def error(status):
     """The exception for a non-zero status, with this thread's perseus_last_error().
 
@@ -246,3 +199,20 @@ def check(status):
     """Raises the matching exception when a core call returned a non-zero status."""
     if status:
         raise error(status)
+
+
+def mpi_library_version():
+    """MPI_Get_library_version() of the MPI libperseus is linked with (callable before
+    MPI_Init), first line only; None when the symbol cannot be found. Here because
+    this module is the one place that reaches into the loaded libraries."""
+    try:
+        fn = ctypes.CDLL(None).MPI_Get_library_version  # global: libperseus is RTLD_GLOBAL
+    except (AttributeError, OSError):
+        return None
+    buf = ctypes.create_string_buffer(8192)  # >= MPI_MAX_LIBRARY_VERSION_STRING of MPICH / Open MPI
+    length = ctypes.c_int(0)
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
+    if fn(buf, ctypes.byref(length)) != 0:
+        return None
+    text = buf.value.decode("utf-8", "replace").strip()
+    return " ".join(text.splitlines()[0].split()) if text else None
