@@ -10,7 +10,7 @@ Configurations (CONFIGS):
                          (NCCL refuses two ranks on one GPU);
   nccl_np2               NCCL across two GPUs, only where torch sees at least two.
 Scripts: the CPU collective scripts of tests/mpi rerun on CUDA tensors (PTEST_DEVICE,
-see tests/mpi/common.py), and the GPU-only ones (tests/mpi/gpu_*.py, PTEST_GPU).
+see tests/mpi/common.py), and the torch CUDA ones (tests/mpi/gpu_torch_*.py, PTEST_GPU).
 """
 import subprocess
 import sys
@@ -29,14 +29,15 @@ pytestmark = [
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
-# CPU scripts that take PTEST_DEVICE, and the GPU-only scripts (PTEST_GPU).
+# CPU scripts that take PTEST_DEVICE, and the torch CUDA scripts (PTEST_GPU). (gpu_*.py
+# without "torch" are the core's C ABI tests on a fake CUDA, run by test_gpu_core.py.)
 REUSED = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
           "join", "barrier", "process_sets"]
-GPU_ONLY = ["gpu_collectives", "gpu_ordering", "gpu_training", "gpu_mismatch"]
-NEEDS_TWO_RANKS = {"barrier", "process_sets", "gpu_mismatch"}
+GPU_ONLY = ["gpu_torch_collectives", "gpu_torch_ordering", "gpu_torch_training", "gpu_torch_mismatch"]
+NEEDS_TWO_RANKS = {"barrier", "process_sets", "gpu_torch_mismatch"}
 # Where lanes matter: reductions, fusion, ordering across streams, training.
-LANE_SCRIPTS = ["allreduce", "grouped_allreduce", "reducescatter", "gpu_collectives", "gpu_ordering",
-                "gpu_training"]
+LANE_SCRIPTS = ["allreduce", "grouped_allreduce", "reducescatter", "gpu_torch_collectives",
+                "gpu_torch_ordering", "gpu_torch_training"]
 
 # name -> (ranks, environment, device spec, scripts, GPUs needed)
 CONFIGS = {

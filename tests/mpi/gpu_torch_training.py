@@ -20,7 +20,7 @@ import ddp_training
 import optimizer
 import sync_batch_norm
 from common import hvd, log, main
-from gpu_common import init
+from gpu_torch_common import init
 
 import perseus.torch.distributed as dist
 from perseus.torch.compression import Compression

@@ -7,7 +7,7 @@ import torch
 
 from common import (assert_close, assert_equal, assert_reduced, dtype_name, hvd, main, make_tensor,
                     op_name, reference_reduce)
-from gpu_common import init
+from gpu_torch_common import init
 
 from perseus.torch.compression import Compression
 

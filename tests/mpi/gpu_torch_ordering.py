@@ -17,7 +17,7 @@ outputs (allgather, alltoall) freed and their memory reused many times.
 import torch
 
 from common import hvd, main
-from gpu_common import busy, init, synchronize
+from gpu_torch_common import busy, init, synchronize
 
 N = (1 << 22) + 5   # 16 MiB of float32, odd
 STALE = -7.0

@@ -5,7 +5,7 @@ tensors. The engine then serves CPU and CUDA requests as before."""
 import torch
 
 from common import assert_reduced, expect_raises, hvd, main, make_tensor
-from gpu_common import init
+from gpu_torch_common import init
 
 
 def body():
