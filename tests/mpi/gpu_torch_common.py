@@ -1,5 +1,6 @@
-"""What the torch CUDA scripts (tests/mpi/gpu_torch_*.py) add to common.py: this rank's GPU, and a
-way to keep a CUDA stream busy so that ordering mistakes show up as wrong values.
+"""What the torch CUDA scripts (tests/mpi/gpu_torch_*.py) add to common.py: this rank's
+GPU, and a way to keep a CUDA stream busy so that ordering mistakes show up as wrong
+values.
 
 PTEST_GPU picks the GPU as PTEST_DEVICE does in common.py: 'cuda' (this rank's own,
 the default) or 'cuda:N' (every rank on GPU N: the host-staged run sharing one GPU).
