@@ -83,8 +83,10 @@ def report():
     from perseus.common import gpu
     detail("core", library.LIBRARY_PATH)
     detail("MPI library", library.mpi_library_version() or "version unknown")
-    detail("GPU libraries", gpu.describe() or "(no description)")
-    detail("GPU operations", _gpu_operations())
+    described = gpu.describe() or "(no description)"
+    detail("GPU libraries", described)
+    if "GPU operations" not in described:  # the core names the mode it would use, where it can
+        detail("GPU operations", _gpu_operations())
     return "\n".join(lines), True
 
 
