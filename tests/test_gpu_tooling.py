@@ -223,3 +223,15 @@ def test_gpu_check_dry_run_shows_the_plan(tmp_path):
         assert "would run (test_%s," % config in out, config
     assert "would run (gpu_bench," in out and "dry run done" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wheels"], "the dry run created files"
+
+
+@needs_no_cuda
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script, np", [("gpu_torch_training", 2), ("gpu_torch_ordering", 2),
+                                        ("gpu_torch_collectives", 1)])
+def test_gpu_scripts_run_on_the_cpu(run_mpi, script, np):
+    """PTEST_GPU=cpu runs the torch CUDA scripts' own logic (helpers, references,
+    tolerances) with CPU tensors, so they stay runnable between visits to a GPU machine.
+    (gpu_torch_mismatch needs two device kinds.)"""
+    run_mpi(script, np, env={"PTEST_GPU": "cpu"}, timeout=240)
