@@ -140,6 +140,16 @@ def test_load_prepares_defaults_and_asks_once(fake_core, monkeypatch):
     assert fake_core["dirs"] == [""] and fake_core["load"] == 1
 
 
+def test_load_after_the_core_chose_its_folders(fake_core, monkeypatch):
+    # The core refuses other folders once it loaded the libraries: load() still answers.
+    def refuse(raw):
+        fake_core["dirs"].append(raw.decode())
+        return 1  # PERSEUS_INVALID_ARGUMENT
+    monkeypatch.setattr(gpu._lib, "perseus_set_gpu_library_dirs", refuse, raising=False)
+    monkeypatch.setattr(gpu._lib, "perseus_last_error", lambda: b"already loaded", raising=False)
+    assert gpu.load() == (True, True) and fake_core["load"] == 1
+
+
 def test_built_answers_are_truthful():
     """On this machine, against the real core: the answers follow what loads (the CPU
     machine has no libcudart, so CUDA never loads here), and nothing raises."""

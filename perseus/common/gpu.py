@@ -148,7 +148,10 @@ def load():
     """(cuda_ok, nccl_ok): loads the CUDA runtime and NCCL now, preparing the default
     folders first if no front end did. Asked once; the answer is kept."""
     global _loaded
-    prepare()
+    try:
+        prepare()
+    except ValueError:
+        pass  # the core already loaded (or tried) the libraries from folders of its own
     with _lock:
         if _loaded is None:
             import ctypes
