@@ -9,7 +9,6 @@ import atexit
 import ctypes
 import os
 
-from perseus.common import gpu as _gpu
 from perseus.common import library as _lib
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
@@ -166,7 +165,8 @@ def gloo_built(verbose=False):
 
 def nccl_built(verbose=False):
     """NCCL's version code when NCCL and the CUDA runtime load in this process, else 0."""
-    return _gpu.nccl_built(verbose)
+    from perseus.common import gpu  # on first use: loading the GPU libraries is not init's business
+    return gpu.nccl_built(verbose)
 
 
 def ddl_built(verbose=False):
@@ -179,7 +179,8 @@ def ccl_built(verbose=False):
 
 def cuda_built(verbose=False):
     """True when the CUDA runtime loads in this process."""
-    return _gpu.cuda_built(verbose)
+    from perseus.common import gpu
+    return gpu.cuda_built(verbose)
 
 
 def rocm_built(verbose=False):
