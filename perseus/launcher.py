@@ -3,6 +3,7 @@
     perseusrun -np 4 python train.py
     perseusrun -np 8 -H node1:4,node2:4 python train.py
     perseusrun -np 8 --hostfile hosts.txt --verbose python train.py
+    perseusrun --check-build      # frameworks, MPI, and whether CUDA / NCCL load
 
 It finds ``mpirun`` (the one next to this interpreter, else the first on PATH, or
 ``--mpirun`` / $PERSEUS_MPIRUN), asks it which MPI it belongs to (``mpirun
@@ -144,6 +145,8 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     is_root = is_root if is_root is not None else (hasattr(os, "geteuid") and os.geteuid() == 0)
     if flavour not in FLAVOURS:
         raise LauncherError("unknown MPI flavour %r (one of %s)" % (flavour, ", ".join(FLAVOURS)))
+    if args.np is None:
+        raise LauncherError("-np is required")
     if args.np < 1:
         raise LauncherError("-np must be at least 1")
     if not args.command:
@@ -194,9 +197,14 @@ def make_parser():
         prog="perseusrun",
         description="Run COMMAND on N processes through the installed mpirun, "
                     "adding what its MPI flavour needs.",
-        usage="perseusrun -np N [-H host:slots,...|--hostfile FILE] [--verbose] COMMAND...")
-    p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, required=True,
+        usage="perseusrun -np N [-H host:slots,...|--hostfile FILE] [--verbose] COMMAND...\n"
+              "       perseusrun --check-build")
+    # Required unless --check-build: main() checks, since argparse cannot say "unless".
+    p.add_argument("-np", "-n", "--num-proc", dest="np", type=int,
                    help="number of processes (ranks)")
+    p.add_argument("-cb", "--check-build", action="store_true",
+                   help="print the frameworks, controllers and tensor operations this "
+                        "installation provides (as horovodrun --check-build) and exit")
     p.add_argument("-H", "--hosts", dest="hosts",
                    help="host list, host[:slots],... (default: this machine)")
     p.add_argument("--hostfile", help="file of hosts, 'host slots=N' or 'host:N' per line")
@@ -216,6 +224,11 @@ def make_parser():
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
+    if args.check_build:
+        from perseus import check_build  # loads the core; a plain launch never does
+        return check_build.main()
+    if args.np is None:
+        parser.error("the following arguments are required: -np/-n/--num-proc")
     try:
         mpirun = find_mpirun(args.mpirun)
         flavour = args.mpi_flavour or detect_flavour(mpirun)

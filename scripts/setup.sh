@@ -6,8 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on this CPU-only
+# machine (~305 MB download, ~345 MB installed, ~20 s); nothing else uses it here.
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout scikit-learn
+  "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout scikit-learn \
+  "nvidia-nccl-cu13==2.32.3"
 # -e: the core library is built in place (perseus/lib/libperseus.so).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 echo "Perseus is installed in $(pwd)/.venv"

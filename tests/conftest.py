@@ -25,7 +25,10 @@ DEFAULT_TIMEOUT_S = 150
 # Variables that would leak a launcher's or a developer's setup into the job. The tests
 # set the PERSEUS_* / HOROVOD_* knobs they exercise explicitly; logging may pass through.
 _DROPPED_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PERSEUS_", "HOROVOD_")
-_KEPT = {"PERSEUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL"}
+# Open MPI's permission to run as root (and to oversubscribe) also pass: scripts/gpu_check.sh
+# sets them where the only MPI is a system Open MPI.
+_KEPT = {"PERSEUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "OMPI_ALLOW_RUN_AS_ROOT",
+         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "OMPI_MCA_rmaps_base_oversubscribe"}
 
 
 def find_mpirun():

@@ -1,24 +1,87 @@
-"""CUDA tensors in a world of one (one GPU cannot host two NCCL ranks). Skipped cleanly
-where torch sees no CUDA device."""
+"""CUDA tensors: in this process (a world of one), and the multi-rank scripts under
+mpirun in each GPU configuration. Skipped cleanly where torch sees no CUDA device;
+scripts/gpu_check.sh runs this file on a GPU machine, one configuration at a time
+(`-k <config>`; the in-process tests are `-m "not mpi"`).
+
+Configurations (CONFIGS):
+  nccl_np1_lanes{1,2,4}  NCCL at size 1 (the same code path as size N) with 1, 2 and 4
+                         lanes (PERSEUS_ALLREDUCE_STREAMS);
+  mpi_np2_shared         host-staged (PERSEUS_GPU_OPERATIONS=mpi), two ranks sharing GPU 0
+                         (NCCL refuses two ranks on one GPU);
+  nccl_np2               NCCL across two GPUs, only where torch sees at least two.
+Scripts: the CPU collective scripts of tests/mpi rerun on CUDA tensors (PTEST_DEVICE,
+see tests/mpi/common.py), and the torch CUDA ones (tests/mpi/gpu_torch_*.py, PTEST_GPU).
+"""
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from conftest import REPO_ROOT, clean_env
+
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.timeout(180),
+    pytest.mark.timeout(300),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
+# CPU scripts that take PTEST_DEVICE, and the torch CUDA scripts (PTEST_GPU). (gpu_*.py
+# without "torch" are the core's C ABI tests on a fake CUDA, run by test_gpu_core.py.)
+REUSED = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+          "join", "barrier", "process_sets"]
+GPU_ONLY = ["gpu_torch_collectives", "gpu_torch_ordering", "gpu_torch_training", "gpu_torch_mismatch"]
+NEEDS_TWO_RANKS = {"barrier", "process_sets", "gpu_torch_mismatch"}
+# Where lanes matter: reductions, fusion, ordering across streams, training.
+LANE_SCRIPTS = ["allreduce", "grouped_allreduce", "reducescatter", "gpu_torch_collectives",
+                "gpu_torch_ordering", "gpu_torch_training"]
+
+# name -> (ranks, environment, device spec, scripts, GPUs needed)
+CONFIGS = {
+    "nccl_np1_lanes1": (1, {"PERSEUS_ALLREDUCE_STREAMS": "1"}, "cuda", REUSED + GPU_ONLY, 1),
+    "nccl_np1_lanes2": (1, {"PERSEUS_ALLREDUCE_STREAMS": "2"}, "cuda", LANE_SCRIPTS, 1),
+    "nccl_np1_lanes4": (1, {"PERSEUS_ALLREDUCE_STREAMS": "4"}, "cuda", LANE_SCRIPTS, 1),
+    "mpi_np2_shared": (2, {"PERSEUS_GPU_OPERATIONS": "mpi"}, "cuda:0", REUSED + GPU_ONLY, 1),
+    "nccl_np2": (2, {"PERSEUS_GPU_OPERATIONS": "nccl"}, "cuda", REUSED + GPU_ONLY, 2),
+}
+
+
+def script_cases():
+    for config, (np, _, _, scripts, _) in CONFIGS.items():
+        for script in scripts:
+            if np >= 2 or script not in NEEDS_TWO_RANKS:
+                yield pytest.param(config, script, id="%s-%s" % (config, script))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("config, script", list(script_cases()))
+def test_script(run_mpi, config, script):
+    np, env, device, _, gpus = CONFIGS[config]
+    if torch.cuda.device_count() < gpus:
+        pytest.skip("%s needs %d GPUs, torch sees %d" % (config, gpus, torch.cuda.device_count()))
+    where = "PTEST_GPU" if script in GPU_ONLY else "PTEST_DEVICE"
+    run_mpi(script, np, env=dict(env, **{where: device}), timeout=240)
+
+
+# ---------------------------------------------------------------- in this process
 
 def make(shape, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g).to(dtype).cuda()
     return torch.randint(0, 50, shape, generator=g).to(dtype).cuda()
+
+
+def test_built_answers(hvd):
+    assert hvd.cuda_built() is True
+    assert hvd.nccl_built() >= 20000  # NCCL_VERSION_CODE of an NCCL 2.x
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "bin" / "perseusrun"), "--check-build"],
+                         cwd=str(REPO_ROOT), env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[X] NCCL" in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -50,3 +113,26 @@ def test_grouped_and_async_on_cuda(hvd):
     handles = [hvd.allreduce_async(x, name="gpu.async.%d" % i, op=hvd.Sum) for i, x in enumerate(xs)]
     for handle, x in zip(handles, xs):
         assert torch.equal(hvd.synchronize(handle), x)
+
+
+def test_empty_and_alltoall_on_cuda(hvd):
+    for dtype in (torch.float32, torch.int64):
+        empty = torch.empty(0, 3, dtype=dtype, device="cuda")
+        assert hvd.allreduce(empty, name="gpu.empty.%s" % dtype, op=hvd.Sum).shape == (0, 3)
+        assert hvd.allgather(empty, name="gpu.empty.ag.%s" % dtype).shape == (0, 3)
+        x = make((5, 2), dtype)
+        out, received = hvd.alltoall(x, splits=[5], name="gpu.a2a.%s" % dtype)
+        assert out.is_cuda and torch.equal(out, x) and [int(v) for v in received] == [5]
+        rs = hvd.reducescatter(x, name="gpu.rs.%s" % dtype, op=hvd.Sum)
+        assert rs.is_cuda and torch.equal(rs, x)
+
+
+def test_cpu_work_beside_cuda_work(hvd):
+    # Both kinds in flight at once, each result on its input's device.
+    cpu = torch.arange(10, dtype=torch.float32)
+    gpu = cpu.cuda()
+    h1 = hvd.allreduce_async(cpu, name="gpu.mixed.cpu", op=hvd.Sum)
+    h2 = hvd.allreduce_async(gpu, name="gpu.mixed.cuda", op=hvd.Sum)
+    a, b = hvd.synchronize(h1), hvd.synchronize(h2)
+    assert a.device.type == "cpu" and b.is_cuda
+    assert torch.equal(a, cpu) and torch.equal(b.cpu(), cpu)

@@ -1,5 +1,5 @@
 """perseusrun (perseus/launcher.py): the mpirun command it builds for each MPI flavour,
-and real runs through the venv's MPICH mpirun."""
+real runs through the venv's MPICH mpirun, and --check-build."""
 import subprocess
 import sys
 
@@ -107,6 +107,7 @@ def test_extra_mpi_args():
     ["-np", "2", "-H", "a:0", "python"],
     ["-np", "2", "-H", "a:x", "python"],
     ["-np", "2", "-H", "a", "--hostfile", "f", "python"],
+    ["python", "t.py"],
 ])
 def test_bad_arguments(argv):
     with pytest.raises(LauncherError):
@@ -141,3 +142,46 @@ def test_dry_run_prints_and_runs_nothing():
     res = _perseusrun(["-np", "2", "--dry-run", sys.executable, "-c", "raise SystemExit(5)"])
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("perseusrun (mpich): ") and "-np 2" in res.stdout
+
+
+def _section(text, title):
+    """The box lines under one horovodrun-style heading, as {label: checked}."""
+    lines = text.split(title + ":\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return {line.strip()[4:]: line.strip().startswith("[X]") for line in lines}
+
+
+@pytest.mark.parametrize("flag", ["--check-build", "-cb"])
+def test_check_build(flag):
+    res = _perseusrun([flag])
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert out.startswith("Perseus v")
+    # Frameworks: found without importing them; this venv has torch and neither of the others.
+    assert _section(out, "Available Frameworks") == {"TensorFlow": False, "PyTorch": True, "MXNet": False}
+    assert _section(out, "Available Controllers") == {"MPI": True, "Gloo": False}
+    ops = _section(out, "Available Tensor Operations")
+    assert set(ops) == {"NCCL", "DDL", "CCL", "MPI", "Gloo"} and ops["MPI"] and not ops["Gloo"]
+    # The NCCL box is what nccl_built() answers in a process of its own.
+    code = "from perseus.common import gpu; print(bool(gpu.nccl_built()))"
+    built = subprocess.run([sys.executable, "-c", code], cwd=str(REPO_ROOT), env=clean_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    assert ops["NCCL"] == (built.stdout.strip() == "True")
+    details = out.split("Details:\n", 1)[1]
+    assert "MPI library:" in details and "MPICH" in details
+    assert "GPU libraries:" in details and "GPU operations:" in details
+
+
+def test_check_build_imports_no_framework():
+    code = ("import sys; from perseus import check_build; check_build.report(); "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'mxnet') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=str(REPO_ROOT), env=clean_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
+def test_framework_version_from_metadata():
+    from perseus.check_build import framework_version
+    assert framework_version("pytest") == pytest.__version__
+    assert framework_version("no_such_package_here") is None

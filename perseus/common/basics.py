@@ -145,7 +145,8 @@ def stop_timeline():
     _lib.check(_lib.perseus_stop_timeline())
 
 
-# What this build provides. Perseus always runs on MPI; the rest is not built in.
+# What this build provides. Perseus always runs on MPI; CUDA and NCCL are loaded at
+# run time, so their answers come from trying to load them (perseus.common.gpu).
 def mpi_enabled():
     return True
 
@@ -163,7 +164,9 @@ def gloo_built(verbose=False):
 
 
 def nccl_built(verbose=False):
-    return False
+    """NCCL's version code when NCCL and the CUDA runtime load in this process, else 0."""
+    from perseus.common import gpu  # on first use: loading the GPU libraries is not init's business
+    return gpu.nccl_built(verbose)
 
 
 def ddl_built(verbose=False):
@@ -175,7 +178,9 @@ def ccl_built(verbose=False):
 
 
 def cuda_built(verbose=False):
-    return False
+    """True when the CUDA runtime loads in this process."""
+    from perseus.common import gpu
+    return gpu.cuda_built(verbose)
 
 
 def rocm_built(verbose=False):

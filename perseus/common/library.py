@@ -215,3 +215,20 @@ def check(status):
     """Raises the matching exception when a core call returned a non-zero status."""
     if status:
         raise error(status)
+
+
+def mpi_library_version():
+    """MPI_Get_library_version() of the MPI libperseus is linked with (callable before
+    MPI_Init), first line only; None when the symbol cannot be found. Here because
+    this module is the one place that reaches into the loaded libraries."""
+    try:
+        fn = ctypes.CDLL(None).MPI_Get_library_version  # global: libperseus is RTLD_GLOBAL
+    except (AttributeError, OSError):
+        return None
+    buf = ctypes.create_string_buffer(8192)  # >= MPI_MAX_LIBRARY_VERSION_STRING of MPICH / Open MPI
+    length = ctypes.c_int(0)
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
+    if fn(buf, ctypes.byref(length)) != 0:
+        return None
+    text = buf.value.decode("utf-8", "replace").strip()
+    return " ".join(text.splitlines()[0].split()) if text else None

@@ -47,15 +47,17 @@ def data(seed):
 
 
 def train_step(model, opt, seed):
-    x, y = data(seed)
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in data(seed))
     opt.zero_grad()
     ((model(x) - y) ** 2).mean().backward()
     opt.step()
 
 
-def setup(name, rank, steps, wrap=False):
-    """The model and optimizer `rank` starts with, after `steps` local steps."""
-    model = make_model(rank)
+def setup(name, rank, steps, wrap=False, device=None):
+    """The model and optimizer `rank` starts with, after `steps` local steps, on
+    `device` (None: the CPU)."""
+    model = make_model(rank).to(device)
     # Two param groups, the second with its own lr, so group-wise entries matter.
     params = list(model.parameters())
     opt = OPTIMIZERS[name]([{"params": params[:2]}, {"params": params[2:], "lr": 0.003 * (rank + 1)}],
@@ -78,6 +80,7 @@ def assert_same_value(got, expected, what):
         assert got.dtype == expected.dtype and got.shape == expected.shape, \
             "%s: %s %s vs root's %s %s" % (what, got.dtype, tuple(got.shape), expected.dtype,
                                            tuple(expected.shape))
+        assert got.device == expected.device, "%s: on %s, root's on %s" % (what, got.device, expected.device)
         assert torch.equal(got, expected), "%s: values differ from root's" % what
     else:
         assert type(got) is type(expected) and got == expected, \
@@ -107,11 +110,13 @@ def assert_same_state(model, opt, ref_model, ref_opt, what):
                 what, i, key, g[key], e[key])
 
 
-def check_optimizer(name, rank, size, root, root_steps, wrap):
+def check_optimizer(name, rank, size, root, root_steps, wrap, device=None):
+    """device: where every model lives, the reference's too (a GPU-trained root's state
+    is reproduced by the same GPU steps, not by CPU ones)."""
     what = "%s root=%d root_steps=%d%s" % (name, root, root_steps, " wrapped" if wrap else "")
     mine = steps_of(rank, root) if rank != root else root_steps
-    model, opt = setup(name, rank, mine, wrap)
-    ref_model, ref_opt = setup(name, root, root_steps)
+    model, opt = setup(name, rank, mine, wrap, device)
+    ref_model, ref_opt = setup(name, root, root_steps, device=device)
 
     if rank != root:
         # The test must be able to fail: this rank really starts out different.

@@ -7,6 +7,11 @@ result of a collective locally with plain torch, without trusting the library un
 A script calls `main(body)`: any exception prints a traceback tagged with the rank and
 ends the process with exit code 1 at once (MPICH then tears the job down), so a
 failure on one rank fails the test instead of leaving the others waiting.
+
+PTEST_DEVICE=cuda (or cuda:N) runs a script's checks on CUDA tensors (tests/test_gpu.py):
+make_tensor() then puts every input on this rank's GPU (or on GPU N, shared by all
+ranks), results must come back on that device, and references are still computed on
+the CPU.
 """
 import os
 import sys
@@ -38,9 +43,28 @@ _INT_RANGES = {
 }
 
 
+# Where make_tensor() puts the inputs: the CPU unless PTEST_DEVICE says otherwise.
+DEVICE = torch.device("cpu")
+
+
+def pick_device(spec):
+    """'cpu'; 'cuda': this rank's own GPU (local rank modulo the GPU count); 'cuda:N':
+    GPU N whatever the rank (several ranks sharing one GPU). Call after hvd.init()."""
+    if spec in (None, "", "cpu"):
+        return torch.device("cpu")
+    if spec == "cuda":
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    else:
+        device = torch.device(spec)
+    torch.cuda.set_device(device)
+    return device
+
+
 def init():
+    global DEVICE
     hvd.init()
     assert hvd.size() <= MAX_RANKS, "value ranges in common.py assume at most %d ranks" % MAX_RANKS
+    DEVICE = pick_device(os.environ.get("PTEST_DEVICE"))
     return hvd.rank(), hvd.size()
 
 
@@ -57,7 +81,10 @@ def make_tensor(tag, rank, shape, dtype, kind="sum"):
     'big' (integers beyond 2**53), 'exact' (small integers stored in any dtype:
     every sum and average over <= 4 ranks is exactly representable).
     """
-    shape = tuple(shape)
+    return _make_cpu_tensor(tag, rank, tuple(shape), dtype, kind).to(DEVICE)
+
+
+def _make_cpu_tensor(tag, rank, shape, dtype, kind):
     g = torch.Generator().manual_seed(seed_of(tag, rank))
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
@@ -99,6 +126,7 @@ def reference_reduce(inputs, op, dtype, prescale=1.0, postscale=1.0):
     (n + 3) * eps * sum(|scaled addends|) for Sum/Average, relative for Product,
     zero for Min/Max (a selection, never rounded).
     """
+    inputs = [x.cpu() for x in inputs]  # the reference never runs on a GPU
     n = len(inputs)
     if not dtype.is_floating_point:
         xs = torch.stack([x.to(torch.int64) for x in inputs])
@@ -138,7 +166,8 @@ def assert_close(got, expected, bound, dtype, what, exact=False):
     assert got.dtype == dtype, "%s: dtype %s, expected %s" % (what, got.dtype, dtype)
     assert tuple(got.shape) == tuple(expected.shape), \
         "%s: shape %s, expected %s" % (what, tuple(got.shape), tuple(expected.shape))
-    assert got.device.type == "cpu", "%s: result on %s" % (what, got.device)
+    got = on_host(got, what)
+    expected = expected.cpu()
     if bound is None or exact:
         ok = torch.equal(got.to(expected.dtype), expected)
         if not ok:
@@ -146,7 +175,7 @@ def assert_close(got, expected, bound, dtype, what, exact=False):
                                  % (what, got.flatten()[:8].tolist(), expected.flatten()[:8].tolist()))
         return
     diff = (got.to(torch.float64) - expected).abs()
-    bad = ~(diff <= bound)  # also catches NaN
+    bad = ~(diff <= bound.cpu())  # also catches NaN
     if bad.any():
         i = int(bad.flatten().nonzero()[0])
         raise AssertionError("%s: %d of %d elements off; first at flat index %d: got %r, "
@@ -160,9 +189,18 @@ def assert_reduced(got, inputs, op, dtype, what, prescale=1.0, postscale=1.0, ex
     assert_close(got, expected, bound, dtype, what, exact)
 
 
+def on_host(got, what):
+    """got, checked to be on DEVICE (where the inputs were), copied to the CPU. The copy
+    runs on the current CUDA stream: a result the library let the caller read too early
+    shows up here as wrong values."""
+    assert got.device == DEVICE, "%s: result on %s, the inputs were on %s" % (what, got.device, DEVICE)
+    return got.cpu()
+
+
 def assert_equal(got, expected, what):
     """Exact comparison for data-movement collectives (and dtype, shape)."""
     assert isinstance(got, torch.Tensor), "%s: expected a tensor, got %r" % (what, type(got))
+    got, expected = on_host(got, what), expected.cpu()
     assert got.dtype == expected.dtype, "%s: dtype %s, expected %s" % (what, got.dtype, expected.dtype)
     assert tuple(got.shape) == tuple(expected.shape), \
         "%s: shape %s, expected %s" % (what, tuple(got.shape), tuple(expected.shape))

@@ -90,15 +90,21 @@ def reference(make_opt=sgd, **model_kwargs):
     return weights(model)
 
 
-def train(rank, size, make_opt=sgd, micro=1, hook=None, model_kwargs=None, **ddp_kwargs):
+def train(rank, size, make_opt=sgd, micro=1, hook=None, model_kwargs=None, device=None,
+          **ddp_kwargs):
+    """device: a GPU for torch's single-device form, DDP(model.cuda(), device_ids=[i])
+    (tests/mpi/gpu_torch_training.py); the weights come back from there."""
     # A different seed per rank: DDP's construction broadcast makes them equal.
-    model = DDP(make_model(seed=1234 + rank, **(model_kwargs or {})), **ddp_kwargs)
+    module = make_model(seed=1234 + rank, **(model_kwargs or {}))
+    if device is not None and device.type == "cuda":
+        module, ddp_kwargs = module.to(device), dict(ddp_kwargs, device_ids=[device.index])
+    model = DDP(module, **ddp_kwargs)
     if hook is not None:
         model.register_comm_hook(None, hook)
     opt = make_opt(model)
     rows = BATCH // size
     for step in range(STEPS):
-        x, y = batch(step)
+        x, y = (t.to(device) for t in batch(step))
         x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
         part = rows // micro
         opt.zero_grad()
@@ -345,4 +351,5 @@ def body():
     dist.destroy_process_group()
 
 
-main(body)
+if __name__ == "__main__":
+    main(body)

@@ -97,15 +97,17 @@ def reference(make_opt=sgd, clip=None, model_kwargs=None, data=batch, model_cls=
 
 def distributed(rank, size, make_opt=sgd, passes=1, clip=None, loss_scale=1.0,
                 model_kwargs=None, data=batch, model_cls=Net, check_pending=True, groups_of=None,
-                **dist_kwargs):
-    model = make_model(model_cls, **(model_kwargs or {}))
+                device=None, **dist_kwargs):
+    """device: where the model and this rank's data live (tests/mpi/gpu_torch_training.py
+    passes a GPU); the weights come back from there."""
+    model = make_model(model_cls, **(model_kwargs or {})).to(device)
     base = make_opt(model)
     if groups_of is not None:
         dist_kwargs["groups"] = groups_of(model)
     opt = DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                backward_passes_per_step=passes, **dist_kwargs)
     assert isinstance(opt, type(base)), "the wrapper is not an instance of %s" % type(base)
-    x, y = data()
+    x, y = (t.to(device) for t in data())
     rows = BATCH // size
     x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
     micro = rows // passes

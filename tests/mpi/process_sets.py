@@ -71,7 +71,7 @@ def exercise(ps, members, rank, tag):
         start = sum(rows[:me])
         out = hvd.reducescatter(xs[me], name=name, op=op, process_set=ps)
         assert out.shape[0] == rows[me], "%s: %d rows, expected %d" % (name, out.shape[0], rows[me])
-        diff = (out.double() - expected[start:start + rows[me]]).abs()
+        diff = (out.double().cpu() - expected[start:start + rows[me]]).abs()
         assert bool((diff <= bound[start:start + rows[me]]).all()), name
 
     hvd.barrier(process_set=ps)

@@ -67,7 +67,7 @@ def check(got, expected, dtype, what, tol=None):
     assert got.dtype == dtype, "%s: dtype %s, expected %s" % (what, got.dtype, dtype)
     assert tuple(got.shape) == tuple(expected.shape), \
         "%s: shape %s, expected %s" % (what, tuple(got.shape), tuple(expected.shape))
-    diff = (got.detach().to(torch.float64) - expected.detach().to(torch.float64)).abs()
+    diff = (got.detach().cpu().to(torch.float64) - expected.detach().to(torch.float64)).abs()
     bound = (tol or TOL[dtype]) * (1 + expected.detach().to(torch.float64).abs())
     bad = ~(diff <= bound)
     if bad.any():
@@ -117,10 +117,13 @@ def init_params(tag, *modules):
                 m.running_var.copy_(rv)
 
 
-def run_case(rank, size, dims, trailing, dtype, config, pattern, rows):
+def run_case(rank, size, dims, trailing, dtype, config, pattern, rows, device=None):
+    """device: where the SyncBatchNorm and this rank's batch live (a GPU in
+    tests/mpi/gpu_torch_training.py); the torch reference always runs on the CPU."""
     affine, momentum, track = config
     tag = "sbn.%dd.%s.%s.%s.%s" % (dims, "x".join(map(str, trailing)), str(dtype), config, pattern)
-    mine = SyncBatchNorm(C, momentum=momentum, affine=affine, track_running_stats=track).to(dtype)
+    mine = SyncBatchNorm(C, momentum=momentum, affine=affine,
+                         track_running_stats=track).to(device=device, dtype=dtype)
     ref = TORCH_BN[dims](C, momentum=momentum, affine=affine,
                          track_running_stats=track).to(torch.float64)
     init_params(tag, mine, ref)
@@ -130,11 +133,11 @@ def run_case(rank, size, dims, trailing, dtype, config, pattern, rows):
     for step in range(STEPS):
         what = "%s step %d" % (tag, step)
         xs, gs = inputs("%s.%d" % (tag, step), rows, trailing, dtype)
-        x = xs[rank].clone().requires_grad_(True)
+        x = xs[rank].to(device).clone().requires_grad_(True)
         before = calls()
         y = mine(x)
         after_forward = calls()
-        y.backward(gs[rank])
+        y.backward(gs[rank].to(device))
         after_backward = calls()
         if size > 1:
             assert after_forward["allgather"] == before["allgather"] + 1, "%s: forward allgathers" % what
@@ -177,7 +180,7 @@ def run_case(rank, size, dims, trailing, dtype, config, pattern, rows):
     if not track and rows[rank] * max(1, int(torch.tensor(trailing).prod())) < 2:
         return  # torch needs two values per channel for batch statistics, so do we
     before = calls()
-    y = mine(xs[rank])
+    y = mine(xs[rank].to(device))
     assert calls() == before, "%s: eval mode communicated" % tag
     if track:
         expected = ref(torch.cat(xs).to(torch.float64))[lo:hi]

@@ -1,0 +1,276 @@
+#!/usr/bin/env bash
+# GPU verification in one command, from the repository root (issue 14):
+#
+#   bash scripts/gpu_check.sh             # about 5-8 minutes; writes gpu_check_report.md
+#   bash scripts/gpu_check.sh --dry-run   # what it would do here, changing nothing
+#   bash scripts/gpu_check.sh --print-download
+#
+# For a machine without network that has Python 3.12, PyTorch with CUDA, the NVIDIA
+# NCCL wheel, mpi4py, nvcc and CMake, but maybe no MPI library or mpicxx. In order:
+#   1. finds a Python whose torch sees a CUDA device; without one it says so and
+#      exits 3 before touching anything;
+#   2. creates (or reuses) .venv-gpu with --system-site-packages, so the machine's
+#      torch is used, and installs what is missing (mpich, pytest, pytest-timeout,
+#      numpy, setuptools, mpi4py if needed) from wheels/ only: the wheels are fetched
+#      beforehand on a machine with a registry (--print-download shows the command);
+#   3. builds Perseus with the venv's mpicxx (pip install --no-build-isolation -e .)
+#      and checks that mpi4py and libperseus load the same libmpi;
+#   4. runs perseusrun --check-build, tests/test_gpu.py once per configuration
+#      (in this process; NCCL np=1 with 1, 2, 4 lanes; host-staged np=2 sharing the
+#      GPU; NCCL np=2 if two GPUs), and benchmarks/gpu_bench.py;
+#   5. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md) and exits
+#      0 if every step passed, 1 if one failed, 2 if the machine could not be set up,
+#      3 without a CUDA device. Logs of every step: gpu_check_logs/.
+# Settings: PYTHON, PERSEUS_WHEELS (wheels/), PERSEUS_GPU_VENV (.venv-gpu),
+# PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (450: the steps share this many seconds),
+# PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 (test this script on a CPU machine: all steps run,
+# the GPU tests skip, exit code 3).
+set -uo pipefail  # not -e: a failing step is recorded, the others still run
+
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$(pwd)
+WHEELS=${PERSEUS_WHEELS:-$ROOT/wheels}
+VENV=${PERSEUS_GPU_VENV:-$ROOT/.venv-gpu}
+REPORT=${PERSEUS_GPU_REPORT:-$ROOT/gpu_check_report.md}
+LOGS=${PERSEUS_GPU_LOGS:-$ROOT/gpu_check_logs}
+BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-450}
+EXIT_FAILED=1 EXIT_SETUP=2 EXIT_NO_CUDA=3
+DRY_RUN=0
+START=$(date +%s)
+
+# The wheels a machine without network needs, fetched on one with a registry. Pinned to
+# the versions this script was checked with; the platform tags cover every manylinux
+# level the wheels use (pip matches --platform exactly, it does not infer older ones).
+download_command() {
+  cat <<'EOF'
+python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+    -d wheels "mpich==5.0.2" "mpi4py==4.1.2" "pytest==9.2.0" "pytest-timeout==2.4.0" \
+    "setuptools==84.2.1" "wheel==0.48.0" "numpy==2.5.5"
+EOF
+}
+
+say() { printf '[gpu_check] %s\n' "$*"; }
+report() { printf '%s\n' "$@" >>"$REPORT"; }
+elapsed() { echo $(( $(date +%s) - START )); }
+remaining() { echo $(( BUDGET_S - $(elapsed) )); }
+
+case "${1:-}" in
+  --dry-run) DRY_RUN=1 ;;
+  --print-download) download_command; exit 0 ;;
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "unknown argument: $1 (see --help)" >&2; exit "$EXIT_SETUP" ;;
+esac
+
+# Ends the run with a setup problem; a dry run says so and goes on showing the plan.
+stop() {
+  local code=$1; shift
+  say "$*"
+  [ "$DRY_RUN" = 1 ] || exit "$code"
+  say "(dry run: a real run would stop here with exit code $code)"
+}
+
+# Runs a command unless --dry-run, which prints it instead.
+act() {
+  if [ "$DRY_RUN" = 1 ]; then say "would run: $*"; return 0; fi
+  "$@"
+}
+
+say "wheels for a machine without network: on one with a registry, from the repository root:"
+download_command | sed 's/^/    /'
+
+# ---------------------------------------------------------------- 1. Python, torch, CUDA
+find_python() {
+  local candidate
+  for candidate in ${PYTHON:-} python3.12 python3 python; do
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import torch" >/dev/null 2>&1; then
+      command -v "$candidate"; return 0
+    fi
+  done
+  return 1
+}
+if ! BASE_PY=$(find_python); then
+  say "no Python with torch found (tried: ${PYTHON:-} python3.12 python3 python); set PYTHON=/path/to/python"
+  exit "$EXIT_SETUP"  # even a dry run has nothing to show without one
+fi
+say "base Python: $BASE_PY"
+CUDA_INFO=$("$BASE_PY" scripts/gpu_check_info.py cuda); CUDA_RC=$?
+printf '%s\n' "$CUDA_INFO" | sed 's/^/    /'
+if [ "$CUDA_RC" != 0 ]; then
+  say "NO CUDA DEVICE: torch cannot see a GPU, so there is nothing to verify here."
+  if [ "$DRY_RUN" = 1 ]; then
+    say "(dry run: a real run would stop here with exit code $EXIT_NO_CUDA; going on to show the plan)"
+  elif [ "${PERSEUS_GPU_CHECK_WITHOUT_CUDA:-0}" = 1 ]; then
+    # For testing this script on a CPU machine: every step runs, the GPU tests skip.
+    say "going on anyway (PERSEUS_GPU_CHECK_WITHOUT_CUDA=1): the GPU tests will skip; exit code $EXIT_NO_CUDA at the end"
+  else
+    exit "$EXIT_NO_CUDA"
+  fi
+fi
+PY_VERSION=$("$BASE_PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+[ "$PY_VERSION" = 3.12 ] || say "note: Python $PY_VERSION, not 3.12: the wheels in $WHEELS are for cp312"
+
+# ---------------------------------------------------------------- 2. venv and what is missing
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  say "reusing $VENV"
+else
+  say "creating $VENV (--system-site-packages: the machine's torch, NCCL and mpi4py stay visible)"
+  act "$BASE_PY" -m venv --system-site-packages "$VENV" || stop "$EXIT_SETUP" "could not create $VENV"
+fi
+VPY=$VENV/bin/python
+[ -x "$VPY" ] || VPY=$BASE_PY  # dry run without a venv yet: ask the base Python instead
+export PATH="$VENV/bin:$PATH"
+
+# What the build and the tests need, each as: distribution, then a Python check of it.
+# setuptools >= 70.1 builds editable wheels by itself; older ones need `wheel` too.
+needs() {
+  case "$1" in
+    pytest) echo "import pytest" ;;
+    pytest-timeout) echo "import pytest_timeout" ;;
+    numpy) echo "import numpy" ;;
+    mpi4py) echo "import mpi4py" ;;
+    setuptools) echo "import setuptools as s; assert tuple(map(int, s.__version__.split('.')[:2])) >= (64, 0)" ;;
+    wheel) echo "import setuptools as s, importlib.util as u
+assert tuple(map(int, s.__version__.split('.')[:2])) >= (70, 1) or u.find_spec('wheel')" ;;
+  esac
+}
+missing=()
+for dist in pytest pytest-timeout numpy setuptools wheel mpi4py; do
+  "$VPY" -c "$(needs "$dist")" >/dev/null 2>&1 || missing+=("$dist")
+done
+# MPI: the venv's own MPICH, from the wheel (--ignore-installed: a copy in the venv
+# even where the machine's Python has one, so that bin/mpicxx and lib/libmpi sit in
+# the venv, where mpi4py looks first); a system mpicxx only as the last resort.
+MPICXX=""
+if [ -x "$VENV/bin/mpicxx" ]; then
+  MPICXX=$VENV/bin/mpicxx
+elif compgen -G "$WHEELS/mpich-*.whl" >/dev/null; then
+  say "installing MPICH into $VENV from $WHEELS"
+  act "$VPY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
+    --ignore-installed --no-deps mpich || stop "$EXIT_SETUP" "could not install MPICH from $WHEELS"
+  MPICXX=$VENV/bin/mpicxx
+elif command -v mpicxx >/dev/null 2>&1; then
+  MPICXX=$(command -v mpicxx)
+  say "no mpich wheel in $WHEELS: building with the system's $MPICXX"
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  say "missing from $VENV: ${missing[*]}"
+  for dist in "${missing[@]}"; do
+    compgen -G "$WHEELS/$(echo "$dist" | tr - _)-*.whl" >/dev/null \
+      || stop "$EXIT_SETUP" "no wheel for $dist in $WHEELS: fetch the wheels first (command above)"
+  done
+  act "$VPY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
+    --ignore-installed "${missing[@]}" || stop "$EXIT_SETUP" "could not install ${missing[*]} from $WHEELS"
+fi
+if [ -z "$MPICXX" ] || { [ "$DRY_RUN" = 0 ] && [ ! -x "$MPICXX" ]; }; then
+  stop "$EXIT_SETUP" "no MPI: no mpicxx in $VENV or on PATH and no mpich wheel in $WHEELS (command above)"
+fi
+say "MPI compiler: ${MPICXX:-none}"
+# Open MPI refuses root without these; harmless for MPICH (conftest.py passes them on).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PATH="$(dirname "$MPICXX"):$PATH"
+
+# ---------------------------------------------------------------- report and steps
+[ "$DRY_RUN" = 1 ] && REPORT=/dev/null || mkdir -p "$LOGS"
+: >"$REPORT"
+declare -a SUMMARY=()
+FAILED=0
+RESERVE_S=0  # seconds of the budget a step must leave for later ones
+
+# step NAME LIMIT_S CMD...: runs CMD within min(LIMIT_S, what is left of the budget
+# beyond RESERVE_S), its output in $LOGS/NAME.log; records PASS / FAIL / NOT RUN.
+step() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( $(remaining) - RESERVE_S ))
+  if [ "$DRY_RUN" = 1 ]; then say "would run ($name, up to ${limit}s): $*"; return 0; fi
+  if [ "$left" -lt 20 ]; then
+    SUMMARY+=("| $name | NOT RUN (time budget spent) | |"); FAILED=1; return 1
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  say "$name (up to ${limit}s): $*"
+  local t0 rc; t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1; rc=$?
+  local took=$(( $(date +%s) - t0 ))
+  local result=PASS
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then result="FAIL (timed out after ${limit}s)";
+  elif [ "$rc" != 0 ]; then result="FAIL (exit $rc)"; fi
+  [ "$result" = PASS ] || FAILED=1
+  SUMMARY+=("| $name | $result | ${took}s |")
+  say "$name: $result in ${took}s"
+  return "$rc"
+}
+
+REVISION="$(git rev-parse --short HEAD 2>/dev/null)$([ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && echo ' + local changes')"
+report "# GPU check report" "" "$(date -u '+%Y-%m-%d %H:%M UTC'), $REVISION on $(hostname)" ""
+[ "$CUDA_RC" = 0 ] || report "**No CUDA device: PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 ran every step, the GPU tests skipped. Nothing on a GPU was verified.**" ""
+report "## Machine" ""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  report '```text' "$(nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv 2>&1)" \
+    "$(nvidia-smi 2>/dev/null | grep -m1 'CUDA Version')" '```' ""
+else
+  report "nvidia-smi: not found" ""
+fi
+[ "$DRY_RUN" = 1 ] || report "$("$VPY" scripts/gpu_check_info.py versions 2>&1)" ""
+
+# ---------------------------------------------------------------- 3. build, same MPI
+step build 300 env PERSEUS_MPICXX="$MPICXX" "$VPY" -m pip install -v --disable-pip-version-check \
+  --no-build-isolation --no-deps --no-index -e . || {
+  report "## Build failed" "" '```text' "$(tail -40 "$LOGS/build.log")" '```'
+  say "build failed: see $LOGS/build.log and $REPORT"; exit "$EXIT_FAILED"; }
+if [ "$DRY_RUN" = 0 ] && ! "$VPY" scripts/gpu_check_info.py same-mpi >/dev/null 2>&1 \
+    && compgen -G "$WHEELS/mpi4py-*.whl" >/dev/null; then
+  # The machine's mpi4py was built for another MPI; the wheel's finds the venv's libmpi first.
+  say "mpi4py loads another MPI than libperseus: installing the mpi4py wheel into $VENV"
+  "$VPY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
+    --force-reinstall --no-deps mpi4py
+fi
+step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi
+[ "$DRY_RUN" = 1 ] || report "## Same MPI for mpi4py and libperseus" "" '```text' "$(cat "$LOGS/same_mpi.log")" '```' ""
+
+# ---------------------------------------------------------------- 4. check-build, tests, benchmark
+step check_build 60 "$VENV/bin/perseusrun" --check-build
+[ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log")" '```' ""
+
+PYTEST=("$VPY" -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py)
+if [ "$DRY_RUN" = 1 ]; then
+  CONFIGS=$("$VPY" scripts/gpu_check_info.py configs 2>/dev/null || echo "(tests/test_gpu.py CONFIGS)")
+else
+  CONFIGS=$("$VPY" scripts/gpu_check_info.py configs)
+fi
+report "## tests/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
+RESERVE_S=100  # the benchmark runs after the tests
+for config in inproc $CONFIGS; do
+  if [ "$config" = inproc ]; then
+    step "test_$config" 120 "${PYTEST[@]}" -m "not mpi"
+  else
+    step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config"
+  fi
+  [ "$DRY_RUN" = 1 ] && continue
+  line=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)' "$LOGS/test_$config.log" | tail -1)
+  report "| $config | ${line:-no summary line (see gpu_check_logs/test_$config.log)} |"
+done
+report ""
+for config in inproc $CONFIGS; do
+  log=$LOGS/test_$config.log
+  [ -f "$log" ] && grep -qE '(^FAILED|^ERROR| failed| error)' "$log" || continue
+  report "### Failures: $config" "" '```text' "$(grep -E '^(FAILED|ERROR)' "$log" | head -30)" "" \
+    "$(tail -60 "$log")" '```' ""
+done
+
+RESERVE_S=0
+step gpu_bench 150 "$VPY" benchmarks/gpu_bench.py --json "$LOGS/gpu_bench.json"
+[ "$DRY_RUN" = 1 ] || report "## Benchmark (benchmarks/gpu_bench.py)" "" "$(cat "$LOGS/gpu_bench.log")" ""
+
+if [ "$DRY_RUN" = 1 ]; then
+  say "dry run done: nothing was installed, built or run"
+  exit 0
+fi
+report "## Steps" "" "| step | result | time |" "|---|---|---|" "${SUMMARY[@]}" "" \
+  "Total: $(elapsed)s of a ${BUDGET_S}s budget. Logs: gpu_check_logs/."
+say "report: $REPORT ($(elapsed)s)"
+printf '%s\n' "${SUMMARY[@]}"
+[ "$FAILED" = 0 ] || exit "$EXIT_FAILED"
+[ "$CUDA_RC" = 0 ] || exit "$EXIT_NO_CUDA"  # PERSEUS_GPU_CHECK_WITHOUT_CUDA=1: nothing was verified
+exit 0

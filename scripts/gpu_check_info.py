@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Facts scripts/gpu_check.sh needs from Python, one subcommand each:
+
+  cuda       what torch sees; exit 0 with a CUDA device, 3 without one, 4 without torch
+  versions   a Markdown list for the report: Python, torch, CUDA, NCCL, devices, MPI
+  same-mpi   exit 0 when mpi4py and libperseus load the same MPI library file, 1 if not
+  configs    the GPU test configurations of tests/test_gpu.py, one per line
+"""
+import os
+import sys
+
+NO_CUDA, NO_TORCH = 3, 4
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def torch_summary(torch):
+    nccl = "?"
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # CPU builds have no NCCL
+        pass
+    return "torch %s (CUDA %s, NCCL %s) from %s" % (torch.__version__, torch.version.cuda, nccl,
+                                                   os.path.dirname(torch.__file__))
+
+
+def cuda():
+    try:
+        import torch
+    except ImportError as e:
+        print("no torch in %s (%s): %s" % (sys.executable, sys.version.split()[0], e))
+        return NO_TORCH
+    print("python %s (%s)" % (sys.version.split()[0], sys.executable))
+    print(torch_summary(torch))
+    if not torch.cuda.is_available():
+        why = "a CPU-only torch build" if torch.version.cuda is None else "no device or driver visible"
+        print("no CUDA device: torch.cuda.is_available() is False (%s)" % why)
+        return NO_CUDA
+    for i in range(torch.cuda.device_count()):
+        print("cuda:%d %s (compute capability %d.%d)" % ((i, torch.cuda.get_device_name(i))
+                                                         + torch.cuda.get_device_capability(i)))
+    return 0
+
+
+def versions():
+    import torch
+    lines = ["- Python %s (%s)" % (sys.version.split()[0], sys.executable), "- " + torch_summary(torch)]
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        lines.append("- cuda:%d: %s, %.0f GiB, compute capability %d.%d"
+                     % (i, p.name, p.total_memory / 2 ** 30, p.major, p.minor))
+    try:
+        import mpi4py
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False  # only asking, not starting MPI
+        from mpi4py import MPI
+        lines.append("- mpi4py %s on %s" % (mpi4py.__version__, " ".join(MPI.Get_library_version().split()[:3])))
+    except Exception as e:
+        lines.append("- mpi4py: %s" % e)
+    print("\n".join(lines))
+    return 0
+
+
+def mapped_mpi_libraries():
+    with open("/proc/self/maps") as f:
+        paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+    return sorted({os.path.realpath(p) for p in paths if os.path.basename(p).startswith("libmpi.so")})
+
+
+def same_mpi():
+    sys.path.insert(0, REPO)
+    from perseus.common import library  # loads libperseus and the MPI it links
+    import mpi4py
+    mpi4py.rc.initialize = mpi4py.rc.finalize = False
+    from mpi4py import MPI
+    found = mapped_mpi_libraries()
+    print("libperseus: %s" % (library.mpi_library_version() or "?"))
+    print("mpi4py:     %s" % " ".join(MPI.Get_library_version().split()[:3]))
+    print("libmpi files mapped: %s" % (", ".join(found) or "none"))
+    return 0 if len(found) == 1 else 1
+
+
+def configs():
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    import test_gpu
+    print("\n".join(test_gpu.CONFIGS))
+    return 0
+
+
+if __name__ == "__main__":
+    commands = {"cuda": cuda, "versions": versions, "same-mpi": same_mpi, "configs": configs}
+    if len(sys.argv) != 2 or sys.argv[1] not in commands:
+        sys.exit("usage: gpu_check_info.py {%s}" % ",".join(commands))
+    sys.exit(commands[sys.argv[1]]())
