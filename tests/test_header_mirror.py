@@ -141,6 +141,7 @@ def test_request_struct():
         if ctype in scalar:
             assert mirror is scalar[ctype], name
         else:
-            assert ctype.endswith("*") and ctypes.sizeof(mirror) == ctypes.sizeof(ctypes.c_void_p), name
+            assert ctype.endswith("*"), name
+            assert ctypes.sizeof(mirror) == ctypes.sizeof(ctypes.c_void_p), name
     # builder.Request has every field; ndim and nsplits follow from shape and splits.
     assert set(builder.Request.__slots__) == {name for _, name in fields} - {"ndim", "nsplits"}

@@ -2,10 +2,10 @@
 
 This file only converts arrays: NDArray -> request (dtype code, shape) and back;
 the request's other fields (set, root, names, splits, rows) follow
-perseus.common.builder's rules; batching and errors are perseus.common's. Semantics follow Horovod's MXNet
-API: plain ops return a new NDArray, underscore ops write into the input and
-return it, grouped ops run their arrays as one unit; every op takes `priority`
-(MXNet engine priority, higher runs first).
+perseus.common.builder's rules; batching and errors are perseus.common's.
+Semantics follow Horovod's MXNet API: plain ops return a new NDArray, underscore
+ops write into the input and return it, grouped ops run their arrays as one unit;
+every op takes `priority` (MXNet engine priority, higher runs first).
 
 allreduce, broadcast and reducescatter run inside MXNet's engine (engine.push): the
 call returns at once, and the result is ready when MXNet says so. allgather and

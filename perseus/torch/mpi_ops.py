@@ -10,7 +10,8 @@ and picks the path; the adapter converts tensors, perseus.common builds requests
 
 from perseus.common import builder as _builder
 from perseus.common import ops as _ops
-from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
+# Horovod's reduce-op names
+from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from perseus.common.ops import resolve_op as _resolve_op
 from perseus.common.process_sets import global_process_set
 from perseus.torch import adapter as _adapter
