@@ -9,6 +9,7 @@ import atexit
 import ctypes
 import os
 
+from perseus.common import builder as _builder
 from perseus.common import library as _lib
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
@@ -46,6 +47,7 @@ def init(comm=None, process_sets=None):
 
     if not _lib.perseus_is_initialized():
         _lib.check(_lib.perseus_init(comm_f2c))
+        _builder.reset()
         _requests.reset()
         _process_sets._on_init()
         if check_ranks is not None and check_ranks != list(range(size())):

@@ -7,7 +7,7 @@ This is the only module that touches the shared library. It
   * declares argtypes/restype for every function of the header, so a wrong call
     fails in Python instead of corrupting the stack;
   * mirrors perseus_request_t as a ctypes Structure (the layout authority) and
-    derives from it the struct.Struct that requests.py packs on the hot path;
+    derives from it the struct.Struct that builder.py packs on the hot path;
   * owns check(status): the one place a non-zero perseus_status_t becomes an
     exception (the class comes from exceptions.exception_for).
 

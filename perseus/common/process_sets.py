@@ -139,6 +139,17 @@ def find_process_set(ranks):
         return _find(ranks)
 
 
+def by_id(process_set_id):
+    """The registered set (the global one included) with this id; ValueError when
+    none is (e.g. a graph op of a set removed since)."""
+    if process_set_id == GLOBAL_PROCESS_SET:
+        return global_process_set
+    process_set = _registered.get(process_set_id)
+    if process_set is None:
+        raise ValueError("no process set with id %s is registered" % (process_set_id,))
+    return process_set
+
+
 def remove_process_set(process_set):
     """Unregisters a set (collective). False when it was not registered."""
     with _lock:

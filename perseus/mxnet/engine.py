@@ -1,6 +1,6 @@
 """Pushes Perseus requests into MXNet's dependency engine as asynchronous operations.
 
-push() packs the requests (perseus.common.requests.pack: names, shapes) and hands
+push() packs the requests (perseus.common.builder.pack: names, shapes) and hands
 MXEnginePushAsyncND one operation over the arrays: inputs as read (const) vars,
 outputs as written (mutable) vars. MXNet runs it once every earlier writer of an
 input has finished; the bridge (csrc/perseus_mx_engine.cc) then enqueues the batch
@@ -21,6 +21,7 @@ import mxnet as mx
 from mxnet.base import _LIB, check_call
 
 from perseus.common import basics as _basics
+from perseus.common import builder as _builder
 from perseus.common import requests as _requests
 from perseus.mxnet import engine_library
 
@@ -61,15 +62,15 @@ def _handles(arrays):
     return (ctypes.c_void_p * len(arrays))(*[a.handle.value for a in arrays])
 
 
-def push(specs, inputs, outputs, priority=0, op_name=b"Perseus", after=None):
-    """Runs the requests `specs` (RequestSpec tuples whose input/output addresses
-    are ignored: the bridge reads them from the arrays when the engine runs it) as
-    one MXNet engine operation. inputs[i] and outputs[i] are the NDArrays of
-    specs[i]; outputs[i] may be inputs[i] (in place). `after`: an extra NDArray the
+def push(requests, inputs, outputs, priority=0, op_name=b"Perseus", after=None):
+    """Runs `requests` (builder.Request objects whose input/output addresses are
+    ignored: the bridge reads them from the arrays when the engine runs it) as one
+    MXNet engine operation. inputs[i] and outputs[i] are the NDArrays of
+    requests[i]; outputs[i] may be inputs[i] (in place). `after`: an extra NDArray the
     operation counts as written, so operations given the same one run one after
     another (e.g. requests of the same name). Returns at once."""
     if _NAIVE:
-        _run_now(specs, inputs, outputs)
+        _run_now(requests, inputs, outputs)
         return
     copy_back = []
     if _ONEDNN:
@@ -81,7 +82,7 @@ def push(specs, inputs, outputs, priority=0, op_name=b"Perseus", after=None):
                     outputs[i] = plain
                     copy_back.append((plain, array))
                 inputs[i] = plain
-    buf, n = _requests.pack(specs)
+    buf, n = _builder.pack(requests)
     job = _bridge.perseus_mx_job_new(buf.buffer_info()[0], len(buf), 8 * n, n,
                                      _handles(inputs), _handles(outputs))
     if not job:
@@ -112,12 +113,13 @@ def _address(array):
     return data.value or 0
 
 
-def _run_now(specs, inputs, outputs):
+def _run_now(requests, inputs, outputs):
     """push() under NaiveEngine: every earlier operation has finished, so the data
     addresses are final; run the requests and wait, raising their errors here."""
-    specs = [spec[:6] + ((_address(i), _address(o)) if math.prod(spec[5]) else (0, 0)) + spec[8:]
-             for spec, i, o in zip(specs, inputs, outputs)]
-    _requests.synchronize(_requests.submit(specs, lambda state, handles: None,
+    for request, i, o in zip(requests, inputs, outputs):
+        if math.prod(request.shape):
+            request.input, request.output = _address(i), _address(o)
+    _requests.synchronize(_requests.submit(requests, lambda state, handles: None,
                                            (inputs, outputs), drive=True))
 
 

@@ -1,10 +1,11 @@
 """MXNet adapter: Horovod's MXNet collective API over the Perseus core.
 
 This file only converts arrays: NDArray -> request (dtype code, shape) and back;
-names, batching and errors are perseus.common's. Semantics follow Horovod's MXNet
-API: plain ops return a new NDArray, underscore ops write into the input and
-return it, grouped ops run their arrays as one unit; every op takes `priority`
-(MXNet engine priority, higher runs first).
+the request's other fields (set, root, names, splits, rows) follow
+perseus.common.builder's rules; batching and errors are perseus.common's.
+Semantics follow Horovod's MXNet API: plain ops return a new NDArray, underscore
+ops write into the input and return it, grouped ops run their arrays as one unit;
+every op takes `priority` (MXNet engine priority, higher runs first).
 
 allreduce, broadcast and reducescatter run inside MXNet's engine (engine.push): the
 call returns at once, and the result is ready when MXNet says so. allgather and
@@ -19,7 +20,7 @@ import math
 import mxnet as mx
 import numpy as np
 
-from perseus.common import objects as _objects
+from perseus.common import builder as _builder
 from perseus.common import ops as _ops
 from perseus.common import requests as _requests
 from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (Horovod's names)
@@ -38,10 +39,10 @@ _DTYPE_CODES = {
     np.dtype(np.float64): _ops.FLOAT64,
     np.dtype(np.bool_): _ops.BOOL,
 }
-_CPU = _ops.CPU_DEVICE
+_Request = _builder.Request
 
 
-def _code(array, op_type):
+def _code(array, op_type, reduce_op=0):
     if not isinstance(array, mx.nd.NDArray):
         raise TypeError("Perseus MXNet ops take mxnet NDArrays, got %s" % type(array).__name__)
     if array.context.device_type != "cpu":
@@ -55,33 +56,15 @@ def _code(array, op_type):
         raise ValueError("Perseus does not support arrays of dtype %s (supported: %s)"
                          % (np.dtype(array.dtype).name,
                             ", ".join(d.name for d in _DTYPE_CODES)))
-    if code == _ops.BOOL and op_type in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
-        raise ValueError("%s does not support bool arrays" % _ops.OP_TYPE_NAMES[op_type])
+    _builder.check_code(op_type, reduce_op, code, "arrays")
     return code
 
 
 def _set_id(process_set):
-    if process_set.process_set_id is None:
-        raise ValueError("%r is not registered: call hvd.add_process_set() on every rank first"
-                         % (process_set,))
-    if process_set.process_set_id != _ops.GLOBAL_PROCESS_SET and process_set.rank() == -1:
-        raise ValueError("this rank is not a member of %r" % (process_set,))
+    """The set's id; ValueError here unless this rank is a member: the engine
+    enqueues later, where an error would only mark the outputs as failed."""
+    _builder.member_rank(process_set)
     return process_set.process_set_id
-
-
-def _names(op_type, name, count, grouped):
-    """Wire names per array: None (numbered by the core's rules) or "<op>.<name>",
-    a group's arrays "<op>.<name>.<i>"."""
-    if name is None:
-        return (None,) * count
-    if grouped:
-        return [_requests.wire_name(op_type, "%s.%d" % (name, i)) for i in range(count)]
-    return (_requests.wire_name(op_type, name),)
-
-
-def _spec(wire, op_type, reduce_op, code, shape, prescale, postscale, root, set_id):
-    return (wire, op_type, reduce_op, code, _CPU, tuple(shape), 0, 0, float(prescale),
-            float(postscale), root, set_id, None, 0, 0)
 
 
 # (op type, user name) -> a one-element NDArray that every request of that name
@@ -104,25 +87,18 @@ def _same_shape(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
                 process_set, priority, grouped, op_name):
     """Allreduce / broadcast in MXNet's engine; returns the output arrays."""
     set_id = _set_id(process_set)
-    root = 0
-    if op_type == _ops.BROADCAST:
-        # Checked here: the engine enqueues later, where an error would only mark
-        # the outputs as failed.
-        root = _objects._root_in_set(process_set, root_rank)
-        if not 0 <= root < process_set.size():
-            raise ValueError("root_rank %s is out of range for a process set of %d ranks"
-                             % (root_rank, process_set.size()))
-    specs, outputs = [], []
-    for tensor, wire in zip(tensors, _names(op_type, name, len(tensors), grouped)):
-        code = _code(tensor, op_type)
-        if op_type == _ops.ALLREDUCE and reduce_op == Adasum:
-            _ops.check_adasum(op_type, _ops.DTYPE_NAMES[code])
+    # Checked here, like the set: the engine enqueues later.
+    root = _builder.root_in_set(process_set, root_rank) if op_type == _ops.BROADCAST else 0
+    requests, outputs = [], []
+    for tensor, wire in zip(tensors, _builder.names(op_type, name, len(tensors), grouped)):
+        code = _code(tensor, op_type, reduce_op)
         outputs.append(tensor if inplace else
                        mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype))
-        specs.append(_spec(wire, op_type, reduce_op, code, tensor.shape, prescale, postscale,
-                           root, set_id))
-    if specs:
-        _engine.push(specs, list(tensors), outputs, priority, op_name, _after(op_type, name))
+        requests.append(_Request(op_type, set_id, code, tuple(tensor.shape), name=wire,
+                                 reduce_op=reduce_op, prescale=float(prescale),
+                                 postscale=float(postscale), root_rank=root))
+    if requests:
+        _engine.push(requests, list(tensors), outputs, priority, op_name, _after(op_type, name))
     return outputs
 
 
@@ -192,19 +168,16 @@ def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_
     """Reduces `tensor` over the set and returns this rank's block of rows of the
     result (dim 0 split as evenly as possible, the first ranks getting one more)."""
     op = _resolve_op(op, None)
-    if op == Adasum:
-        _ops.check_adasum(_ops.REDUCESCATTER)
-    code = _code(tensor, _ops.REDUCESCATTER)
-    if tensor.ndim == 0:
-        raise ValueError("reducescatter needs an array with at least one dimension")
-    set_size, set_rank = process_set.size(), process_set.rank()
-    rows, extra = divmod(tensor.shape[0], set_size)
-    output = mx.nd.empty((rows + (set_rank < extra),) + tuple(tensor.shape[1:]),
-                         ctx=tensor.context, dtype=tensor.dtype)
-    wire = _names(_ops.REDUCESCATTER, name, 1, False)[0]
-    spec = _spec(wire, _ops.REDUCESCATTER, op, code, tensor.shape, prescale_factor,
-                 postscale_factor, 0, _set_id(process_set))
-    _engine.push([spec], [tensor], [output], priority, b"PerseusReducescatter",
+    _builder.check_op(_ops.REDUCESCATTER, op)
+    code = _code(tensor, _ops.REDUCESCATTER, op)
+    _builder.check_rows(_ops.REDUCESCATTER, tensor.shape, "array")
+    set_id = _set_id(process_set)
+    rows = _builder.scatter_rows(tensor.shape[0], process_set)
+    output = mx.nd.empty((rows,) + tuple(tensor.shape[1:]), ctx=tensor.context, dtype=tensor.dtype)
+    request = _Request(_ops.REDUCESCATTER, set_id, code, tuple(tensor.shape),
+                       name=_builder.names(_ops.REDUCESCATTER, name)[0], reduce_op=op,
+                       prescale=float(prescale_factor), postscale=float(postscale_factor))
+    _engine.push([request], [tensor], [output], priority, b"PerseusReducescatter",
                  _after(_ops.REDUCESCATTER, name))
     return output
 
@@ -233,11 +206,11 @@ def allgather(tensor, name=None, priority=0, process_set=global_process_set):
     host, code = _host(tensor, _ops.ALLGATHER)
     if host.ndim == 0:
         raise ValueError("allgather needs an array with at least one dimension")
-    wire = _names(_ops.ALLGATHER, name, 1, False)[0]
-    spec = (wire, _ops.ALLGATHER, 0, code, _CPU, host.shape, host.ctypes.data if host.size else 0,
-            0, 1.0, 1.0, 0, _set_id(process_set), None, 0, 0)
+    request = _Request(_ops.ALLGATHER, _set_id(process_set), code, host.shape,
+                       host.ctypes.data if host.size else 0,
+                       name=_builder.names(_ops.ALLGATHER, name)[0])
     finish = lambda state, handles: _to_ndarray(handles[0], code, tensor)[0]  # noqa: E731
-    return _requests.synchronize(_requests.submit([spec], finish, host, True))
+    return _requests.synchronize(_requests.submit([request], finish, host, True))
 
 
 def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
@@ -245,20 +218,14 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     returns the concatenation of what every rank sent here. splits=None splits dim 0
     evenly. Waits for `tensor`; the result is a finished NDArray."""
     host, code = _host(tensor, _ops.ALLTOALL)
-    if host.ndim == 0:
-        raise ValueError("alltoall needs an array with at least one dimension")
+    _builder.check_rows(_ops.ALLTOALL, host.shape, "array")
+    if isinstance(splits, mx.nd.NDArray):
+        splits = splits.asnumpy()
     if splits is not None:
-        if isinstance(splits, mx.nd.NDArray):
-            splits = splits.asnumpy()
-        splits = tuple(int(s) for s in np.asarray(splits).reshape(-1))
-        if len(splits) != process_set.size():
-            raise ValueError("alltoall splits has %d entries; it needs one per rank of the "
-                             "process set (%d)" % (len(splits), process_set.size()))
-        if min(splits) < 0 or sum(splits) != host.shape[0]:
-            raise ValueError("alltoall splits must be non-negative and sum to the first "
-                             "dimension %d, got %s" % (host.shape[0], splits))
-    wire = _names(_ops.ALLTOALL, name, 1, False)[0]
-    spec = (wire, _ops.ALLTOALL, 0, code, _CPU, host.shape, host.ctypes.data if host.size else 0,
-            0, 1.0, 1.0, 0, _set_id(process_set), splits, 0, 0)
+        splits = np.asarray(splits).reshape(-1)
+    request = _Request(_ops.ALLTOALL, _set_id(process_set), code, host.shape,
+                       host.ctypes.data if host.size else 0,
+                       name=_builder.names(_ops.ALLTOALL, name)[0],
+                       splits=_builder.alltoall_splits(splits, process_set, host.shape[0]))
     finish = lambda state, handles: _to_ndarray(handles[0], code, tensor)[0]  # noqa: E731
-    return _requests.synchronize(_requests.submit([spec], finish, host, True))
+    return _requests.synchronize(_requests.submit([request], finish, host, True))

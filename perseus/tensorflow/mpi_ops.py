@@ -5,22 +5,19 @@ core's C ABI asynchronously, so the same code runs eagerly and inside
 tf.function without Python on the hot path. This file picks names and
 attributes, and registers gradients.
 
-Names. A named call sends "<op>.<name>" (grouped: "<name>.<i>"), as Horovod.
-Unnamed calls are numbered: eagerly, by perseus.common's per-(op, process set)
-counters at each call, marked anonymous (never cached by the core); inside
-tf.function, by a separate counter at trace time, so the name is baked into the
-graph and the same on every run (cached, one bit per negotiation round). This
-assumes, as Horovod's graph names do, that every rank traces its functions in
-the same order.
+Names, process sets, roots, splits and compression follow perseus.common.builder's
+rules. Unnamed calls are numbered eagerly at each call (anonymous: never cached by
+the core), and inside tf.function at trace time, so the name is baked into the
+graph and the same on every run (cached, one bit per negotiation round).
 """
-
-import itertools
 
 import tensorflow as tf
 
+from perseus.common import builder as _builder
 from perseus.common import ops as _ops
-from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # Horovod's reduce-op names
+from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
+from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # Horovod's reduce-op names
 from perseus.common.process_sets import global_process_set
 from perseus.tensorflow import op_library
 from perseus.tensorflow.compression import Compression
@@ -28,30 +25,14 @@ from perseus.common.ops import resolve_op as _resolve_op
 
 
 _OPS = op_library.load()
-_traced_counters = {}  # (op_type, set id) -> counter, for names made while tracing
-
-
-def _set_id(process_set):
-    set_id = process_set.process_set_id
-    if set_id is None:
-        raise ValueError("%r is not registered: call hvd.add_process_set() on every rank first"
-                         % (process_set,))
-    return set_id
+_set_id = _builder.set_id
+_compressed = _builder.compressed
 
 
 def _names(op_type, name, count, set_id, grouped=False):
-    """(wire names as a string tensor, anonymous flag) for `count` tensors."""
-    if name is not None:
-        if grouped:
-            wires = [_requests.wire_name(op_type, "%s.%d" % (name, i)) for i in range(count)]
-        else:
-            wires = [_requests.wire_name(op_type, name)]
-        return wires, False
-    if tf.executing_eagerly():
-        return [_requests._unnamed(op_type, set_id) for _ in range(count)], True
-    counter = _traced_counters.setdefault((op_type, set_id), itertools.count())
-    prefix = _ops.OP_TYPE_NAMES[op_type] + (".set%d" % set_id if set_id else "")
-    return [("%s.traced.%d" % (prefix, next(counter))).encode() for _ in range(count)], False
+    """(wire names, anonymous flag) for `count` tensors."""
+    return _builder.names_now(op_type, name, count, set_id, grouped,
+                              traced=not tf.executing_eagerly())
 
 
 def _drive_s():
@@ -59,24 +40,12 @@ def _drive_s():
     engine itself for up to this long (perseus_enqueue_and_drive), as the PyTorch
     front end does; graph ops leave the wait to a waiter thread, so as not to hold
     TensorFlow's inter-op threads."""
-    return _requests._DRIVE_S if tf.executing_eagerly() else 0.0
+    return _requests.DRIVE_S if tf.executing_eagerly() else 0.0
 
 
-def _check_reducible(tensors, what):
+def _check_dtypes(op_type, reduce_op, tensors):
     for t in tensors:
-        if t.dtype == tf.bool:
-            raise ValueError("%s does not support bool tensors" % what)
-
-
-def _set_root(process_set, root_rank):
-    """The core wants the root's rank within the set; callers give a global rank."""
-    if _set_id(process_set) == _ops.GLOBAL_PROCESS_SET:
-        return int(root_rank)
-    try:
-        return process_set.ranks.index(int(root_rank))
-    except ValueError:
-        raise ValueError("broadcast root_rank %s is not a member of %r"
-                         % (root_rank, process_set)) from None
+        _builder.check_dtype(op_type, reduce_op, t.dtype.name)
 
 
 def _nonempty(tensors, what):
@@ -90,10 +59,7 @@ def _nonempty(tensors, what):
 
 def _allreduce(tensors, name, op, prescale, postscale, process_set, grouped):
     set_id = _set_id(process_set)
-    _check_reducible(tensors, "allreduce")
-    if op == Adasum:
-        for t in tensors:
-            _ops.check_adasum(_ops.ALLREDUCE, t.dtype.name)
+    _check_dtypes(_ops.ALLREDUCE, op, tensors)
     names, anonymous = _names(_ops.ALLREDUCE, name, len(tensors), set_id, grouped)
     return _OPS.perseus_allreduce(tensors, names, reduce_op=op, prescale=prescale,
                                   postscale=postscale, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
@@ -121,14 +87,8 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='', compressi
         if scale != 1.0:
             values = values * tf.cast(scale, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
-    tensor = tf.convert_to_tensor(tensor)
-    if compression is not None and compression is not Compression.none:
-        wire, ctx = compression.compress(tensor)
-        reduced = _allreduce([wire], name, op, prescale_factor, postscale_factor, process_set,
-                             False)[0]
-        return compression.decompress(reduced, ctx)
-    return _allreduce([tensor], name, op, prescale_factor, postscale_factor, process_set,
-                      False)[0]
+    return _compressed(compression, [tf.convert_to_tensor(tensor)], lambda wires: _allreduce(
+        wires, name, op, prescale_factor, postscale_factor, process_set, False))[0]
 
 
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
@@ -136,14 +96,9 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       process_set=global_process_set, name=None):
     """Reduces a list of tensors as one unit (one negotiation); returns a list."""
     op = _resolve_op(op, average)
-    tensors = _nonempty(tensors, "grouped_allreduce")
-    if compression is not None and compression is not Compression.none:
-        wires = [compression.compress(t) for t in tensors]
-        reduced = _allreduce([w for w, _ in wires], name, op, prescale_factor,
-                             postscale_factor, process_set, True)
-        return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
-    return list(_allreduce(tensors, name, op, prescale_factor, postscale_factor, process_set,
-                           True))
+    return list(_compressed(compression, _nonempty(tensors, "grouped_allreduce"), lambda wires:
+                            _allreduce(wires, name, op, prescale_factor, postscale_factor,
+                                       process_set, True)))
 
 
 @tf.RegisterGradient("PerseusAllreduce")
@@ -200,7 +155,7 @@ def _allgather_grad(op, *grads):
     names, anonymous = _names(_ops.ALLREDUCE, None, len(grads), set_id)
     summed = _OPS.perseus_allreduce(grads, names, reduce_op=Sum, process_set=set_id,
                                     anonymous=anonymous, drive_s=_drive_s())
-    set_rank = _set_rank(set_id)
+    set_rank = _process_sets.by_id(set_id).rank()
     result = []
     for total, counts in zip(summed, all_rows):
         offset = tf.reduce_sum(counts[:set_rank])
@@ -208,19 +163,13 @@ def _allgather_grad(op, *grads):
     return result + [None]
 
 
-def _set_rank(set_id):
-    from perseus.common import process_sets
-    if set_id == _ops.GLOBAL_PROCESS_SET:
-        return process_sets.global_process_set.rank()
-    return process_sets._registered[set_id].rank()
-
-
 # ---- broadcast ------------------------------------------------------------------
 
 def _broadcast(tensors, root_rank, name, process_set, grouped=False):
     set_id = _set_id(process_set)
     names, anonymous = _names(_ops.BROADCAST, name, len(tensors), set_id, grouped)
-    return _OPS.perseus_broadcast(tensors, names, root_rank=_set_root(process_set, root_rank),
+    return _OPS.perseus_broadcast(tensors, names,
+                                  root_rank=_builder.root_in_set(process_set, root_rank),
                                   process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
 
 
@@ -244,10 +193,10 @@ def _broadcast_grad(op, *grads):
     grads = [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
              for g, x in zip(grads, op.inputs[:-1])]
     names, anonymous = _names(_ops.ALLREDUCE, None, len(grads), set_id)
-    _check_reducible(grads, "the gradient of broadcast")
+    _check_dtypes(_ops.ALLREDUCE, Sum, grads)
     summed = _OPS.perseus_allreduce(grads, names, reduce_op=Sum, process_set=set_id,
                                     anonymous=anonymous, drive_s=_drive_s())
-    if _set_rank(set_id) == op.get_attr("root_rank"):
+    if _process_sets.by_id(set_id).rank() == op.get_attr("root_rank"):
         return list(summed) + [None]
     return [tf.zeros_like(s) for s in summed] + [None]
 
@@ -255,10 +204,9 @@ def _broadcast_grad(op, *grads):
 # ---- reducescatter --------------------------------------------------------------
 
 def _reducescatter(tensors, name, op, prescale, postscale, process_set, grouped):
-    if op == Adasum:
-        _ops.check_adasum(_ops.REDUCESCATTER)
+    _builder.check_op(_ops.REDUCESCATTER, op)
     set_id = _set_id(process_set)
-    _check_reducible(tensors, "reducescatter")
+    _check_dtypes(_ops.REDUCESCATTER, op, tensors)
     names, anonymous = _names(_ops.REDUCESCATTER, name, len(tensors), set_id, grouped)
     return _OPS.perseus_reducescatter(tensors, names, reduce_op=op, prescale=prescale,
                                       postscale=postscale, process_set=set_id,
@@ -270,14 +218,8 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     """Reduces `tensor` over the set; returns this rank's slice of dim 0 (the first
     dim0 % size ranks get one extra row)."""
     op = _resolve_op(op, None)
-    tensor = tf.convert_to_tensor(tensor)
-    if compression is not None and compression is not Compression.none:
-        wire, ctx = compression.compress(tensor)
-        out = _reducescatter([wire], name, op, prescale_factor, postscale_factor, process_set,
-                             False)[0]
-        return compression.decompress(out, ctx)
-    return _reducescatter([tensor], name, op, prescale_factor, postscale_factor, process_set,
-                          False)[0]
+    return _compressed(compression, [tf.convert_to_tensor(tensor)], lambda wires: _reducescatter(
+        wires, name, op, prescale_factor, postscale_factor, process_set, False))[0]
 
 
 def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average, name=None,
@@ -285,14 +227,9 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
                           postscale_factor=1.0):
     """Reducescatters a list of tensors as one unit; returns a list."""
     op = _resolve_op(op, None)
-    tensors = _nonempty(tensors, "grouped_reducescatter")
-    if compression is not None and compression is not Compression.none:
-        wires = [compression.compress(t) for t in tensors]
-        outs = _reducescatter([w for w, _ in wires], name, op, prescale_factor,
-                              postscale_factor, process_set, True)
-        return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, wires)]
-    return list(_reducescatter(tensors, name, op, prescale_factor, postscale_factor,
-                               process_set, True))
+    return list(_compressed(compression, _nonempty(tensors, "grouped_reducescatter"),
+                            lambda wires: _reducescatter(wires, name, op, prescale_factor,
+                                                         postscale_factor, process_set, True)))
 
 
 @tf.RegisterGradient("PerseusReducescatter")
@@ -311,10 +248,7 @@ def _reducescatter_grad(op, *grads):
     gathered = _OPS.perseus_allgather(grads, names, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
     scale = op.get_attr("prescale") * op.get_attr("postscale")
     if reduce_op == Average:
-        from perseus.common import process_sets
-        size = (process_sets.global_process_set if set_id == 0
-                else process_sets._registered[set_id]).size()
-        scale /= size
+        scale /= _process_sets.by_id(set_id).size()
     return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered] + [None]
 
 
@@ -330,14 +264,9 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
         splits = tf.zeros([0], dtype=tf.int32)
     else:
         splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
-        if tf.executing_eagerly():
-            values = splits.numpy().tolist()
-            if len(values) != process_set.size():
-                raise ValueError("alltoall splits has %d entries; it needs one per rank of the "
-                                 "process set (%d)" % (len(values), process_set.size()))
-            if tensor.shape.rank and sum(values) != tensor.shape[0]:
-                raise ValueError("alltoall splits sum to %d but the tensor's first dimension is "
-                                 "%d" % (sum(values), tensor.shape[0]))
+        if tf.executing_eagerly():  # in a graph, the core checks them when the op runs
+            _builder.alltoall_splits(splits.numpy(), process_set,
+                                     tensor.shape[0] if tensor.shape.rank else None)
     names, anonymous = _names(_ops.ALLTOALL, name, 1, set_id)
     output, received = _OPS.perseus_alltoall(tensor, splits, names[0], process_set=set_id,
                                              anonymous=anonymous, drive_s=_drive_s())

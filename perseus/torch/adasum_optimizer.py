@@ -16,7 +16,7 @@ soon as its gradient exists; groups / num_groups reduce their deltas together.
 import torch
 
 from perseus.torch.mpi_ops import Adasum
-from perseus.torch.optimizer import _DistributedMixin
+from perseus.torch.optimizer_mixin import _DistributedMixin
 
 
 class _AdasumMixin(_DistributedMixin):

@@ -1,8 +1,10 @@
-"""Autograd wrappers that make the synchronous collectives differentiable.
+"""Differentiable synchronous collectives: autograd Functions over the adapter.
 
-mpi_ops routes a call here only when an input requires grad (autograd adds
-microseconds we do not spend on plain tensors). Gradients follow Horovod's
-conventions so ported training code computes the same numbers:
+The functions at the bottom take autograd's path only when an input requires grad
+(autograd adds microseconds we do not spend on plain tensors); mpi_ops' Horovod
+API calls them, and so do the backward passes here (so double backward works).
+Gradients follow Horovod's conventions so ported training code computes the same
+numbers:
   allreduce     -> allreduce of the gradient with the same op and scale factors
   allgather     -> Average-allreduce of the gradient, then this rank's rows
   broadcast     -> Average-allreduce of the gradient on the root, zeros elsewhere
@@ -15,25 +17,28 @@ order, as with Horovod.
 
 import torch
 
-# Imported back by mpi_ops: only attributes are used, at call time.
+from perseus.common import builder as _builder
 from perseus.common import ops as _ops
-from perseus.torch import mpi_ops as _m
+from perseus.common.ops import Average
+from perseus.torch import adapter as _adapter
+
+_synchronize = _adapter.synchronize
+_grad_enabled = torch.is_grad_enabled
 
 
 class Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (op, prescale, postscale, process_set)
-        return _m.synchronize(_m._allreduce_async((tensor,), False, name, op, prescale,
-                                                  postscale, process_set, False))
+        return _synchronize(_adapter.allreduce_async((tensor,), False, name, op, prescale,
+                                                     postscale, process_set, False))
 
     @staticmethod
     def backward(ctx, grad):
         op, prescale, postscale, process_set = ctx.args
         if op == _ops.Adasum:
             raise NotImplementedError(_ops.ADASUM_HAS_NO_GRADIENT)
-        return (_m.allreduce(grad, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                             process_set=process_set),
+        return (allreduce(grad, None, op, prescale, postscale, process_set),
                 None, None, None, None, None)
 
 
@@ -41,36 +46,35 @@ class GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(_m.synchronize(_m._allreduce_async(tensors, False, name, op, prescale,
-                                                        postscale, process_set, True)))
+        return tuple(_synchronize(_adapter.allreduce_async(tensors, False, name, op, prescale,
+                                                           postscale, process_set, True)))
 
     @staticmethod
     def backward(ctx, *grads):
         op, prescale, postscale, process_set = ctx.args
         if op == _ops.Adasum:
             raise NotImplementedError(_ops.ADASUM_HAS_NO_GRADIENT)
-        reduced = _m.grouped_allreduce(list(grads), op=op, prescale_factor=prescale,
-                                       postscale_factor=postscale, process_set=process_set)
+        reduced = grouped_allreduce(list(grads), None, op, prescale, postscale, process_set)
         return (None,) * 5 + tuple(reduced)
 
 
 def _row_offsets(rows, process_set):
     """Where this rank's rows start in the gathered tensors: one per input."""
-    all_rows = _m.allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    all_rows = allgather(torch.tensor([rows], dtype=torch.int64), None, process_set)
     return all_rows[:process_set.rank()].sum(0).tolist()
 
 
 class Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        output = _m.synchronize(_m._allgather_async((tensor,), name, process_set, False))
+        output = _synchronize(_adapter.allgather_async((tensor,), name, process_set, False))
         ctx.rows = tensor.shape[0]
         ctx.process_set = process_set
         return output
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = _m.allreduce(grad, op=_m.Average, process_set=ctx.process_set)
+        reduced = allreduce(grad, None, Average, 1.0, 1.0, ctx.process_set)
         offset, = _row_offsets([ctx.rows], ctx.process_set)
         return reduced.narrow(0, offset, ctx.rows), None, None
 
@@ -78,14 +82,14 @@ class Allgather(torch.autograd.Function):
 class GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
-        outputs = _m.synchronize(_m._allgather_async(tensors, name, process_set, True))
+        outputs = _synchronize(_adapter.allgather_async(tensors, name, process_set, True))
         ctx.rows = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads):
-        reduced = _m.grouped_allreduce(list(grads), op=_m.Average, process_set=ctx.process_set)
+        reduced = grouped_allreduce(list(grads), None, Average, 1.0, 1.0, ctx.process_set)
         offsets = _row_offsets(ctx.rows, ctx.process_set)
         return (None, None) + tuple(g.narrow(0, offset, rows)
                                     for g, offset, rows in zip(reduced, offsets, ctx.rows))
@@ -94,13 +98,14 @@ class GroupedAllgather(torch.autograd.Function):
 class Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
-        ctx.set_root = _m._set_root(process_set, root_rank)
+        ctx.set_root = _builder.root_in_set(process_set, root_rank)
         ctx.process_set = process_set
-        return _m.synchronize(_m._broadcast_async((tensor,), False, root_rank, name, process_set))
+        return _synchronize(_adapter.broadcast_async((tensor,), False, root_rank, name,
+                                                     process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = _m.allreduce(grad, op=_m.Average, process_set=ctx.process_set)
+        reduced = allreduce(grad, None, Average, 1.0, 1.0, ctx.process_set)
         if ctx.process_set.rank() != ctx.set_root:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
@@ -109,7 +114,8 @@ class Broadcast(torch.autograd.Function):
 class Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = _m.synchronize(_m._alltoall_async(tensor, splits, name, process_set))
+        output, received = _synchronize(_adapter.alltoall_async(tensor, splits, name,
+                                                                process_set))
         ctx.mark_non_differentiable(received)
         ctx.received = received
         ctx.process_set = process_set
@@ -117,13 +123,13 @@ class Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _):
-        grad_input, _ = _m.alltoall(grad, splits=ctx.received, process_set=ctx.process_set)
+        grad_input, _ = alltoall(grad, ctx.received, None, ctx.process_set)
         return grad_input, None, None, None
 
 
 def _scatter_grad_scale(op, prescale, postscale, process_set):
     scale = prescale * postscale
-    if op == _m.Average:
+    if op == Average:
         scale /= process_set.size()
     return scale
 
@@ -133,12 +139,12 @@ class Reducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, process_set, prescale, postscale):
         ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
         ctx.process_set = process_set
-        return _m.synchronize(_m._reducescatter_async((tensor,), name, op, prescale, postscale,
-                                                      process_set, False))
+        return _synchronize(_adapter.reducescatter_async((tensor,), name, op, prescale,
+                                                         postscale, process_set, False))
 
     @staticmethod
     def backward(ctx, grad):
-        gathered = _m.allgather(grad, process_set=ctx.process_set)
+        gathered = allgather(grad, None, ctx.process_set)
         if ctx.scale != 1.0:
             gathered = gathered * ctx.scale
         return gathered, None, None, None, None, None
@@ -149,12 +155,78 @@ class GroupedReducescatter(torch.autograd.Function):
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
         ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
         ctx.process_set = process_set
-        return tuple(_m.synchronize(_m._reducescatter_async(tensors, name, op, prescale,
-                                                            postscale, process_set, True)))
+        return tuple(_synchronize(_adapter.reducescatter_async(tensors, name, op, prescale,
+                                                               postscale, process_set, True)))
 
     @staticmethod
     def backward(ctx, *grads):
-        gathered = _m.grouped_allgather(list(grads), process_set=ctx.process_set)
+        gathered = grouped_allgather(list(grads), None, ctx.process_set)
         if ctx.scale != 1.0:
             gathered = [g * ctx.scale for g in gathered]
         return (None,) * 5 + tuple(gathered)
+
+
+# ---- the synchronous collectives, through autograd when an input requires grad ----
+
+def _requires_grad(tensors):
+    if not _grad_enabled():
+        return False
+    for tensor in tensors:
+        if tensor.requires_grad:
+            return True
+    return False
+
+
+def allreduce(tensor, name, op, prescale, postscale, process_set):
+    if tensor.requires_grad and _grad_enabled():
+        return Allreduce.apply(tensor, name, op, prescale, postscale, process_set)
+    return _synchronize(_adapter.allreduce_async((tensor,), False, name, op, prescale,
+                                                 postscale, process_set, False, drive=True))
+
+
+def grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
+    if _requires_grad(tensors):
+        return list(GroupedAllreduce.apply(name, op, prescale, postscale, process_set, *tensors))
+    return _synchronize(_adapter.allreduce_async(tensors, False, name, op, prescale, postscale,
+                                                 process_set, True, drive=True))
+
+
+def allgather(tensor, name, process_set):
+    if tensor.requires_grad and _grad_enabled():
+        return Allgather.apply(tensor, name, process_set)
+    return _synchronize(_adapter.allgather_async((tensor,), name, process_set, False,
+                                                 drive=True))
+
+
+def grouped_allgather(tensors, name, process_set):
+    if _requires_grad(tensors):
+        return list(GroupedAllgather.apply(name, process_set, *tensors))
+    return _synchronize(_adapter.allgather_async(tensors, name, process_set, True, drive=True))
+
+
+def broadcast(tensor, root_rank, name, process_set):
+    if tensor.requires_grad and _grad_enabled():
+        return Broadcast.apply(tensor, root_rank, name, process_set)
+    return _synchronize(_adapter.broadcast_async((tensor,), False, root_rank, name, process_set,
+                                                 drive=True))
+
+
+def alltoall(tensor, splits, name, process_set):
+    if tensor.requires_grad and _grad_enabled():
+        return Alltoall.apply(tensor, splits, name, process_set)
+    return _synchronize(_adapter.alltoall_async(tensor, splits, name, process_set, drive=True))
+
+
+def reducescatter(tensor, name, op, prescale, postscale, process_set):
+    if tensor.requires_grad and _grad_enabled():
+        return Reducescatter.apply(tensor, name, op, process_set, prescale, postscale)
+    return _synchronize(_adapter.reducescatter_async((tensor,), name, op, prescale, postscale,
+                                                     process_set, False, drive=True))
+
+
+def grouped_reducescatter(tensors, name, op, prescale, postscale, process_set):
+    if _requires_grad(tensors):
+        return list(GroupedReducescatter.apply(name, op, process_set, prescale, postscale,
+                                               *tensors))
+    return _synchronize(_adapter.reducescatter_async(tensors, name, op, prescale, postscale,
+                                                     process_set, True, drive=True))

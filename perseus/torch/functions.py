@@ -12,7 +12,7 @@ import torch
 from perseus.common import basics as _basics
 # Framework-neutral (pickle over numpy), shared with the TensorFlow front end.
 from perseus.common.objects import allgather_object, broadcast_object  # noqa: F401
-from perseus.common.objects import default_name as _default_name
+from perseus.common.builder import default_name as _default_name
 from perseus.common.process_sets import global_process_set
 from perseus.torch.mpi_ops import broadcast_async_, synchronize
 

@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from perseus.common import process_sets as _process_sets
 from perseus.torch import functions as _functions
+from perseus.torch import adapter as _adapter
 from perseus.torch import mpi_ops as _mpi_ops
 from perseus.torch.distributed.process_group import process_set_of
 from perseus.torch.nn.parallel import comm_hooks as _comm_hooks
@@ -134,7 +135,7 @@ class DistributedDataParallel(nn.Module):
                                    "`DistributedDataParallel` (parameter '%s'). Run a dummy "
                                    "forward pass to correctly initialize the modules" % name)
             try:
-                _mpi_ops._prepare(p.detach())  # the adapter's device and dtype checks
+                _adapter.prepare(p.detach())  # the adapter's device and dtype checks
             except (NotImplementedError, ValueError) as e:
                 raise type(e)("DistributedDataParallel: parameter '%s': %s" % (name, e)) from None
         for name, sub in self.module.named_modules():

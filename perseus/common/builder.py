@@ -1,0 +1,366 @@
+"""The one request builder: every rule that turns a collective call into requests.
+
+A front end converts its tensors to (dtype code, shape, addresses, device, stream)
+and asks this module for everything else: the process set's id and this rank's
+place in it, the broadcast root as a set rank, names, alltoall splits,
+reducescatter rows, dtype rules, compression. It builds Request objects, which
+pack() lays out as perseus_request_t records for perseus_enqueue.
+
+A request field is added here (Request, pack) and in library.Request and the
+header, nowhere else.
+
+This is the hot path of every collective: Request is a plain __slots__ class (no
+validation), and pack() does little per request (struct packing, cached layouts).
+"""
+
+import array
+import itertools
+import struct
+
+from perseus.common import library as _lib
+from perseus.common.compression import NoneCompressor
+from perseus.common.ops import (ALLREDUCE, BOOL, CPU_DEVICE, DTYPE_NAMES, GLOBAL_PROCESS_SET,
+                                OP_TYPE_NAMES, REDUCESCATTER, Adasum, check_adasum)
+
+
+class Request:
+    """One request, as perseus_request_t has it (ndim and nsplits follow from shape
+    and splits). Fields:
+
+    op_type       ops.ALLREDUCE, ...
+    process_set   process set id (set_id()), 0 = global
+    dtype         ops.FLOAT32, ...
+    shape         input shape, a tuple of ints (a torch.Size works: it is a tuple)
+    input         address of the input buffer (0 when empty)
+    output        address of the output buffer; 0: the core allocates it
+    name          wire name (names()), or None: pack() numbers it, anonymous
+    reduce_op     ops.Sum, ... (allreduce, reducescatter)
+    prescale, postscale
+    root_rank     broadcast root, rank within the set (root_in_set())
+    splits        alltoall rows per rank (alltoall_splits()), None = even
+    device        ops.CPU_DEVICE or a GPU ordinal
+    stream        the framework's GPU stream as an int handle, 0 on CPU
+    anonymous     1 when the front end generated the name (forced for name None)
+    """
+
+    __slots__ = ("op_type", "process_set", "dtype", "shape", "input", "output", "name",
+                 "reduce_op", "prescale", "postscale", "root_rank", "splits", "device",
+                 "stream", "anonymous")
+
+    def __init__(self, op_type, process_set, dtype, shape, input=0, output=0, name=None,
+                 reduce_op=0, prescale=1.0, postscale=1.0, root_rank=0, splits=None,
+                 device=CPU_DEVICE, stream=0, anonymous=0):
+        self.op_type = op_type
+        self.process_set = process_set
+        self.dtype = dtype
+        self.shape = shape
+        self.input = input
+        self.output = output
+        self.name = name
+        self.reduce_op = reduce_op
+        self.prescale = prescale
+        self.postscale = postscale
+        self.root_rank = root_rank
+        self.splits = splits
+        self.device = device
+        self.stream = stream
+        self.anonymous = anonymous
+
+    def __repr__(self):
+        return "Request(%s)" % ", ".join("%s=%r" % (f, getattr(self, f)) for f in self.__slots__)
+
+
+# ---- process sets ---------------------------------------------------------------
+
+def set_id(process_set):
+    """The id requests carry for `process_set`; ValueError when it is not registered.
+    Membership is the core's check at enqueue (member_rank() checks it here)."""
+    sid = process_set.process_set_id
+    if sid is None:
+        raise ValueError("%r is not registered: call hvd.add_process_set() on every rank first"
+                         % (process_set,))
+    return sid
+
+
+def member_rank(process_set):
+    """This process's rank within the (registered) set; ValueError when not a member.
+    For front ends that need it before the core sees the request."""
+    set_id(process_set)
+    rank = process_set.rank()
+    if rank < 0:
+        raise ValueError("this process is not a member of %r" % (process_set,))
+    return rank
+
+
+def root_in_set(process_set, root_rank):
+    """A broadcast root given as a global rank (as in Horovod) as the core wants it:
+    the rank within the set. ValueError when it is not a member of the set."""
+    root_rank = int(root_rank)
+    if set_id(process_set) != GLOBAL_PROCESS_SET:
+        try:
+            return process_set.ranks.index(root_rank)
+        except ValueError:
+            raise ValueError("broadcast root_rank %s is not a member of %r"
+                             % (root_rank, process_set)) from None
+    size = process_set.size()
+    if not 0 <= root_rank < size:
+        raise ValueError("broadcast root_rank %s is out of range for a process set of %d ranks"
+                         % (root_rank, size))
+    return root_rank
+
+
+# ---- names ----------------------------------------------------------------------
+# Unnamed requests are numbered per (op type, process set): every rank that makes
+# the same calls on a set counts the same way, independent of its traffic on other
+# sets. Numbers are drawn in pack(), after the front end has validated its tensors,
+# so a call rejected in Python does not shift later names on one rank only.
+# itertools.count's next() is atomic under the GIL, so threads are safe.
+_counters = {}  # (op_type, set id) -> (name format as bytes, counter)
+# Names made while tracing a graph (TensorFlow's tf.function): baked into the graph,
+# so they are the same on every run. Not reset by init(): graphs outlive a session.
+_traced_counters = {}
+
+
+def _numbered(counters, kind, op_type, sid):
+    """The next "<op>[.set<id>].<kind>.<k>" of its (op type, set)."""
+    entry = counters.get((op_type, sid))
+    if entry is None:
+        prefix = OP_TYPE_NAMES[op_type] + (".set%d" % sid if sid else "")
+        fmt = ("%s.%s.%%d" % (prefix, kind)).encode()
+        entry = counters.setdefault((op_type, sid), (fmt, itertools.count()))
+    return entry[0] % next(entry[1])
+
+
+def unnamed(op_type, sid):
+    """The next generated name: "<op>.noname.<k>", "<op>.set<id>.noname.<k>" off the
+    global set."""
+    return _numbered(_counters, "noname", op_type, sid)
+
+
+def wire_name(op_type, name):
+    """The wire name of a user-named request: "<op>.<name>", as Horovod."""
+    wire = ("%s.%s" % (OP_TYPE_NAMES[op_type], name)).encode()
+    if b"\0" in wire:
+        raise ValueError("request name %r contains a NUL character" % (name,))
+    return wire
+
+
+_NO_NAMES = {n: (None,) * n for n in range(1, 9)}
+
+
+def names(op_type, name, count=1, grouped=False):
+    """Per request of a call: its wire name, or None when the user gave none (pack()
+    numbers it). A group's members are "<op>.<name>.<i>"."""
+    if name is None:
+        return _NO_NAMES.get(count) or (None,) * count
+    if grouped:
+        return [wire_name(op_type, "%s.%d" % (name, i)) for i in range(count)]
+    return (wire_name(op_type, name),)
+
+
+def names_now(op_type, name, count, sid, grouped=False, traced=False):
+    """(wire names, anonymous) for a front end that passes names on itself (the
+    TensorFlow ops): unnamed requests are numbered now, or, while tracing a graph,
+    by a separate counter ("<op>.traced.<k>") whose names are cached by the core.
+    Tracing assumes, as Horovod's graph names do, that every rank traces its
+    functions in the same order."""
+    if name is not None:
+        return list(names(op_type, name, count, grouped)), False
+    if traced:
+        return [_numbered(_traced_counters, "traced", op_type, sid) for _ in range(count)], False
+    return [unnamed(op_type, sid) for _ in range(count)], True
+
+
+def default_name(base, process_set):
+    """A name fixed per process set (object collectives), so ranks agree whatever
+    object they pass: "<base>", "<base>.set<id>" off the global set."""
+    sid = process_set.process_set_id
+    return base if sid in (None, GLOBAL_PROCESS_SET) else "%s.set%d" % (base, sid)
+
+
+# ---- shapes and dtypes ----------------------------------------------------------
+
+def check_op(op_type, reduce_op):
+    """NotImplementedError for a reduce op the collective does not have (Adasum is
+    an allreduce only); checked at the call, before the tensors."""
+    if reduce_op == Adasum and op_type != ALLREDUCE:
+        check_adasum(op_type)
+
+
+def check_dtype(op_type, reduce_op, dtype_name, what="tensors"):
+    """The dtype rules a rank can check alone before anything is sent: Adasum is an
+    allreduce of floats, reductions refuse bool. dtype_name: ops.DTYPE_NAMES'
+    spelling (TensorFlow's and numpy's too)."""
+    if reduce_op == Adasum:
+        check_adasum(op_type, dtype_name)
+    if dtype_name == "bool" and (op_type == ALLREDUCE or op_type == REDUCESCATTER):
+        raise ValueError("%s does not support bool %s" % (OP_TYPE_NAMES[op_type], what))
+
+
+def check_code(op_type, reduce_op, code, what="tensors"):
+    """check_dtype() for a dtype code; cheap for the common case."""
+    if code == BOOL or reduce_op == Adasum:
+        check_dtype(op_type, reduce_op, DTYPE_NAMES[code], what)
+
+
+def alltoall_splits(splits, process_set, rows):
+    """alltoall's splits as a tuple of ints (None stays None: an even split),
+    checked against the set's size and the input's `rows` (None: unknown)."""
+    if splits is None:
+        return None
+    if hasattr(splits, "tolist"):
+        splits = splits.tolist()
+    splits = tuple(int(s) for s in splits)
+    size = process_set.size()
+    if len(splits) != size:
+        raise ValueError("alltoall splits has %d entries; it needs one per rank of the "
+                         "process set (%d)" % (len(splits), size))
+    if min(splits) < 0:
+        raise ValueError("alltoall splits must be non-negative, got %s" % (splits,))
+    if rows is not None and sum(splits) != rows:
+        raise ValueError("alltoall splits sum to %d but the tensor's first dimension is %d"
+                         % (sum(splits), rows))
+    return splits
+
+
+def check_rows(op_type, shape, what="tensor"):
+    """Ops that split dim 0 (alltoall, reducescatter) need one."""
+    if not len(shape):
+        raise ValueError("%s needs a %s with at least one dimension"
+                         % (OP_TYPE_NAMES[op_type], what))
+
+
+def scatter_rows(rows, process_set):
+    """Rows of this rank's reducescatter output for an input of `rows` rows: dim 0
+    split evenly, the first (rows % size) ranks of the set one more."""
+    rank = member_rank(process_set)
+    base, extra = divmod(rows, process_set.size())
+    return base + (rank < extra)
+
+
+# ---- compression ----------------------------------------------------------------
+
+def compressed(compression, tensors, reduce):
+    """reduce(tensors) -> results, with `compression` around it: each tensor is
+    compressed, the wire tensors reduced, the results decompressed."""
+    if compression is None or compression is NoneCompressor:
+        return reduce(tensors)
+    wires = [compression.compress(t) for t in tensors]
+    results = reduce([wire for wire, _ in wires])
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, wires)]
+
+
+# ---- layout for perseus_enqueue -------------------------------------------------
+_STRIDE = _lib.REQUEST_SIZE
+_RECORD = _lib.REQUEST_STRUCT.format.lstrip("@")
+_RECORD_PAD = _STRIDE - _lib.REQUEST_STRUCT.size
+_pack_request = _lib.REQUEST_STRUCT.pack_into
+_int64_structs = {}
+_single_layouts = {}  # (ndim, nsplits, name length) -> struct of a one-request batch
+
+
+def int64s(count):
+    """A cached struct.Struct for `count` int64s (formatting one per call is slow)."""
+    packer = _int64_structs.get(count)
+    if packer is None:
+        packer = _int64_structs[count] = struct.Struct("%dq" % count)
+    return packer
+
+
+def pack(requests):
+    """Lays a batch out for perseus_enqueue, drawing names for unnamed requests.
+
+    Returns (buf, n): buf is an array.array of bytes holding, 8-byte aligned,
+    [n int64 handles_out][n perseus_request_t at byte 8*n][int64 shapes+splits]
+    [names]; the records' name/shape/splits pointers point into buf. A front end
+    that enqueues later (perseus.mxnet's engine ops) copies buf and moves them.
+    """
+    n = len(requests)
+    if n == 1:
+        return _pack_single(requests[0]), 1
+    if n == 0:
+        raise ValueError("enqueue() needs at least one request")
+    # Shapes and splits of all requests, in order, as one int64 array; names as one
+    # NUL-separated string.
+    ints = []
+    wires = []
+    for r in requests:
+        ints += r.shape
+        if r.splits is not None:
+            ints += r.splits
+        wires.append(r.name or unnamed(r.op_type, r.process_set))
+    names = b"\0".join(wires) + b"\0"
+    req_at = 8 * n
+    ints_at = req_at + _STRIDE * n
+    chars_at = ints_at + 8 * len(ints)
+    buf = array.array("B", bytes(chars_at + len(names)))
+    base = buf.buffer_info()[0]
+    memoryview(buf)[chars_at:] = names
+    try:
+        if ints:
+            int64s(len(ints)).pack_into(buf, ints_at, *ints)
+        rec = req_at
+        ip = base + ints_at   # address of this request's shape, then its splits
+        cp = base + chars_at  # address of this request's name
+        for r, wire in zip(requests, wires):
+            ndim = len(r.shape)
+            shape_at = ip
+            ip += 8 * ndim
+            splits = r.splits
+            if splits is None:
+                splits_at = nsplits = 0
+            else:
+                nsplits = len(splits)
+                splits_at = ip
+                ip += 8 * nsplits
+            _pack_request(buf, rec, cp, r.op_type, r.reduce_op, r.dtype, r.device, ndim,
+                          shape_at, r.input, r.output, r.prescale, r.postscale, r.root_rank,
+                          r.process_set, splits_at, nsplits,
+                          1 if r.name is None else r.anonymous, r.stream)
+            cp += len(wire) + 1
+            rec += _STRIDE
+    except struct.error as e:
+        # A field out of its C type's range (e.g. a root rank > 2**31).
+        raise ValueError("invalid request field: %s" % e) from None
+    return buf, n
+
+
+def _pack_single(r):
+    """pack() of one request (the common case) with one struct call: the layout of
+    [handle][record][shape, splits][name] is cached per (ndim, nsplits, name length)."""
+    wire = r.name or unnamed(r.op_type, r.process_set)
+    shape = r.shape
+    splits = r.splits
+    ndim = len(shape)
+    nsplits = 0 if splits is None else len(splits)
+    key = (ndim, nsplits, len(wire))
+    layout = _single_layouts.get(key)
+    if layout is None:
+        if len(_single_layouts) > 4096:  # bound it against endless distinct names
+            _single_layouts.clear()
+        layout = _single_layouts[key] = struct.Struct(
+            "@q%s%dx%dq%ds" % (_RECORD, _RECORD_PAD, ndim + nsplits, len(wire) + 1))
+    buf = array.array("B", bytes(layout.size))
+    shape_at = buf.buffer_info()[0] + 8 + _STRIDE
+    try:
+        if splits is None:
+            layout.pack_into(buf, 0, 0, shape_at + 8 * ndim, r.op_type, r.reduce_op, r.dtype,
+                             r.device, ndim, shape_at, r.input, r.output, r.prescale,
+                             r.postscale, r.root_rank, r.process_set, 0, 0,
+                             1 if r.name is None else r.anonymous, r.stream, *shape, wire)
+        else:
+            layout.pack_into(buf, 0, 0, shape_at + 8 * (ndim + nsplits), r.op_type,
+                             r.reduce_op, r.dtype, r.device, ndim, shape_at, r.input, r.output,
+                             r.prescale, r.postscale, r.root_rank, r.process_set,
+                             shape_at + 8 * ndim, nsplits,
+                             1 if r.name is None else r.anonymous, r.stream, *shape, *splits,
+                             wire)
+    except struct.error as e:
+        raise ValueError("invalid request field: %s" % e) from None
+    return buf
+
+
+def reset():
+    """Forgets the numbering of unnamed requests; called by init(), so every rank
+    restarts its counters together."""
+    _counters.clear()

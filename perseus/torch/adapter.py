@@ -1,0 +1,232 @@
+"""PyTorch tensor adapter: torch tensors -> requests, core results -> torch tensors.
+
+Everything else about a request (set id, root, names, splits, rows, dtype rules)
+is perseus.common.builder's; handles and waiting are perseus.common.requests'.
+Each *_async function submits one call (a tensor or a group) and returns a handle
+for synchronize(), which returns the result tensor(s): outputs we allocated, the
+inputs themselves for in-place calls (non-contiguous ones written back), or the
+core-allocated output viewed as a tensor (allgather, alltoall).
+
+CPU tensors only for now. Non-contiguous inputs are copied to contiguous memory.
+Used by perseus.torch.mpi_ops (Horovod's API), autograd_ops and nn.parallel.
+"""
+
+import math
+
+import torch
+
+from perseus.common import builder as _builder
+from perseus.common import ops as _ops
+from perseus.common import requests as _requests
+from perseus.common.exceptions import HorovodInternalError
+
+# The one torch dtype <-> core dtype table.
+DTYPE_CODES = {
+    torch.uint8: _ops.UINT8,
+    torch.int8: _ops.INT8,
+    torch.int16: _ops.INT16,
+    torch.int32: _ops.INT32,
+    torch.int64: _ops.INT64,
+    torch.float16: _ops.FLOAT16,
+    torch.bfloat16: _ops.BFLOAT16,
+    torch.float32: _ops.FLOAT32,
+    torch.float64: _ops.FLOAT64,
+    torch.bool: _ops.BOOL,
+}
+_TORCH_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+# Module-level bindings: this is the hot path of every collective.
+_ALLREDUCE = _ops.ALLREDUCE
+_ALLGATHER = _ops.ALLGATHER
+_BROADCAST = _ops.BROADCAST
+_ALLTOALL = _ops.ALLTOALL
+_REDUCESCATTER = _ops.REDUCESCATTER
+_BOOL = _ops.BOOL
+_ADASUM = _ops.Adasum
+_Request = _builder.Request
+_set_id = _builder.set_id
+_names = _builder.names
+_check_code = _builder.check_code
+_submit = _requests.submit
+
+poll = _requests.poll
+synchronize = _requests.synchronize
+
+
+# ---- tensor -> request ----------------------------------------------------------
+
+def prepare(tensor):
+    """(contiguous CPU tensor with the input's data, core dtype code); raises for a
+    device or dtype the core cannot take."""
+    if not tensor.is_cpu:
+        if tensor.is_cuda:
+            raise NotImplementedError("CUDA tensors are not supported yet")
+        raise NotImplementedError("tensors on device %s are not supported" % tensor.device)
+    code = DTYPE_CODES.get(tensor.dtype)
+    if code is None:
+        raise ValueError("Perseus does not support tensors of dtype %s (supported: %s)"
+                         % (tensor.dtype, ", ".join(str(d) for d in DTYPE_CODES)))
+    if tensor.is_contiguous():
+        return tensor, code
+    if tensor.layout is not torch.strided:
+        raise NotImplementedError("%s tensors are not supported" % tensor.layout)
+    return tensor.contiguous(), code
+
+
+# ---- result -> tensor -----------------------------------------------------------
+
+def _finish_outputs(state, handles):
+    """Outputs we allocated (or the inputs, in place); copies back non-contiguous
+    in-place inputs."""
+    _, results, copy_back, grouped = state
+    for target, source in copy_back:
+        target.copy_(source)
+    return results if grouped else results[0]
+
+
+def tensor_from_core(handle, code):
+    """The core-allocated output of `handle` as a tensor viewing its memory, and the
+    received splits (alltoall) or None."""
+    buffer, shape, recv = _requests.output(handle, code)
+    dtype = _TORCH_DTYPES[code]
+    numel = math.prod(shape)
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype), recv
+    if buffer is None:
+        raise HorovodInternalError("the core returned no buffer for an output of shape %s"
+                                   % (shape,))
+    return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape), recv
+
+
+def _finish_gathered(state, handles):
+    _, codes, grouped = state
+    results = [tensor_from_core(h, code)[0] for h, code in zip(handles, codes)]
+    return results if grouped else results[0]
+
+
+def _finish_alltoall(state, handles):
+    _, codes = state
+    output, recv = tensor_from_core(handles[0], codes[0])
+    return output, torch.tensor(recv or (), dtype=torch.int32)
+
+
+def _finish_join(state, handles):
+    _, shape, _ = _requests.output(handles[0], _ops.UINT8)
+    if not shape:
+        raise HorovodInternalError("the core reported no last-joined rank for join()")
+    return int(shape[0])
+
+
+def _finish_nothing(state, handles):
+    return None
+
+
+# ---- submission -----------------------------------------------------------------
+
+def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
+                      process_set, root_rank, grouped, drive):
+    """Allreduce and broadcast: output has the input's shape; we allocate it."""
+    sid = _set_id(process_set)
+    requests = []
+    sources = []
+    results = []
+    copy_back = []
+    for tensor, wire in zip(tensors, _names(op_type, name, len(tensors), grouped)):
+        source, code = prepare(tensor)
+        if code == _BOOL or reduce_op == _ADASUM:
+            _check_code(op_type, reduce_op, code)
+        if inplace:
+            output = source
+            results.append(tensor)
+            if source is not tensor:
+                # Checked before anything is sent: writing the result back into an
+                # expanded view would fail only after every rank ran the collective.
+                if any(st == 0 and n > 1 for n, st in zip(tensor.shape, tensor.stride())):
+                    raise ValueError("in-place %s of a tensor whose elements share memory "
+                                     "(e.g. from expand()); clone() it first"
+                                     % _ops.OP_TYPE_NAMES[op_type])
+                copy_back.append((tensor, source))
+        elif source is not tensor:
+            output = source  # already a private copy: reduce into it
+            results.append(source)
+        else:
+            output = torch.empty_like(source)  # source is contiguous, so is this
+            results.append(output)
+        # Positional up to root_rank (the hot path); see builder.Request.
+        requests.append(_Request(op_type, sid, code, source.shape, source.data_ptr(),
+                                 output.data_ptr(), wire, reduce_op, prescale, postscale,
+                                 root_rank))
+        sources.append(source)
+    return _submit(requests, _finish_outputs, (sources, results, copy_back, grouped), drive)
+
+
+def allreduce_async(tensors, inplace, name, op, prescale, postscale, process_set, grouped,
+                    drive=False):
+    """Reduces `tensors` (a list; grouped: synchronize() returns a list) over the set."""
+    return _same_shape_async(_ALLREDUCE, tensors, inplace, name, op, prescale, postscale,
+                             process_set, 0, grouped, drive)
+
+
+def broadcast_async(tensors, inplace, root_rank, name, process_set, grouped=False, drive=False):
+    """Broadcasts global rank root_rank's `tensors` over the set."""
+    return _same_shape_async(_BROADCAST, tensors, inplace, name, 0, 1.0, 1.0, process_set,
+                             _builder.root_in_set(process_set, root_rank), grouped, drive)
+
+
+def allgather_async(tensors, name, process_set, grouped, drive=False):
+    """The core sizes and allocates the output; synchronize wraps it zero-copy."""
+    sid = _set_id(process_set)
+    requests = []
+    sources = []
+    codes = []
+    for tensor, wire in zip(tensors, _names(_ALLGATHER, name, len(tensors), grouped)):
+        source, code = prepare(tensor)
+        requests.append(_Request(_ALLGATHER, sid, code, source.shape, source.data_ptr(),
+                                 name=wire))
+        sources.append(source)
+        codes.append(code)
+    return _submit(requests, _finish_gathered, (sources, codes, grouped), drive)
+
+
+def alltoall_async(tensor, splits, name, process_set, drive=False):
+    """synchronize() returns (output, received splits as an int32 tensor)."""
+    sid = _set_id(process_set)
+    source, code = prepare(tensor)
+    _builder.check_rows(_ALLTOALL, source.shape)
+    splits = _builder.alltoall_splits(splits, process_set, source.shape[0])
+    request = _Request(_ALLTOALL, sid, code, source.shape, source.data_ptr(),
+                       name=_names(_ALLTOALL, name)[0], splits=splits)
+    return _submit([request], _finish_alltoall, (source, (code,)), drive)
+
+
+def reducescatter_async(tensors, name, op, prescale, postscale, process_set, grouped,
+                        drive=False):
+    """Output: this rank's rows of dim 0 (builder.scatter_rows); we allocate it."""
+    _builder.check_op(_REDUCESCATTER, op)
+    sid = _set_id(process_set)
+    requests = []
+    sources = []
+    results = []
+    for tensor, wire in zip(tensors, _names(_REDUCESCATTER, name, len(tensors), grouped)):
+        source, code = prepare(tensor)
+        _check_code(_REDUCESCATTER, op, code)
+        _builder.check_rows(_REDUCESCATTER, source.shape)
+        rows = _builder.scatter_rows(source.shape[0], process_set)
+        output = torch.empty((rows,) + source.shape[1:], dtype=source.dtype)
+        requests.append(_Request(_REDUCESCATTER, sid, code, source.shape, source.data_ptr(),
+                                 output.data_ptr(), wire, op, prescale, postscale))
+        sources.append(source)
+        results.append(output)
+    return _submit(requests, _finish_outputs, (sources, results, (), grouped), drive)
+
+
+def join(device=_ops.CPU_DEVICE):
+    """Joins (see mpi_ops.join) and waits; returns the rank that joined last."""
+    request = _Request(_ops.JOIN, _ops.GLOBAL_PROCESS_SET, _ops.UINT8, (), device=device)
+    return synchronize(_submit([request], _finish_join, None, drive=True))
+
+
+def barrier(process_set):
+    """Waits until every rank of the set has reached the barrier."""
+    request = _Request(_ops.BARRIER, _set_id(process_set), _ops.UINT8, ())
+    synchronize(_submit([request], _finish_nothing, None, drive=True))

@@ -1,0 +1,305 @@
+"""What DistributedOptimizer (optimizer.py) adds to the wrapped optimizer.
+
+_DistributedMixin is placed before the wrapped optimizer's class; it
+- registers a post-accumulate-grad hook on every parameter it updates; the hook
+  starts the gradient's in-place allreduce (named after the parameter) as soon as
+  autograd has accumulated it, so communication overlaps the rest of backward();
+- with backward_passes_per_step=k, lets k backward passes accumulate locally and
+  starts the reduction on the k-th;
+- with groups / num_groups, submits a group's gradients together (one grouped
+  allreduce) once every gradient of the group is ready;
+- waits for all reductions in step() (or in an explicit synchronize(), after which
+  step() runs inside skip_synchronize());
+- refuses zero_grad() while reductions are pending.
+
+adasum_optimizer.py's mixin derives from it to reduce parameter deltas instead.
+"""
+
+import contextlib
+import warnings
+
+import torch
+
+from perseus.torch.compression import Compression
+from perseus.torch.mpi_ops import Sum, allreduce_async_, grouped_allreduce_async_, synchronize
+
+
+# Marks a group member whose reduction the group's first member's handle covers.
+_IN_GROUP = object()
+
+
+def _duplicates(names):
+    seen, dups = set(), []
+    for name in names:
+        if name in seen and name not in dups:
+            dups.append(name)
+        seen.add(name)
+    return dups
+
+
+def _split_evenly(items, parts):
+    """`items` in `parts` contiguous chunks whose sizes differ by at most one."""
+    parts = min(parts, len(items))
+    base, extra = divmod(len(items), parts)
+    chunks, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        chunks.append(items[start:end])
+        start = end
+    return chunks
+
+
+class _DistributedMixin:
+    """Placed before the wrapped optimizer's class in the MRO of the class made by
+    DistributedOptimizer(); overrides step/zero_grad and adds synchronize."""
+
+    def __init__(self, param_groups, named_parameters, compression, backward_passes_per_step,
+                 op, gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        super().__init__(param_groups)
+
+        self._compression = compression if compression is not None else Compression.none
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        self._op = op
+        self._predivide = float(gradient_predivide_factor)
+
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        self._parameter_names = self._name_parameters(named_parameters, all_params)
+
+        self._requires_update = []
+        seen = set()
+        for p in all_params:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                self._requires_update.append(p)
+
+        # Groups: id(param) -> group index; parameters outside every group are reduced alone.
+        self._groups = self._make_groups(groups, all_params)
+        self._group_of = {}
+        for index, members in enumerate(self._groups):
+            for p in members:
+                self._group_of[id(p)] = index
+        self._group_ready = [set() for _ in self._groups]
+
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {id(p): backward_passes_per_step for p in self._requires_update}
+        # id(param) -> (param, handle or None, ctx); an entry exists from the param's
+        # first backward pass after a step until synchronize() has finished it.
+        self._handles = {}
+        self._hook_handles = []
+        self._synchronized = False
+        self._should_synchronize = True
+        if process_set.size() > 1:
+            self._register_hooks()
+
+    # ---- setup ----------------------------------------------------------------
+
+    @staticmethod
+    def _name_parameters(named_parameters, all_params):
+        """id(param) -> name; checks that names are unique and cover every parameter."""
+        if named_parameters is None:
+            return {id(p): "noname.%d" % i for i, p in enumerate(all_params)}
+        named_parameters = list(named_parameters)
+        for item in named_parameters:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise ValueError("named_parameters must be a sequence of (name, parameter) tuples, "
+                                 "as model.named_parameters() gives; got an item %r" % (item,))
+        dups = _duplicates([name for name, _ in named_parameters])
+        if dups:
+            raise ValueError("parameter names in named_parameters must be unique; duplicated: %s"
+                             % ", ".join(dups))
+        names = {id(p): name for name, p in named_parameters}
+        missing = ["#%d (shape %s)" % (i, tuple(p.shape)) for i, p in enumerate(all_params)
+                   if id(p) not in names]
+        if missing:
+            raise ValueError("named_parameters was given but does not name %d of the optimizer's "
+                             "parameters: %s (numbered in param_groups order)"
+                             % (len(missing), ", ".join(missing)))
+        return names
+
+    def _make_groups(self, groups, all_params):
+        if groups is None:
+            return []
+        if isinstance(groups, int):
+            if groups < 0:
+                raise ValueError("num_groups must be >= 0, got %d" % groups)
+            if groups == 0:
+                return []
+            return [g for g in _split_evenly(self._requires_update, groups) if g]
+        if not isinstance(groups, (list, tuple)):
+            raise ValueError("groups must be a list of lists of parameters, got %s"
+                             % type(groups).__name__)
+        known = {id(p) for p in all_params}
+        placed = set()
+        result = []
+        for group in groups:
+            members = []
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must hold parameters (tensors), got %s"
+                                     % type(p).__name__)
+                if id(p) not in known:
+                    raise ValueError("groups holds a parameter of shape %s that the optimizer "
+                                     "does not update" % (tuple(p.shape),))
+                if id(p) in placed:
+                    raise ValueError("parameter %s appears in more than one group"
+                                     % self._parameter_names[id(p)])
+                placed.add(id(p))
+                if p.requires_grad:
+                    members.append(p)
+            if members:
+                result.append(members)
+        return result
+
+    def _register_hooks(self):
+        for p in self._requires_update:
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def _make_hook(self, p):
+        key = id(p)
+
+        def hook(param):
+            entry = self._handles.get(key)
+            if entry is not None and self._allreduce_delay[key] <= 0:
+                raise AssertionError(
+                    "the gradient of %s was computed more than backward_passes_per_step=%d times "
+                    "before optimizer.step() or synchronize(); raise backward_passes_per_step to "
+                    "accumulate gradients locally" % (self._parameter_names[key],
+                                                      self.backward_passes_per_step))
+            self._allreduce_delay[key] -= 1
+            if entry is None:
+                self._handles[key] = (p, None, None)
+            if self._allreduce_delay[key] == 0:
+                self._submit_ready(p)
+
+        return hook
+
+    # ---- reductions -----------------------------------------------------------
+
+    def _scales(self):
+        if self._predivide != 1.0:
+            # Sum of grads / f, then * f / size: the average, with less overflow risk.
+            return Sum, 1.0 / self._predivide, self._predivide / self._process_set.size()
+        return self._op, 1.0, 1.0
+
+    def _dense_grad(self, p):
+        """p.grad ready to reduce: zeros for a parameter that got no gradient (other ranks
+        may have one), sparse converted to dense when allowed."""
+        if p.grad is None:
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        elif p.grad.layout is not torch.strided:
+            if not self._sparse_as_dense:
+                raise NotImplementedError(
+                    "the gradient of %s is sparse (%s); DistributedOptimizer reduces dense "
+                    "gradients only: pass sparse_as_dense=True to convert it"
+                    % (self._parameter_names[id(p)], p.grad.layout))
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _submit_ready(self, p):
+        index = self._group_of.get(id(p))
+        if index is None:
+            self._submit_one(p)
+            return
+        ready = self._group_ready[index]
+        ready.add(id(p))
+        if len(ready) == len(self._groups[index]):
+            self._submit_group(index)
+
+    def _to_reduce(self, p):
+        """The tensor reduced for p (its gradient; the Adasum optimizer's delta)."""
+        return self._dense_grad(p)
+
+    def _apply(self, p, wire, ctx):
+        """Puts p's reduced tensor in place once its reduction is done."""
+        grad = self._compression.decompress(wire, ctx)
+        if grad is not p.grad:
+            p.grad.copy_(grad)
+
+    def _submit_one(self, p):
+        op, prescale, postscale = self._scales()
+        wire, ctx = self._compression.compress(self._to_reduce(p))
+        handle = allreduce_async_(wire, name=self._parameter_names[id(p)], op=op,
+                                  prescale_factor=prescale, postscale_factor=postscale,
+                                  process_set=self._process_set)
+        self._handles[id(p)] = (p, handle, (wire, ctx))
+
+    def _submit_group(self, index):
+        members = self._groups[index]
+        op, prescale, postscale = self._scales()
+        wires, ctxs = [], []
+        for p in members:
+            wire, ctx = self._compression.compress(self._to_reduce(p))
+            wires.append(wire)
+            ctxs.append(ctx)
+        name = "group%d.%s" % (index, self._parameter_names[id(members[0])])
+        handle = grouped_allreduce_async_(wires, name=name, op=op, prescale_factor=prescale,
+                                          postscale_factor=postscale,
+                                          process_set=self._process_set)
+        # The group's first member holds the handle; the others are marked as covered.
+        for i, p in enumerate(members):
+            self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, (wires[i], ctxs[i]))
+        self._group_ready[index] = set()
+
+    # ---- Horovod's API --------------------------------------------------------
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for key in self._allreduce_delay:
+            self._allreduce_delay[key] = passes
+
+    def synchronize(self):
+        """Starts the reductions not yet started (gradients of parameters that got none
+        this step, or passes short of backward_passes_per_step), waits for all, and
+        writes the reduced gradients into p.grad."""
+        for p in self._requires_update:
+            entry = self._handles.get(id(p))
+            if entry is not None and entry[1] is not None:
+                continue
+            index = self._group_of.get(id(p))
+            if index is None:
+                self._submit_one(p)
+            else:
+                self._submit_group(index)
+        try:
+            for p, handle, _ in list(self._handles.values()):
+                if handle is not _IN_GROUP:
+                    synchronize(handle)
+            for p, handle, (wire, ctx) in self._handles.values():
+                self._apply(p, wire, ctx)
+        finally:
+            self._handles.clear()
+            self._group_ready = [set() for _ in self._groups]
+            for key in self._allreduce_delay:
+                self._allreduce_delay[key] = self.backward_passes_per_step
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this context does not synchronize (call synchronize() first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() but outside "
+                              "optimizer.skip_synchronize(): the gradients are reduced again. Use "
+                              "`with optimizer.skip_synchronize(): optimizer.step()`.")
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        if self._handles:
+            pending = sorted(self._parameter_names[key] for key in self._handles)
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(), while the gradients of %d "
+                "parameter(s) (%s) are being reduced or accumulated; call step() or "
+                "synchronize() first" % (len(pending), ", ".join(pending[:5])
+                                         + (", ..." if len(pending) > 5 else "")))
+        return super().zero_grad(set_to_none)
