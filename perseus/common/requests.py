@@ -65,17 +65,23 @@ _WAIT_SLICE_S = 0.5
 _TIMEOUT = exceptions.TIMEOUT
 
 
-def submit(requests, finish, state, drive=False):
+def submit(requests, finish, state, drive=False, consumer_stream=None):
     """Enqueues a batch and registers it under one handle (an int).
 
     finish(state, core_handles) runs in synchronize() once every request has
     completed successfully, before the handles are released (so it may call
     output()); its return value is synchronize()'s. `state` must reference every
     tensor whose memory the requests point at, so it outlives the operation.
+
+    consumer_stream: None for a batch of CPU requests; for one with GPU requests, a
+    callable returning the stream (an int handle) that will use the results: at
+    synchronize() it is made to wait for the device work (perseus_stream_wait)
+    before finish runs, failed requests included, since their inputs may still be
+    read on the device.
     """
     handles, keep = enqueue(requests, drive)
     handle = handles[0]
-    _pending[handle] = (handles, keep, finish, state)
+    _pending[handle] = (handles, keep, finish, state, consumer_stream)
     return handle
 
 
@@ -116,7 +122,7 @@ def synchronize(handle):
     entry = _pending.pop(handle, None)
     if entry is None:
         return None
-    handles, _, finish, state = entry
+    handles, _, finish, state, consumer_stream = entry
     try:
         failure = _wait_all(handles)
     except BaseException:
@@ -125,12 +131,29 @@ def synchronize(handle):
         _pending[handle] = entry
         raise
     try:
+        if consumer_stream is not None:  # GPU requests: one check on the CPU path
+            stream_failure = _stream_wait_all(handles, consumer_stream())
+            failure = failure or stream_failure
         if failure is not None:
             raise failure
         return finish(state, handles)
     finally:
         for h in handles:
             _release(h)  # cannot fail for a completed handle; never mask the result
+
+
+_stream_wait = _lib.perseus_stream_wait
+
+
+def _stream_wait_all(handles, stream):
+    """Makes `stream` wait on the device for every handle's device work (no host
+    wait; a no-op for CPU handles); returns the first failure, or None."""
+    failure = None
+    for h in handles:
+        status = _stream_wait(h, stream)
+        if status and failure is None:
+            failure = _lib.error(status)
+    return failure
 
 
 def wait(handle, timeout_s=-1.0):
@@ -153,15 +176,17 @@ def _free(address):
     _lib.perseus_free_buffer(address)
 
 
-def output(handle, dtype):
-    """The core-allocated output of a completed core handle, without copying.
+def free_device_buffer(address, stream):
+    """Frees a core-allocated device output (from output_address() of a GPU request)
+    stream-ordered on `stream`, which must have waited for the request."""
+    _lib.check(_lib.perseus_free_device_buffer(address, stream))
 
-    Returns (buffer, shape, recv_splits): buffer is a ctypes char array over the
-    core's memory (None when the core returned no buffer, e.g. an empty output),
-    freed with perseus_free_buffer once the buffer and every view of it (e.g.
-    torch.frombuffer) are gone; shape is a tuple; recv_splits is a tuple for
-    alltoall, else None. For join, shape[0] is the last rank that joined.
-    """
+
+def output_address(handle):
+    """(address, shape, recv_splits) of a completed core handle's core-allocated
+    output; address is an int, 0 when the core returned no buffer. The caller owns
+    the memory: perseus_free_buffer for a CPU request (output() does it),
+    free_device_buffer() for a GPU request."""
     data = ctypes.c_void_p()
     shape = (ctypes.c_int64 * _lib.PERSEUS_MAX_DIMS)()
     ndim = ctypes.c_int32()
@@ -171,9 +196,20 @@ def output(handle, dtype):
                                         ctypes.byref(splits), ctypes.byref(nsplits))
     if status:
         raise _lib.error(status)
-    dims = tuple(shape[:ndim.value])
     recv = tuple(splits[:nsplits.value]) if splits else None
-    address = data.value
+    return data.value or 0, tuple(shape[:ndim.value]), recv
+
+
+def output(handle, dtype):
+    """The core-allocated output of a completed core handle, without copying.
+
+    Returns (buffer, shape, recv_splits): buffer is a ctypes char array over the
+    core's memory (None when the core returned no buffer, e.g. an empty output),
+    freed with perseus_free_buffer once the buffer and every view of it (e.g.
+    torch.frombuffer) are gone; shape is a tuple; recv_splits is a tuple for
+    alltoall, else None. For join, shape[0] is the last rank that joined.
+    """
+    address, dims, recv = output_address(handle)
     if not address:
         return None, dims, recv
     nbytes = math.prod(dims) * DTYPE_SIZES[dtype]

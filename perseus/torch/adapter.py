@@ -7,8 +7,10 @@ for synchronize(), which returns the result tensor(s): outputs we allocated, the
 inputs themselves for in-place calls (non-contiguous ones written back), or the
 core-allocated output viewed as a tensor (allgather, alltoall).
 
-CPU tensors only for now. Non-contiguous inputs are copied to contiguous memory.
-Used by perseus.torch.mpi_ops (Horovod's API), autograd_ops and nn.parallel.
+CPU and CUDA tensors; what a CUDA request adds (device, stream, the stream wait at
+synchronize, device outputs) is in device.py. Non-contiguous inputs are copied to
+contiguous memory (on the current stream for CUDA tensors). Used by
+perseus.torch.mpi_ops (Horovod's API), autograd_ops and nn.parallel.
 """
 
 import math
@@ -19,6 +21,7 @@ from perseus.common import builder as _builder
 from perseus.common import ops as _ops
 from perseus.common import requests as _requests
 from perseus.common.exceptions import HorovodInternalError
+from perseus.torch import device as _device
 
 # The one torch dtype <-> core dtype table.
 DTYPE_CODES = {
@@ -43,6 +46,7 @@ _ALLTOALL = _ops.ALLTOALL
 _REDUCESCATTER = _ops.REDUCESCATTER
 _BOOL = _ops.BOOL
 _ADASUM = _ops.Adasum
+_CPU = _ops.CPU_DEVICE
 _Request = _builder.Request
 _set_id = _builder.set_id
 _names = _builder.names
@@ -56,39 +60,49 @@ synchronize = _requests.synchronize
 # ---- tensor -> request ----------------------------------------------------------
 
 def prepare(tensor):
-    """(contiguous CPU tensor with the input's data, core dtype code); raises for a
-    device or dtype the core cannot take."""
-    if not tensor.is_cpu:
-        if tensor.is_cuda:
-            raise NotImplementedError("CUDA tensors are not supported yet")
-        raise NotImplementedError("tensors on device %s are not supported" % tensor.device)
+    """(contiguous tensor with the input's data, core dtype code, device): device is
+    ops.CPU_DEVICE or the CUDA ordinal; raises for a device or dtype the core cannot
+    take."""
+    device = _CPU if tensor.is_cpu else _device.ordinal(tensor)
     code = DTYPE_CODES.get(tensor.dtype)
     if code is None:
         raise ValueError("Perseus does not support tensors of dtype %s (supported: %s)"
                          % (tensor.dtype, ", ".join(str(d) for d in DTYPE_CODES)))
     if tensor.is_contiguous():
-        return tensor, code
+        return tensor, code, device
     if tensor.layout is not torch.strided:
         raise NotImplementedError("%s tensors are not supported" % tensor.layout)
-    return tensor.contiguous(), code
+    return tensor.contiguous(), code, device
+
+
+def _on_device(request, device):
+    """A CUDA request: its ordinal and the caller's current stream, where the core
+    records the event the collective waits for. Returns requests.submit's
+    consumer_stream for it."""
+    request.device = device
+    request.stream = _device.current_stream(device)
+    return _device.consumer(device)
 
 
 # ---- result -> tensor -----------------------------------------------------------
 
 def _finish_outputs(state, handles):
     """Outputs we allocated (or the inputs, in place); copies back non-contiguous
-    in-place inputs."""
+    in-place inputs (CUDA: on the current stream, which has waited for the result)."""
     _, results, copy_back, grouped = state
     for target, source in copy_back:
         target.copy_(source)
     return results if grouped else results[0]
 
 
-def tensor_from_core(handle, code):
-    """The core-allocated output of `handle` as a tensor viewing its memory, and the
-    received splits (alltoall) or None."""
-    buffer, shape, recv = _requests.output(handle, code)
+def tensor_from_core(handle, code, device=_CPU):
+    """The core-allocated output of `handle` as a tensor (CPU: viewing the core's
+    memory; CUDA: see device.tensor_from_core), and the received splits (alltoall)
+    or None."""
     dtype = _TORCH_DTYPES[code]
+    if device != _CPU:
+        return _device.tensor_from_core(handle, dtype, device)
+    buffer, shape, recv = _requests.output(handle, code)
     numel = math.prod(shape)
     if numel == 0:
         return torch.empty(shape, dtype=dtype), recv
@@ -99,14 +113,15 @@ def tensor_from_core(handle, code):
 
 
 def _finish_gathered(state, handles):
-    _, codes, grouped = state
-    results = [tensor_from_core(h, code)[0] for h, code in zip(handles, codes)]
-    return results if grouped else results[0]
+    _, codes, devices, grouped = state
+    results = [tensor_from_core(h, code, device)
+               for h, code, device in zip(handles, codes, devices)]
+    return [r[0] for r in results] if grouped else results[0][0]
 
 
 def _finish_alltoall(state, handles):
-    _, codes = state
-    output, recv = tensor_from_core(handles[0], codes[0])
+    _, code, device = state
+    output, recv = tensor_from_core(handles[0], code, device)
     return output, torch.tensor(recv or (), dtype=torch.int32)
 
 
@@ -131,8 +146,9 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
     sources = []
     results = []
     copy_back = []
+    consumer = None
     for tensor, wire in zip(tensors, _names(op_type, name, len(tensors), grouped)):
-        source, code = prepare(tensor)
+        source, code, device = prepare(tensor)
         if code == _BOOL or reduce_op == _ADASUM:
             _check_code(op_type, reduce_op, code)
         if inplace:
@@ -153,11 +169,14 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
             output = torch.empty_like(source)  # source is contiguous, so is this
             results.append(output)
         # Positional up to root_rank (the hot path); see builder.Request.
-        requests.append(_Request(op_type, sid, code, source.shape, source.data_ptr(),
-                                 output.data_ptr(), wire, reduce_op, prescale, postscale,
-                                 root_rank))
+        request = _Request(op_type, sid, code, source.shape, source.data_ptr(),
+                           output.data_ptr(), wire, reduce_op, prescale, postscale, root_rank)
+        if device != _CPU:
+            consumer = _on_device(request, device)
+        requests.append(request)
         sources.append(source)
-    return _submit(requests, _finish_outputs, (sources, results, copy_back, grouped), drive)
+    return _submit(requests, _finish_outputs, (sources, results, copy_back, grouped), drive,
+                   consumer)
 
 
 def allreduce_async(tensors, inplace, name, op, prescale, postscale, process_set, grouped,
@@ -179,24 +198,31 @@ def allgather_async(tensors, name, process_set, grouped, drive=False):
     requests = []
     sources = []
     codes = []
+    devices = []
+    consumer = None
     for tensor, wire in zip(tensors, _names(_ALLGATHER, name, len(tensors), grouped)):
-        source, code = prepare(tensor)
-        requests.append(_Request(_ALLGATHER, sid, code, source.shape, source.data_ptr(),
-                                 name=wire))
+        source, code, device = prepare(tensor)
+        request = _Request(_ALLGATHER, sid, code, source.shape, source.data_ptr(), name=wire)
+        if device != _CPU:
+            consumer = _on_device(request, device)
+        requests.append(request)
         sources.append(source)
         codes.append(code)
-    return _submit(requests, _finish_gathered, (sources, codes, grouped), drive)
+        devices.append(device)
+    return _submit(requests, _finish_gathered, (sources, codes, devices, grouped), drive,
+                   consumer)
 
 
 def alltoall_async(tensor, splits, name, process_set, drive=False):
     """synchronize() returns (output, received splits as an int32 tensor)."""
     sid = _set_id(process_set)
-    source, code = prepare(tensor)
+    source, code, device = prepare(tensor)
     _builder.check_rows(_ALLTOALL, source.shape)
     splits = _builder.alltoall_splits(splits, process_set, source.shape[0])
     request = _Request(_ALLTOALL, sid, code, source.shape, source.data_ptr(),
                        name=_names(_ALLTOALL, name)[0], splits=splits)
-    return _submit([request], _finish_alltoall, (source, (code,)), drive)
+    consumer = None if device == _CPU else _on_device(request, device)
+    return _submit([request], _finish_alltoall, (source, code, device), drive, consumer)
 
 
 def reducescatter_async(tensors, name, op, prescale, postscale, process_set, grouped,
@@ -207,22 +233,29 @@ def reducescatter_async(tensors, name, op, prescale, postscale, process_set, gro
     requests = []
     sources = []
     results = []
+    consumer = None
     for tensor, wire in zip(tensors, _names(_REDUCESCATTER, name, len(tensors), grouped)):
-        source, code = prepare(tensor)
+        source, code, device = prepare(tensor)
         _check_code(_REDUCESCATTER, op, code)
         _builder.check_rows(_REDUCESCATTER, source.shape)
         rows = _builder.scatter_rows(source.shape[0], process_set)
-        output = torch.empty((rows,) + source.shape[1:], dtype=source.dtype)
-        requests.append(_Request(_REDUCESCATTER, sid, code, source.shape, source.data_ptr(),
-                                 output.data_ptr(), wire, op, prescale, postscale))
+        output = source.new_empty((rows,) + source.shape[1:])  # on the input's device
+        request = _Request(_REDUCESCATTER, sid, code, source.shape, source.data_ptr(),
+                           output.data_ptr(), wire, op, prescale, postscale)
+        if device != _CPU:
+            consumer = _on_device(request, device)
+        requests.append(request)
         sources.append(source)
         results.append(output)
-    return _submit(requests, _finish_outputs, (sources, results, (), grouped), drive)
+    return _submit(requests, _finish_outputs, (sources, results, (), grouped), drive, consumer)
 
 
-def join(device=_ops.CPU_DEVICE):
-    """Joins (see mpi_ops.join) and waits; returns the rank that joined last."""
-    request = _Request(_ops.JOIN, _ops.GLOBAL_PROCESS_SET, _ops.UINT8, (), device=device)
+def join():
+    """Joins (see mpi_ops.join) and waits; returns the rank that joined last. A
+    control request: it carries no tensor, so it goes as a CPU request whatever
+    device the caller named (the core would treat it so anyway, but a device here
+    would make the core load CUDA)."""
+    request = _Request(_ops.JOIN, _ops.GLOBAL_PROCESS_SET, _ops.UINT8, ())
     return synchronize(_submit([request], _finish_join, None, drive=True))
 
 

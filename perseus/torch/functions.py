@@ -49,24 +49,26 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
 # ---- optimizer state ------------------------------------------------------------
 
 class _Slot:
-    """Stands in for a tensor in the pickled skeleton of root's optimizer state."""
-    __slots__ = ("index", "shape", "dtype")
+    """Stands in for a tensor in the pickled skeleton of root's optimizer state.
+    cuda: whether root's tensor is on a GPU (each rank then uses its own), so every
+    rank broadcasts it from the same kind of device."""
+    __slots__ = ("index", "shape", "dtype", "cuda")
 
-    def __init__(self, index, shape, dtype):
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index, shape, dtype, cuda=False):
+        self.index, self.shape, self.dtype, self.cuda = index, shape, dtype, cuda
 
     def __getstate__(self):
-        return (self.index, self.shape, self.dtype)
+        return (self.index, self.shape, self.dtype, self.cuda)
 
     def __setstate__(self, state):
-        self.index, self.shape, self.dtype = state
+        self.index, self.shape, self.dtype, self.cuda = state
 
 
 def _strip_tensors(value, tensors):
     """`value` with every tensor replaced by a _Slot (appending the tensor)."""
     if isinstance(value, torch.Tensor):
         tensors.append(value)
-        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype)
+        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype, value.is_cuda)
     if isinstance(value, dict):
         return {k: _strip_tensors(v, tensors) for k, v in value.items()}
     if isinstance(value, list):
@@ -100,6 +102,17 @@ def _slots(value, found):
     return found
 
 
+def _local_gpu(optimizer):
+    """This rank's GPU for root's CUDA state: that of the optimizer's parameters,
+    else torch's current device. (load_state_dict then moves each tensor to its
+    parameter's device, as torch does.)"""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.is_cuda:
+                return p.device
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Makes every rank's optimizer state and hyperparameters equal root_rank's.
 
@@ -124,7 +137,10 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
                                 name=_default_name("optimizer_state", process_set),
                                 process_set=process_set)
     if not is_root:
-        tensors = [torch.empty(slot.shape, dtype=slot.dtype) for slot in _slots(skeleton, [])]
+        slots = _slots(skeleton, [])
+        gpu = _local_gpu(optimizer) if any(slot.cuda for slot in slots) else None
+        tensors = [torch.empty(slot.shape, dtype=slot.dtype, device=gpu if slot.cuda else "cpu")
+                   for slot in slots]
     handles = [broadcast_async_(t.detach(), root_rank, name="optimizer_state.%d" % i,
                                 process_set=process_set)
                for i, t in enumerate(tensors)]

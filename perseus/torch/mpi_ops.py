@@ -8,6 +8,10 @@ synchronize() to a list. This file resolves arguments (op, compression, lists)
 and picks the path; the adapter converts tensors, perseus.common builds requests.
 """
 
+import operator
+
+import torch
+
 from perseus.common import builder as _builder
 from perseus.common import ops as _ops
 # Horovod's reduce-op names
@@ -228,8 +232,21 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 def join(device=_ops.CPU_DEVICE):
     """Marks this rank as done: until every rank has joined, it takes part in other
-    ranks' collectives with neutral data. Returns the rank that joined last."""
-    return _adapter.join(device)
+    ranks' collectives with neutral data. Returns the rank that joined last.
+
+    device: as in Horovod (-1 for the CPU, or the GPU ordinal, as in
+    join(hvd.local_rank())), checked and otherwise unused: the core makes a joined
+    rank's neutral data on the device of each collective it takes part in."""
+    if isinstance(device, (torch.device, str)):
+        device = torch.device(device)
+        device = _ops.CPU_DEVICE if device.type == "cpu" else (device.index or 0)
+    try:
+        ok = not isinstance(device, bool) and operator.index(device) >= _ops.CPU_DEVICE
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError("join: device must be -1 (CPU) or a GPU ordinal, got %r" % (device,))
+    return _adapter.join()
 
 
 def barrier(process_set=global_process_set):

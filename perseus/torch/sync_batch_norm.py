@@ -44,7 +44,7 @@ def _local_stats(x):
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     if count == 0:
-        zeros = torch.zeros(channels, dtype=_WORK)
+        zeros = torch.zeros(channels, dtype=_WORK, device=x.device)
         return 0, zeros, zeros.clone()
     xs = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
     var, mean = torch.var_mean(xs, dim=_reduce_dims(x), correction=0)
@@ -59,17 +59,22 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         channels = x.shape[1]
         count, mean, m2 = _local_stats(x)
 
-        # One collective: every rank's [count, mean, M2] (1 + 2C doubles each).
-        mine = torch.cat([torch.tensor([float(count)], dtype=_WORK), mean, m2]).unsqueeze(0)
+        # One collective: every rank's [count, mean, M2] (1 + 2C doubles each), on
+        # x's device (new_full: no host-to-device copy).
+        mine = torch.cat([mean.new_full((1,), float(count)), mean, m2]).unsqueeze(0)
         gathered = _m.allgather(mine, process_set=process_set)
         counts = gathered[:, 0]
         means = gathered[:, 1:1 + channels]
         m2s = gathered[:, 1 + channels:]
         total = counts.sum()
-        n = float(total.item())
-        if n <= 1:
-            raise ValueError("Expected more than 1 value per channel when training, got %d "
-                             "over all ranks (input size on this rank %s)" % (int(n), list(x.shape)))
+        if count > 1 and not x.is_cpu:
+            n = total  # > 1 already: no host synchronisation on the GPU's hot path
+        else:
+            n = float(total.item())
+            if n <= 1:
+                raise ValueError("Expected more than 1 value per channel when training, got %d "
+                                 "over all ranks (input size on this rank %s)"
+                                 % (int(n), list(x.shape)))
         w = (counts / total).unsqueeze(1)
         global_mean = (w * means).sum(0)
         global_m2 = m2s.sum(0) + (counts.unsqueeze(1) * (means - global_mean) ** 2).sum(0)
@@ -109,8 +114,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             sum_dy = grad_out.sum(dims).to(_WORK)
             sum_dy_xhat = (grad_out * xhat).sum(dims).to(_WORK)
         else:
-            sum_dy = torch.zeros(x.shape[1], dtype=_WORK)
-            sum_dy_xhat = torch.zeros(x.shape[1], dtype=_WORK)
+            sum_dy = torch.zeros(x.shape[1], dtype=_WORK, device=x.device)
+            sum_dy_xhat = torch.zeros(x.shape[1], dtype=_WORK, device=x.device)
         if need_w:
             grad_w = sum_dy_xhat.to(weight.dtype)
         if need_b:

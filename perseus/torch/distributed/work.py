@@ -9,8 +9,13 @@ core has no completion callbacks, so one daemon thread (started on first use) wa
 on the works whose futures were asked for, in submission order, and completes the
 futures; their then() callbacks run on that thread, as they run on torch's
 communication thread. Works nobody asks a future of never touch that thread.
+
+CUDA outputs: wait() makes the caller's current stream wait for the collective (as
+torch's). That thread has its own current stream, so it synchronizes, and runs the
+callbacks, on the stream that was current where the Work was made.
 """
 
+import contextlib
 import queue
 import threading
 import time
@@ -32,6 +37,7 @@ class Work:
         self._done = False
         self._error = None
         self._future = None
+        self._stream = _creator_stream(outputs)
 
     @classmethod
     def completed(cls, outputs):
@@ -41,7 +47,8 @@ class Work:
         return work
 
     def _complete(self):
-        """Synchronizes once; the outcome (outputs or error) is kept for later calls."""
+        """Synchronizes once (CUDA: the current stream waits); the outcome (outputs or
+        error) is kept for later calls."""
         with self._lock:
             if self._done:
                 return
@@ -106,6 +113,19 @@ class Work:
         return self._future
 
 
+def _creator_stream(outputs):
+    """The current stream of the first CUDA output's device, or None."""
+    for t in outputs if isinstance(outputs, (list, tuple)) else (outputs,):
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            return torch.cuda.current_stream(t.device)
+    return None
+
+
+def _on_creator_stream(work):
+    return (contextlib.nullcontext() if work._stream is None
+            else torch.cuda.stream(work._stream))
+
+
 def _settle(work):
     if work._error is not None:
         work._future.set_exception(work._error)
@@ -131,8 +151,9 @@ def _completer():
 def _complete_futures(pending):
     while True:
         work = pending.get()
-        work._complete()
-        try:
-            _settle(work)
-        except Exception:
-            pass  # a then() callback's failure is already recorded in its own future
+        with _on_creator_stream(work):
+            work._complete()
+            try:
+                _settle(work)
+            except Exception:
+                pass  # a then() callback's failure is already recorded in its own future

@@ -8,7 +8,8 @@ forward the buffers are broadcast from rank 0 (broadcast_buffers). Gradients are
 averaged during backward by the Reducer (reducer.py): bucketed, one request per
 bucket, final when backward() returns. no_sync(), find_unused_parameters,
 static_graph, gradient_as_bucket_view, register_comm_hook() and join() behave as
-in torch. CPU tensors only for now, as the rest of the PyTorch adapter.
+in torch. CPU modules, and single-GPU modules (device_ids=[local_rank] or None):
+buckets then live on the GPU and reduce there (perseus.torch.device).
 """
 
 import contextlib
@@ -44,8 +45,9 @@ _SPARSE_MODULES = (nn.Embedding, nn.EmbeddingBag)
 class DistributedDataParallel(nn.Module):
     """Data parallelism over the ranks of `process_group` (default: all ranks).
 
-    Arguments as torch's. device_ids / output_device are for GPU modules (not
-    supported yet), so for a CPU module they must be None, as in torch. `dim` only
+    Arguments as torch's. device_ids / output_device are for single-GPU modules
+    (device_ids=[i]: forward moves the inputs to cuda:i, as torch does; outputs stay
+    where the module puts them); for a CPU module they must be None, as in torch. `dim` only
     matters for multi-device modules and is kept for compatibility.
     check_reduction is deprecated in torch and ignored (with its warning). Of
     torch's newer keyword-only options, init_sync and forward_sync_buffers work,
@@ -161,10 +163,10 @@ class DistributedDataParallel(nn.Module):
                     "device_ids %s, output_device %s, and module parameters %s."
                     % (device_ids, output_device, devices))
             return None, None
-        ids = [torch.device(d).index if not isinstance(d, int) else d for d in device_ids]
+        ids = [_device_index(d) for d in device_ids]
         if output_device is None:
             output_device = ids[0]
-        return ids, output_device
+        return ids, _device_index(output_device)
 
     def _find_buffer_slots(self):
         """(submodule, name) of every buffer DDP syncs. Looked up by slot before each
@@ -216,6 +218,9 @@ class DistributedDataParallel(nn.Module):
             self._join.on_forward()
         if self.require_forward_param_sync and self.broadcast_buffers:
             self._sync_buffers()
+        if self.device_ids:
+            device = torch.device("cuda", self.device_ids[0])
+            inputs, kwargs = _to_device(inputs, device), _to_device(kwargs, device)
         output = self.module(*inputs, **kwargs)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
@@ -298,6 +303,32 @@ class DistributedDataParallel(nn.Module):
         self._process_set = _process_sets.global_process_set
         self._id = _next_id(self._process_set)  # its own request names, beside the original's
         self._attach()  # comm hooks are not pickled, as in torch
+
+
+def _device_index(d):
+    """torch's _get_device_index for device_ids / output_device: an int, 'cuda:i' or
+    a torch.device with an index."""
+    if isinstance(d, int):
+        return d
+    index = torch.device(d).index
+    if index is None:
+        raise ValueError("DistributedDataParallel: device %r has no index" % (d,))
+    return index
+
+
+def _to_device(value, device):
+    """Tensors in nested tuples, lists and dicts moved to `device` (torch's DDP moves a
+    single-GPU module's inputs there before forward); anything else unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        moved = [_to_device(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, "_fields") else tuple(moved)
+    if isinstance(value, list):
+        return [_to_device(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
 
 
 def _first_difference(reference, other, rank, reference_rank):

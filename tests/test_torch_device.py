@@ -1,0 +1,131 @@
+"""The torch adapter's CUDA branch, checked without a CUDA device: the requests a CUDA
+tensor becomes (device ordinal, the caller's stream), the stream wait synchronize()
+adds for them (and only for them), the CUDA array interface of core outputs, and the
+arguments join() and DDP take. The GPU work itself: tests/test_gpu.py."""
+import collections
+
+import pytest
+import torch
+
+from perseus.common import ops
+from perseus.common import requests
+from perseus.torch import adapter
+from perseus.torch import device as torch_device
+from perseus.torch import mpi_ops
+from perseus.torch.nn.parallel import distributed as ddp
+
+
+class FakeCudaTensor:
+    """Just what adapter.prepare and the request building read of a CUDA tensor."""
+    is_cpu = False
+    is_cuda = True
+
+    def __init__(self, index, shape=(3, 2), dtype=torch.float32, address=0xD000):
+        self.device = torch.device("cuda", index)
+        self.shape = torch.Size(shape)
+        self.dtype = dtype
+        self._address = address
+
+    def is_contiguous(self):
+        return True
+
+    def data_ptr(self):
+        return self._address
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """adapter._submit replaced by a recorder; streams are fake ints; the library
+    folders count as handed over."""
+    calls = []
+    monkeypatch.setattr(adapter, "_submit", lambda *args: calls.append(args) or 1)
+    monkeypatch.setattr(torch_device, "current_stream", lambda index: 0x5000 + index)
+    monkeypatch.setattr(torch_device, "_ready", True)
+    monkeypatch.setattr(torch_device, "_consumers", {})
+    return calls
+
+
+def test_cuda_tensor_becomes_a_gpu_request(captured):
+    x = FakeCudaTensor(1)
+    adapter.allreduce_async([x], True, "t", ops.Sum, 1.0, 1.0, mpi_ops.global_process_set, False)
+    reqs, finish, state, drive, consumer = captured[0]
+    r, = reqs
+    assert (r.device, r.stream, r.input, r.output) == (1, 0x5001, 0xD000, 0xD000)
+    assert tuple(r.shape) == (3, 2) and r.dtype == ops.FLOAT32
+    assert consumer is torch_device.consumer(1)  # the stream wait at synchronize()
+
+    adapter.allgather_async([FakeCudaTensor(1, dtype=torch.bool)], None,
+                            mpi_ops.global_process_set, True)
+    reqs, _, state, _, consumer = captured[1]
+    assert (reqs[0].device, reqs[0].stream, reqs[0].dtype) == (1, 0x5001, ops.BOOL)
+    assert state[2] == [1] and consumer is not None  # devices: outputs made on cuda:1
+
+
+def test_cpu_tensor_adds_nothing(captured):
+    x = torch.ones(4)
+    adapter.allreduce_async([x], True, "t", ops.Sum, 1.0, 1.0, mpi_ops.global_process_set, False)
+    reqs, _, _, _, consumer = captured[0]
+    assert (reqs[0].device, reqs[0].stream, consumer) == (ops.CPU_DEVICE, 0, None)
+
+
+def test_other_devices_are_refused():
+    with pytest.raises(NotImplementedError, match="meta"):
+        adapter.prepare(torch.empty(2, device="meta"))
+
+
+def test_synchronize_waits_on_the_consumer_stream(monkeypatch):
+    waits = []
+    monkeypatch.setattr(requests, "enqueue", lambda reqs, drive: ((41, 42), None))
+    monkeypatch.setattr(requests, "_wait", lambda h, t: 0)
+    monkeypatch.setattr(requests, "_release", lambda h: 0)
+    monkeypatch.setattr(requests, "_stream_wait", lambda h, s: waits.append((h, s)) or 0)
+
+    def finish(state, handles):
+        waits.append("finish")
+        return state
+
+    h = requests.submit([None, None], finish, "gpu", consumer_stream=lambda: 0x77)
+    assert requests.synchronize(h) == "gpu"
+    assert waits == [(41, 0x77), (42, 0x77), "finish"]  # before the results are touched
+    waits.clear()
+    assert requests.synchronize(requests.submit([None], finish, "cpu")) == "cpu"
+    assert waits == ["finish"]  # CPU requests: no stream wait
+
+
+def test_failed_gpu_request_is_still_stream_waited(monkeypatch):
+    waits = []
+    monkeypatch.setattr(requests, "enqueue", lambda reqs, drive: ((51,), None))
+    monkeypatch.setattr(requests, "_wait", lambda h, t: 2)  # a failure status
+    monkeypatch.setattr(requests, "_release", lambda h: 0)
+    monkeypatch.setattr(requests, "_stream_wait", lambda h, s: waits.append((h, s)) or 0)
+    h = requests.submit([None], lambda s, hs: None, None, consumer_stream=lambda: 9)
+    with pytest.raises(Exception):
+        requests.synchronize(h)
+    assert waits == [(51, 9)]  # its inputs may still be read on the device
+
+
+def test_device_bytes_interface():
+    view = torch_device.DeviceBytes(0xABC000, 96)
+    assert view.__cuda_array_interface__ == {"shape": (96,), "typestr": "|u1",
+                                             "data": (0xABC000, False), "strides": None,
+                                             "version": 3, "stream": None}
+
+
+def test_join_device_argument(monkeypatch):
+    monkeypatch.setattr(mpi_ops._adapter, "join", lambda: 3)
+    for device in (-1, 0, 2, torch.device("cpu"), torch.device("cuda", 1), "cuda:0"):
+        assert mpi_ops.join(device) == 3
+    for bad in (-2, 1.5, True, None):
+        with pytest.raises(ValueError, match="join"):
+            mpi_ops.join(bad)
+
+
+def test_ddp_moves_inputs_to_its_device():
+    Pair = collections.namedtuple("Pair", "a b")
+    x = torch.ones(2, dtype=torch.float64)
+    moved = ddp._to_device(({"k": [x, 3]}, Pair(x, "s")), torch.device("cpu"))
+    assert isinstance(moved[1], Pair) and moved[1].b == "s" and moved[0]["k"][1] == 3
+    assert torch.equal(moved[0]["k"][0], x)
+    assert [ddp._device_index(d) for d in (1, "cuda:2", torch.device("cuda", 3))] == [1, 2, 3]
+    with pytest.raises(ValueError, match="index"):
+        ddp._device_index("cuda")
