@@ -121,20 +121,25 @@ _counters = {}  # (op_type, set id) -> (name format as bytes, counter)
 _traced_counters = {}
 
 
-def _numbered(counters, kind, op_type, sid):
-    """The next "<op>[.set<id>].<kind>.<k>" of its (op type, set)."""
-    entry = counters.get((op_type, sid))
-    if entry is None:
-        prefix = OP_TYPE_NAMES[op_type] + (".set%d" % sid if sid else "")
-        fmt = ("%s.%s.%%d" % (prefix, kind)).encode()
-        entry = counters.setdefault((op_type, sid), (fmt, itertools.count()))
-    return entry[0] % next(entry[1])
+def _new_counter(counters, kind, op_type, sid):
+    """(format of "<op>[.set<id>].<kind>.<k>" as bytes, counter) of (op type, set)."""
+    prefix = OP_TYPE_NAMES[op_type] + (".set%d" % sid if sid else "")
+    fmt = ("%s.%s.%%d" % (prefix, kind)).encode()
+    return counters.setdefault((op_type, sid), (fmt, itertools.count()))
 
 
 def unnamed(op_type, sid):
     """The next generated name: "<op>.noname.<k>", "<op>.set<id>.noname.<k>" off the
     global set."""
-    return _numbered(_counters, "noname", op_type, sid)
+    entry = _counters.get((op_type, sid)) or _new_counter(_counters, "noname", op_type, sid)
+    return entry[0] % next(entry[1])
+
+
+def _traced(op_type, sid):
+    """The next "<op>[.set<id>].traced.<k>"."""
+    entry = (_traced_counters.get((op_type, sid))
+             or _new_counter(_traced_counters, "traced", op_type, sid))
+    return entry[0] % next(entry[1])
 
 
 def wire_name(op_type, name):
@@ -167,7 +172,7 @@ def names_now(op_type, name, count, sid, grouped=False, traced=False):
     if name is not None:
         return list(names(op_type, name, count, grouped)), False
     if traced:
-        return [_numbered(_traced_counters, "traced", op_type, sid) for _ in range(count)], False
+        return [_traced(op_type, sid) for _ in range(count)], False
     return [unnamed(op_type, sid) for _ in range(count)], True
 
 
@@ -275,9 +280,47 @@ def pack(requests):
     [names]; the records' name/shape/splits pointers point into buf. A front end
     that enqueues later (perseus.mxnet's engine ops) copies buf and moves them.
     """
+    if len(requests) != 1:
+        return _pack_many(requests)
+    # One request, the common case: one struct call, with the layout of
+    # [handle][record][shape, splits][name] cached per (ndim, nsplits, name length).
+    r = requests[0]
+    wire = r.name or unnamed(r.op_type, r.process_set)
+    shape = r.shape
+    splits = r.splits
+    ndim = len(shape)
+    nsplits = 0 if splits is None else len(splits)
+    key = (ndim, nsplits, len(wire))
+    layout = _single_layouts.get(key)
+    if layout is None:
+        if len(_single_layouts) > 4096:  # bound it against endless distinct names
+            _single_layouts.clear()
+        layout = _single_layouts[key] = struct.Struct(
+            "@q%s%dx%dq%ds" % (_RECORD, _RECORD_PAD, ndim + nsplits, len(wire) + 1))
+    buf = array.array("B", bytes(layout.size))
+    shape_at = buf.buffer_info()[0] + 8 + _STRIDE
+    try:
+        if splits is None:
+            layout.pack_into(buf, 0, 0, shape_at + 8 * ndim, r.op_type, r.reduce_op, r.dtype,
+                             r.device, ndim, shape_at, r.input, r.output, r.prescale,
+                             r.postscale, r.root_rank, r.process_set, 0, 0,
+                             1 if r.name is None else r.anonymous, r.stream, *shape, wire)
+        else:
+            layout.pack_into(buf, 0, 0, shape_at + 8 * (ndim + nsplits), r.op_type,
+                             r.reduce_op, r.dtype, r.device, ndim, shape_at, r.input, r.output,
+                             r.prescale, r.postscale, r.root_rank, r.process_set,
+                             shape_at + 8 * ndim, nsplits,
+                             1 if r.name is None else r.anonymous, r.stream, *shape, *splits,
+                             wire)
+    except struct.error as e:
+        # A field out of its C type's range (e.g. a root rank > 2**31).
+        raise ValueError("invalid request field: %s" % e) from None
+    return buf, 1
+
+
+def _pack_many(requests):
+    """pack() of 0 or 2+ requests."""
     n = len(requests)
-    if n == 1:
-        return _pack_single(requests[0]), 1
     if n == 0:
         raise ValueError("enqueue() needs at least one request")
     # Shapes and splits of all requests, in order, as one int64 array; names as one
@@ -323,41 +366,6 @@ def pack(requests):
         # A field out of its C type's range (e.g. a root rank > 2**31).
         raise ValueError("invalid request field: %s" % e) from None
     return buf, n
-
-
-def _pack_single(r):
-    """pack() of one request (the common case) with one struct call: the layout of
-    [handle][record][shape, splits][name] is cached per (ndim, nsplits, name length)."""
-    wire = r.name or unnamed(r.op_type, r.process_set)
-    shape = r.shape
-    splits = r.splits
-    ndim = len(shape)
-    nsplits = 0 if splits is None else len(splits)
-    key = (ndim, nsplits, len(wire))
-    layout = _single_layouts.get(key)
-    if layout is None:
-        if len(_single_layouts) > 4096:  # bound it against endless distinct names
-            _single_layouts.clear()
-        layout = _single_layouts[key] = struct.Struct(
-            "@q%s%dx%dq%ds" % (_RECORD, _RECORD_PAD, ndim + nsplits, len(wire) + 1))
-    buf = array.array("B", bytes(layout.size))
-    shape_at = buf.buffer_info()[0] + 8 + _STRIDE
-    try:
-        if splits is None:
-            layout.pack_into(buf, 0, 0, shape_at + 8 * ndim, r.op_type, r.reduce_op, r.dtype,
-                             r.device, ndim, shape_at, r.input, r.output, r.prescale,
-                             r.postscale, r.root_rank, r.process_set, 0, 0,
-                             1 if r.name is None else r.anonymous, r.stream, *shape, wire)
-        else:
-            layout.pack_into(buf, 0, 0, shape_at + 8 * (ndim + nsplits), r.op_type,
-                             r.reduce_op, r.dtype, r.device, ndim, shape_at, r.input, r.output,
-                             r.prescale, r.postscale, r.root_rank, r.process_set,
-                             shape_at + 8 * ndim, nsplits,
-                             1 if r.name is None else r.anonymous, r.stream, *shape, *splits,
-                             wire)
-    except struct.error as e:
-        raise ValueError("invalid request field: %s" % e) from None
-    return buf
 
 
 def reset():
