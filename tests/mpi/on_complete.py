@@ -15,7 +15,7 @@ import torch
 from common import hvd, init, main, touch, wait_for
 from perseus.common import exceptions as ex
 from perseus.common import library as lib
-from perseus.common import ops, requests
+from perseus.common import builder, ops, requests
 
 
 class Callback:
@@ -44,10 +44,10 @@ class Callback:
 
 def submit(name, tensors):
     """Enqueues one in-place Sum allreduce per tensor, together; returns the handles."""
-    specs = [requests.RequestSpec(requests.wire_name(ops.ALLREDUCE, "%s.%d" % (name, i)),
-                                  ops.ALLREDUCE, ops.Sum, ops.FLOAT32, ops.CPU_DEVICE,
-                                  tuple(t.shape), t.data_ptr(), t.data_ptr(), 1.0, 1.0, 0,
-                                  ops.GLOBAL_PROCESS_SET, None, 0, 0)
+    specs = [builder.Request(ops.ALLREDUCE, ops.GLOBAL_PROCESS_SET, ops.FLOAT32,
+                             tuple(t.shape), t.data_ptr(), t.data_ptr(),
+                             name=builder.wire_name(ops.ALLREDUCE, "%s.%d" % (name, i)),
+                             reduce_op=ops.Sum)
              for i, t in enumerate(tensors)]
     handles, keep = requests.enqueue(specs)
     submit.keep.append((keep, tensors))
