@@ -48,6 +48,18 @@ def _check_dtypes(op_type, reduce_op, tensors):
         _builder.check_dtype(op_type, reduce_op, t.dtype.name)
 
 
+def _cpu_only(tensors):
+    """GPU tensors are not served by the TensorFlow ops yet (their kernels are CPU
+    kernels: TensorFlow would copy through the host in silence). Eager tensors and
+    graph tensors with a device set say where they live."""
+    for t in tensors:
+        device = getattr(t, "device", "") or ""
+        if "GPU" in device.upper():
+            raise NotImplementedError(
+                "Perseus's TensorFlow ops take CPU tensors only for now; got a tensor on %s "
+                "(CUDA tensors are served by the PyTorch front end)" % device)
+
+
 def _nonempty(tensors, what):
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
@@ -58,6 +70,7 @@ def _nonempty(tensors, what):
 # ---- allreduce ------------------------------------------------------------------
 
 def _allreduce(tensors, name, op, prescale, postscale, process_set, grouped):
+    _cpu_only(tensors)
     set_id = _set_id(process_set)
     _check_dtypes(_ops.ALLREDUCE, op, tensors)
     names, anonymous = _names(_ops.ALLREDUCE, name, len(tensors), set_id, grouped)
@@ -124,6 +137,7 @@ def _allreduce_grad(op, *grads):
 # ---- allgather ------------------------------------------------------------------
 
 def _allgather(tensors, name, process_set, grouped):
+    _cpu_only(tensors)
     set_id = _set_id(process_set)
     names, anonymous = _names(_ops.ALLGATHER, name, len(tensors), set_id, grouped)
     return _OPS.perseus_allgather(tensors, names, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
@@ -166,6 +180,7 @@ def _allgather_grad(op, *grads):
 # ---- broadcast ------------------------------------------------------------------
 
 def _broadcast(tensors, root_rank, name, process_set, grouped=False):
+    _cpu_only(tensors)
     set_id = _set_id(process_set)
     names, anonymous = _names(_ops.BROADCAST, name, len(tensors), set_id, grouped)
     return _OPS.perseus_broadcast(tensors, names,
@@ -205,6 +220,7 @@ def _broadcast_grad(op, *grads):
 
 def _reducescatter(tensors, name, op, prescale, postscale, process_set, grouped):
     _builder.check_op(_ops.REDUCESCATTER, op)
+    _cpu_only(tensors)
     set_id = _set_id(process_set)
     _check_dtypes(_ops.REDUCESCATTER, op, tensors)
     names, anonymous = _names(_ops.REDUCESCATTER, name, len(tensors), set_id, grouped)
@@ -260,6 +276,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
     concatenates what every rank sent here. Returns (output, received_splits)."""
     set_id = _set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
+    _cpu_only([tensor])
     if splits is None:
         splits = tf.zeros([0], dtype=tf.int32)
     else:

@@ -257,6 +257,19 @@ def run_errors(rank, size):
             pass
         else:
             raise AssertionError("no %s" % (exc,))
+    # A GPU tensor (tensorflow-cpu has none: a stand-in with a GPU device string) is
+    # refused at the call, before anything is sent.
+    from perseus.tensorflow import mpi_ops
+
+    class OnGpu:
+        device = "/job:localhost/replica:0/task:0/device:GPU:0"
+    try:
+        mpi_ops._cpu_only([tf.ones(1), OnGpu()])
+    except NotImplementedError as e:
+        assert "GPU:0" in str(e), str(e)
+    else:
+        raise AssertionError("a GPU tensor was not refused")
+    mpi_ops._cpu_only([tf.ones(1)])  # a CPU tensor passes
     # The engine still works.
     assert_equal(hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, size), tf.float32, "after errors")
 
