@@ -36,6 +36,16 @@ def fake_stats():
     return stats
 
 
+def assert_fake_released():
+    """After shutdown: no misuse of the fake GPU, and nothing of it left allocated."""
+    stats = fake_stats()
+    log("fake GPU after shutdown:", stats)
+    assert stats["misuses"] == 0, stats
+    for key in ("device_buffers", "pinned_buffers", "streams", "comms"):
+        assert stats[key] == 0, "%s left after shutdown: %s" % (key, stats)
+    return stats
+
+
 def as_float(x, dtype):
     return capi.from_bf16(x).astype(np.float64) if dtype == BFLOAT16 else x.astype(np.float64)
 
@@ -234,11 +244,7 @@ def body():
     same(out, np.full(3, size, dtype=np.float32), "cpu")
     capi.shutdown()
 
-    stats = fake_stats()
-    log("fake GPU after shutdown:", stats)
-    assert stats["misuses"] == 0, stats
-    for key in ("device_buffers", "pinned_buffers", "streams", "comms"):
-        assert stats[key] == 0, "%s left after shutdown: %s" % (key, stats)
+    stats = assert_fake_released()
     mode = os.environ["GPU_MODE"]
     if mode == "nccl":
         assert stats["nccl_calls"] > 0 and stats["comms_created"] > 0, stats

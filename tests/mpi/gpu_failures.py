@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import capi  # noqa: E402
-from gpu_collectives import fake_stats  # noqa: E402
+from gpu_collectives import assert_fake_released  # noqa: E402
 from rank_script import launcher_rank_size, log, main  # noqa: E402
 
 
@@ -87,11 +87,7 @@ def body():
              "operations": lambda rank, size: cpu_ok(size, "cpu.operations")}
     cases[case](rank, size)
     capi.shutdown()
-    stats = fake_stats()
-    log("fake GPU after shutdown:", stats)
-    assert stats["misuses"] == 0, stats
-    for key in ("device_buffers", "pinned_buffers", "streams", "comms"):
-        assert stats[key] == 0, "%s left after shutdown: %s" % (key, stats)
+    assert_fake_released()
 
 
 if __name__ == "__main__":
