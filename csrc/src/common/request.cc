@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/dtype.h"
+#include "common/list_string.h"
 
 namespace perseus {
 
@@ -25,13 +26,7 @@ bool TensorMeta::FirstDimMayDiffer() const {
   return op_type == PERSEUS_ALLGATHER || op_type == PERSEUS_ALLTOALL;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
-}
+std::string ShapeString(const std::vector<int64_t>& shape) { return ListString(shape); }
 
 std::string TensorMeta::Difference(const TensorMeta& o) const {
   std::ostringstream d;

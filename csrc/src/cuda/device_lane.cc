@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/dtype.h"
+#include "common/list_string.h"
 #include "common/logging.h"
 #include "common/timeline.h"
 #include "cuda/device_guard.h"
@@ -23,14 +24,6 @@ std::unique_ptr<Lane> MakeDeviceLane(DeviceLaneArgs args) {
 namespace gpu {
 
 namespace {
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
-}
 
 // The device of this process: bound by its first GPU request, else (a rank that has
 // joined before submitting any GPU request) this thread's current device.
@@ -130,7 +123,7 @@ Status DeviceLane::Open() {
   if (!lack_nccl.empty()) {
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
-      PERSEUS_LOG(kWarning) << "NCCL could not be loaded on rank(s) " << RankList(lack_nccl)
+      PERSEUS_LOG(kWarning) << "NCCL could not be loaded on rank(s) " << ListString(lack_nccl)
                             << (nccl.ok() ? "" : " (here: " + nccl.message + ")")
                             << "; GPU collectives run host-staged through MPI instead (slower)";
     }

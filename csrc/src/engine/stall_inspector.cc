@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "common/list_string.h"
 #include "common/logging.h"
 #include "mpi/mpi_lock.h"
 
@@ -20,17 +21,9 @@ Clock::duration Seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-std::string Ranks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
-}
-
 std::string Describe(const StalledRequest& s) {
-  return "'" + s.name + "' (submitted by rank(s) " + Ranks(s.holders) + ", missing on rank(s) " +
-         Ranks(s.missing) + ")";
+  return "'" + s.name + "' (submitted by rank(s) " + ListString(s.holders) + ", missing on rank(s) " +
+         ListString(s.missing) + ")";
 }
 
 }  // namespace
