@@ -9,8 +9,10 @@ numbers:
   allgather     -> Average-allreduce of the gradient, then this rank's rows
   broadcast     -> Average-allreduce of the gradient on the root, zeros elsewhere
   alltoall      -> alltoall of the gradient with the received splits
-  reducescatter -> allgather of the gradient, scaled by prescale*postscale (and
-                   1/size for Average): the exact derivative of the forward op
+  reducescatter -> allgather of the gradient, times prescale*postscale, and times
+                   the set size for op=Sum (Horovod's convention: like allgather's
+                   gradient, it is size times the exact derivative, which data-
+                   parallel training's averaging then cancels)
 Backward collectives are unnamed, so every rank must run backward in the same
 order, as with Horovod.
 """
@@ -129,8 +131,8 @@ class Alltoall(torch.autograd.Function):
 
 def _scatter_grad_scale(op, prescale, postscale, process_set):
     scale = prescale * postscale
-    if op == Average:
-        scale /= process_set.size()
+    if op == _ops.Sum:
+        scale *= process_set.size()
     return scale
 
 

@@ -176,7 +176,8 @@ def grouped_broadcast_(tensors, root_rank, name=None, process_set=global_process
 # ---- alltoall -------------------------------------------------------------------
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    """Starts an alltoall; synchronize() returns (output, received_splits)."""
+    """Starts an alltoall; synchronize() returns (output, received_splits) whether or
+    not splits were given (as Horovod's does)."""
     return _adapter.alltoall_async(tensor, splits, name, process_set)
 
 
@@ -184,10 +185,43 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends splits[i] rows of `tensor` (dim 0, in order) to rank i of the set and
     concatenates what every rank sent here. splits=None splits dim 0 evenly.
 
-    Returns (output, received_splits), received_splits an int32 tensor of the rows
-    received from each rank. Differentiable.
+    Returns the output alone when splits is None, else (output, received_splits),
+    received_splits an int32 tensor of the rows received from each rank (Horovod's
+    two forms). Differentiable.
     """
-    return _autograd.alltoall(tensor, splits, name, process_set)
+    output, received = _autograd.alltoall(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+# ---- sparse ---------------------------------------------------------------------
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts reducing a sparse COO tensor as Horovod does: allgathers its indices
+    and values (so duplicates add up when the result is used), values divided by the
+    set size for op=Average. Returns a function (not an int handle, as in Horovod)
+    that waits and returns the reduced sparse tensor."""
+    op = _resolve_op(op, None)
+    if op not in (Average, Sum):
+        # Gathering adds duplicates up: only sums (and averages) come out of it.
+        raise ValueError("sparse_allreduce_async supports op=Average or op=Sum, got %s"
+                         % _ops.REDUCE_OP_NAMES[op])
+    # Allgather joins along dim 0, so indices (ndim x nnz) travel as nnz x ndim.
+    indices_name = None if name is None else "%s.indices" % name
+    values_name = None if name is None else "%s.values" % name
+    indices_handle = _adapter.allgather_async((tensor._indices().t().contiguous(),),
+                                              indices_name, process_set, False)
+    values_handle = _adapter.allgather_async((tensor._values(),), values_name, process_set,
+                                             False)
+    shape, size = tensor.shape, process_set.size()
+
+    def handle():
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        if op == Average:
+            values = values / size
+        return torch.sparse_coo_tensor(indices.t(), values, shape, check_invariants=False)
+
+    return handle
 
 
 # ---- reducescatter --------------------------------------------------------------

@@ -46,6 +46,7 @@ from perseus.torch.mpi_ops import (
     poll,
     reducescatter,
     reducescatter_async,
+    sparse_allreduce_async,
     synchronize,
 )
 from perseus.torch.optimizer import DistributedOptimizer
