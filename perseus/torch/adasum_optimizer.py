@@ -43,7 +43,7 @@ class _AdasumMixin(_DistributedMixin):
             for group, params in zip(self.param_groups, saved):
                 group["params"] = params
 
-    def _to_reduce(self, p):
+    def _to_reduce(self, p, grouped=False):
         key = id(p)
         if key not in self._starts:
             self._starts[key] = torch.empty_like(p, memory_format=torch.contiguous_format)

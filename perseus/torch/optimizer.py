@@ -24,7 +24,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (hyperparameters included) and its state.
     """
     if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
     if gradient_predivide_factor <= 0:
         raise ValueError("gradient_predivide_factor must be positive, got %r"
                          % (gradient_predivide_factor,))

@@ -8,6 +8,9 @@ _DistributedMixin is placed before the wrapped optimizer's class; it
   starts the reduction on the k-th;
 - with groups / num_groups, submits a group's gradients together (one grouped
   allreduce) once every gradient of the group is ready;
+- reduces a sparse gradient (nn.Embedding(sparse=True)) as Horovod does, by
+  allgathering its indices and values (mpi_ops.sparse_allreduce_async), unless
+  sparse_as_dense converts it to a dense one first;
 - waits for all reductions in step() (or in an explicit synchronize(), after which
   step() runs inside skip_synchronize());
 - refuses zero_grad() while reductions are pending.
@@ -21,7 +24,8 @@ import warnings
 import torch
 
 from perseus.torch.compression import Compression
-from perseus.torch.mpi_ops import Sum, allreduce_async_, grouped_allreduce_async_, synchronize
+from perseus.torch.mpi_ops import (Sum, allreduce_async_, grouped_allreduce_async_,
+                                   sparse_allreduce_async, synchronize)
 
 
 # Marks a group member whose reduction the group's first member's handle covers.
@@ -106,15 +110,15 @@ class _DistributedMixin:
                                  "as model.named_parameters() gives; got an item %r" % (item,))
         dups = _duplicates([name for name, _ in named_parameters])
         if dups:
-            raise ValueError("parameter names in named_parameters must be unique; duplicated: %s"
-                             % ", ".join(dups))
+            raise ValueError("Parameter names in named_parameters must be unique. Found "
+                             "duplicates: %s" % ", ".join(dups))
         names = {id(p): name for name, p in named_parameters}
         missing = ["#%d (shape %s)" % (i, tuple(p.shape)) for i, p in enumerate(all_params)
                    if id(p) not in names]
         if missing:
-            raise ValueError("named_parameters was given but does not name %d of the optimizer's "
-                             "parameters: %s (numbered in param_groups order)"
-                             % (len(missing), ", ".join(missing)))
+            raise ValueError("named_parameters was specified, but one or more model parameters "
+                             "were not named: %d of the optimizer's parameters: %s (numbered "
+                             "in param_groups order)" % (len(missing), ", ".join(missing)))
         return names
 
     def _make_groups(self, groups, all_params):
@@ -161,11 +165,12 @@ class _DistributedMixin:
         def hook(param):
             entry = self._handles.get(key)
             if entry is not None and self._allreduce_delay[key] <= 0:
+                # Horovod's wording first: scripts match it.
                 raise AssertionError(
-                    "the gradient of %s was computed more than backward_passes_per_step=%d times "
-                    "before optimizer.step() or synchronize(); raise backward_passes_per_step to "
-                    "accumulate gradients locally" % (self._parameter_names[key],
-                                                      self.backward_passes_per_step))
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                    "locally. (parameter %s, backward_passes_per_step=%d)"
+                    % (self._parameter_names[key], self.backward_passes_per_step))
             self._allreduce_delay[key] -= 1
             if entry is None:
                 self._handles[key] = (p, None, None)
@@ -182,18 +187,21 @@ class _DistributedMixin:
             return Sum, 1.0 / self._predivide, self._predivide / self._process_set.size()
         return self._op, 1.0, 1.0
 
-    def _dense_grad(self, p):
+    def _dense_grad(self, p, sparse_ok=False):
         """p.grad ready to reduce: zeros for a parameter that got no gradient (other ranks
-        may have one), sparse converted to dense when allowed."""
+        may have one; as in Horovod, a dense zero, so a parameter whose gradient is
+        sparse elsewhere must get one on every rank), sparse converted to dense with
+        sparse_as_dense, else left sparse where the caller can reduce it so."""
         if p.grad is None:
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         elif p.grad.layout is not torch.strided:
-            if not self._sparse_as_dense:
+            if self._sparse_as_dense:
+                p.grad = p.grad.to_dense()
+            elif not sparse_ok:
                 raise NotImplementedError(
-                    "the gradient of %s is sparse (%s); DistributedOptimizer reduces dense "
-                    "gradients only: pass sparse_as_dense=True to convert it"
-                    % (self._parameter_names[id(p)], p.grad.layout))
-            p.grad = p.grad.to_dense()
+                    "the gradient of %s is sparse (%s) and its parameter is in a group: "
+                    "grouped reductions are dense; pass sparse_as_dense=True or leave it "
+                    "out of groups" % (self._parameter_names[id(p)], p.grad.layout))
         return p.grad
 
     def _submit_ready(self, p):
@@ -206,9 +214,10 @@ class _DistributedMixin:
         if len(ready) == len(self._groups[index]):
             self._submit_group(index)
 
-    def _to_reduce(self, p):
-        """The tensor reduced for p (its gradient; the Adasum optimizer's delta)."""
-        return self._dense_grad(p)
+    def _to_reduce(self, p, grouped=False):
+        """The tensor reduced for p (its gradient, sparse only when reduced alone; the
+        Adasum optimizer's delta)."""
+        return self._dense_grad(p, sparse_ok=not grouped)
 
     def _apply(self, p, wire, ctx):
         """Puts p's reduced tensor in place once its reduction is done."""
@@ -217,8 +226,15 @@ class _DistributedMixin:
             p.grad.copy_(grad)
 
     def _submit_one(self, p):
+        tensor = self._to_reduce(p)
+        if tensor.layout is torch.sparse_coo:
+            # As Horovod: no compression, no predivide; the handle is a function.
+            handle = sparse_allreduce_async(tensor, name=self._parameter_names[id(p)],
+                                            op=self._op, process_set=self._process_set)
+            self._handles[id(p)] = (p, handle, (None, None))
+            return
         op, prescale, postscale = self._scales()
-        wire, ctx = self._compression.compress(self._to_reduce(p))
+        wire, ctx = self._compression.compress(tensor)
         handle = allreduce_async_(wire, name=self._parameter_names[id(p)], op=op,
                                   prescale_factor=prescale, postscale_factor=postscale,
                                   process_set=self._process_set)
@@ -229,7 +245,7 @@ class _DistributedMixin:
         op, prescale, postscale = self._scales()
         wires, ctxs = [], []
         for p in members:
-            wire, ctx = self._compression.compress(self._to_reduce(p))
+            wire, ctx = self._compression.compress(self._to_reduce(p, grouped=True))
             wires.append(wire)
             ctxs.append(ctx)
         name = "group%d.%s" % (index, self._parameter_names[id(members[0])])
@@ -262,11 +278,18 @@ class _DistributedMixin:
             else:
                 self._submit_group(index)
         try:
-            for p, handle, _ in list(self._handles.values()):
-                if handle is not _IN_GROUP:
+            sparse = {}
+            for key, (p, handle, _) in list(self._handles.items()):
+                if callable(handle):  # sparse_allreduce_async's
+                    sparse[key] = handle()
+                elif handle is not _IN_GROUP:
                     synchronize(handle)
-            for p, handle, (wire, ctx) in self._handles.values():
-                self._apply(p, wire, ctx)
+            for key, (p, handle, (wire, ctx)) in self._handles.items():
+                if key in sparse:
+                    # Into the same gradient tensor, as Horovod (sparse tensors lack set_).
+                    p.grad.zero_().add_(sparse[key])
+                else:
+                    self._apply(p, wire, ctx)
         finally:
             self._handles.clear()
             self._group_ready = [set() for _ in self._groups]
@@ -286,9 +309,12 @@ class _DistributedMixin:
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() but outside "
-                              "optimizer.skip_synchronize(): the gradients are reduced again. Use "
-                              "`with optimizer.skip_synchronize(): optimizer.step()`.")
+                # Horovod's wording: scripts filter on it.
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
@@ -298,8 +324,8 @@ class _DistributedMixin:
             pending = sorted(self._parameter_names[key] for key in self._handles)
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(), while the gradients of %d "
-                "parameter(s) (%s) are being reduced or accumulated; call step() or "
-                "synchronize() first" % (len(pending), ", ".join(pending[:5])
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition. (%d parameter(s) pending: %s)"
+                % (len(pending), ", ".join(pending[:5])
                                          + (", ..." if len(pending) > 5 else "")))
         return super().zero_grad(set_to_none)

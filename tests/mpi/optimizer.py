@@ -8,9 +8,10 @@ after STEPS steps; the weights must also be bit-identical on every rank. Variant
 backward_passes_per_step=2, groups and num_groups, gradient_predivide_factor, fp16 and
 bf16 compression (looser tolerance, and they must differ from the exact result, so the
 wire dtype really changed), synchronize() + skip_synchronize() with gradient
-clipping, Adam, op=Sum, a parameter without gradient, sparse gradients. Then the
-error cases: duplicate/missing names, zero_grad() while reductions are pending,
-gradient_predivide_factor with Adasum, sparse gradients without sparse_as_dense.
+clipping, Adam, op=Sum, a parameter without gradient, sparse gradients (reduced
+sparse, as Horovod, and with sparse_as_dense). Then the error cases: duplicate/missing
+names, zero_grad() while reductions are pending, gradient_predivide_factor with
+Adasum, a sparse gradient in a group without sparse_as_dense.
 (op=Adasum itself: adasum_optimizer.py.)
 """
 import warnings
@@ -178,6 +179,11 @@ def body():
         ("sparse_as_dense", {"model_cls": EmbedNet, "model_kwargs": {"sparse": True},
                              "data": embed_batch, "sparse_as_dense": True},
          reference(model_cls=EmbedNet, model_kwargs={"sparse": False}, data=embed_batch), TOL),
+        ("sparse", {"model_cls": EmbedNet, "model_kwargs": {"sparse": True}, "data": embed_batch},
+         reference(model_cls=EmbedNet, model_kwargs={"sparse": True}, data=embed_batch), TOL),
+        ("sparse_passes2", {"model_cls": EmbedNet, "model_kwargs": {"sparse": True},
+                            "data": embed_batch, "passes": 2},
+         reference(model_cls=EmbedNet, model_kwargs={"sparse": True}, data=embed_batch), TOL),
     ]
     for what, kwargs, expected, tol in cases:
         got = distributed(rank, size, **kwargs)
@@ -206,7 +212,7 @@ def errors(rank, size):
                   named_parameters=dup, contains=("w",))
     missing = named[:-1]
     expect_raises(ValueError, "missing names", DistributedOptimizer, sgd(model),
-                  named_parameters=missing, contains=("does not name", "(3,)"))
+                  named_parameters=missing, contains=("were not named", "(3,)"))
     expect_raises(ValueError, "predivide with Adasum", DistributedOptimizer, sgd(model),
                   op=hvd.Adasum, gradient_predivide_factor=2.0)
     expect_raises(ValueError, "predivide with Sum", DistributedOptimizer, sgd(model),
@@ -239,10 +245,12 @@ def errors(rank, size):
     assert any("skip_synchronize" in str(w.message) for w in caught), \
         "no warning for step() after synchronize(): %s" % [str(w.message) for w in caught]
 
-    # Sparse gradients without sparse_as_dense: a clear error from backward().
+    # A sparse gradient in a group (grouped reductions are dense) without
+    # sparse_as_dense: a clear error from backward().
     if size > 1:
         emodel = make_model(EmbedNet, sparse=True)
-        eopt = DistributedOptimizer(sgd(emodel), named_parameters=emodel.named_parameters())
+        eopt = DistributedOptimizer(sgd(emodel), named_parameters=emodel.named_parameters(),
+                                    groups=[[emodel.emb.weight, emodel.fc.weight]])
         idx, ey = embed_batch()
         expect_raises(NotImplementedError, "sparse gradient", lambda: loss_fn(emodel(idx), ey).backward(),
                       contains=("sparse_as_dense", "emb.weight"))
