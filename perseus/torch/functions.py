@@ -15,6 +15,7 @@ from perseus.common.objects import allgather_object, broadcast_object  # noqa: F
 from perseus.common.builder import default_name as _default_name
 from perseus.common.process_sets import global_process_set
 from perseus.torch.mpi_ops import broadcast_async_, synchronize
+from perseus.torch.optimizer_mixin import _DistributedMixin
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
@@ -113,20 +114,44 @@ def _local_gpu(optimizer):
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def _initialize_state(optimizer):
+    """Gives an optimizer without state its state as Horovod does, on every rank: a
+    zero gradient for each parameter that requires one, then one step of the wrapped
+    optimizer (never DistributedOptimizer's, whose step() would reduce). Unlike
+    Horovod, the parameters are put back after that step: with weight decay it
+    moves them, each rank by its own hyperparameters, after broadcast_parameters."""
+    params = [p for group in optimizer.param_groups for p in group["params"]
+              if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+        if isinstance(optimizer, torch.optim.SparseAdam):
+            p.grad = p.grad.to_sparse()
+    with torch.no_grad():
+        saved = [p.clone() for p in params]
+        if isinstance(optimizer, _DistributedMixin):
+            super(_DistributedMixin, optimizer).step()
+        else:
+            optimizer.step()
+        for p, value in zip(params, saved):
+            p.copy_(value)
+
+
 def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Makes every rank's optimizer state and hyperparameters equal root_rank's.
 
     Covers tensor state (momentum buffers, exp_avg, ...), scalar state (`step`, as a
-    tensor or a number) and every param_groups entry (lr, momentum, betas, ...). Works
-    before the first step: a root without state leaves every rank without state (the
-    optimizer then initialises it identically on the first step), where Horovod runs
-    a zero-gradient step that could move the parameters.
+    tensor or a number) and every param_groups entry (lr, momentum, betas, ...). An
+    optimizer without state yet is initialised first, as in Horovod (see
+    _initialize_state): afterwards every parameter that requires grad has a zero
+    .grad. A stateless optimizer (plain SGD) has nothing to send.
 
     The structure goes as one pickled object; the tensors are then broadcast in
     place, all at once. `model` is accepted for Horovod compatibility and unused.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("broadcast_optimizer_state does not support torch.optim.LBFGS")
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state:
+        _initialize_state(optimizer)
     is_root = _basics.rank() == root_rank
     tensors = []
     if is_root:

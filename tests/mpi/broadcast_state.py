@@ -69,6 +69,18 @@ def setup(name, rank, steps, wrap=False, device=None):
     return model, opt
 
 
+def initialise_like_horovod(model, opt):
+    """What broadcast_optimizer_state does first to an optimizer without state (as
+    Horovod): zero gradients, one step; the parameters then put back (Perseus)."""
+    saved = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    with torch.no_grad():
+        for p, value in zip(model.parameters(), saved):
+            p.copy_(value)
+
+
 def steps_of(rank, root):
     """Root has stepped (or not: `fresh`); the others have a rank-dependent history."""
     return rank % 3
@@ -117,6 +129,8 @@ def check_optimizer(name, rank, size, root, root_steps, wrap, device=None):
     mine = steps_of(rank, root) if rank != root else root_steps
     model, opt = setup(name, rank, mine, wrap, device)
     ref_model, ref_opt = setup(name, root, root_steps, device=device)
+    if not ref_opt.state:  # (Adagrad has state from its constructor on)
+        initialise_like_horovod(ref_model, ref_opt)
 
     if rank != root:
         # The test must be able to fail: this rank really starts out different.
