@@ -102,19 +102,22 @@ def add_process_set(process_set):
     """Registers a ProcessSet (or a list of ranks) with the core; returns the set.
 
     Collective: all ranks must call it in the same order with the same ranks.
-    Raises ValueError when a set with the same ranks is already registered.
+    Raises ValueError (as Horovod) when a set with the same ranks is already
+    registered, whether through this object or another.
     """
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if not process_set.ranks:
         raise ValueError("a process set needs at least one rank")
     with _lock:
-        if process_set.process_set_id is not None:
-            raise ValueError("%r is already registered" % (process_set,))
+        # As Horovod: a ValueError on every rank (all call this with the same ranks),
+        # nothing registered; the existing set stays usable and removable (a set that
+        # a failed step left behind: find_process_set(ranks), remove_process_set()).
         existing = _find(process_set.ranks)
         if existing is not None:
-            raise ValueError("a process set with ranks %s is already registered (id %d)"
-                             % (process_set.ranks, existing.process_set_id))
+            raise ValueError("Attempted to add a duplicate process set: %r; a set with these "
+                             "ranks is registered (id %d): use it, or remove it first"
+                             % (process_set, existing.process_set_id))
         n = len(process_set.ranks)
         ranks = (ctypes.c_int32 * n)(*process_set.ranks)
         new_id = ctypes.c_int32()
