@@ -89,7 +89,14 @@ def _on_device(request, device):
 def _finish_outputs(state, handles):
     """Outputs we allocated (or the inputs, in place); copies back non-contiguous
     in-place inputs (CUDA: on the current stream, which has waited for the result)."""
-    _, results, copy_back, grouped = state
+    _, results, copy_back, grouped, placed = state
+    for target, address in placed:
+        if target.data_ptr() != address:
+            raise ValueError(
+                "the tensor (now of shape %s) of an in-place collective got other memory "
+                "(set_(), resize_() or .data =) while the request was in flight, so the "
+                "result is not in it (it went to the former memory); change a tensor's "
+                "storage only after synchronize()" % (tuple(target.shape),))
     for target, source in copy_back:
         target.copy_(source)
     return results if grouped else results[0]
@@ -138,22 +145,34 @@ def _finish_nothing(state, handles):
 
 # ---- submission -----------------------------------------------------------------
 
+def _hold(kept, source):
+    """Keeps `source` and its storage referenced until synchronize(): the core
+    reads (and, in place, writes) that memory, and a set_() or `.data =` on the
+    caller's tensor would otherwise free it mid-operation. (A resize_() that grows
+    the tensor reallocates the storage itself; synchronize() then reports it.)"""
+    kept.append(source)
+    kept.append(source.untyped_storage())
+
+
 def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
                       process_set, root_rank, grouped, drive):
     """Allreduce and broadcast: output has the input's shape; we allocate it."""
     sid = _set_id(process_set)
     requests = []
-    sources = []
+    sources = []  # with their storages (see _hold)
     results = []
     copy_back = []
+    placed = []  # in-place targets and their addresses, checked at synchronize
     consumer = None
     for tensor, wire in zip(tensors, _names(op_type, name, len(tensors), grouped)):
         source, code, device = prepare(tensor)
+        _hold(sources, source)
         if code == _BOOL or reduce_op == _ADASUM:
             _check_code(op_type, reduce_op, code)
         if inplace:
             output = source
             results.append(tensor)
+            placed.append((tensor, tensor.data_ptr()))
             if source is not tensor:
                 # Checked before anything is sent: writing the result back into an
                 # expanded view would fail only after every rank ran the collective.
@@ -174,9 +193,8 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
         if device != _CPU:
             consumer = _on_device(request, device)
         requests.append(request)
-        sources.append(source)
-    return _submit(requests, _finish_outputs, (sources, results, copy_back, grouped), drive,
-                   consumer)
+    return _submit(requests, _finish_outputs, (sources, results, copy_back, grouped, placed),
+                   drive, consumer)
 
 
 def allreduce_async(tensors, inplace, name, op, prescale, postscale, process_set, grouped,
@@ -206,7 +224,7 @@ def allgather_async(tensors, name, process_set, grouped, drive=False):
         if device != _CPU:
             consumer = _on_device(request, device)
         requests.append(request)
-        sources.append(source)
+        _hold(sources, source)
         codes.append(code)
         devices.append(device)
     return _submit(requests, _finish_gathered, (sources, codes, devices, grouped), drive,
@@ -222,7 +240,8 @@ def alltoall_async(tensor, splits, name, process_set, drive=False):
     request = _Request(_ALLTOALL, sid, code, source.shape, source.data_ptr(),
                        name=_names(_ALLTOALL, name)[0], splits=splits)
     consumer = None if device == _CPU else _on_device(request, device)
-    return _submit([request], _finish_alltoall, (source, code, device), drive, consumer)
+    return _submit([request], _finish_alltoall, ((source, source.untyped_storage()), code, device),
+                   drive, consumer)
 
 
 def reducescatter_async(tensors, name, op, prescale, postscale, process_set, grouped,
@@ -245,9 +264,10 @@ def reducescatter_async(tensors, name, op, prescale, postscale, process_set, gro
         if device != _CPU:
             consumer = _on_device(request, device)
         requests.append(request)
-        sources.append(source)
+        _hold(sources, source)
         results.append(output)
-    return _submit(requests, _finish_outputs, (sources, results, (), grouped), drive, consumer)
+    return _submit(requests, _finish_outputs, (sources, results, (), grouped, ()), drive,
+                   consumer)
 
 
 def join():
