@@ -149,7 +149,8 @@ def _hold(kept, source):
     """Keeps `source` and its storage referenced until synchronize(): the core
     reads (and, in place, writes) that memory, and a set_() or `.data =` on the
     caller's tensor would otherwise free it mid-operation. (A resize_() that grows
-    the tensor reallocates the storage itself; synchronize() then reports it.)"""
+    the tensor reallocates inside this same storage: that torch frees the old
+    memory at once is beyond our reach, so it stays unsafe while in flight.)"""
     kept.append(source)
     kept.append(source.untyped_storage())
 

@@ -198,8 +198,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Starts reducing a sparse COO tensor as Horovod does: allgathers its indices
     and values (so duplicates add up when the result is used), values divided by the
-    set size for op=Average. Returns a function (not an int handle, as in Horovod)
-    that waits and returns the reduced sparse tensor."""
+    set size for op=Average. Returns, as Horovod's does, a function rather than an
+    int handle: calling it waits and returns the reduced sparse tensor."""
     op = _resolve_op(op, None)
     if op not in (Average, Sum):
         # Gathering adds duplicates up: only sums (and averages) come out of it.
