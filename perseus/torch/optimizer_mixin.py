@@ -106,8 +106,9 @@ class _DistributedMixin:
         named_parameters = list(named_parameters)
         for item in named_parameters:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
-                raise ValueError("named_parameters must be a sequence of (name, parameter) tuples, "
-                                 "as model.named_parameters() gives; got an item %r" % (item,))
+                raise ValueError("named_parameters should be a sequence of tuples (name, "
+                                 "parameter), usually produced by model.named_parameters(); "
+                                 "got an item %r" % (item,))
         dups = _duplicates([name for name, _ in named_parameters])
         if dups:
             raise ValueError("Parameter names in named_parameters must be unique. Found "
@@ -126,13 +127,14 @@ class _DistributedMixin:
             return []
         if isinstance(groups, int):
             if groups < 0:
-                raise ValueError("num_groups must be >= 0, got %d" % groups)
+                raise ValueError("groups should be a non-negative integer or a list of list "
+                                 "of torch.Tensor; got num_groups=%d" % groups)
             if groups == 0:
                 return []
             return [g for g in _split_evenly(self._requires_update, groups) if g]
         if not isinstance(groups, (list, tuple)):
-            raise ValueError("groups must be a list of lists of parameters, got %s"
-                             % type(groups).__name__)
+            raise ValueError("groups should be a non-negative integer or a list of list of "
+                             "torch.Tensor; got a %s" % type(groups).__name__)
         known = {id(p) for p in all_params}
         placed = set()
         result = []
@@ -140,13 +142,13 @@ class _DistributedMixin:
             members = []
             for p in group:
                 if not isinstance(p, torch.Tensor):
-                    raise ValueError("groups must hold parameters (tensors), got %s"
+                    raise ValueError("groups must consist of torch.Tensor; got a %s"
                                      % type(p).__name__)
                 if id(p) not in known:
                     raise ValueError("groups holds a parameter of shape %s that the optimizer "
                                      "does not update" % (tuple(p.shape),))
                 if id(p) in placed:
-                    raise ValueError("parameter %s appears in more than one group"
+                    raise ValueError("A parameter can only appear once in groups (%s)"
                                      % self._parameter_names[id(p)])
                 placed.add(id(p))
                 if p.requires_grad:

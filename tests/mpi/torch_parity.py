@@ -235,6 +235,21 @@ def check_texts(rank, size):
                   torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum,
                   gradient_predivide_factor=2.0,
                   contains=("gradient_predivide_factor not supported with op != Average",))
+    sgd = torch.optim.SGD
+    expect_raises(ValueError, "named_parameters not tuples", DistributedOptimizer,
+                  sgd(model.parameters(), lr=0.1), named_parameters=[p for _, p in named],
+                  contains=("named_parameters should be a sequence of tuples (name, parameter)",))
+    expect_raises(ValueError, "groups not tensors", DistributedOptimizer,
+                  sgd(model.parameters(), lr=0.1), named_parameters=named, groups=[["w"]],
+                  contains=("groups must consist of torch.Tensor",))
+    expect_raises(ValueError, "parameter in two groups", DistributedOptimizer,
+                  sgd(model.parameters(), lr=0.1), named_parameters=named,
+                  groups=[[named[0][1]], [named[0][1]]],
+                  contains=("A parameter can only appear once in groups",))
+    expect_raises(ValueError, "groups of a bad type", DistributedOptimizer,
+                  sgd(model.parameters(), lr=0.1), named_parameters=named, groups="x",
+                  contains=("groups should be a non-negative integer or a list of list of "
+                            "torch.Tensor",))
 
 
 # ---- process sets ---------------------------------------------------------------
