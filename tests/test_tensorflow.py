@@ -27,6 +27,8 @@ SCRIPTS = [
     "training",     # DistributedGradientTape, Keras fit, TF1 session + hook vs one process
     "accumulation",  # backward_passes_per_step (Keras, TF1), momentum correction vs references
     "adasum_optimizer",  # TF1 DistributedOptimizer(op=Adasum): delta optimizer vs a reference
+    "parity",       # Horovod parity: names across retraces, gradient conventions, uint16, ...
+    "keras_parity",  # BroadcastGlobalVariablesCallback(local_variables), PartialDistributedOptimizer
 ]
 
 
@@ -40,7 +42,7 @@ def test_tensorflow_script(run_mpi, script, nprocs):
     run_mpi(script, nprocs, env=TF_ENV, timeout=360, python=tf_python(), scripts_dir=TF_SCRIPTS)
 
 
-@pytest.mark.parametrize("script", ["training", "accumulation"])
+@pytest.mark.parametrize("script", ["training", "accumulation", "keras_parity"])
 def test_training_keras2(run_mpi, script):
     """The scripts' Keras checks (and the rest) with Keras 2 (tf-keras)."""
     run_mpi(script, 2, env=dict(TF_ENV, TF_USE_LEGACY_KERAS="1"), timeout=360,

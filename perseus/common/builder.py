@@ -116,9 +116,6 @@ def root_in_set(process_set, root_rank):
 # so a call rejected in Python does not shift later names on one rank only.
 # itertools.count's next() is atomic under the GIL, so threads are safe.
 _counters = {}  # (op_type, set id) -> (name format as bytes, counter)
-# Names made while tracing a graph (TensorFlow's tf.function): baked into the graph,
-# so they are the same on every run. Not reset by init(): graphs outlive a session.
-_traced_counters = {}
 
 
 def _new_counter(counters, kind, op_type, sid):
@@ -135,18 +132,15 @@ def unnamed(op_type, sid):
     return entry[0] % next(entry[1])
 
 
-def _traced(op_type, sid):
-    """The next "<op>[.set<id>].traced.<k>"."""
-    entry = (_traced_counters.get((op_type, sid))
-             or _new_counter(_traced_counters, "traced", op_type, sid))
-    return entry[0] % next(entry[1])
-
-
 def wire_name(op_type, name):
     """The wire name of a user-named request: "<op>.<name>", as Horovod."""
-    wire = ("%s.%s" % (OP_TYPE_NAMES[op_type], name)).encode()
+    return wire_name_raw("%s.%s" % (OP_TYPE_NAMES[op_type], name))
+
+
+def wire_name_raw(text):
+    wire = text.encode()
     if b"\0" in wire:
-        raise ValueError("request name %r contains a NUL character" % (name,))
+        raise ValueError("request name %r contains a NUL character" % (text,))
     return wire
 
 
@@ -163,16 +157,22 @@ def names(op_type, name, count=1, grouped=False):
     return (wire_name(op_type, name),)
 
 
-def names_now(op_type, name, count, sid, grouped=False, traced=False):
+def names_now(op_type, name, count, sid, grouped=False, graph_name=None):
     """(wire names, anonymous) for a front end that passes names on itself (the
-    TensorFlow ops): unnamed requests are numbered now, or, while tracing a graph,
-    by a separate counter ("<op>.traced.<k>") whose names are cached by the core.
-    Tracing assumes, as Horovod's graph names do, that every rank traces its
-    functions in the same order."""
+    TensorFlow ops): unnamed requests are numbered now, or, for an op built into a
+    graph, named after its place in the graph (`graph_name`, e.g. TensorFlow's
+    "<function>/<scope>/<op>"): "<op>[.set<id>].graph.<graph_name>[.<i>]". That
+    depends only on the graph, which every rank builds alike, not on how often or
+    in what order a rank traced (a retrace for a shape seen on one rank only);
+    such names are cached by the core."""
     if name is not None:
         return list(names(op_type, name, count, grouped)), False
-    if traced:
-        return [_traced(op_type, sid) for _ in range(count)], False
+    if graph_name is not None:
+        prefix = "%s%s.graph.%s" % (OP_TYPE_NAMES[op_type], ".set%d" % sid if sid else "",
+                                    graph_name)
+        if count == 1:
+            return [wire_name_raw(prefix)], False
+        return [wire_name_raw("%s.%d" % (prefix, i)) for i in range(count)], False
     return [unnamed(op_type, sid) for _ in range(count)], True
 
 

@@ -19,6 +19,18 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
 
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Horovod's in-place broadcast: assigns root_rank's values to `variables` (one
+    grouped broadcast) and returns their new values, read after the assignment."""
+    variables = list(variables)
+    if not variables:
+        return []
+    values = mpi_ops.grouped_broadcast([v.read_value() for v in variables], root_rank,
+                                       name=name, process_set=process_set)
+    with tf.control_dependencies([v.assign(value) for v, value in zip(variables, values)]):
+        return [v.read_value() for v in variables]
+
+
 def broadcast_global_variables(root_rank):
     """TF1 graphs: the op assigning root_rank's global variables on every rank."""
     if tf.executing_eagerly():

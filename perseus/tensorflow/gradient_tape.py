@@ -12,15 +12,17 @@ class _DistributedGradientTape(tf.GradientTape):
     used as a context manager), so wrapping before or after `with` both work."""
 
     def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor,
-                 num_groups, groups, process_set, local_sources=()):
+                 num_groups, groups, process_set, local_sources=(), scale_local_gradients=True):
         self.__dict__.update(tape.__dict__)
         self._perseus = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                              gradient_predivide_factor=gradient_predivide_factor,
-                             num_groups=num_groups, groups=groups, process_set=process_set)
+                             num_groups=num_groups, groups=groups, process_set=process_set,
+                             scale_local_gradients=scale_local_gradients)
         self._local_sources = {id(v) for v in local_sources}
 
     def register_local_source(self, source):
-        """Leaves `source`'s gradient local (not reduced), e.g. a per-rank layer."""
+        """Leaves `source`'s gradient local (not reduced, divided by the set's size
+        under scale_local_gradients), e.g. a per-rank layer's variable."""
         self._local_sources.add(id(source))
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
@@ -35,26 +37,38 @@ class _DistributedGradientTape(tf.GradientTape):
 def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                             compression=Compression.none, sparse_as_dense=False,
                             op=mpi_ops.Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None, process_set=mpi_ops.global_process_set):
+                            groups=None, process_set=mpi_ops.global_process_set,
+                            scale_local_gradients=True):
     """Wraps `gradtape` so that gradient() returns gradients averaged over the ranks
     of `process_set` (op=Sum sums them). device_dense/device_sparse are accepted for
     Horovod compatibility (Perseus reduces host tensors)."""
     return _DistributedGradientTape(gradtape, compression, sparse_as_dense, op,
-                                    gradient_predivide_factor, num_groups, groups, process_set)
+                                    gradient_predivide_factor, num_groups, groups, process_set,
+                                    scale_local_gradients=scale_local_gradients)
 
 
 def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
                                    compression=Compression.none, sparse_as_dense=False,
                                    op=mpi_ops.Average, gradient_predivide_factor=1.0,
                                    num_groups=0, groups=None,
-                                   process_set=mpi_ops.global_process_set, local_layers=None):
+                                   process_set=mpi_ops.global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
     """DistributedGradientTape that leaves the gradients of `local_layers`' variables
-    (a Keras layer or a list of them) local to each rank."""
-    if local_layers is None:
-        local_layers = []
-    elif not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    local = [v for layer in local_layers for v in layer.trainable_weights]
+    (a Keras layer or a list of them) local to each rank (divided by the set's size
+    under scale_local_gradients, as Horovod)."""
     return _DistributedGradientTape(gradtape, compression, sparse_as_dense, op,
                                     gradient_predivide_factor, num_groups, groups, process_set,
-                                    local)
+                                    local_layer_variables(local_layers), scale_local_gradients)
+
+
+def local_layer_variables(local_layers):
+    """The trainable variables of `local_layers` (a Keras layer, a list of them, or
+    None); ValueError for anything else, as Horovod."""
+    if local_layers is None:
+        return []
+    if not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    for layer in local_layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise ValueError("local_layers must be Keras layers, got %r" % (layer,))
+    return [v for layer in local_layers for v in layer.trainable_weights]

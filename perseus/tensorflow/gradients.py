@@ -44,18 +44,31 @@ def _groups_of(indices, variables, num_groups, groups):
     return [indices] if indices else []
 
 
+def _divided(grad, size):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
+
+
 def reduce_gradients(grads, variables=None, compression=Compression.none, op=mpi_ops.Average,
                      gradient_predivide_factor=1.0, sparse_as_dense=False, num_groups=0,
-                     groups=None, process_set=mpi_ops.global_process_set, skip=()):
+                     groups=None, process_set=mpi_ops.global_process_set, skip=(),
+                     scale_local_gradients=True):
     """Returns `grads` reduced over the process set (a new list, same order).
 
-    skip: positions left as they are (PartialDistributedGradientTape's local sources).
+    skip: positions not reduced (local variables, e.g. PartialDistributedGradientTape's
+    local layers); with scale_local_gradients they are divided by the set's size, as
+    Horovod does, so that they match the averaged loss the others are gradients of.
     """
     op, prescale, postscale = scale_factors(mpi_ops._resolve_op(op, None),
                                             gradient_predivide_factor)
     grads = list(grads)
     if process_set.size() == 1 and prescale == postscale == 1.0:
         return grads
+    if scale_local_gradients:
+        for i in skip:
+            if grads[i] is not None:
+                grads[i] = _divided(grads[i], process_set.size())
     dense = []
     for i, g in enumerate(grads):
         if g is None or i in skip:

@@ -7,9 +7,12 @@ attributes, and registers gradients.
 
 Names, process sets, roots, splits and compression follow perseus.common.builder's
 rules. Unnamed calls are numbered eagerly at each call (anonymous: never cached by
-the core), and inside tf.function at trace time, so the name is baked into the
-graph and the same on every run (cached, one bit per negotiation round).
+the core); an op built into a graph (tf.function, TF1) is named after its place in
+the graph, so the name is baked into the graph, the same on every run (cached, one
+bit per negotiation round) and on every rank, however often each rank traced.
 """
+
+import re
 
 import tensorflow as tf
 
@@ -31,8 +34,26 @@ _compressed = _builder.compressed
 
 def _names(op_type, name, count, set_id, grouped=False):
     """(wire names, anonymous flag) for `count` tensors."""
-    return _builder.names_now(op_type, name, count, set_id, grouped,
-                              traced=not tf.executing_eagerly())
+    if name is not None or tf.executing_eagerly():
+        return _builder.names_now(op_type, name, count, set_id, grouped)
+    return _builder.names_now(op_type, None, count, set_id, grouped,
+                              graph_name=_graph_name(op_type))
+
+
+# TensorFlow suffixes function graphs' names with a process-wide counter
+# ("__backward_f_13"), which differs between ranks that traced different amounts.
+_GRAPH_UID = re.compile(r"_\d+$")
+
+
+def _graph_name(op_type):
+    """The op's place in the graph being built, as Horovod names graph ops: the
+    function's name without TensorFlow's counter, then the name scope and a name
+    unique in the graph ("f/gradients/allreduce_1"). Two functions in flight at
+    once (nested tf.functions) get different names."""
+    graph = tf.compat.v1.get_default_graph()
+    scoped = graph.unique_name(_ops.OP_TYPE_NAMES[op_type])
+    function = getattr(graph, "name", None)  # FuncGraph; a TF1 Graph has none
+    return "%s/%s" % (_GRAPH_UID.sub("", function), scoped) if function else scoped
 
 
 def _drive_s():
@@ -82,24 +103,11 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='', compressi
               op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
               process_set=global_process_set):
     """Reduces `tensor` over the process set (default: Average); returns a new tensor.
-
-    tf.IndexedSlices (sparse gradients) are allgathered instead (values and
-    indices), as Horovod does, and averaged by dividing the values.
-    """
+    tf.IndexedSlices are allgathered instead (_sparse_allreduce)."""
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Average, Sum):
-            raise NotImplementedError("only Average and Sum reduce tf.IndexedSlices")
-        values = allgather(tensor.values, process_set=process_set,
-                           name=None if name is None else name + ".values")
-        indices = allgather(tensor.indices, process_set=process_set,
-                            name=None if name is None else name + ".indices")
-        scale = prescale_factor * postscale_factor
-        if op == Average:
-            scale /= process_set.size()
-        if scale != 1.0:
-            values = values * tf.cast(scale, values.dtype)
-        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+        return _sparse_allreduce([tensor], name, op, prescale_factor, postscale_factor,
+                                 process_set, False)[0]
     return _compressed(compression, [tf.convert_to_tensor(tensor)], lambda wires: _allreduce(
         wires, name, op, prescale_factor, postscale_factor, process_set, False))[0]
 
@@ -107,11 +115,53 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='', compressi
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set, name=None):
-    """Reduces a list of tensors as one unit (one negotiation); returns a list."""
+    """Reduces a list of tensors as one unit (one negotiation); returns a list.
+    tf.IndexedSlices among them are allgathered as one group (_sparse_allreduce),
+    the dense ones reduced as another."""
     op = _resolve_op(op, average)
-    return list(_compressed(compression, _nonempty(tensors, "grouped_allreduce"), lambda wires:
-                            _allreduce(wires, name, op, prescale_factor, postscale_factor,
-                                       process_set, True)))
+    if not tensors:
+        return []  # as Horovod
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    results = [None] * len(tensors)
+    if sparse:
+        reduced = _sparse_allreduce([tensors[i] for i in sparse], name, op, prescale_factor,
+                                    postscale_factor, process_set, True)
+        for i, r in zip(sparse, reduced):
+            results[i] = r
+    if dense:
+        reduced = _compressed(compression, [tf.convert_to_tensor(tensors[i]) for i in dense],
+                              lambda wires: _allreduce(wires, name, op, prescale_factor,
+                                                       postscale_factor, process_set, True))
+        for i, r in zip(dense, reduced):
+            results[i] = r
+    return results
+
+
+def _sparse_allreduce(slices, name, op, prescale, postscale, process_set, grouped):
+    """tf.IndexedSlices reduced as Horovod does: their values and indices are
+    allgathered (duplicate indices stand for a sum), and Average divides the values
+    by the set's size (a true division: integer values come back as floats, as in
+    Horovod). Other ops and scale factors are refused, on every rank alike."""
+    if op == Adasum:
+        raise NotImplementedError("The Adasum reduction does not support tf.IndexedSlices; "
+                                  "pass sparse_as_dense=True to DistributedOptimizer")
+    if op not in (Average, Sum):
+        raise NotImplementedError("only Sum and Average reduce tf.IndexedSlices")
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("prescale_factor and postscale_factor are not supported "
+                                  "with tf.IndexedSlices")
+
+    def gathered(part):
+        tensors = [getattr(s, part) for s in slices]
+        if name is None:
+            return _allgather(tensors, None, process_set, grouped)
+        return _allgather(tensors, "%s.%s" % (name, part), process_set, grouped)
+    values, indices = gathered("values"), gathered("indices")
+    if op == Average:
+        values = [v / tf.cast(process_set.size(), v.dtype) for v in values]
+    return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape)
+            for v, i, s in zip(values, indices, slices)]
 
 
 @tf.RegisterGradient("PerseusAllreduce")
@@ -156,9 +206,10 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 @tf.RegisterGradient("PerseusAllgather")
 def _allgather_grad(op, *grads):
-    # Each rank's slice of the output came from its input: sum the upstream
-    # gradients over the ranks, then keep this rank's rows. Ranks may contribute
-    # different row counts, so the offsets come from an allgather of dim 0.
+    # Horovod's convention: the upstream gradients are averaged over the set (each
+    # rank's loss sees every rank's rows), then each rank keeps its own rows. Ranks
+    # may contribute different row counts, so the offsets come from an allgather
+    # of dim 0.
     set_id = op.get_attr("process_set")
     inputs = op.inputs[:-1]
     grads = [tf.zeros_like(out) if g is None else tf.convert_to_tensor(g)
@@ -167,11 +218,11 @@ def _allgather_grad(op, *grads):
     names, anonymous = _names(_ops.ALLGATHER, None, len(rows), set_id)
     all_rows = _OPS.perseus_allgather(rows, names, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
     names, anonymous = _names(_ops.ALLREDUCE, None, len(grads), set_id)
-    summed = _OPS.perseus_allreduce(grads, names, reduce_op=Sum, process_set=set_id,
-                                    anonymous=anonymous, drive_s=_drive_s())
+    averaged = _OPS.perseus_allreduce(grads, names, reduce_op=Average, process_set=set_id,
+                                      anonymous=anonymous, drive_s=_drive_s())
     set_rank = _process_sets.by_id(set_id).rank()
     result = []
-    for total, counts in zip(summed, all_rows):
+    for total, counts in zip(averaged, all_rows):
         offset = tf.reduce_sum(counts[:set_rank])
         result.append(total[offset:offset + counts[set_rank]])
     return result + [None]
@@ -202,18 +253,20 @@ def grouped_broadcast(tensors, root_rank, name=None, process_set=global_process_
 
 @tf.RegisterGradient("PerseusBroadcast")
 def _broadcast_grad(op, *grads):
-    # Every rank's output is the root's input: the root's gradient is the sum of all
-    # ranks' upstream gradients (a reduce to the root); other inputs get zero.
+    # Horovod's convention: the root's gradient is the average of every rank's
+    # upstream gradient; the other ranks' inputs get zeros. Every rank runs the
+    # allreduce: the zeros depend on it, or a TF1 graph would prune it on non-roots.
     set_id = op.get_attr("process_set")
     grads = [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
              for g, x in zip(grads, op.inputs[:-1])]
     names, anonymous = _names(_ops.ALLREDUCE, None, len(grads), set_id)
-    _check_dtypes(_ops.ALLREDUCE, Sum, grads)
-    summed = _OPS.perseus_allreduce(grads, names, reduce_op=Sum, process_set=set_id,
-                                    anonymous=anonymous, drive_s=_drive_s())
+    _check_dtypes(_ops.ALLREDUCE, Average, grads)
+    averaged = _OPS.perseus_allreduce(grads, names, reduce_op=Average, process_set=set_id,
+                                      anonymous=anonymous, drive_s=_drive_s())
     if _process_sets.by_id(set_id).rank() == op.get_attr("root_rank"):
-        return list(summed) + [None]
-    return [tf.zeros_like(s) for s in summed] + [None]
+        return list(averaged) + [None]
+    with tf.control_dependencies(averaged):
+        return [tf.zeros_like(g) for g in grads] + [None]
 
 
 # ---- reducescatter --------------------------------------------------------------
@@ -250,9 +303,9 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
 
 @tf.RegisterGradient("PerseusReducescatter")
 def _reducescatter_grad(op, *grads):
-    # Output slice s of rank r is the reduction of every rank's rows s: each input
-    # row gets the upstream gradient of the rank that owns it (allgather), scaled
-    # as the forward was (1/size for Average).
+    # Horovod's convention: each input row gets the upstream gradient of the rank
+    # that owns its output row (an allgather), times the set's size for op=Sum and
+    # as is for Average; the scale factors are not applied.
     reduce_op = op.get_attr("reduce_op")
     if reduce_op not in (Average, Sum):
         raise NotImplementedError("reducescatter with op %s has no gradient"
@@ -260,12 +313,12 @@ def _reducescatter_grad(op, *grads):
     set_id = op.get_attr("process_set")
     grads = [tf.zeros_like(out) if g is None else tf.convert_to_tensor(g)
              for g, out in zip(grads, op.outputs)]
+    if reduce_op == Sum:
+        size = _process_sets.by_id(set_id).size()
+        grads = [g * tf.cast(size, g.dtype) for g in grads]
     names, anonymous = _names(_ops.ALLGATHER, None, len(grads), set_id)
-    gathered = _OPS.perseus_allgather(grads, names, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
-    scale = op.get_attr("prescale") * op.get_attr("postscale")
-    if reduce_op == Average:
-        scale /= _process_sets.by_id(set_id).size()
-    return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered] + [None]
+    return list(_OPS.perseus_allgather(grads, names, process_set=set_id, anonymous=anonymous,
+                                       drive_s=_drive_s())) + [None]
 
 
 # ---- alltoall -------------------------------------------------------------------
@@ -273,11 +326,13 @@ def _reducescatter_grad(op, *grads):
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
              ignore_name_scope=False):
     """Sends splits[i] rows of `tensor` to rank i of the set (None: even split) and
-    concatenates what every rank sent here. Returns (output, received_splits)."""
+    concatenates what every rank sent here. Returns the output, or, as Horovod,
+    (output, received_splits) when `splits` is given."""
     set_id = _set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
     _cpu_only([tensor])
-    if splits is None:
+    even = splits is None
+    if even:
         splits = tf.zeros([0], dtype=tf.int32)
     else:
         splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
@@ -287,7 +342,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
     names, anonymous = _names(_ops.ALLTOALL, name, 1, set_id)
     output, received = _OPS.perseus_alltoall(tensor, splits, names[0], process_set=set_id,
                                              anonymous=anonymous, drive_s=_drive_s())
-    return output, received
+    return output if even else (output, received)
 
 
 @tf.RegisterGradient("PerseusAlltoall")
@@ -299,6 +354,41 @@ def _alltoall_grad(op, grad, grad_splits):
     back, _ = _OPS.perseus_alltoall(grad, op.outputs[1], names[0], process_set=set_id,
                                     anonymous=anonymous, drive_s=_drive_s())
     return [back, None, None]
+
+
+# ---- topology as ops -------------------------------------------------------------
+# Horovod's *_op functions: int32 scalars read when the graph runs, so a graph may be
+# built before init() or saved and run elsewhere.
+
+def rank_op(name=None):
+    """This process's rank, as an op."""
+    return _OPS.perseus_rank(name=name)
+
+
+def local_rank_op(name=None):
+    """This process's rank on its node, as an op."""
+    return _OPS.perseus_local_rank(name=name)
+
+
+def size_op(process_set_id=0, name=None):
+    """The number of processes (in the process set of that id), as an op."""
+    return _OPS.perseus_size(process_set=process_set_id, name=name)
+
+
+def local_size_op(name=None):
+    """The number of processes on this node, as an op."""
+    return _OPS.perseus_local_size(name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 when this process belongs to the process set of that id, else 0; -1 before
+    init(), -3 for an unknown set (Horovod's codes), as an op."""
+    return _OPS.perseus_process_set_included(process_set=process_set_id, name=name)
+
+
+for _op in ("PerseusRank", "PerseusLocalRank", "PerseusSize", "PerseusLocalSize",
+            "PerseusProcessSetIncluded"):
+    tf.no_gradient(_op)
 
 
 # ---- join and barrier -----------------------------------------------------------

@@ -110,24 +110,27 @@ def run_gradients(mode, rank, size):
                                total, err_msg="allreduce Sum gradient " + mode)
     np.testing.assert_allclose(grad_of(lambda v: tf.reduce_sum(hvd.allreduce(v) * c)),
                                total / size, err_msg="allreduce Average gradient " + mode)
-    # allgather: rank r owns rows [3r, 3r + 3) of the output.
+    # allgather: rank r owns rows [3r, 3r + 3) of the output; Horovod averages the
+    # upstream gradients.
     ws = [make_array("w" + mode, r, (3 * size, 2), tf.float64) for r in range(size)]
     w = tf.constant(ws[rank])
     np.testing.assert_allclose(grad_of(lambda v: tf.reduce_sum(hvd.allgather(v) * w)),
-                               np.sum(ws, axis=0)[3 * rank:3 * rank + 3],
+                               np.mean(ws, axis=0)[3 * rank:3 * rank + 3],
                                err_msg="allgather gradient " + mode)
-    # broadcast from the last rank: only the root's input gets a gradient.
+    # broadcast from the last rank: only the root's input gets a gradient, the
+    # average of the upstream ones (Horovod's convention).
     root = size - 1
-    expected = total if rank == root else np.zeros_like(total)
+    expected = total / size if rank == root else np.zeros_like(total)
     np.testing.assert_allclose(grad_of(lambda v: tf.reduce_sum(hvd.broadcast(v, root) * c)),
                                expected, err_msg="broadcast gradient " + mode)
-    # reducescatter (Sum): input row i goes to rank i // rows, scaled by its weight.
+    # reducescatter (Sum): input row i goes to rank i // rows, scaled by its weight
+    # and, Horovod's convention, by the set's size.
     rows = 3 // size if size <= 3 else 0
     if 3 % size == 0:
         gs = [make_array("rsg" + mode, r, (rows, 2), tf.float64) for r in range(size)]
         np.testing.assert_allclose(
             grad_of(lambda v: tf.reduce_sum(hvd.reducescatter(v, op=hvd.Sum) * gs[rank])),
-            np.concatenate(gs), err_msg="reducescatter gradient " + mode)
+            np.concatenate(gs) * size, err_msg="reducescatter gradient " + mode)
     # alltoall (even split of 3 * size rows): the gradient flows back to the sender.
     y = tf.constant(make_array("y" + mode, rank, (size, 2), tf.float64))
     vs = [make_array("v" + mode, r, (size, 2), tf.float64) for r in range(size)]
@@ -136,7 +139,7 @@ def run_gradients(mode, rank, size):
     def a2a_grad(t):
         with tf.GradientTape() as tape:
             tape.watch(t)
-            out, _ = hvd.alltoall(t)
+            out = hvd.alltoall(t)
             loss = tf.reduce_sum(out * vs[rank])
         return tape.gradient(loss, t)
     # Row j of rank r goes to rank j, arriving as row r there.

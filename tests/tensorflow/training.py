@@ -104,7 +104,8 @@ def check_tape_options(rank, size):
     got = sparse_grad(sparse_as_dense=True)
     assert not isinstance(got, tf.IndexedSlices)
     np.testing.assert_allclose(got.numpy(), expected, err_msg="sparse_as_dense")
-    # PartialDistributedGradientTape: the local layer's gradient stays this rank's own.
+    # PartialDistributedGradientTape: the local layer's gradient stays this rank's own,
+    # divided by the size (Horovod's scale_local_gradients) unless asked not to.
     layers = [tf.keras.layers.Dense(3, dtype="float64"), tf.keras.layers.Dense(1, dtype="float64")]
     model = tf.keras.Sequential([tf.keras.Input((5,))] + layers)
     for v in model.variables:
@@ -112,12 +113,15 @@ def check_tape_options(rank, size):
     with tf.GradientTape(persistent=True) as tape:
         loss = tf.reduce_sum(model(x) ** 2)
     own = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
-    partial = hvd.PartialDistributedGradientTape(tape, local_layers=layers[0])
-    got = [g.numpy() for g in partial.gradient(loss, model.trainable_variables)]
     every = hvd.allgather_object(own)
-    for i, g in enumerate(got):
-        expected = own[i] if i < 2 else np.mean([e[i] for e in every], axis=0)
-        np.testing.assert_allclose(g, expected, rtol=1e-12, err_msg="partial tape %d" % i)
+    for scale, local_factor in ((True, 1.0 / size), (False, 1.0)):
+        partial = hvd.PartialDistributedGradientTape(tape, local_layers=layers[0],
+                                                     scale_local_gradients=scale)
+        got = [g.numpy() for g in partial.gradient(loss, model.trainable_variables)]
+        for i, g in enumerate(got):
+            expected = own[i] * local_factor if i < 2 else np.mean([e[i] for e in every], axis=0)
+            np.testing.assert_allclose(g, expected, rtol=1e-12,
+                                       err_msg="partial tape %d scale=%s" % (i, scale))
     log("tape options ok")
 
 

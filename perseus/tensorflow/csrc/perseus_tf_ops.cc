@@ -38,6 +38,9 @@ using tensorflow::shape_inference::InferenceContext;
 bool CoreDtype(DataType dtype, int32_t* code) {
   switch (dtype) {
     case tensorflow::DT_UINT8: *code = PERSEUS_UINT8; return true;
+    // The core has no uint16; only the ops that move bits without arithmetic
+    // (allgather, broadcast, alltoall: PERSEUS_MOVE_TYPES) accept it, as int16.
+    case tensorflow::DT_UINT16: *code = PERSEUS_INT16; return true;
     case tensorflow::DT_INT8: *code = PERSEUS_INT8; return true;
     case tensorflow::DT_INT16: *code = PERSEUS_INT16; return true;
     case tensorflow::DT_INT32: *code = PERSEUS_INT32; return true;
@@ -411,6 +414,58 @@ absl::Status UnknownFirstDim(InferenceContext* c) {
 }
 
 #define PERSEUS_TYPES "{uint8, int8, int16, int32, int64, half, bfloat16, float, double, bool}"
+// Ops that only move data also take uint16, as Horovod's allgather/broadcast/alltoall.
+#define PERSEUS_MOVE_TYPES \
+  "{uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double, bool}"
+
+// rank_op() and friends: scalars read when the graph runs, not when it is built.
+enum TopologyQuery { kRank, kSize, kLocalRank, kLocalSize, kProcessSetIncluded };
+
+// Horovod's process_set_included_op() codes for "not initialized" and "unknown set".
+constexpr int32_t kProcessSetErrorInit = -1;
+constexpr int32_t kProcessSetErrorUnknownSet = -3;
+
+template <TopologyQuery kQuery>
+class TopologyOp : public tensorflow::OpKernel {
+ public:
+  explicit TopologyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    if (kQuery == kSize || kQuery == kProcessSetIncluded) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("process_set", &process_set_));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    int32_t value = 0;
+    perseus_status_t status = PERSEUS_SUCCESS;
+    switch (kQuery) {
+      case kRank: status = perseus_rank(&value); break;
+      case kSize: status = perseus_process_set_size(process_set_, &value); break;
+      case kLocalRank: status = perseus_local_rank(&value); break;
+      case kLocalSize: status = perseus_local_size(&value); break;
+      case kProcessSetIncluded:  // a code, never an error, as Horovod
+        if (!perseus_is_initialized()) {
+          value = kProcessSetErrorInit;
+        } else if (perseus_process_set_rank(process_set_, &value) != PERSEUS_SUCCESS) {
+          value = kProcessSetErrorUnknownSet;
+        } else {
+          value = value >= 0 ? 1 : 0;
+        }
+        break;
+    }
+    OP_REQUIRES_OK(ctx, ToStatus(status, status ? perseus_last_error() : ""));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int32_t>()() = value;
+  }
+
+ private:
+  int32_t process_set_ = 0;
+};
+
+absl::Status ScalarShape(InferenceContext* c) {
+  c->set_output(0, c->Scalar());
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -430,7 +485,7 @@ REGISTER_OP("PerseusAllreduce")
     .SetShapeFn(SameShapes);
 
 REGISTER_OP("PerseusAllgather")
-    .Attr("T: list(" PERSEUS_TYPES ") >= 1")
+    .Attr("T: list(" PERSEUS_MOVE_TYPES ") >= 1")
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = false")
     .Attr("drive_s: float = 0.0")
@@ -441,7 +496,7 @@ REGISTER_OP("PerseusAllgather")
     .SetShapeFn(UnknownFirstDim);
 
 REGISTER_OP("PerseusBroadcast")
-    .Attr("T: list(" PERSEUS_TYPES ") >= 1")
+    .Attr("T: list(" PERSEUS_MOVE_TYPES ") >= 1")
     .Attr("root_rank: int")
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = false")
@@ -467,7 +522,7 @@ REGISTER_OP("PerseusReducescatter")
     .SetShapeFn(UnknownFirstDim);
 
 REGISTER_OP("PerseusAlltoall")
-    .Attr("T: " PERSEUS_TYPES)
+    .Attr("T: " PERSEUS_MOVE_TYPES)
     .Attr("process_set: int = 0")
     .Attr("anonymous: bool = false")
     .Attr("drive_s: float = 0.0")
@@ -503,6 +558,21 @@ REGISTER_OP("PerseusBarrier")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return absl::OkStatus(); });
 
+// Stateful, so that no graph optimisation folds them into the values at build time.
+REGISTER_OP("PerseusRank").Output("rank: int32").SetIsStateful().SetShapeFn(ScalarShape);
+REGISTER_OP("PerseusLocalRank").Output("rank: int32").SetIsStateful().SetShapeFn(ScalarShape);
+REGISTER_OP("PerseusLocalSize").Output("size: int32").SetIsStateful().SetShapeFn(ScalarShape);
+REGISTER_OP("PerseusSize")
+    .Attr("process_set: int = 0")
+    .Output("size: int32")
+    .SetIsStateful()
+    .SetShapeFn(ScalarShape);
+REGISTER_OP("PerseusProcessSetIncluded")
+    .Attr("process_set: int = 0")
+    .Output("included: int32")
+    .SetIsStateful()
+    .SetShapeFn(ScalarShape);
+
 REGISTER_KERNEL_BUILDER(Name("PerseusAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("PerseusAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
 REGISTER_KERNEL_BUILDER(Name("PerseusBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
@@ -511,3 +581,11 @@ REGISTER_KERNEL_BUILDER(Name("PerseusReducescatter").Device(tensorflow::DEVICE_C
 REGISTER_KERNEL_BUILDER(Name("PerseusAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallOp);
 REGISTER_KERNEL_BUILDER(Name("PerseusJoin").Device(tensorflow::DEVICE_CPU), JoinOp);
 REGISTER_KERNEL_BUILDER(Name("PerseusBarrier").Device(tensorflow::DEVICE_CPU), BarrierOp);
+REGISTER_KERNEL_BUILDER(Name("PerseusRank").Device(tensorflow::DEVICE_CPU), TopologyOp<kRank>);
+REGISTER_KERNEL_BUILDER(Name("PerseusSize").Device(tensorflow::DEVICE_CPU), TopologyOp<kSize>);
+REGISTER_KERNEL_BUILDER(Name("PerseusLocalRank").Device(tensorflow::DEVICE_CPU),
+                        TopologyOp<kLocalRank>);
+REGISTER_KERNEL_BUILDER(Name("PerseusLocalSize").Device(tensorflow::DEVICE_CPU),
+                        TopologyOp<kLocalSize>);
+REGISTER_KERNEL_BUILDER(Name("PerseusProcessSetIncluded").Device(tensorflow::DEVICE_CPU),
+                        TopologyOp<kProcessSetIncluded>);

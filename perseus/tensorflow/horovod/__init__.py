@@ -10,6 +10,7 @@ from perseus.tensorflow.compat_v1 import BroadcastGlobalVariablesHook, Distribut
 from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.functions import (
     allgather_object,
+    broadcast_,
     broadcast_global_variables,
     broadcast_object,
     broadcast_variables,
@@ -35,7 +36,12 @@ from perseus.tensorflow.mpi_ops import (
     grouped_broadcast,
     grouped_reducescatter,
     join,
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
     reducescatter,
+    size_op,
 )
 
 

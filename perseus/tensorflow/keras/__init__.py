@@ -37,7 +37,11 @@ from perseus.tensorflow.horovod import (  # noqa: F401 (re-exports)
     size,
 )
 from perseus.tensorflow.keras import callbacks  # noqa: F401
-from perseus.tensorflow.keras.optimizer import DistributedOptimizer, load_model  # noqa: F401
+from perseus.tensorflow.keras.optimizer import (  # noqa: F401
+    DistributedOptimizer,
+    PartialDistributedOptimizer,
+    load_model,
+)
 from perseus.tensorflow.keras.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 

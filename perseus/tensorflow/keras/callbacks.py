@@ -11,11 +11,17 @@ from perseus.tensorflow.functions import broadcast_variables
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     """At the start of training, sets every rank's model and optimizer variables to
-    root_rank's (the optimizer's exist by then: fit builds it before on_train_begin)."""
+    root_rank's (the optimizer's exist by then: fit builds it before on_train_begin),
+    except `local_variables` (a variable or a list: each rank keeps its own)."""
 
-    def __init__(self, root_rank, device=''):
+    def __init__(self, root_rank, device='', local_variables=None):
         super().__init__()
         self.root_rank = root_rank
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self._local_ids = {id(v) for v in local_variables}
         self.broadcast_done = False
 
     def _broadcast(self):
@@ -24,7 +30,8 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         if optimizer is not None:
             variables += list(optimizer.variables() if callable(optimizer.variables)
                               else optimizer.variables)
-        broadcast_variables(variables, self.root_rank)
+        broadcast_variables([v for v in variables if id(v) not in self._local_ids],
+                            self.root_rank)
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):

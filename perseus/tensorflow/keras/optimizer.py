@@ -17,7 +17,16 @@ from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.gradient_accumulation import (GradientAccumulator, check_passes,
                                                       run_every_k)
+from perseus.tensorflow.gradient_tape import local_layer_variables
 from perseus.tensorflow.gradients import reduce_gradients
+
+
+def _reduced(optimizer, grads, variables):
+    """reduce_gradients with the optimizer's options; the gradients of its
+    registered local variables (register_local_var) stay local."""
+    local = optimizer.__dict__.get("_perseus_local_vars")
+    skip = [i for i, v in enumerate(variables or ()) if id(v) in local] if local else ()
+    return reduce_gradients(grads, variables, skip=skip, **optimizer._perseus_reduce_args)
 
 
 def _accumulator(optimizer):
@@ -26,9 +35,8 @@ def _accumulator(optimizer):
     if passes == 1:
         return None
     if "_perseus_accumulator" not in optimizer.__dict__:
-        args = optimizer._perseus_reduce_args
         optimizer.__dict__["_perseus_accumulator"] = GradientAccumulator(
-            passes, average, lambda grads, variables: reduce_gradients(grads, variables, **args))
+            passes, average, lambda grads, variables: _reduced(optimizer, grads, variables))
     return optimizer.__dict__["_perseus_accumulator"]
 
 
@@ -40,13 +48,23 @@ def _every_k(optimizer, accumulator, grads, variables, apply):
                        lambda: optimizer.iterations.assign_add(1))
 
 
-class _Keras3Mixin:
+class _LocalVarsMixin:
+    def register_local_var(self, var):
+        """Leaves `var`'s gradient local to this rank (not reduced; divided by the
+        set's size under scale_local_gradients), as Horovod's register_local_var."""
+        # Through __dict__: Keras would track (and wrap) a set assigned as attribute.
+        self.__dict__.setdefault("_perseus_local_vars", set()).add(id(var))
+
+
+class _Keras3Mixin(_LocalVarsMixin):
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
         accumulator = _accumulator(self)
         if accumulator is None:
-            grads = reduce_gradients(grads, variables, **self._perseus_reduce_args)
+            if variables is None and self.built:
+                variables = list(self._trainable_variables)
+            grads = _reduced(self, grads, variables)
             return super().apply(grads, trainable_variables)
         if variables is None:
             if not self.built:
@@ -60,13 +78,13 @@ class _Keras3Mixin:
                         lambda reduced: base_apply(reduced, variables))
 
 
-class _Keras2Mixin:
+class _Keras2Mixin(_LocalVarsMixin):
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         accumulator = _accumulator(self)
         if accumulator is None:
-            grads = reduce_gradients(grads, variables, **self._perseus_reduce_args)
+            grads = _reduced(self, grads, variables)
             return super().apply_gradients(list(zip(grads, variables)), *args, **kwargs)
         with tf.init_scope():  # slots must exist before the tf.cond below
             if hasattr(self, "_create_all_weights"):  # tf-keras' legacy optimizers
@@ -105,19 +123,40 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         base = base.__bases__[1]
     cls = distributed_class(base, _reduce_args(
         compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-        process_set), passes)
+        process_set, scale_local_gradients), passes)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
     return cls.from_config(config)
 
 
+def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=mpi_ops.Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=mpi_ops.global_process_set,
+                                scale_local_gradients=True, local_layers=None):
+    """DistributedOptimizer whose `local_layers`' variables (a Keras layer or a list
+    of them) keep their gradients local to each rank (register_local_var)."""
+    local = local_layer_variables(local_layers)
+    distributed = DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for var in local:
+        distributed.register_local_var(var)
+    return distributed
+
+
 def _reduce_args(compression=Compression.none, sparse_as_dense=False, op=mpi_ops.Average,
                  gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                 process_set=mpi_ops.global_process_set):
+                 process_set=mpi_ops.global_process_set, scale_local_gradients=True):
     return dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                 gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-                groups=groups, process_set=process_set)
+                groups=groups, process_set=process_set,
+                scale_local_gradients=scale_local_gradients)
 
 
 def distributed_class(base, reduce_args, passes=(1, False)):

@@ -1,0 +1,120 @@
+"""Horovod parity of the Keras front end (issue 15), against numpy references:
+BroadcastGlobalVariablesCallback(local_variables=...), PartialDistributedOptimizer
+and register_local_var (local gradients divided by the size unless
+scale_local_gradients=False), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
+DistributedOptimizer over tf.keras.optimizers.legacy optimizers, `lr=` spelling
+included. Runs under Keras 3 and, from tests/test_tensorflow.py, Keras 2."""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from common import hvd as tfhvd, log, main, make_array
+
+import perseus.tensorflow.keras as hvd
+
+LEGACY = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+
+
+def model_of(rank):
+    """Two Dense layers with weights that differ by rank."""
+    layers = [tf.keras.layers.Dense(3), tf.keras.layers.Dense(1)]
+    model = tf.keras.Sequential([tf.keras.Input((4,))] + layers)
+    for i, v in enumerate(model.variables):
+        v.assign(make_array("w%d" % i, rank, tuple(v.shape), tf.float32))
+    return model, layers
+
+
+def check_broadcast_callback(rank, size):
+    root = size - 1
+    model, layers = model_of(rank)
+    before = [v.numpy() for v in model.variables]
+    roots = [make_array("w%d" % i, root, b.shape, tf.float32) for i, b in enumerate(before)]
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.0)), loss="mse")
+    local = list(layers[0].trainable_weights)
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(root, local_variables=local)
+    model.fit(np.ones((2, 4)), np.ones((2, 1)), batch_size=2, epochs=1, verbose=0,
+              callbacks=[callback])
+    for i, v in enumerate(model.variables):  # lr 0: only the broadcast changed them
+        expected = before[i] if i < len(local) else roots[i]
+        np.testing.assert_array_equal(v.numpy(), expected, err_msg="variable %d" % i)
+
+
+def check_partial_optimizer(rank, size):
+    """Plain SGD with lr 1 moves each variable by minus its (reduced) gradient."""
+    gs = [[make_array("pg%d" % i, r, shape, tf.float32) for r in range(size)]
+          for i, shape in enumerate([(4, 3), (3,), (3, 1), (1,)])]
+    for scale_local, local_factor in ((True, 1.0 / size), (False, 1.0)):
+        for via in ("partial", "register"):
+            model, layers = model_of(rank)
+            start = [v.numpy() for v in model.trainable_variables]
+            sgd = tf.keras.optimizers.SGD(1.0)
+            if via == "partial":
+                opt = hvd.PartialDistributedOptimizer(sgd, local_layers=layers[0],
+                                                      scale_local_gradients=scale_local)
+            else:
+                opt = hvd.DistributedOptimizer(sgd, scale_local_gradients=scale_local)
+                for v in layers[0].trainable_weights:
+                    opt.register_local_var(v)
+            opt.apply_gradients([(tf.constant(g[rank], tf.float32), v)
+                                 for g, v in zip(gs, model.trainable_variables)])
+            for i, v in enumerate(model.trainable_variables):
+                step = gs[i][rank] * local_factor if i < 2 else np.mean(gs[i], axis=0)
+                np.testing.assert_allclose(v.numpy(), start[i] - step, rtol=1e-6, atol=1e-6,
+                                           err_msg="%s scale=%s var %d" % (via, scale_local, i))
+    try:
+        hvd.PartialDistributedOptimizer(tf.keras.optimizers.SGD(1.0), local_layers=["x"])
+    except ValueError as e:
+        assert "local_layers" in str(e), e
+    else:
+        raise AssertionError("a non-layer in local_layers was accepted")
+
+
+def check_legacy_optimizers(rank, size):
+    """Keras 2's legacy optimizers, constructed with lr= (their old spelling)."""
+    gs = [make_array("lg", r, (4, 1), tf.float32) for r in range(size)]
+    for make, what in [(lambda: tf.keras.optimizers.legacy.SGD(lr=0.5), "SGD"),
+                       (lambda: tf.keras.optimizers.legacy.SGD(lr=0.5, momentum=0.9),
+                        "SGD momentum"),
+                       (lambda: tf.keras.optimizers.legacy.Adam(lr=0.5), "Adam")]:
+        opt = hvd.DistributedOptimizer(make())
+        assert isinstance(opt, tf.keras.optimizers.legacy.Optimizer), type(opt)
+        assert abs(float(tf.keras.backend.get_value(opt.lr)) - 0.5) < 1e-7, what
+        var = tf.Variable(tf.zeros((4, 1)))
+        opt.apply_gradients([(tf.constant(gs[rank], tf.float32), var)])
+        # Reference: the same optimizer, in one process, given the mean gradient.
+        ref_var = tf.Variable(tf.zeros((4, 1)))
+        make().apply_gradients([(tf.constant(np.mean(gs, axis=0), tf.float32), ref_var)])
+        np.testing.assert_allclose(var.numpy(), ref_var.numpy(), rtol=1e-6, atol=1e-7,
+                                   err_msg="legacy " + what)
+    # fit with a legacy optimizer and the LR warmup callback.
+    model, _ = model_of(0)
+    model.compile(optimizer=hvd.DistributedOptimizer(
+        tf.keras.optimizers.legacy.SGD(lr=0.1, momentum=0.5)), loss="mse")
+    x = make_array("lx", rank, (4, 4), tf.float32)
+    y = make_array("ly", rank, (4, 1), tf.float32)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=1,
+                                                                  steps_per_epoch=1)])
+    weights = [v.numpy() for v in model.variables]
+    every = tfhvd.allgather_object(weights)
+    for w in every:
+        for a, b in zip(w, weights):
+            np.testing.assert_array_equal(a, b, err_msg="ranks diverged under fit")
+
+
+def body():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    check_broadcast_callback(rank, size)
+    log("broadcast callback ok")
+    check_partial_optimizer(rank, size)
+    log("partial optimizer ok")
+    if LEGACY:
+        check_legacy_optimizers(rank, size)
+        log("legacy optimizers ok")
+    hvd.shutdown()
+
+
+main(body)
