@@ -4,13 +4,16 @@ Horovod on MPI's fixed world) are perseus.common.elastic's."""
 
 import copy
 
+import torch
+
 from perseus.common.basics import rank
 from perseus.common.elastic import ObjectState, State, run_fn
 from perseus.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
-from perseus.common.objects import broadcast_object
+from perseus.common.objects import allgather_object, broadcast_object
+from perseus.torch.elastic_sampler import ElasticSampler
 from perseus.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
-__all__ = ["ObjectState", "State", "TorchState", "run"]
+__all__ = ["ElasticSampler", "ObjectState", "State", "TorchState", "run"]
 
 
 def run(func):
@@ -39,20 +42,40 @@ class _OptimizerHandler(_ModelHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class _SamplerHandler(_ModelHandler):
+    def sync(self):
+        # Every rank's processed samples count as processed, then rank 0's epoch.
+        state = self.value.state_dict()
+        state["processed_indices"] = set().union(*allgather_object(state["processed_indices"]))
+        self.value.load_state_dict(broadcast_object(state, root_rank=0))
+
+
+# What TorchState tracks beyond plain values, by type (as Horovod does).
+_HANDLERS = ((torch.nn.Module, _ModelHandler), (torch.optim.Optimizer, _OptimizerHandler),
+             (ElasticSampler, _SamplerHandler))
+
+
+def _handler_for(value):
+    for kind, handler in _HANDLERS:
+        if isinstance(value, kind):
+            return handler(value)
+    return None
+
+
 class TorchState(ObjectState):
-    """State of a PyTorch training loop: `model` (its state_dict), `optimizer`
-    (its state_dict) and any picklable keyword values (epoch=0, batch=0, ...),
-    all available as attributes. Assigning state.model or state.optimizer later
-    tracks the new object."""
+    """State of a PyTorch training loop: `model`, `optimizer`, and keyword values,
+    all available as attributes. A module, optimizer or ElasticSampler (any
+    keyword) is tracked through its state_dict; other values must pickle.
+    Assigning such an attribute later tracks the new object."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
+        kwargs.update(model=model, optimizer=optimizer)
         handlers = {}
-        for name, value, kind in (("model", model, _ModelHandler),
-                                  ("optimizer", optimizer, _OptimizerHandler)):
-            if value is None:
-                kwargs[name] = None  # a plain attribute, as in Horovod
-            else:
-                handlers[name] = kind(value)
+        for name in list(kwargs):
+            handler = _handler_for(kwargs[name])
+            if handler is not None:
+                handlers[name] = handler
+                del kwargs[name]
         object.__setattr__(self, "_handlers", handlers)
         for name, handler in handlers.items():
             object.__setattr__(self, name, handler.value)

@@ -1,6 +1,6 @@
 """hvd.elastic for PyTorch on the fixed MPI world: TorchState / ObjectState sync,
 commit and restore, run() retrying after a HorovodInternalError (injected, and a
-real collective failure), reset callbacks, and the resize error.
+real collective failure), reset callbacks, ElasticSampler, and the resize error.
 
 References are plain torch: rank r's model is built from seed r, so every rank
 rebuilds rank 0's; a training step moves each weight by -lr x the mean over the
@@ -135,6 +135,41 @@ def check_run_retries(rank, size):
     assert hvd.is_initialized()
 
 
+def split(remaining, rank, size):
+    """Rank `rank`'s share of `remaining` unshuffled: padded by repeating from the
+    start to a multiple of size, then every size-th index."""
+    n = -(-len(remaining) // size) * size
+    padded = (remaining * size)[:n] if remaining else []
+    return padded[rank::size]
+
+
+def check_elastic_sampler(rank, size):
+    data = list(range(10))
+    sampler = hvd.elastic.ElasticSampler(data, shuffle=False)
+    assert list(sampler) == split(data, rank, size) and len(sampler) == -(-10 // size)
+    shuffled = hvd.elastic.ElasticSampler(data, shuffle=True, seed=3)
+    shares = hvd.allgather_object(list(shuffled))
+    assert sorted(set(sum(shares, []))) == data and list(shuffled) == shares[rank], shares
+    shuffled.set_epoch(1)
+    assert hvd.allgather_object(list(shuffled)) != shares  # another order next epoch
+
+    state = hvd.elastic.TorchState(sampler=sampler, epoch=0)
+    assert state.sampler is sampler
+    iter(sampler)
+    sampler.record_batch(0, 2)
+    state.commit()
+    sampler.record_batch(1, 2)
+    state.restore()
+    assert sampler.processed_indices == set(split(data, rank, size)[:2]), sampler.processed_indices
+    state.sync()  # every rank's processed samples are left out on every rank
+    done = set().union(*[split(data, r, size)[:2] for r in range(size)])
+    remaining = [i for i in data if i not in done]
+    assert sampler.processed_indices == done, sampler.processed_indices
+    assert list(sampler) == split(remaining, rank, size), (list(sampler), remaining)
+    sampler.set_epoch(1)
+    assert sampler.processed_indices == set() and list(sampler) == split(data, rank, size)
+
+
 def check_resize_refused(rank, size):
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, epoch=0)
 
@@ -154,7 +189,8 @@ def check_resize_refused(rank, size):
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    for check in (check_sync_commit_restore, check_run_retries, check_resize_refused):
+    for check in (check_sync_commit_restore, check_run_retries, check_elastic_sampler,
+                  check_resize_refused):
         check(rank, size)
         log(check.__name__, "passed")
     hvd.shutdown()
