@@ -7,10 +7,11 @@ Semantics follow Horovod's MXNet API: plain ops return a new NDArray, underscore
 ops write into the input and return it, grouped ops run their arrays as one unit;
 every op takes `priority` (MXNet engine priority, higher runs first).
 
-allreduce, broadcast and reducescatter run inside MXNet's engine (engine.push): the
-call returns at once, and the result is ready when MXNet says so. allgather and
-alltoall return arrays whose shape depends on the other ranks, so they wait for
-their input, run the collective and return a finished array.
+allreduce, broadcast and reducescatter (and their grouped forms) run inside MXNet's
+engine (engine.push): the call returns at once, and the result is ready when MXNet
+says so. allgather (grouped too) and alltoall return arrays whose shape depends on
+the other ranks, so they wait for their input, run the collective and return
+finished arrays.
 
 CPU NDArrays (default storage) only.
 """
