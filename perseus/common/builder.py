@@ -19,6 +19,7 @@ import struct
 
 from perseus.common import library as _lib
 from perseus.common.compression import NoneCompressor
+from perseus.common.exceptions import CollectiveArgumentError
 from perseus.common.ops import (ALLREDUCE, BOOL, CPU_DEVICE, DTYPE_NAMES, GLOBAL_PROCESS_SET,
                                 OP_TYPE_NAMES, REDUCESCATTER, Adasum, check_adasum)
 
@@ -214,25 +215,30 @@ def alltoall_splits(splits, process_set, rows):
     if splits is None:
         return None
     if hasattr(splits, "tolist"):
+        # Integer arrays only (numpy, torch, TensorFlow dtypes all spell "int"), as
+        # Horovod refuses float splits rather than truncating them.
+        if "int" not in str(getattr(splits, "dtype", "int")):
+            raise CollectiveArgumentError("alltoall splits must be integers, got dtype %s"
+                                          % splits.dtype)
         splits = splits.tolist()
     splits = tuple(int(s) for s in splits)
     size = process_set.size()
     if len(splits) != size:
-        raise ValueError("alltoall splits has %d entries; it needs one per rank of the "
-                         "process set (%d)" % (len(splits), size))
+        raise CollectiveArgumentError("alltoall splits has %d entries; it needs one per rank "
+                                      "of the process set (%d)" % (len(splits), size))
     if min(splits) < 0:
-        raise ValueError("alltoall splits must be non-negative, got %s" % (splits,))
+        raise CollectiveArgumentError("alltoall splits must be non-negative, got %s" % (splits,))
     if rows is not None and sum(splits) != rows:
-        raise ValueError("alltoall splits sum to %d but the tensor's first dimension is %d"
-                         % (sum(splits), rows))
+        raise CollectiveArgumentError("alltoall splits sum to %d but the tensor's first "
+                                      "dimension is %d" % (sum(splits), rows))
     return splits
 
 
 def check_rows(op_type, shape, what="tensor"):
     """Ops that split dim 0 (alltoall, reducescatter) need one."""
     if not len(shape):
-        raise ValueError("%s needs a %s with at least one dimension"
-                         % (OP_TYPE_NAMES[op_type], what))
+        raise CollectiveArgumentError("%s needs a %s with at least one dimension"
+                                      % (OP_TYPE_NAMES[op_type], what))
 
 
 def scatter_rows(rows, process_set):

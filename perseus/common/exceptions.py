@@ -28,9 +28,30 @@ class HorovodInternalError(RuntimeError):
     """
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's signal that workers were added or removed (elastic training).
+    Perseus' world is fixed, so hvd.elastic.run turns it into an error saying so;
+    defined for scripts that name it. skip_sync: as Horovod's."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("hosts updated")
+        self.skip_sync = skip_sync
+
+
+class CollectiveArgumentError(ValueError, RuntimeError):
+    """A collective's arguments are invalid (a scalar where dim 0 is split, alltoall
+    splits that do not fit the tensor or the set, a first dimension an even alltoall
+    cannot split). Raised where the rank finds it, before anything is sent.
+
+    A ValueError, as Perseus reports bad arguments; also a RuntimeError because
+    Horovod reports these from its core (MXNetError, torch's RuntimeError), so a
+    Horovod script's ``except (MXNetError, RuntimeError)`` still catches it.
+    """
+
+
 # Status -> exception class. One table, one place.
 _EXCEPTION_FOR_STATUS = {
-    INVALID_ARGUMENT: ValueError,
+    INVALID_ARGUMENT: CollectiveArgumentError,
     NOT_INITIALIZED: ValueError,
     MISMATCH: HorovodInternalError,
     SHUT_DOWN: HorovodInternalError,

@@ -17,13 +17,15 @@ from perseus.mxnet.functions import allgather_object, broadcast_object, broadcas
 from perseus.mxnet.optimizer import DistributedOptimizer, DistributedTrainer
 from perseus.mxnet.mpi_ops import (  # noqa: F401
     Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, allreduce_, alltoall,
-    broadcast, broadcast_, grouped_allreduce, grouped_allreduce_, reducescatter,
+    broadcast, broadcast_, grouped_allgather, grouped_allreduce, grouped_allreduce_,
+    grouped_reducescatter, reducescatter,
 )
 
 __all__ = list(_common_all) + [
     "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "allreduce_",
-    "alltoall", "broadcast", "broadcast_", "grouped_allreduce", "grouped_allreduce_",
-    "reducescatter", "Compression", "allgather_object", "broadcast_object",
+    "alltoall", "broadcast", "broadcast_", "grouped_allgather", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_reducescatter", "reducescatter", "Compression",
+    "allgather_object", "broadcast_object",
     "broadcast_parameters", "DistributedOptimizer", "DistributedTrainer", "create",
     "PerseusSyncBatchNorm", "sync_batch_norm_symbol",
 ]

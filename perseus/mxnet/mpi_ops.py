@@ -7,10 +7,11 @@ Semantics follow Horovod's MXNet API: plain ops return a new NDArray, underscore
 ops write into the input and return it, grouped ops run their arrays as one unit;
 every op takes `priority` (MXNet engine priority, higher runs first).
 
-allreduce, broadcast and reducescatter run inside MXNet's engine (engine.push): the
-call returns at once, and the result is ready when MXNet says so. allgather and
-alltoall return arrays whose shape depends on the other ranks, so they wait for
-their input, run the collective and return a finished array.
+allreduce, broadcast and reducescatter (and their grouped forms) run inside MXNet's
+engine (engine.push): the call returns at once, and the result is ready when MXNet
+says so. allgather (grouped too) and alltoall return arrays whose shape depends on
+the other ranks, so they wait for their input, run the collective and return
+finished arrays.
 
 CPU NDArrays (default storage) only.
 """
@@ -163,23 +164,41 @@ def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_proc
 
 # ---- reducescatter --------------------------------------------------------------
 
+def _reducescatter(tensors, op, name, priority, process_set, prescale, postscale, grouped):
+    """Reducescatter of each array in MXNet's engine; returns the output arrays."""
+    op = _resolve_op(op, None)
+    _builder.check_op(_ops.REDUCESCATTER, op)
+    set_id = _set_id(process_set)
+    requests, outputs = [], []
+    for tensor, wire in zip(tensors, _builder.names(_ops.REDUCESCATTER, name, len(tensors),
+                                                    grouped)):
+        code = _code(tensor, _ops.REDUCESCATTER, op)
+        _builder.check_rows(_ops.REDUCESCATTER, tensor.shape, "array")  # ValueError, as Horovod
+        rows = _builder.scatter_rows(tensor.shape[0], process_set)
+        outputs.append(mx.nd.empty((rows,) + tuple(tensor.shape[1:]), ctx=tensor.context,
+                                   dtype=tensor.dtype))
+        requests.append(_Request(_ops.REDUCESCATTER, set_id, code, tuple(tensor.shape),
+                                 name=wire, reduce_op=op, prescale=float(prescale),
+                                 postscale=float(postscale)))
+    _engine.push(requests, list(tensors), outputs, priority, b"PerseusReducescatter",
+                 _after(_ops.REDUCESCATTER, name))
+    return outputs
+
+
 def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` over the set and returns this rank's block of rows of the
     result (dim 0 split as evenly as possible, the first ranks getting one more)."""
-    op = _resolve_op(op, None)
-    _builder.check_op(_ops.REDUCESCATTER, op)
-    code = _code(tensor, _ops.REDUCESCATTER, op)
-    _builder.check_rows(_ops.REDUCESCATTER, tensor.shape, "array")
-    set_id = _set_id(process_set)
-    rows = _builder.scatter_rows(tensor.shape[0], process_set)
-    output = mx.nd.empty((rows,) + tuple(tensor.shape[1:]), ctx=tensor.context, dtype=tensor.dtype)
-    request = _Request(_ops.REDUCESCATTER, set_id, code, tuple(tensor.shape),
-                       name=_builder.names(_ops.REDUCESCATTER, name)[0], reduce_op=op,
-                       prescale=float(prescale_factor), postscale=float(postscale_factor))
-    _engine.push([request], [tensor], [output], priority, b"PerseusReducescatter",
-                 _after(_ops.REDUCESCATTER, name))
-    return output
+    return _reducescatter((tensor,), op, name, priority, process_set, prescale_factor,
+                          postscale_factor, False)[0]
+
+
+def grouped_reducescatter(tensors, op=Average, name=None, priority=0,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter of a list of arrays, negotiated as one unit; returns a list."""
+    return _reducescatter(_check_group(tensors), op, name, priority, process_set,
+                          prescale_factor, postscale_factor, True)
 
 
 # ---- allgather / alltoall: output shape known only afterwards -------------------
@@ -200,32 +219,57 @@ def _to_ndarray(handle, code, like):
     return mx.nd.array(data, ctx=like.context, dtype=dtype), recv
 
 
+def _allgather(tensors, name, process_set, grouped):
+    """Allgather of each finished array as one unit; returns the list of results."""
+    hosts, codes = [], []
+    for tensor in tensors:
+        host, code = _host(tensor, _ops.ALLGATHER)
+        if host.ndim == 0:
+            raise ValueError("allgather needs an array with at least one dimension")
+        hosts.append(host)
+        codes.append(code)
+    set_id = _set_id(process_set)
+    requests = [_Request(_ops.ALLGATHER, set_id, code, host.shape,
+                         host.ctypes.data if host.size else 0, name=wire)
+                for host, code, wire in zip(hosts, codes, _builder.names(
+                    _ops.ALLGATHER, name, len(tensors), grouped))]
+
+    def finish(state, handles):
+        return [_to_ndarray(h, code, t)[0] for h, code, t in zip(handles, codes, tensors)]
+    return _requests.synchronize(_requests.submit(requests, finish, hosts, True))
+
+
 def allgather(tensor, name=None, priority=0, process_set=global_process_set):
     """Concatenates every rank's `tensor` along dim 0 (other dims must agree).
     Waits for `tensor`; the result is a finished NDArray."""
-    host, code = _host(tensor, _ops.ALLGATHER)
-    if host.ndim == 0:
-        raise ValueError("allgather needs an array with at least one dimension")
-    request = _Request(_ops.ALLGATHER, _set_id(process_set), code, host.shape,
-                       host.ctypes.data if host.size else 0,
-                       name=_builder.names(_ops.ALLGATHER, name)[0])
-    finish = lambda state, handles: _to_ndarray(handles[0], code, tensor)[0]  # noqa: E731
-    return _requests.synchronize(_requests.submit([request], finish, host, True))
+    return _allgather((tensor,), name, process_set, False)[0]
+
+
+def grouped_allgather(tensors, name=None, priority=0, process_set=global_process_set):
+    """allgather of a list of arrays, negotiated as one unit; returns a list of
+    finished NDArrays."""
+    return _allgather(_check_group(tensors), name, process_set, True)
 
 
 def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
     """Sends splits[i] rows of `tensor` (dim 0, in order) to rank i of the set and
     returns the concatenation of what every rank sent here. splits=None splits dim 0
-    evenly. Waits for `tensor`; the result is a finished NDArray."""
+    evenly and returns that array alone; with splits, returns (array, received
+    splits as an int32 NDArray), as Horovod. Waits for `tensor`; the results are
+    finished NDArrays."""
     host, code = _host(tensor, _ops.ALLTOALL)
     _builder.check_rows(_ops.ALLTOALL, host.shape, "array")
+    given = splits is not None
     if isinstance(splits, mx.nd.NDArray):
-        splits = splits.asnumpy()
-    if splits is not None:
-        splits = np.asarray(splits).reshape(-1)
+        splits = splits.asnumpy().reshape(-1)
     request = _Request(_ops.ALLTOALL, _set_id(process_set), code, host.shape,
                        host.ctypes.data if host.size else 0,
                        name=_builder.names(_ops.ALLTOALL, name)[0],
                        splits=_builder.alltoall_splits(splits, process_set, host.shape[0]))
-    finish = lambda state, handles: _to_ndarray(handles[0], code, tensor)[0]  # noqa: E731
+
+    def finish(state, handles):
+        output, received = _to_ndarray(handles[0], code, tensor)
+        if not given:
+            return output
+        return output, mx.nd.array(np.asarray(received, dtype=np.int32), dtype=np.int32)
     return _requests.synchronize(_requests.submit([request], finish, host, True))

@@ -97,11 +97,17 @@ def check_alltoall(rank, size):
         for r in range(size):
             start = sum(splits[r][:rank])
             pieces.append(inputs[r][start:start + splits[r][rank]])
-        out = hvd.alltoall(nd(inputs[rank]), splits=splits[rank], name=tag, priority=4)
-        assert_equal(out, np.concatenate(pieces), tag)
+        # with splits (a list, or an int32 NDArray): (output, received splits), as Horovod
+        for given in (splits[rank], mx.nd.array(splits[rank], dtype=np.int32)):
+            out, received = hvd.alltoall(nd(inputs[rank]), splits=given, name=tag, priority=4)
+            assert_equal(out, np.concatenate(pieces), tag)
+            assert_equal(received, np.array([splits[r][rank] for r in range(size)], np.int32),
+                         tag + " received splits")
+        # without: the output alone
         even = [make_array(tag + "e", r, (2 * size,), dtype) for r in range(size)]
-        assert_equal(hvd.alltoall(nd(even[rank])),
-                     np.concatenate([e[2 * rank:2 * rank + 2] for e in even]), tag + " even")
+        out = hvd.alltoall(nd(even[rank]))
+        assert isinstance(out, mx.nd.NDArray), type(out)
+        assert_equal(out, np.concatenate([e[2 * rank:2 * rank + 2] for e in even]), tag + " even")
 
 
 def check_reducescatter(rank, size):
@@ -114,6 +120,106 @@ def check_reducescatter(rank, size):
         start = sum(counts[:rank])
         out = hvd.reducescatter(nd(inputs[rank]), op=hvd.Sum, name=tag, priority=5)
         assert_equal(out, total[start:start + counts[rank]], tag)
+
+
+def check_grouped_allgather(rank, size):
+    shapes = [(2,), (3, 4), (0, 2), (1, 1, 5)]
+    for dtype in DTYPES:
+        tag = "gag-%s" % np.dtype(dtype).name
+        # dim 0 differs per rank, as allgather allows
+        inputs = [[make_array("%s%d" % (tag, i), r, (s[0] + r,) + s[1:], dtype)
+                   for i, s in enumerate(shapes)] for r in range(size)]
+        outs = hvd.grouped_allgather([nd(a) for a in inputs[rank]], name=tag)
+        assert isinstance(outs, list) and len(outs) == len(shapes), outs
+        for i, out in enumerate(outs):
+            assert_equal(out, np.concatenate([inputs[r][i] for r in range(size)]),
+                         "%s[%d]" % (tag, i))
+    evens = list(range(0, size, 2))
+    ps = hvd.add_process_set(evens)
+    try:
+        if rank in evens:
+            inputs = [[make_array("gag-ps%d" % i, r, (2, 3), np.int32) for i in range(2)]
+                      for r in evens]
+            outs = hvd.grouped_allgather([nd(a) for a in inputs[evens.index(rank)]],
+                                         process_set=ps)
+            for i, out in enumerate(outs):
+                assert_equal(out, np.concatenate([x[i] for x in inputs]), "set grouped_allgather")
+    finally:
+        hvd.remove_process_set(ps)
+
+
+def check_grouped_reducescatter(rank, size):
+    counts = lambda rows, n, r: rows // n + (r < rows % n)  # noqa: E731
+    shapes = [(2 * size + 1, 3), (size,), (size - 1, 2)]  # uneven, even, fewer rows than ranks
+    for dtype in DTYPES:
+        tag = "grs-%s" % np.dtype(dtype).name
+        inputs = [[make_array("%s%d" % (tag, i), r, s, dtype) for i, s in enumerate(shapes)]
+                  for r in range(size)]
+        outs = hvd.grouped_reducescatter([nd(a) for a in inputs[rank]], op=hvd.Sum, name=tag)
+        assert isinstance(outs, list) and len(outs) == len(shapes), outs
+        for i, (out, shape) in enumerate(zip(outs, shapes)):
+            total = np.sum(np.stack([inputs[r][i] for r in range(size)]), axis=0).astype(dtype)
+            start = sum(counts(shape[0], size, r) for r in range(rank))
+            assert_equal(out, total[start:start + counts(shape[0], size, rank)],
+                         "%s[%d]" % (tag, i))
+        if dtype in FLOAT_DTYPES:
+            # Average (the default op) and pre/post scale factors
+            rtol = 1e-2 if dtype == np.float16 else 1e-6
+            for kwargs, factor in (({}, 1.0 / size),
+                                   ({"op": hvd.Sum, "prescale_factor": 0.5,
+                                     "postscale_factor": 3.0}, 1.5)):
+                outs = hvd.grouped_reducescatter([nd(a) for a in inputs[rank]], **kwargs)
+                for i, (out, shape) in enumerate(zip(outs, shapes)):
+                    total = np.sum(np.stack([inputs[r][i] for r in range(size)])
+                                   .astype(np.float64), axis=0) * factor
+                    start = sum(counts(shape[0], size, r) for r in range(rank))
+                    assert_close(out, total[start:start + counts(shape[0], size, rank)]
+                                 .astype(dtype), "%s %s[%d]" % (tag, kwargs, i), rtol=rtol)
+    evens = list(range(0, size, 2))
+    ps = hvd.add_process_set(evens)
+    try:
+        if rank in evens:
+            n, me = len(evens), evens.index(rank)
+            inputs = [[make_array("grs-ps%d" % i, r, (2 * n, 2), np.int64) for i in range(2)]
+                      for r in evens]
+            outs = hvd.grouped_reducescatter([nd(a) for a in inputs[me]], op=hvd.Sum,
+                                             process_set=ps)
+            for i, out in enumerate(outs):
+                total = np.sum(np.stack([x[i] for x in inputs]), axis=0)
+                assert_equal(out, total[2 * me:2 * me + 2], "set grouped_reducescatter")
+    finally:
+        hvd.remove_process_set(ps)
+    # A scalar in the group: ValueError at the call, as Horovod
+    for bad in (lambda: hvd.grouped_reducescatter([mx.nd.zeros((3, 1)), mx.nd.array(rank)]),
+                lambda: hvd.reducescatter(mx.nd.array(rank))):
+        try:
+            bad()
+        except ValueError as e:
+            assert "at least one dimension" in str(e), e
+        else:
+            raise AssertionError("a scalar reducescatter was not refused")
+
+
+def check_horovod_error_types(rank, size):
+    """What a Horovod MXNet script catches: (MXNetError, RuntimeError) for an uneven
+    equal-split alltoall and for splits that do not fit; (MXNetError, ValueError) for
+    float splits. Perseus' error is both a ValueError and a RuntimeError."""
+    from mxnet.base import MXNetError
+    cases = ((lambda: hvd.alltoall(mx.nd.ones(size + 1)), (MXNetError, RuntimeError)),
+             (lambda: hvd.alltoall(mx.nd.ones(size - 1), mx.nd.ones(size, dtype=np.int32)),
+              (MXNetError, RuntimeError)),
+             (lambda: hvd.alltoall(mx.nd.ones(size), mx.nd.ones(size, dtype=np.float32)),
+              (MXNetError, ValueError)))
+    for i, (bad, horovod_catches) in enumerate(cases):
+        try:
+            bad()
+        except horovod_catches as e:
+            assert isinstance(e, ValueError) and isinstance(e, RuntimeError), (i, type(e))
+            assert str(e), i
+        else:
+            raise AssertionError("case %d was not refused" % i)
+    # and the library keeps working
+    assert_equal(hvd.alltoall(mx.nd.ones(size)), np.ones(size, np.float32), "after errors")
 
 
 def normal_array(tag, rank, shape, dtype=np.float64):
@@ -259,8 +365,9 @@ def body():
     assert (hvd.local_rank(), hvd.local_size()) == (rank, size)
     assert hvd.is_initialized() and hvd.cross_size() == 1
     for check in (check_allreduce, check_adasum, check_grouped, check_allgather, check_broadcast,
-                  check_alltoall, check_reducescatter, check_objects, check_same_name, check_process_set, check_asynchronous,
-                  check_errors):
+                  check_alltoall, check_reducescatter, check_grouped_allgather,
+                  check_grouped_reducescatter, check_horovod_error_types, check_objects,
+                  check_same_name, check_process_set, check_asynchronous, check_errors):
         check(rank, size)
         log(check.__name__, "passed")
     mx.nd.waitall()

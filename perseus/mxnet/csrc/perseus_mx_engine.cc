@@ -81,15 +81,16 @@ void OnJobDone(void* arg, perseus_status_t status, const char* message) {
   Finish(job, status, message && *message ? message : perseus_status_string(status));
 }
 
-// The address of an NDArray's data, or nullptr with *message set.
-void* DataOf(void* ndarray, std::string* message) {
-  void* data = nullptr;
-  if (g_get_data(ndarray, &data) != 0) {
+// Sets *data to an NDArray's data address (nullptr for an empty array, e.g. a
+// rank's zero-row reducescatter output); false with *message set if MXNet fails.
+bool DataOf(void* ndarray, void** data, std::string* message) {
+  *data = nullptr;
+  if (g_get_data(ndarray, data) != 0) {
     *message = std::string("MXNDArrayGetData failed: ") +
                (g_mx_last_error ? g_mx_last_error() : "(no message)");
-    return nullptr;
+    return false;
   }
-  return data;
+  return true;
 }
 
 int64_t Elements(const perseus_request_t& request) {
@@ -165,9 +166,10 @@ void perseus_mx_job_run(void* /*run_context*/, void* on_complete, void* param) {
   for (int32_t i = 0; i < job->n; ++i) {
     perseus_request_t& r = job->requests[i];
     if (Elements(r) == 0) continue;  // empty: the core reads no pointer
-    void* in = DataOf(job->inputs[i], &message);
-    void* out = in && job->outputs[i] ? DataOf(job->outputs[i], &message) : nullptr;
-    if (!in || (job->outputs[i] && !out)) {
+    void* in = nullptr;
+    void* out = nullptr;
+    if (!DataOf(job->inputs[i], &in, &message) ||
+        (job->outputs[i] && !DataOf(job->outputs[i], &out, &message))) {
       Finish(job, PERSEUS_INTERNAL_ERROR, message);
       return;
     }

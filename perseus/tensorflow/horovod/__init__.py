@@ -6,6 +6,7 @@ tf.function, with gradients), gradient_tape, functions and compat_v1 (TF1 graphs
 """
 
 from perseus.common.horovod_api import *  # noqa: F401,F403
+from perseus.tensorflow import elastic  # noqa: F401 (hvd.elastic)
 from perseus.tensorflow.compat_v1 import BroadcastGlobalVariablesHook, DistributedOptimizer
 from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.functions import (

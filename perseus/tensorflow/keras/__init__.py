@@ -36,7 +36,7 @@ from perseus.tensorflow.horovod import (  # noqa: F401 (re-exports)
     shutdown,
     size,
 )
-from perseus.tensorflow.keras import callbacks  # noqa: F401
+from perseus.tensorflow.keras import callbacks, elastic  # noqa: F401
 from perseus.tensorflow.keras.optimizer import (  # noqa: F401
     DistributedOptimizer,
     PartialDistributedOptimizer,

@@ -7,6 +7,7 @@ perseus.torch.optimizer, perseus.torch.functions and perseus.torch.sync_batch_no
 """
 
 from perseus.common.horovod_api import *  # noqa: F401,F403
+from perseus.torch import elastic  # noqa: F401 (hvd.elastic)
 from perseus.torch.compression import Compression
 from perseus.torch.functions import (
     allgather_object,
@@ -81,6 +82,7 @@ __all__ = [
     "cuda_built",
     "ddl_built",
     "DistributedOptimizer",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
