@@ -60,6 +60,19 @@ def test_identical_results(run_mpi, nprocs, env):
     run_mpi("identical_results", nprocs, env=env, timeout=240)
 
 
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_bad_handles(run_mpi, nprocs):
+    # poll()/synchronize() of made-up, synchronized and pre-init handles: ValueError.
+    run_mpi("bad_handles", nprocs, timeout=90)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_config_names(run_mpi, nprocs):
+    # Misspelt variables warned about once on rank 0 ("did you mean"), Horovod's unused
+    # ones not; a bad HOROVOD_TIMELINE reported under that name.
+    run_mpi("config_names", nprocs, timeout=90)
+
+
 @pytest.mark.parametrize("nprocs", NPROCS)
 def test_what_ends_a_hold(run_mpi, nprocs):
     # A hold far longer than the script's bounds: only a waiter, a poll or enough
