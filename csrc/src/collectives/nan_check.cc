@@ -11,6 +11,7 @@ namespace perseus {
 namespace {
 
 constexpr size_t kMaxNamesShown = 10;
+constexpr char kNonFinite[] = "NaN or Inf found before reducing (PERSEUS_ALLREDUCE_NANCHECK): ";
 
 // An IEEE value is NaN or infinite exactly when its exponent bits are all ones. Testing
 // the bits (no branches, no float compares) lets the compiler vectorise the loop.
@@ -60,8 +61,7 @@ Status FindNonFinite(const Batch& batch, ExecContext& ctx, std::vector<Status>* 
       if (all[r * n + i]) ranks.push_back(ctx.global_ranks ? (*ctx.global_ranks)[r] : r);
     if (ranks.empty()) continue;
     std::ostringstream msg;
-    msg << "NaN or Inf found before reducing (PERSEUS_ALLREDUCE_NANCHECK): tensor '"
-        << batch.items[i].meta.name << "' on rank(s) [";
+    msg << kNonFinite << "tensor '" << batch.items[i].meta.name << "' on rank(s) [";
     for (size_t k = 0; k < ranks.size(); ++k) msg << (k ? ", " : "") << ranks[k];
     msg << "]";
     (*verdicts)[i] = Status::Error(PERSEUS_NON_FINITE, msg.str());
@@ -73,16 +73,16 @@ Status CheckFinite(const Batch& batch, ExecContext& ctx) {
   std::vector<Status> verdicts;
   Status exchanged = FindNonFinite(batch, ctx, &verdicts);
   if (!exchanged.ok()) return exchanged;
-  static const std::string kHead = "NaN or Inf found before reducing (PERSEUS_ALLREDUCE_NANCHECK): ";
+  const size_t head = sizeof(kNonFinite) - 1;
   std::string names;
   size_t bad = 0;
   for (const Status& v : verdicts) {
     if (v.ok()) continue;
-    if (bad++ < kMaxNamesShown) names += (bad > 1 ? "; " : "") + v.message.substr(kHead.size());
+    if (bad++ < kMaxNamesShown) names += (bad > 1 ? "; " : "") + v.message.substr(head);
   }
   if (bad == 0) return Status::OK();
   if (bad > kMaxNamesShown) names += "; and " + std::to_string(bad - kMaxNamesShown) + " more";
-  return Status::Error(PERSEUS_NON_FINITE, kHead + names);
+  return Status::Error(PERSEUS_NON_FINITE, kNonFinite + names);
 }
 
 }  // namespace perseus

@@ -120,8 +120,8 @@ struct Min {
 };
 
 // Element formats as the operators see them: 16-bit floats compute in float32 and
-// round back (the rounding is a function of the exact float32 result, so it keeps
-// the operator commutative to the bit).
+// round back (a function of the float32 result, so the operator stays commutative
+// to the bit).
 template <typename T>
 struct Native {
   using Storage = T;
@@ -150,7 +150,8 @@ void ReduceFloats(void* in, void* inout, int* len, MPI_Datatype*) {
   const S* a = static_cast<const S*>(in);
   S* b = static_cast<S*>(inout);
   const int n = *len;
-  for (int i = 0; i < n; ++i) b[i] = Format::Store(Op<C>::Apply(Format::Load(a[i]), Format::Load(b[i])));
+  for (int i = 0; i < n; ++i)
+    b[i] = Format::Store(Op<C>::Apply(Format::Load(a[i]), Format::Load(b[i])));
 }
 
 // [format: half, bfloat, float, double][op: sum, min, max, product]

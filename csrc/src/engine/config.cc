@@ -244,8 +244,8 @@ const std::vector<Variable>& Table() {
 // horovodrun sets in every process, and its build's. Setting one is no typo, so the
 // check of unknown names below only notes them at debug level.
 const char* const kHorovodOnly[] = {
-    "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_HIERARCHICAL_ALLREDUCE",
-    "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_NUM_NCCL_STREAMS",
+    "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_STALL_CHECK_DISABLE",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_NUM_NCCL_STREAMS",
     "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER", "HOROVOD_CCL_CACHE",
     "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_THREAD_AFFINITY", "HOROVOD_DISABLE_GROUP_FUSION",
     "HOROVOD_DISABLE_NVTX_RANGES", "HOROVOD_ENABLE_ASYNC_COMPLETION",
@@ -321,22 +321,25 @@ void WarnUnknownVariables() {
       const std::string name(*entry, eq ? eq - *entry : std::strlen(*entry));
       const std::string upper = Upper(name);  // perseus_cycle_time is a misspelling too
       if (!StartsWith(upper, "PERSEUS_") && !StartsWith(upper, "HOROVOD_")) continue;
-      const char* closest = nullptr;
+      bool in_table = false;
+      const char* closest = nullptr;  // the nearest name of the table, in any case
       size_t distance = SIZE_MAX;
       for (const Variable& var : Table()) {
         for (const char* known : {var.name, var.horovod_name}) {
-          size_t d = known == nullptr ? SIZE_MAX : name == known ? 0 : EditDistance(upper, known) + 1;
+          if (known == nullptr) continue;
+          in_table |= name == known;
+          size_t d = EditDistance(upper, known);
           if (d < distance) distance = d, closest = known;
         }
       }
-      if (distance == 0) continue;  // a variable of the table
+      if (in_table) continue;
       bool horovod_only = false;
       for (const char* known : kHorovodOnly) horovod_only |= name == known;
       for (const char* prefix : kHorovodOnlyPrefixes) horovod_only |= StartsWith(name, prefix);
       if (horovod_only) {
         PERSEUS_LOG(kDebug) << name << " is a Horovod setting that Perseus does not implement; "
                             << "ignored";
-      } else if (distance - 1 <= kMaxTypoEdits) {
+      } else if (distance <= kMaxTypoEdits) {
         PERSEUS_LOG(kWarning) << name << " is not a Perseus setting and is ignored; did you mean "
                               << closest << "?";
       } else {
