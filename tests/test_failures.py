@@ -66,3 +66,37 @@ def test_rank_leaving_early_fails_the_others(tmp_path, np, leave):
     for rank in range(np - 1):
         want = "SURVIVOR %d HorovodInternalError: Perseus was shut down on rank(s) [%d]" % (rank, np - 1)
         assert want in out, "rank %d did not report the error\n%s" % (rank, report)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_exit_inside_an_mpi_call_ends_the_job(tmp_path, np):
+    """Issue 16 (1b): exit() from inside one of the engine's MPI calls (the test hook
+    stands in for MPI giving up on a failed call) ends that process at once, with its
+    code, and mpirun ends the job; before, the exit handler waited for the engine."""
+    victim = np - 1
+    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "exit_in_mpi.py")]
+    env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_EXIT_RANK": str(victim),
+                     "PTEST_HANG_DUMP_S": "50"})
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        alive = kill_job(proc)
+        out, err = proc.communicate()
+        pytest.fail("the job hung after rank %d exited inside MPI (np %d)\nstill alive:\n%s\n"
+                    "stdout:\n%s\nstderr:\n%s" % (victim, np, alive, out, err))
+    ended = time.time()
+    report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, out, err)
+    assert (tmp_path / "exiting").exists(), report
+    assert ended - float((tmp_path / "exiting").read_text()) < BOUND_S, report
+    assert proc.returncode != 0, report  # 70 (the exit), or 9 for the survivors hydra killed
+    assert "returned from the allreduce" not in out + err, report
+
+
+def test_forked_child_exits_and_refuses_calls(run_mpi):
+    """Issue 16 (8): a child forked after init() exits cleanly and every Perseus call in
+    it raises a clear error; the parent goes on working."""
+    for np in (2, 3):
+        run_mpi("fork_child", np, timeout=90)

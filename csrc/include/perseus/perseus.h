@@ -101,6 +101,10 @@ typedef struct {
  * MPI_COMM_WORLD. MPI is initialised here unless the application already did it. */
 perseus_status_t perseus_init(int64_t comm_f2c);
 perseus_status_t perseus_shutdown(void);
+/* perseus_shutdown for exit paths (atexit, signal handlers): gives up after timeout_s
+ * (PERSEUS_TIMEOUT), e.g. when a thread is stuck in a failed MPI call, leaving the
+ * engine to the process's exit. */
+perseus_status_t perseus_shutdown_within(double timeout_s);
 int perseus_is_initialized(void);
 const char* perseus_last_error(void);
 const char* perseus_status_string(perseus_status_t status);

@@ -97,6 +97,7 @@ Status Engine::Init() {
   next_set_id_ = 1;
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "perseus-engine");  // for top -H, perf, gdb
+    MpiCallerScope mpi_caller;
     Loop();
   });
   return Status::OK();
@@ -278,6 +279,7 @@ Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t
 
 void Engine::Drive(const int64_t* handles, int n, double max_drive_s, bool handed_work) {
   WaiterScope waiting;
+  MpiCallerScope mpi_caller;
   auto all_done = [&] {
     for (int i = 0; i < n; ++i) {
       bool done = false;
@@ -487,6 +489,7 @@ void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::ti
 
 Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
   std::lock_guard<std::mutex> control(control_mu_);
+  MpiCallerScope mpi_caller;
   if (n <= 0) return Status::Error(PERSEUS_INVALID_ARGUMENT, "a process set needs at least one rank");
   std::vector<int> sorted(ranks, ranks + n);
   std::sort(sorted.begin(), sorted.end());
