@@ -100,3 +100,17 @@ def test_forked_child_exits_and_refuses_calls(run_mpi):
     it raises a clear error; the parent goes on working."""
     for np in (2, 3):
         run_mpi("fork_child", np, timeout=90)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_same_name_for_different_collectives_is_a_mismatch(run_mpi, np):
+    """Issue 16 (2): one name, different collectives on different ranks: an error on every
+    rank naming each rank's collective, in about a second; the name works afterwards."""
+    run_mpi("mismatch_collectives", np, timeout=120)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_stall_warning_names_the_rank_that_stopped_submitting(run_mpi, np):
+    """Issue 16 (5): a request one rank refused locally leaves the others waiting; the
+    stall warning names that rank and what it submitted last."""
+    run_mpi("refused_locally", np, env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)

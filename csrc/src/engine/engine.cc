@@ -481,10 +481,10 @@ void Engine::OnBatchDone(int set_id, const Batch& batch, const std::vector<Statu
 void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now) {
   // Every member saw the same gather, so all stop together, with the same error.
   if ((outcome.inspect_flags & kInspectShutdown) && !outcome.stalled.empty()) {
-    StopSet(set, StallInspector::ShutdownError(set->id, outcome.stalled));
+    StopSet(set, StallInspector::ShutdownError(set->id, outcome.stalled, outcome.idle));
     return;
   }
-  set->stall->Warn(set->id, outcome.stalled, now, set->negotiator->OldestSubmitted());
+  set->stall->Warn(set->id, outcome.stalled, outcome.idle, now, set->negotiator->OldestSubmitted());
 }
 
 Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {

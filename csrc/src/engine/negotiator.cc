@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "common/dtype.h"
+#include "common/list_string.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
 
@@ -19,6 +20,15 @@ constexpr int kInspectShift = 2;  // stall inspection bits (kInspectWarn/Shutdow
 // Flags in a rank's gathered message.
 constexpr int32_t kMsgJoined = 1;
 constexpr int32_t kMsgLeaving = 2;
+// The same name submitted as different collectives on different ranks is a mismatch
+// once it has lasted this many consecutive gathers with every member holding one of
+// them: by then no rank is merely late with the other collective (a rank that
+// submitted both in a different order has both). Counted in rounds, which every rank
+// numbers alike, so all decide in the same round.
+constexpr int kConflictRounds = 20;
+// Requests waiting this long are gathered in full in every round, cached or not, so
+// that such a conflict is seen: the cached bits of two different names never meet.
+constexpr auto kGatherWhenWaiting = std::chrono::milliseconds(100);
 
 // Agreed: every rank holds it or has joined, and at least one rank holds it.
 bool Agreed(const std::vector<uint64_t>& bits, int capacity, int bit) {
@@ -40,7 +50,10 @@ Negotiator::Negotiator(MPI_Comm comm, std::vector<int> global_ranks, int rank, i
 
 Negotiator::~Negotiator() = default;
 
-void Negotiator::Add(EntryPtr entry) { pending_[entry->meta.name] = std::move(entry); }
+void Negotiator::Add(EntryPtr entry) {
+  last_added_ = entry->meta.name;
+  pending_[entry->meta.name] = std::move(entry);
+}
 
 std::vector<EntryPtr> Negotiator::TakePending() {
   std::vector<EntryPtr> all;
@@ -92,12 +105,14 @@ Status Negotiator::Start(bool leaving) {
     bits_send_[1 + section * words + bit / 64] |= uint64_t{1} << (bit % 64);
   };
   bool joined_here = false, needs_gather = leaving;
+  const Clock::time_point waited_long = Clock::now() - kGatherWhenWaiting;
   for (const auto& kv : pending_) {
     const TensorMeta& meta = kv.second->meta;
     if (meta.op_type == PERSEUS_JOIN) {
       joined_here = true;
       continue;
     }
+    if (kv.second->submitted < waited_long) needs_gather = true;
     int bit = meta.anonymous ? -1 : cache_.Lookup(meta);
     if (bit < 0) {
       needs_gather = true;
@@ -158,6 +173,7 @@ Status Negotiator::BeginGather() {
   w.I32(flags);
   w.I32(static_cast<int32_t>(metas.size()));
   for (const TensorMeta* m : metas) w.Meta(*m);
+  if (round_inspect_) w.Str(last_added_);  // every rank knows round_inspect_ alike
   send_bytes_ = std::move(w.bytes());
   sizes_.assign(size_, 0);
   send_size_ = static_cast<int>(send_bytes_.size());
@@ -259,15 +275,22 @@ void Negotiator::DecodeGather(RoundOutcome* out) {
       std::string name = meta.name;
       by_name[name].push_back(Held{r, std::move(meta)});
     }
+    if (round_inspect_) {
+      std::string last = reader.Str();
+      if (count == 0 && !(flags & kMsgJoined)) out->idle.push_back(IdleRank{global_ranks_[r], last});
+    }
   }
   for (int r : leaving) out->shutdown_ranks.push_back(global_ranks_[r]);
-  for (const auto& kv : by_name) AgreeNamed(kv.first, kv.second, out);
+  std::map<std::string, std::vector<Held>> unagreed;
+  for (auto& kv : by_name)
+    if (!AgreeNamed(kv.first, kv.second, out)) unagreed.emplace(kv.first, std::move(kv.second));
+  FailCrossOpConflicts(unagreed, out);
   out->inspect_flags = round_inspect_;
   RejectWhileJoined(out);  // before a completed join clears the joined ranks
   FinishJoinIfComplete(out);
 }
 
-void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& holders,
+bool Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& holders,
                             RoundOutcome* out) {
   // Ready once every rank that has not joined holds it.
   size_t needed = 0, present = 0;
@@ -275,7 +298,7 @@ void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& ho
   for (const Held& h : holders) present += joined_[h.rank] ? 0 : 1;
   if (present < needed) {
     if (round_inspect_) out->stalled.push_back(Stalled(name, holders));
-    return;
+    return false;
   }
 
   const Held& first = holders.front();
@@ -288,13 +311,56 @@ void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& ho
         << global_ranks_[other.rank] << " differ in " << diff;
     if (EntryPtr local = TakeLocal(name))
       out->failed.emplace_back(local, Status::Error(PERSEUS_MISMATCH, msg.str()));
-    return;
+    return true;
   }
   BatchItem item;
   item.entry = TakeLocal(name);
   item.meta = item.entry ? item.entry->meta : first.meta;
   cache_.Put(first.meta, round_);
   out->agreed.push_back(std::move(item));
+  return true;
+}
+
+void Negotiator::FailCrossOpConflicts(const std::map<std::string, std::vector<Held>>& unagreed,
+                                      RoundOutcome* out) {
+  // Wire names are "<collective>.<user name>": group the unagreed ones by user name.
+  std::map<std::string, std::vector<const std::string*>> by_user_name;
+  for (const auto& kv : unagreed) {
+    const TensorMeta& meta = kv.second.front().meta;
+    const std::string prefix = std::string(OpTypeName(meta.op_type)) + ".";
+    if (meta.anonymous || kv.first.compare(0, prefix.size(), prefix) != 0) continue;
+    by_user_name[kv.first.substr(prefix.size())].push_back(&kv.first);
+  }
+  std::map<std::string, int> seen;
+  for (const auto& kv : by_user_name) {
+    if (kv.second.size() < 2) continue;
+    std::vector<int> op_of(size_, -1);  // each member's collective under this name
+    for (const std::string* name : kv.second)
+      for (const Held& h : unagreed.at(*name)) op_of[h.rank] = h.meta.op_type;
+    bool everyone = true;
+    for (int r = 0; r < size_; ++r) everyone = everyone && (joined_[r] || op_of[r] >= 0);
+    if (!everyone) continue;  // a member may still be on its way
+    auto known = conflict_rounds_.find(kv.first);
+    int rounds = (known == conflict_rounds_.end() ? 0 : known->second) + 1;
+    if (rounds < kConflictRounds) {
+      seen[kv.first] = rounds;
+      continue;
+    }
+    std::map<int, std::vector<int>> ranks_by_op;
+    for (int r = 0; r < size_; ++r)
+      if (op_of[r] >= 0) ranks_by_op[op_of[r]].push_back(global_ranks_[r]);
+    std::ostringstream msg;
+    msg << "Mismatched collectives for tensor '" << kv.first << "' across ranks: ";
+    bool first = true;
+    for (const auto& op : ranks_by_op) {
+      msg << (first ? "" : ", ") << OpTypeName(op.first) << " on rank(s) " << ListString(op.second);
+      first = false;
+    }
+    for (const std::string* name : kv.second)
+      if (EntryPtr local = TakeLocal(*name))
+        out->failed.emplace_back(local, Status::Error(PERSEUS_MISMATCH, msg.str()));
+  }
+  conflict_rounds_.swap(seen);
 }
 
 StalledRequest Negotiator::Stalled(const std::string& name, const std::vector<Held>& holders) const {

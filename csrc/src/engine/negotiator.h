@@ -31,6 +31,7 @@ struct RoundOutcome {
   std::vector<int> shutdown_ranks;                         // global ranks that called shutdown()
   // Inspection rounds only (some rank raised stall flags): names not every rank holds.
   std::vector<StalledRequest> stalled;
+  std::vector<IdleRank> idle;                              // members with nothing pending
   int inspect_flags = 0;                                   // kInspect* bits raised by any rank
   bool progressed = false;                                 // anything agreed, failed or finished
 };
@@ -72,7 +73,10 @@ class Negotiator {
   void TakeFastAgreed();
   Status BeginGather();
   void DecodeGather(RoundOutcome* outcome);
-  void AgreeNamed(const std::string& name, const std::vector<Held>& holders, RoundOutcome* out);
+  // False while some member lacks the name (nothing agreed or failed yet).
+  bool AgreeNamed(const std::string& name, const std::vector<Held>& holders, RoundOutcome* out);
+  void FailCrossOpConflicts(const std::map<std::string, std::vector<Held>>& unagreed,
+                            RoundOutcome* out);
   StalledRequest Stalled(const std::string& name, const std::vector<Held>& holders) const;
   void FinishJoinIfComplete(RoundOutcome* out);
   void RejectWhileJoined(RoundOutcome* out);
@@ -84,6 +88,10 @@ class Negotiator {
   int rank_, size_;
   ResponseCache cache_;
   std::map<std::string, EntryPtr> pending_;  // by name: sorted, so order is reproducible
+  std::string last_added_;                   // the name this rank submitted last (stall reports)
+  // Names seen submitted as different collectives by different ranks (by the name the
+  // user gave), and in how many consecutive gathers; identical on every rank.
+  std::map<std::string, int> conflict_rounds_;
 
   Phase phase_ = Phase::kIdle;
   MPI_Request request_ = MPI_REQUEST_NULL;
