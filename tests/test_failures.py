@@ -114,3 +114,10 @@ def test_stall_warning_names_the_rank_that_stopped_submitting(run_mpi, np):
     """Issue 16 (5): a request one rank refused locally leaves the others waiting; the
     stall warning names that rank and what it submitted last."""
     run_mpi("refused_locally", np, env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_add_process_set_on_some_ranks_fails_naming_the_absent(run_mpi, np):
+    """Issue 16 (4): add_process_set called by only some ranks fails on those, after the
+    stall check time, naming the ranks that did not call it; nothing hangs."""
+    run_mpi("partial_process_set", np, env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)

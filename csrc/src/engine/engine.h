@@ -82,6 +82,8 @@ class Engine {
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
                    std::vector<Result>& results);
   void ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now);
+  // add_process_set's first step: every rank must arrive, within the stall check time.
+  Status MeetForProcessSet();
 
   const Config config_;
   MPI_Comm world_;  // control communicator: process-set creation, config checks

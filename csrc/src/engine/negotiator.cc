@@ -62,6 +62,16 @@ std::vector<EntryPtr> Negotiator::TakePending() {
   return all;
 }
 
+EntryPtr Negotiator::Withdraw(const std::string& name, std::vector<int>* missing) {
+  // In the bits phase an anonymous request has no bit, only the gather would carry it.
+  if (phase_ == Phase::kSizes || phase_ == Phase::kMetas) return nullptr;
+  auto it = pending_.find(name);
+  if (it == pending_.end() || !it->second->meta.anonymous) return nullptr;
+  auto known = waiting_for_.find(name);
+  *missing = known == waiting_for_.end() ? std::vector<int>() : known->second;
+  return TakeLocal(name);
+}
+
 Clock::time_point Negotiator::OldestSubmitted() const {
   Clock::time_point oldest = Clock::time_point::max();
   for (const auto& kv : pending_)  // a join legitimately waits for the others' data
@@ -282,8 +292,12 @@ void Negotiator::DecodeGather(RoundOutcome* out) {
   }
   for (int r : leaving) out->shutdown_ranks.push_back(global_ranks_[r]);
   std::map<std::string, std::vector<Held>> unagreed;
-  for (auto& kv : by_name)
-    if (!AgreeNamed(kv.first, kv.second, out)) unagreed.emplace(kv.first, std::move(kv.second));
+  waiting_for_.clear();
+  for (auto& kv : by_name) {
+    if (AgreeNamed(kv.first, kv.second, out)) continue;
+    if (pending_.count(kv.first)) waiting_for_[kv.first] = Stalled(kv.first, kv.second).missing;
+    unagreed.emplace(kv.first, std::move(kv.second));
+  }
   FailCrossOpConflicts(unagreed, out);
   out->inspect_flags = round_inspect_;
   RejectWhileJoined(out);  // before a completed join clears the joined ranks

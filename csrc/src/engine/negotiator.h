@@ -57,6 +57,11 @@ class Negotiator {
   Load PendingLoad() const;
   bool active() const { return phase_ != Phase::kIdle; }
   std::vector<EntryPtr> TakePending();
+  // Takes back this rank's pending anonymous request `name`, when no round that may
+  // agree on it is under way (a gather in flight could). *missing: the global ranks
+  // the last gather found without it (empty if no gather has seen it yet). Null when
+  // it cannot be taken now, or is not pending.
+  EntryPtr Withdraw(const std::string& name, std::vector<int>* missing);
 
   // Begins a round. `leaving` announces that this rank is shutting down.
   Status Start(bool leaving);
@@ -89,6 +94,8 @@ class Negotiator {
   ResponseCache cache_;
   std::map<std::string, EntryPtr> pending_;  // by name: sorted, so order is reproducible
   std::string last_added_;                   // the name this rank submitted last (stall reports)
+  // This rank's pending names the last gather found missing on other ranks, and where.
+  std::map<std::string, std::vector<int>> waiting_for_;
   // Names seen submitted as different collectives by different ranks (by the name the
   // user gave), and in how many consecutive gathers; identical on every rank.
   std::map<std::string, int> conflict_rounds_;
