@@ -121,3 +121,10 @@ def test_add_process_set_on_some_ranks_fails_naming_the_absent(run_mpi, np):
     """Issue 16 (4): add_process_set called by only some ranks fails on those, after the
     stall check time, naming the ranks that did not call it; nothing hangs."""
     run_mpi("partial_process_set", np, env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_grouped_calls_of_different_sizes_fail_everywhere(run_mpi, np):
+    """Issue 16 (3): a grouped collective with a different number of tensors per rank fails
+    on every rank (before, the rank with fewer returned and the others hung)."""
+    run_mpi("mismatch_groups", np, timeout=120)

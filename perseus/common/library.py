@@ -62,6 +62,7 @@ class Request(ctypes.Structure):
         ("nsplits", ctypes.c_int32),
         ("anonymous", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
+        ("group_size", ctypes.c_int32),
     ]
 
 

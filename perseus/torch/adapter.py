@@ -175,6 +175,7 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
             consumer = _on_device(request, device)
         requests.append(request)
         sources.append(source)
+    _builder.group(requests, grouped)
     return _submit(requests, _finish_outputs, (sources, results, copy_back, grouped), drive,
                    consumer)
 
@@ -209,6 +210,7 @@ def allgather_async(tensors, name, process_set, grouped, drive=False):
         sources.append(source)
         codes.append(code)
         devices.append(device)
+    _builder.group(requests, grouped)
     return _submit(requests, _finish_gathered, (sources, codes, devices, grouped), drive,
                    consumer)
 
@@ -247,6 +249,7 @@ def reducescatter_async(tensors, name, op, prescale, postscale, process_set, gro
         requests.append(request)
         sources.append(source)
         results.append(output)
+    _builder.group(requests, grouped)
     return _submit(requests, _finish_outputs, (sources, results, (), grouped), drive, consumer)
 
 

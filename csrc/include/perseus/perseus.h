@@ -94,6 +94,9 @@ typedef struct {
   int32_t nsplits;
   int32_t anonymous;         /* 1 when the front end generated the name (never cached) */
   void* stream;              /* GPU: the framework's stream, else NULL */
+  int32_t group_size;        /* grouped calls (grouped_allreduce, ...): the number of
+                                requests of the group, all in one perseus_enqueue call;
+                                0 otherwise. Ranks must agree on it. */
 } perseus_request_t;
 
 /* ---- lifecycle ---------------------------------------------------------- */

@@ -172,6 +172,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       targets.push_back(set);
     }
     for (int i = 0; i < n; ++i) {
+      if (entries[i]->meta.group_size > 0) entries[i]->group = next_group_;
       entries[i]->handle = handles_->Create();
       handles_out[i] = entries[i]->handle;
       targets[i]->in_flight.insert(entries[i]->meta.name);
@@ -183,6 +184,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       }
       incoming_.push_back(std::move(entries[i]));
     }
+    ++next_group_;
     // A held engine is not woken for what it would hold anyway (a context switch
     // per gradient on a busy core); it wakes when its hold ends.
     if (hold_headroom_ > 0) wake_engine = false;

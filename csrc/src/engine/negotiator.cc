@@ -324,7 +324,7 @@ bool Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& ho
         << "' across ranks: rank " << global_ranks_[first.rank] << " vs rank "
         << global_ranks_[other.rank] << " differ in " << diff;
     if (EntryPtr local = TakeLocal(name))
-      out->failed.emplace_back(local, Status::Error(PERSEUS_MISMATCH, msg.str()));
+      FailMismatch(local, first.meta.group_size != other.meta.group_size, msg.str(), out);
     return true;
   }
   BatchItem item;
@@ -333,6 +333,17 @@ bool Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& ho
   cache_.Put(first.meta, round_);
   out->agreed.push_back(std::move(item));
   return true;
+}
+
+void Negotiator::FailMismatch(const EntryPtr& entry, bool group_differs, const std::string& message,
+                              RoundOutcome* out) {
+  out->failed.emplace_back(entry, Status::Error(PERSEUS_MISMATCH, message));
+  if (!group_differs || entry->group == 0) return;
+  std::vector<std::string> members;
+  for (const auto& kv : pending_)
+    if (kv.second->group == entry->group) members.push_back(kv.first);
+  for (const std::string& name : members)
+    out->failed.emplace_back(TakeLocal(name), Status::Error(PERSEUS_MISMATCH, message));
 }
 
 void Negotiator::FailCrossOpConflicts(const std::map<std::string, std::vector<Held>>& unagreed,

@@ -86,6 +86,10 @@ class Negotiator {
   void FinishJoinIfComplete(RoundOutcome* out);
   void RejectWhileJoined(RoundOutcome* out);
   EntryPtr TakeLocal(const std::string& name);
+  // Fails `entry` and, when ranks disagree on its group's size, its group's other
+  // pending members (some ranks never submit them).
+  void FailMismatch(const EntryPtr& entry, bool group_differs, const std::string& message,
+                    RoundOutcome* out);
   std::string RankList(const std::vector<int>& set_ranks) const;
 
   MPI_Comm comm_;
