@@ -10,6 +10,7 @@ What ends the survivors depends on how the victim left:
   engine announces that it is leaving in its last negotiation round, and every
   survivor's pending and later requests fail with HorovodInternalError naming it.
 """
+import os
 import subprocess
 import sys
 import time
@@ -128,3 +129,17 @@ def test_grouped_calls_of_different_sizes_fail_everywhere(run_mpi, np):
     """Issue 16 (3): a grouped collective with a different number of tensors per rank fails
     on every rank (before, the rank with fewer returned and the others hung)."""
     run_mpi("mismatch_groups", np, timeout=120)
+
+
+@pytest.mark.parametrize("np,settings", [
+    (2, {}),
+    (3, {}),
+    (3, {"PERSEUS_ALLREDUCE_STREAMS": "2", "PERSEUS_FUSION_THRESHOLD": "256"}),
+])
+def test_chaos(run_mpi, np, settings):
+    """Issue 16: bad requests (a different collective, group size, op, dtype or shape on
+    one random rank) among correct ones, at random: the same error on every rank for each
+    bad one, bit-identical correct results for the others, no hang. PTEST_CHAOS_SEED
+    replays a failing plan (the script prints its seed)."""
+    env = dict(settings, PTEST_CHAOS_SEED=os.environ.get("PTEST_CHAOS_SEED", "1616"))
+    run_mpi("chaos", np, env=env, timeout=180)
