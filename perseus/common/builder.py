@@ -188,10 +188,17 @@ def default_name(base, process_set):
 def group(requests, grouped):
     """Marks the requests of a grouped call (one perseus_enqueue) with their number,
     which ranks must agree on: a rank with fewer tensors fails instead of finishing
-    while the others wait for the rest. Returns requests."""
+    while the others wait for the rest. An unnamed group draws one number for all
+    its members ("<op>.noname.<k>.<i>"), so that a group of another size on some rank
+    does not shift the names of every later unnamed request. Returns requests."""
     if grouped:
-        for r in requests:
+        base = None
+        for i, r in enumerate(requests):
             r.group_size = len(requests)
+            if r.name is None:
+                base = base or unnamed(r.op_type, r.process_set)
+                r.name = b"%s.%d" % (base, i)
+                r.anonymous = 1
     return requests
 
 

@@ -45,6 +45,16 @@ def body():
                            if rank == 0 else hvd.allreduce(torch.ones(2), name="grp.single.0")),
                   contains=["group size"], within_s=BOUND_S)
     run("allreduce", "grp.single", 2, rank, size)
+    # Unnamed groups: the same, and the unnamed requests after them still line up.
+    for _ in range(2):
+        expect_raises(hvd.HorovodInternalError, "unnamed groups of different sizes",
+                      lambda: hvd.grouped_allreduce([torch.ones(2)] * (3 if rank == 0 else 2)),
+                      contains=["group size"], within_s=BOUND_S)
+        run("allreduce", None, 2, rank, size)
+        x = make_tensor("unnamed", rank, (4,), torch.float32)
+        assert_reduced(hvd.allreduce(x, op=hvd.Sum),
+                       [make_tensor("unnamed", r, (4,), torch.float32) for r in range(size)],
+                       hvd.Sum, torch.float32, "unnamed allreduce after the groups")
     hvd.shutdown()
 
 
