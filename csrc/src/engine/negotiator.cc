@@ -21,11 +21,10 @@ constexpr int kInspectShift = 2;  // stall inspection bits (kInspectWarn/Shutdow
 constexpr int32_t kMsgJoined = 1;
 constexpr int32_t kMsgLeaving = 2;
 // The same name submitted as different collectives on different ranks is a mismatch
-// once it has lasted this many consecutive gathers with every member holding one of
-// them: by then no rank is merely late with the other collective (a rank that
-// submitted both in a different order has both). Counted in rounds, which every rank
-// numbers alike, so all decide in the same round.
-constexpr int kConflictRounds = 20;
+// once every member has held its request this long: by then no rank is merely late
+// with the other collective (a rank that submits both, in another order, has both).
+// Judged from the waits in the gather, which every rank sees alike.
+constexpr int32_t kConflictMs = 500;
 // Requests waiting this long are gathered in full in every round, cached or not, so
 // that such a conflict is seen: the cached bits of two different names never meet.
 constexpr auto kGatherWhenWaiting = std::chrono::milliseconds(100);
@@ -172,17 +171,24 @@ void Negotiator::TakeFastAgreed() {
 Status Negotiator::BeginGather() {
   Writer w;
   int32_t flags = (leaving_ ? kMsgLeaving : 0);
-  std::vector<const TensorMeta*> metas;
+  int32_t count = 0;
   for (const auto& kv : pending_) {
     if (kv.second->meta.op_type == PERSEUS_JOIN) {
       flags |= kMsgJoined;
     } else {
-      metas.push_back(&kv.second->meta);
+      ++count;
     }
   }
   w.I32(flags);
-  w.I32(static_cast<int32_t>(metas.size()));
-  for (const TensorMeta* m : metas) w.Meta(*m);
+  w.I32(count);
+  const Clock::time_point now = Clock::now();
+  for (const auto& kv : pending_) {
+    if (kv.second->meta.op_type == PERSEUS_JOIN) continue;
+    w.Meta(kv.second->meta);
+    w.I32(static_cast<int32_t>(std::min<int64_t>(
+        INT32_MAX, std::chrono::duration_cast<std::chrono::milliseconds>(now - kv.second->submitted)
+                       .count())));
+  }
   if (round_inspect_) w.Str(last_added_);  // every rank knows round_inspect_ alike
   send_bytes_ = std::move(w.bytes());
   sizes_.assign(size_, 0);
@@ -282,8 +288,9 @@ void Negotiator::DecodeGather(RoundOutcome* out) {
     }
     for (int32_t i = 0; i < count; ++i) {
       TensorMeta meta = reader.Meta();
+      int32_t waited_ms = reader.I32();
       std::string name = meta.name;
-      by_name[name].push_back(Held{r, std::move(meta)});
+      by_name[name].push_back(Held{r, std::move(meta), waited_ms});
     }
     if (round_inspect_) {
       std::string last = reader.Str();
@@ -356,21 +363,19 @@ void Negotiator::FailCrossOpConflicts(const std::map<std::string, std::vector<He
     if (meta.anonymous || kv.first.compare(0, prefix.size(), prefix) != 0) continue;
     by_user_name[kv.first.substr(prefix.size())].push_back(&kv.first);
   }
-  std::map<std::string, int> seen;
   for (const auto& kv : by_user_name) {
     if (kv.second.size() < 2) continue;
     std::vector<int> op_of(size_, -1);  // each member's collective under this name
-    for (const std::string* name : kv.second)
-      for (const Held& h : unagreed.at(*name)) op_of[h.rank] = h.meta.op_type;
+    int32_t waited_ms = INT32_MAX;      // the shortest wait among them
+    for (const std::string* name : kv.second) {
+      for (const Held& h : unagreed.at(*name)) {
+        op_of[h.rank] = h.meta.op_type;
+        waited_ms = std::min(waited_ms, h.waited_ms);
+      }
+    }
     bool everyone = true;
     for (int r = 0; r < size_; ++r) everyone = everyone && (joined_[r] || op_of[r] >= 0);
-    if (!everyone) continue;  // a member may still be on its way
-    auto known = conflict_rounds_.find(kv.first);
-    int rounds = (known == conflict_rounds_.end() ? 0 : known->second) + 1;
-    if (rounds < kConflictRounds) {
-      seen[kv.first] = rounds;
-      continue;
-    }
+    if (!everyone || waited_ms < kConflictMs) continue;  // a member may still be on its way
     std::map<int, std::vector<int>> ranks_by_op;
     for (int r = 0; r < size_; ++r)
       if (op_of[r] >= 0) ranks_by_op[op_of[r]].push_back(global_ranks_[r]);
@@ -385,7 +390,6 @@ void Negotiator::FailCrossOpConflicts(const std::map<std::string, std::vector<He
       if (EntryPtr local = TakeLocal(*name))
         out->failed.emplace_back(local, Status::Error(PERSEUS_MISMATCH, msg.str()));
   }
-  conflict_rounds_.swap(seen);
 }
 
 StalledRequest Negotiator::Stalled(const std::string& name, const std::vector<Held>& holders) const {

@@ -73,6 +73,7 @@ class Negotiator {
   struct Held {  // one rank's pending request, as seen in the metadata gather
     int rank;
     TensorMeta meta;
+    int32_t waited_ms;  // how long that rank has had it pending
   };
 
   void TakeFastAgreed();
@@ -100,9 +101,6 @@ class Negotiator {
   std::string last_added_;                   // the name this rank submitted last (stall reports)
   // This rank's pending names the last gather found missing on other ranks, and where.
   std::map<std::string, std::vector<int>> waiting_for_;
-  // Names seen submitted as different collectives by different ranks (by the name the
-  // user gave), and in how many consecutive gathers; identical on every rank.
-  std::map<std::string, int> conflict_rounds_;
 
   Phase phase_ = Phase::kIdle;
   MPI_Request request_ = MPI_REQUEST_NULL;
