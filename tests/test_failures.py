@@ -10,6 +10,7 @@ What ends the survivors depends on how the victim left:
   engine announces that it is leaving in its last negotiation round, and every
   survivor's pending and later requests fail with HorovodInternalError naming it.
 """
+import os
 import subprocess
 import sys
 import time
@@ -66,3 +67,79 @@ def test_rank_leaving_early_fails_the_others(tmp_path, np, leave):
     for rank in range(np - 1):
         want = "SURVIVOR %d HorovodInternalError: Perseus was shut down on rank(s) [%d]" % (rank, np - 1)
         assert want in out, "rank %d did not report the error\n%s" % (rank, report)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_exit_inside_an_mpi_call_ends_the_job(tmp_path, np):
+    """Issue 16 (1b): exit() from inside one of the engine's MPI calls (the test hook
+    stands in for MPI giving up on a failed call) ends that process at once, with its
+    code, and mpirun ends the job; before, the exit handler waited for the engine."""
+    victim = np - 1
+    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "exit_in_mpi.py")]
+    env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_EXIT_RANK": str(victim),
+                     "PTEST_HANG_DUMP_S": "50"})
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        alive = kill_job(proc)
+        out, err = proc.communicate()
+        pytest.fail("the job hung after rank %d exited inside MPI (np %d)\nstill alive:\n%s\n"
+                    "stdout:\n%s\nstderr:\n%s" % (victim, np, alive, out, err))
+    ended = time.time()
+    report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, out, err)
+    assert (tmp_path / "exiting").exists(), report
+    assert ended - float((tmp_path / "exiting").read_text()) < BOUND_S, report
+    assert proc.returncode != 0, report  # 70 (the exit), or 9 for the survivors hydra killed
+    assert "returned from the allreduce" not in out + err, report
+
+
+def test_forked_child_exits_and_refuses_calls(run_mpi):
+    """Issue 16 (8): a child forked after init() exits cleanly and every Perseus call in
+    it raises a clear error; the parent goes on working."""
+    for np in (2, 3):
+        run_mpi("fork_child", np, timeout=90)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_same_name_for_different_collectives_is_a_mismatch(run_mpi, np):
+    """Issue 16 (2): one name, different collectives on different ranks: an error on every
+    rank naming each rank's collective, in about a second; the name works afterwards."""
+    run_mpi("mismatch_collectives", np, timeout=120)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_stall_warning_names_the_rank_that_stopped_submitting(run_mpi, np):
+    """Issue 16 (5): a request one rank refused locally leaves the others waiting; the
+    stall warning names that rank and what it submitted last."""
+    run_mpi("refused_locally", np, env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_add_process_set_on_some_ranks_fails_naming_the_absent(run_mpi, np):
+    """Issue 16 (4): add_process_set called by only some ranks fails on those, after the
+    stall check time, naming the ranks that did not call it; nothing hangs."""
+    run_mpi("partial_process_set", np, env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_grouped_calls_of_different_sizes_fail_everywhere(run_mpi, np):
+    """Issue 16 (3): a grouped collective with a different number of tensors per rank fails
+    on every rank (before, the rank with fewer returned and the others hung)."""
+    run_mpi("mismatch_groups", np, timeout=120)
+
+
+@pytest.mark.parametrize("np,settings", [
+    (2, {}),
+    (3, {}),
+    (3, {"PERSEUS_ALLREDUCE_STREAMS": "2", "PERSEUS_FUSION_THRESHOLD": "256"}),
+])
+def test_chaos(run_mpi, np, settings):
+    """Issue 16: bad requests (a different collective, group size, op, dtype or shape on
+    one random rank) among correct ones, at random: the same error on every rank for each
+    bad one, bit-identical correct results for the others, no hang. PTEST_CHAOS_SEED
+    replays a failing plan (the script prints its seed)."""
+    env = dict(settings, PTEST_CHAOS_SEED=os.environ.get("PTEST_CHAOS_SEED", "1616"))
+    run_mpi("chaos", np, env=env, timeout=180)

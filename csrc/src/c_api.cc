@@ -1,12 +1,18 @@
 // The C ABI (perseus.h): owns the one engine of the process and turns Status into
 // result codes plus a per-thread message.
 #include <mpi.h>
+#include <pthread.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "common/logging.h"
 #include "common/timeline.h"
@@ -22,10 +28,18 @@ using namespace perseus;
 
 namespace {
 
-std::mutex g_mu;                  // serialises init and shutdown
-std::shared_ptr<Engine> g_engine;  // null while not initialised
-HandleTable g_handles;            // outlives engines, so late waiters still get an answer
+// Never destroyed: exit() may come from inside an MPI call on one of the engine's
+// threads, and a destructor that stopped the engine would wait for that thread.
+std::timed_mutex& g_mu = *new std::timed_mutex;  // serialises init and shutdown
+std::shared_ptr<Engine>& g_engine = *new std::shared_ptr<Engine>;  // null while not initialised
+// Outlives engines, so late waiters still get an answer.
+HandleTable& g_handles = *new HandleTable;
 bool g_finalize_at_exit = false;
+bool g_atfork_registered = false;
+// In a child forked after init(): the pid of the parent that owns MPI and the engine.
+pid_t g_forked_from = 0;
+// How long an exit path waits for the engine to stop before leaving it to the exit.
+constexpr double kExitShutdownS = 10.0;
 thread_local std::string g_last_error;
 // How long perseus_wait lets its caller run the engine before sleeping on the handle.
 constexpr double kWaitDriveS = 0.5;
@@ -35,18 +49,46 @@ perseus_status_t Report(const Status& s) {
   return s.code;
 }
 
+Status ForkedChild() {
+  return Status::Error(PERSEUS_NOT_INITIALIZED,
+                       "Perseus cannot be used in a process forked after init(): MPI and the "
+                       "engine belong to the parent (pid " + std::to_string(g_forked_from) +
+                           "); call Perseus from the parent only");
+}
+
 Status NotInitialized() {
+  if (g_forked_from) return ForkedChild();
   return Status::Error(PERSEUS_NOT_INITIALIZED,
                        "Perseus has not been initialized; call init() first");
 }
 
 std::shared_ptr<Engine> Current() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::timed_mutex> lock(g_mu);
   return g_engine;
 }
 
+// fork() after init(): the child has a copy of the engine but none of its threads,
+// and MPI is the parent's. The child forgets the engine without stopping it (that
+// would join threads that do not exist), so it exits cleanly and refuses every call.
+void BeforeFork() { g_mu.lock(); }
+void AfterForkInParent() { g_mu.unlock(); }
+void AfterForkInChild() {
+  int mpi_up = 0;
+  MPI_Initialized(&mpi_up);
+  if (g_engine || mpi_up) {
+    g_forked_from = getppid();
+    new std::shared_ptr<Engine>(std::move(g_engine));  // leaked on purpose
+    g_finalize_at_exit = false;
+  }
+  g_mu.unlock();
+}
+
 void FinalizeAtExit() {
-  perseus_shutdown();
+  if (g_forked_from) return;
+  // exit() called on a thread inside one of our MPI calls (MPI giving up on a failed
+  // call): stopping the engine or finalizing MPI could wait on that very call.
+  if (InMpiCaller()) return;
+  if (perseus_shutdown_within(kExitShutdownS) != PERSEUS_SUCCESS) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -129,8 +171,12 @@ extern "C" {
 
 
 perseus_status_t perseus_init(int64_t comm_f2c) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  std::lock_guard<std::timed_mutex> lock(g_mu);
   if (g_engine) return PERSEUS_SUCCESS;
+  if (g_forked_from) return Report(ForkedChild());
+  if (!g_atfork_registered)
+    g_atfork_registered = pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild) == 0;
+  MpiCallerScope mpi_caller;  // an exit() inside MPI_Init must not wait for g_mu
   Config config;
   Status config_status = LoadConfig(&config);
   if (config_status.ok()) SetLogLevel(config.log_level);
@@ -167,11 +213,54 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
 perseus_status_t perseus_shutdown(void) {
   std::shared_ptr<Engine> engine;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    std::lock_guard<std::timed_mutex> lock(g_mu);
     engine.swap(g_engine);
   }
   if (engine) engine->Shutdown();
   Timeline::Get().Stop();  // after the engine: its last events are in
+  return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_shutdown_within(double timeout_s) {
+  const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::max(0.0, timeout_s)));
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  std::shared_ptr<Engine> engine;
+  {
+    std::unique_lock<std::timed_mutex> lock(g_mu, std::defer_lock);
+    if (!lock.try_lock_until(give_up))
+      return Report(Status::Error(PERSEUS_TIMEOUT, "shutdown: init() or shutdown() is still running"));
+    engine.swap(g_engine);
+  }
+  if (!engine) return PERSEUS_SUCCESS;
+  // The engine stops on a helper thread, so the wait is bounded: a thread stuck in
+  // a failed MPI call may hold what the engine needs to stop.
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();
+  std::thread stopper([engine, done]() mutable {
+    engine->Shutdown();
+    engine.reset();
+    std::lock_guard<std::mutex> lock(done->mu);
+    done->done = true;
+    done->cv.notify_all();
+  });
+  engine.reset();
+  bool stopped;
+  {
+    std::unique_lock<std::mutex> lock(done->mu);
+    stopped = done->cv.wait_until(lock, give_up, [&] { return done->done; });
+  }
+  if (!stopped) {
+    stopper.detach();  // left to the process's exit
+    return Report(Status::Error(PERSEUS_TIMEOUT, "shutdown did not finish within " +
+                                                     std::to_string(timeout_s) + " s"));
+  }
+  stopper.join();
+  Timeline::Get().Stop();
   return PERSEUS_SUCCESS;
 }
 

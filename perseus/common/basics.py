@@ -189,10 +189,16 @@ def rocm_built(verbose=False):
     return False
 
 
+_EXIT_SHUTDOWN_S = 10.0  # an exit waits this long for the engine, then leaves it
+
+
 def _shutdown_at_exit():
-    # Best effort: a failing shutdown must not turn a clean exit into a traceback.
+    # Best effort and bounded: a failing or stuck shutdown (a thread inside a failed
+    # MPI call) must not turn an exit into a traceback or a hang.
     try:
-        shutdown()
+        if _lib.perseus_is_initialized():
+            _lib.perseus_shutdown_within(_EXIT_SHUTDOWN_S)
+            _process_sets._on_shutdown()
     except Exception:
         pass
 

@@ -42,15 +42,16 @@ class Request:
     device        ops.CPU_DEVICE or a GPU ordinal
     stream        the framework's GPU stream as an int handle, 0 on CPU
     anonymous     1 when the front end generated the name (forced for name None)
+    group_size    grouped calls: the number of requests of the group (group()), else 0
     """
 
     __slots__ = ("op_type", "process_set", "dtype", "shape", "input", "output", "name",
                  "reduce_op", "prescale", "postscale", "root_rank", "splits", "device",
-                 "stream", "anonymous")
+                 "stream", "anonymous", "group_size")
 
     def __init__(self, op_type, process_set, dtype, shape, input=0, output=0, name=None,
                  reduce_op=0, prescale=1.0, postscale=1.0, root_rank=0, splits=None,
-                 device=CPU_DEVICE, stream=0, anonymous=0):
+                 device=CPU_DEVICE, stream=0, anonymous=0, group_size=0):
         self.op_type = op_type
         self.process_set = process_set
         self.dtype = dtype
@@ -66,6 +67,7 @@ class Request:
         self.device = device
         self.stream = stream
         self.anonymous = anonymous
+        self.group_size = group_size
 
     def __repr__(self):
         return "Request(%s)" % ", ".join("%s=%r" % (f, getattr(self, f)) for f in self.__slots__)
@@ -182,6 +184,23 @@ def default_name(base, process_set):
     object they pass: "<base>", "<base>.set<id>" off the global set."""
     sid = process_set.process_set_id
     return base if sid in (None, GLOBAL_PROCESS_SET) else "%s.set%d" % (base, sid)
+
+
+def group(requests, grouped):
+    """Marks the requests of a grouped call (one perseus_enqueue) with their number,
+    which ranks must agree on: a rank with fewer tensors fails instead of finishing
+    while the others wait for the rest. An unnamed group draws one number for all
+    its members ("<op>.noname.<k>.<i>"), so that a group of another size on some rank
+    does not shift the names of every later unnamed request. Returns requests."""
+    if grouped:
+        base = None
+        for i, r in enumerate(requests):
+            r.group_size = len(requests)
+            if r.name is None:
+                base = base or unnamed(r.op_type, r.process_set)
+                r.name = b"%s.%d" % (base, i)
+                r.anonymous = 1
+    return requests
 
 
 # ---- shapes and dtypes ----------------------------------------------------------
@@ -310,14 +329,15 @@ def pack(requests):
             layout.pack_into(buf, 0, 0, shape_at + 8 * ndim, r.op_type, r.reduce_op, r.dtype,
                              r.device, ndim, shape_at, r.input, r.output, r.prescale,
                              r.postscale, r.root_rank, r.process_set, 0, 0,
-                             1 if r.name is None else r.anonymous, r.stream, *shape, wire)
+                             1 if r.name is None else r.anonymous, r.stream, r.group_size,
+                             *shape, wire)
         else:
             layout.pack_into(buf, 0, 0, shape_at + 8 * (ndim + nsplits), r.op_type,
                              r.reduce_op, r.dtype, r.device, ndim, shape_at, r.input, r.output,
                              r.prescale, r.postscale, r.root_rank, r.process_set,
                              shape_at + 8 * ndim, nsplits,
-                             1 if r.name is None else r.anonymous, r.stream, *shape, *splits,
-                             wire)
+                             1 if r.name is None else r.anonymous, r.stream, r.group_size,
+                             *shape, *splits, wire)
     except struct.error as e:
         # A field out of its C type's range (e.g. a root rank > 2**31).
         raise ValueError("invalid request field: %s" % e) from None
@@ -365,7 +385,7 @@ def _pack_many(requests):
             _pack_request(buf, rec, cp, r.op_type, r.reduce_op, r.dtype, r.device, ndim,
                           shape_at, r.input, r.output, r.prescale, r.postscale, r.root_rank,
                           r.process_set, splits_at, nsplits,
-                          1 if r.name is None else r.anonymous, r.stream)
+                          1 if r.name is None else r.anonymous, r.stream, r.group_size)
             cp += len(wire) + 1
             rec += _STRIDE
     except struct.error as e:

@@ -62,6 +62,7 @@ class Request(ctypes.Structure):
         ("nsplits", ctypes.c_int32),
         ("anonymous", ctypes.c_int32),
         ("stream", ctypes.c_void_p),
+        ("group_size", ctypes.c_int32),
     ]
 
 
@@ -106,6 +107,7 @@ _SIGNATURES = {
     # lifecycle
     "perseus_init": (_status, [ctypes.c_int64]),
     "perseus_shutdown": (_status, []),
+    "perseus_shutdown_within": (_status, [ctypes.c_double]),
     "perseus_is_initialized": (ctypes.c_int, []),
     "perseus_last_error": (ctypes.c_char_p, []),
     "perseus_status_string": (ctypes.c_char_p, [ctypes.c_int]),
@@ -163,6 +165,7 @@ def _bind(name):
 
 perseus_init = _bind("perseus_init")
 perseus_shutdown = _bind("perseus_shutdown")
+perseus_shutdown_within = _bind("perseus_shutdown_within")
 perseus_is_initialized = _bind("perseus_is_initialized")
 perseus_last_error = _bind("perseus_last_error")
 perseus_status_string = _bind("perseus_status_string")

@@ -99,7 +99,8 @@ def _same_shape(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
                                  reduce_op=reduce_op, prescale=float(prescale),
                                  postscale=float(postscale), root_rank=root))
     if requests:
-        _engine.push(requests, list(tensors), outputs, priority, op_name, _after(op_type, name))
+        _engine.push(_builder.group(requests, grouped), list(tensors), outputs, priority, op_name,
+                     _after(op_type, name))
     return outputs
 
 

@@ -194,6 +194,7 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
         if device != _CPU:
             consumer = _on_device(request, device)
         requests.append(request)
+    _builder.group(requests, grouped)
     return _submit(requests, _finish_outputs, (sources, results, copy_back, grouped, placed),
                    drive, consumer)
 
@@ -228,6 +229,7 @@ def allgather_async(tensors, name, process_set, grouped, drive=False):
         _hold(sources, source)
         codes.append(code)
         devices.append(device)
+    _builder.group(requests, grouped)
     return _submit(requests, _finish_gathered, (sources, codes, devices, grouped), drive,
                    consumer)
 
@@ -267,6 +269,7 @@ def reducescatter_async(tensors, name, op, prescale, postscale, process_set, gro
         requests.append(request)
         _hold(sources, source)
         results.append(output)
+    _builder.group(requests, grouped)
     return _submit(requests, _finish_outputs, (sources, results, (), grouped, ()), drive,
                    consumer)
 

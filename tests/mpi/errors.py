@@ -3,7 +3,8 @@ or postscale for the same name raise HorovodInternalError (a RuntimeError) namin
 tensor on EVERY rank, in bounded time, and the engine keeps working afterwards.
 
 (As in Horovod, a request is identified by its collective and its name: an allreduce and
-an allgather both named "x" are two different requests, not a mismatch.)
+an allgather both named "x", submitted by every rank, are two different requests. One
+rank's allreduce against another's allgather is a mismatch: mismatch_collectives.py.)
 """
 import torch
 

@@ -94,6 +94,9 @@ typedef struct {
   int32_t nsplits;
   int32_t anonymous;         /* 1 when the front end generated the name (never cached) */
   void* stream;              /* GPU: the framework's stream, else NULL */
+  int32_t group_size;        /* grouped calls (grouped_allreduce, ...): the number of
+                                requests of the group, all in one perseus_enqueue call;
+                                0 otherwise. Ranks must agree on it. */
 } perseus_request_t;
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -101,6 +104,10 @@ typedef struct {
  * MPI_COMM_WORLD. MPI is initialised here unless the application already did it. */
 perseus_status_t perseus_init(int64_t comm_f2c);
 perseus_status_t perseus_shutdown(void);
+/* perseus_shutdown for exit paths (atexit, signal handlers): gives up after timeout_s
+ * (PERSEUS_TIMEOUT), e.g. when a thread is stuck in a failed MPI call, leaving the
+ * engine to the process's exit. */
+perseus_status_t perseus_shutdown_within(double timeout_s);
 int perseus_is_initialized(void);
 const char* perseus_last_error(void);
 const char* perseus_status_string(perseus_status_t status);

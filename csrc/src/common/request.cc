@@ -34,6 +34,12 @@ std::string TensorMeta::Difference(const TensorMeta& o) const {
     d << "operation " << OpTypeName(op_type) << " vs " << OpTypeName(o.op_type);
     return d.str();
   }
+  if (group_size != o.group_size) {
+    auto members = [](int32_t n) { return n ? std::to_string(n) + " tensors" : std::string("none"); };
+    d << "group size (tensors in the grouped call) " << members(group_size) << " vs "
+      << members(o.group_size);
+    return d.str();
+  }
   if (dtype != o.dtype) {
     d << "dtype " << DtypeName(dtype) << " vs " << DtypeName(o.dtype);
   } else if ((device == PERSEUS_CPU_DEVICE) != (o.device == PERSEUS_CPU_DEVICE)) {
@@ -75,6 +81,8 @@ Status MakeEntry(const perseus_request_t& r, int set_rank, int set_size, EntryPt
   m.op_type = r.op_type;
   m.anonymous = r.anonymous;
   m.device = r.device;
+  if (r.group_size < 0) return bad("negative group size " + std::to_string(r.group_size));
+  m.group_size = r.group_size > 1 ? r.group_size : 0;  // a group of one is no group
   if (has_data) {
     if (!ValidDtype(r.dtype)) return bad("unknown dtype code " + std::to_string(r.dtype));
     if (r.ndim < 0 || r.ndim > PERSEUS_MAX_DIMS || (r.ndim > 0 && r.shape == nullptr))
@@ -177,6 +185,7 @@ void Writer::Meta(const TensorMeta& m) {
   I32(m.device);
   I32(m.root_rank);
   I32(m.anonymous);
+  I32(m.group_size);
   F64(m.prescale);
   F64(m.postscale);
   I32(static_cast<int32_t>(m.shape.size()));
@@ -209,6 +218,7 @@ TensorMeta Reader::Meta() {
   m.device = I32();
   m.root_rank = I32();
   m.anonymous = I32();
+  m.group_size = I32();
   m.prescale = F64();
   m.postscale = F64();
   int32_t ndim = I32();

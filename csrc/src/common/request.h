@@ -23,6 +23,7 @@ struct TensorMeta {
   int32_t device = PERSEUS_CPU_DEVICE;
   int32_t root_rank = 0;
   int32_t anonymous = 0;
+  int32_t group_size = 0;  // requests in its grouped call, 0 if not grouped
   double prescale = 1.0;
   double postscale = 1.0;
   std::vector<int64_t> shape;
@@ -51,6 +52,7 @@ struct Entry {
   // to its pool when the entry goes.
   std::shared_ptr<void> ready_event;
   int32_t process_set = 0;
+  int64_t group = 0;  // grouped calls: an id shared by the group's entries on this rank, else 0
   int64_t handle = 0;
   std::chrono::steady_clock::time_point submitted;  // when the engine took it in (stall check)
 };

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/dtype.h"
+#include "common/list_string.h"
 #include "common/logging.h"
 #include "common/timeline.h"
 #include "engine/config_agreement.h"
@@ -97,6 +98,7 @@ Status Engine::Init() {
   next_set_id_ = 1;
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "perseus-engine");  // for top -H, perf, gdb
+    MpiCallerScope mpi_caller;
     Loop();
   });
   return Status::OK();
@@ -170,6 +172,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       targets.push_back(set);
     }
     for (int i = 0; i < n; ++i) {
+      if (entries[i]->meta.group_size > 0) entries[i]->group = next_group_;
       entries[i]->handle = handles_->Create();
       handles_out[i] = entries[i]->handle;
       targets[i]->in_flight.insert(entries[i]->meta.name);
@@ -181,6 +184,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       }
       incoming_.push_back(std::move(entries[i]));
     }
+    ++next_group_;
     // A held engine is not woken for what it would hold anyway (a context switch
     // per gradient on a busy core); it wakes when its hold ends.
     if (hold_headroom_ > 0) wake_engine = false;
@@ -278,6 +282,7 @@ Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t
 
 void Engine::Drive(const int64_t* handles, int n, double max_drive_s, bool handed_work) {
   WaiterScope waiting;
+  MpiCallerScope mpi_caller;
   auto all_done = [&] {
     for (int i = 0; i < n; ++i) {
       bool done = false;
@@ -479,14 +484,15 @@ void Engine::OnBatchDone(int set_id, const Batch& batch, const std::vector<Statu
 void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now) {
   // Every member saw the same gather, so all stop together, with the same error.
   if ((outcome.inspect_flags & kInspectShutdown) && !outcome.stalled.empty()) {
-    StopSet(set, StallInspector::ShutdownError(set->id, outcome.stalled));
+    StopSet(set, StallInspector::ShutdownError(set->id, outcome.stalled, outcome.idle));
     return;
   }
-  set->stall->Warn(set->id, outcome.stalled, now, set->negotiator->OldestSubmitted());
+  set->stall->Warn(set->id, outcome.stalled, outcome.idle, now, set->negotiator->OldestSubmitted());
 }
 
 Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
   std::lock_guard<std::mutex> control(control_mu_);
+  MpiCallerScope mpi_caller;
   if (n <= 0) return Status::Error(PERSEUS_INVALID_ARGUMENT, "a process set needs at least one rank");
   std::vector<int> sorted(ranks, ranks + n);
   std::sort(sorted.begin(), sorted.end());
@@ -499,6 +505,8 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
       return Status::Error(PERSEUS_INVALID_ARGUMENT,
                            "process set lists rank " + std::to_string(sorted[i]) + " twice");
   }
+  Status met = MeetForProcessSet();
+  if (!met.ok()) return met;
   // Every rank must pass the same list: compare with rank 0's.
   auto mpi = LockMpi();
   std::vector<int> reference = sorted;
@@ -543,6 +551,63 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
   }
   *id_out = id;
   return Status::OK();
+}
+
+// The MPI calls that make a set block until every rank makes them, and cannot be
+// given up. So the ranks meet first through the global set's negotiation, which can:
+// a barrier request, anonymous so that it is never cached (a cached one could be
+// agreed by its bit after this rank withdrew it). One name for every call, so that
+// the next add_process_set of all ranks meets again after a failed one.
+Status Engine::MeetForProcessSet() {
+  static const char kName[] = "perseus.add_process_set";
+  const double limit_s = config_.stall_check_seconds > 0 ? config_.stall_check_seconds : 60.0;
+  perseus_request_t request{};
+  request.name = kName;
+  request.op_type = PERSEUS_BARRIER;
+  request.device = PERSEUS_CPU_DEVICE;
+  request.process_set = PERSEUS_GLOBAL_PROCESS_SET;
+  request.anonymous = 1;
+  int64_t handle = 0;
+  Status status = Enqueue(&request, 1, &handle);
+  if (!status.ok()) return status;
+  status = handles_->Wait(handle, limit_s);
+  // Not everyone came: withdraw the request, once the ranks without it are known (the
+  // stall inspector gets idle ranks into a round that tells) or a second limit passed.
+  const Clock::time_point last_try = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(limit_s));
+  while (status.code == PERSEUS_TIMEOUT) {
+    EntryPtr entry;
+    std::vector<int> missing;
+    {
+      std::lock_guard<std::mutex> step(step_mu_);
+      std::shared_ptr<ProcessSet> global;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = sets_.find(PERSEUS_GLOBAL_PROCESS_SET);
+        if (it != sets_.end()) global = it->second;
+      }
+      if (global && global->negotiator && !global->stopped) {
+        std::vector<int> seen;
+        entry = global->negotiator->Withdraw(kName, &seen);
+        if (entry && seen.empty() && Clock::now() < last_try) {
+          global->negotiator->Add(entry);  // not known yet: put it back and look again
+          entry = nullptr;
+        }
+        missing = seen;
+      }
+    }
+    if (entry) {
+      std::ostringstream msg;
+      msg << "add_process_set must be called on every rank: rank(s) "
+          << (missing.empty() ? std::string("(unknown)") : ListString(missing))
+          << " did not call it within " << limit_s
+          << " s (PERSEUS_STALL_CHECK_TIME_SECONDS); no process set was added";
+      Finish(PERSEUS_GLOBAL_PROCESS_SET, entry, Status::Error(PERSEUS_MISMATCH, msg.str()));
+    }
+    status = handles_->Wait(handle, 0.02);
+  }
+  handles_->Release(handle);
+  return status;
 }
 
 Status Engine::RemoveProcessSet(int id) {

@@ -82,6 +82,8 @@ class Engine {
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
                    std::vector<Result>& results);
   void ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now);
+  // add_process_set's first step: every rank must arrive, within the stall check time.
+  Status MeetForProcessSet();
 
   const Config config_;
   MPI_Comm world_;  // control communicator: process-set creation, config checks
@@ -96,6 +98,7 @@ class Engine {
   std::condition_variable cv_;
   std::map<int, std::shared_ptr<ProcessSet>> sets_;
   int next_set_id_ = 0;
+  int64_t next_group_ = 1;  // the group id of the next enqueue call's grouped requests
   std::vector<EntryPtr> incoming_;
   bool poked_ = false;  // EndHold() was called: the next step holds nothing
   // While the engine holds small requests: bytes that may still arrive without

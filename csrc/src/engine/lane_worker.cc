@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/timeline.h"
+#include "mpi/mpi_lock.h"
 
 namespace perseus {
 
@@ -12,6 +13,7 @@ LaneWorker::LaneWorker(const char* thread_name, Execute execute) : execute_(std:
   std::string name = thread_name;
   thread_ = std::thread([this, name] {
     pthread_setname_np(pthread_self(), name.c_str());
+    MpiCallerScope mpi_caller;
     Run();
   });
 }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "common/dtype.h"
+#include "common/list_string.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
 
@@ -19,6 +20,14 @@ constexpr int kInspectShift = 2;  // stall inspection bits (kInspectWarn/Shutdow
 // Flags in a rank's gathered message.
 constexpr int32_t kMsgJoined = 1;
 constexpr int32_t kMsgLeaving = 2;
+// The same name submitted as different collectives on different ranks is a mismatch
+// once every member has held its request this long: by then no rank is merely late
+// with the other collective (a rank that submits both, in another order, has both).
+// Judged from the waits in the gather, which every rank sees alike.
+constexpr int32_t kConflictMs = 500;
+// Requests waiting this long are gathered in full in every round, cached or not, so
+// that such a conflict is seen: the cached bits of two different names never meet.
+constexpr auto kGatherWhenWaiting = std::chrono::milliseconds(100);
 
 // Agreed: every rank holds it or has joined, and at least one rank holds it.
 bool Agreed(const std::vector<uint64_t>& bits, int capacity, int bit) {
@@ -40,13 +49,26 @@ Negotiator::Negotiator(MPI_Comm comm, std::vector<int> global_ranks, int rank, i
 
 Negotiator::~Negotiator() = default;
 
-void Negotiator::Add(EntryPtr entry) { pending_[entry->meta.name] = std::move(entry); }
+void Negotiator::Add(EntryPtr entry) {
+  last_added_ = entry->meta.name;
+  pending_[entry->meta.name] = std::move(entry);
+}
 
 std::vector<EntryPtr> Negotiator::TakePending() {
   std::vector<EntryPtr> all;
   for (auto& kv : pending_) all.push_back(kv.second);
   pending_.clear();
   return all;
+}
+
+EntryPtr Negotiator::Withdraw(const std::string& name, std::vector<int>* missing) {
+  // In the bits phase an anonymous request has no bit, only the gather would carry it.
+  if (phase_ == Phase::kSizes || phase_ == Phase::kMetas) return nullptr;
+  auto it = pending_.find(name);
+  if (it == pending_.end() || !it->second->meta.anonymous) return nullptr;
+  auto known = waiting_for_.find(name);
+  *missing = known == waiting_for_.end() ? std::vector<int>() : known->second;
+  return TakeLocal(name);
 }
 
 Clock::time_point Negotiator::OldestSubmitted() const {
@@ -92,12 +114,14 @@ Status Negotiator::Start(bool leaving) {
     bits_send_[1 + section * words + bit / 64] |= uint64_t{1} << (bit % 64);
   };
   bool joined_here = false, needs_gather = leaving;
+  const Clock::time_point waited_long = Clock::now() - kGatherWhenWaiting;
   for (const auto& kv : pending_) {
     const TensorMeta& meta = kv.second->meta;
     if (meta.op_type == PERSEUS_JOIN) {
       joined_here = true;
       continue;
     }
+    if (kv.second->submitted < waited_long) needs_gather = true;
     int bit = meta.anonymous ? -1 : cache_.Lookup(meta);
     if (bit < 0) {
       needs_gather = true;
@@ -147,17 +171,25 @@ void Negotiator::TakeFastAgreed() {
 Status Negotiator::BeginGather() {
   Writer w;
   int32_t flags = (leaving_ ? kMsgLeaving : 0);
-  std::vector<const TensorMeta*> metas;
+  int32_t count = 0;
   for (const auto& kv : pending_) {
     if (kv.second->meta.op_type == PERSEUS_JOIN) {
       flags |= kMsgJoined;
     } else {
-      metas.push_back(&kv.second->meta);
+      ++count;
     }
   }
   w.I32(flags);
-  w.I32(static_cast<int32_t>(metas.size()));
-  for (const TensorMeta* m : metas) w.Meta(*m);
+  w.I32(count);
+  const Clock::time_point now = Clock::now();
+  for (const auto& kv : pending_) {
+    if (kv.second->meta.op_type == PERSEUS_JOIN) continue;
+    w.Meta(kv.second->meta);
+    w.I32(static_cast<int32_t>(std::min<int64_t>(
+        INT32_MAX, std::chrono::duration_cast<std::chrono::milliseconds>(now - kv.second->submitted)
+                       .count())));
+  }
+  if (round_inspect_) w.Str(last_added_);  // every rank knows round_inspect_ alike
   send_bytes_ = std::move(w.bytes());
   sizes_.assign(size_, 0);
   send_size_ = static_cast<int>(send_bytes_.size());
@@ -256,18 +288,30 @@ void Negotiator::DecodeGather(RoundOutcome* out) {
     }
     for (int32_t i = 0; i < count; ++i) {
       TensorMeta meta = reader.Meta();
+      int32_t waited_ms = reader.I32();
       std::string name = meta.name;
-      by_name[name].push_back(Held{r, std::move(meta)});
+      by_name[name].push_back(Held{r, std::move(meta), waited_ms});
+    }
+    if (round_inspect_) {
+      std::string last = reader.Str();
+      if (count == 0 && !(flags & kMsgJoined)) out->idle.push_back(IdleRank{global_ranks_[r], last});
     }
   }
   for (int r : leaving) out->shutdown_ranks.push_back(global_ranks_[r]);
-  for (const auto& kv : by_name) AgreeNamed(kv.first, kv.second, out);
+  std::map<std::string, std::vector<Held>> unagreed;
+  waiting_for_.clear();
+  for (auto& kv : by_name) {
+    if (AgreeNamed(kv.first, kv.second, out)) continue;
+    if (pending_.count(kv.first)) waiting_for_[kv.first] = Stalled(kv.first, kv.second).missing;
+    unagreed.emplace(kv.first, std::move(kv.second));
+  }
+  FailCrossOpConflicts(unagreed, out);
   out->inspect_flags = round_inspect_;
   RejectWhileJoined(out);  // before a completed join clears the joined ranks
   FinishJoinIfComplete(out);
 }
 
-void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& holders,
+bool Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& holders,
                             RoundOutcome* out) {
   // Ready once every rank that has not joined holds it.
   size_t needed = 0, present = 0;
@@ -275,7 +319,7 @@ void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& ho
   for (const Held& h : holders) present += joined_[h.rank] ? 0 : 1;
   if (present < needed) {
     if (round_inspect_) out->stalled.push_back(Stalled(name, holders));
-    return;
+    return false;
   }
 
   const Held& first = holders.front();
@@ -287,14 +331,65 @@ void Negotiator::AgreeNamed(const std::string& name, const std::vector<Held>& ho
         << "' across ranks: rank " << global_ranks_[first.rank] << " vs rank "
         << global_ranks_[other.rank] << " differ in " << diff;
     if (EntryPtr local = TakeLocal(name))
-      out->failed.emplace_back(local, Status::Error(PERSEUS_MISMATCH, msg.str()));
-    return;
+      FailMismatch(local, first.meta.group_size != other.meta.group_size, msg.str(), out);
+    return true;
   }
   BatchItem item;
   item.entry = TakeLocal(name);
   item.meta = item.entry ? item.entry->meta : first.meta;
   cache_.Put(first.meta, round_);
   out->agreed.push_back(std::move(item));
+  return true;
+}
+
+void Negotiator::FailMismatch(const EntryPtr& entry, bool group_differs, const std::string& message,
+                              RoundOutcome* out) {
+  out->failed.emplace_back(entry, Status::Error(PERSEUS_MISMATCH, message));
+  if (!group_differs || entry->group == 0) return;
+  std::vector<std::string> members;
+  for (const auto& kv : pending_)
+    if (kv.second->group == entry->group) members.push_back(kv.first);
+  for (const std::string& name : members)
+    out->failed.emplace_back(TakeLocal(name), Status::Error(PERSEUS_MISMATCH, message));
+}
+
+void Negotiator::FailCrossOpConflicts(const std::map<std::string, std::vector<Held>>& unagreed,
+                                      RoundOutcome* out) {
+  // Wire names are "<collective>.<user name>": group the unagreed ones by user name.
+  std::map<std::string, std::vector<const std::string*>> by_user_name;
+  for (const auto& kv : unagreed) {
+    const TensorMeta& meta = kv.second.front().meta;
+    const std::string prefix = std::string(OpTypeName(meta.op_type)) + ".";
+    if (meta.anonymous || kv.first.compare(0, prefix.size(), prefix) != 0) continue;
+    by_user_name[kv.first.substr(prefix.size())].push_back(&kv.first);
+  }
+  for (const auto& kv : by_user_name) {
+    if (kv.second.size() < 2) continue;
+    std::vector<int> op_of(size_, -1);  // each member's collective under this name
+    int32_t waited_ms = INT32_MAX;      // the shortest wait among them
+    for (const std::string* name : kv.second) {
+      for (const Held& h : unagreed.at(*name)) {
+        op_of[h.rank] = h.meta.op_type;
+        waited_ms = std::min(waited_ms, h.waited_ms);
+      }
+    }
+    bool everyone = true;
+    for (int r = 0; r < size_; ++r) everyone = everyone && (joined_[r] || op_of[r] >= 0);
+    if (!everyone || waited_ms < kConflictMs) continue;  // a member may still be on its way
+    std::map<int, std::vector<int>> ranks_by_op;
+    for (int r = 0; r < size_; ++r)
+      if (op_of[r] >= 0) ranks_by_op[op_of[r]].push_back(global_ranks_[r]);
+    std::ostringstream msg;
+    msg << "Mismatched collectives for tensor '" << kv.first << "' across ranks: ";
+    bool first = true;
+    for (const auto& op : ranks_by_op) {
+      msg << (first ? "" : ", ") << OpTypeName(op.first) << " on rank(s) " << ListString(op.second);
+      first = false;
+    }
+    for (const std::string* name : kv.second)
+      if (EntryPtr local = TakeLocal(*name))
+        out->failed.emplace_back(local, Status::Error(PERSEUS_MISMATCH, msg.str()));
+  }
 }
 
 StalledRequest Negotiator::Stalled(const std::string& name, const std::vector<Held>& holders) const {

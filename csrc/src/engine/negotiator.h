@@ -31,6 +31,7 @@ struct RoundOutcome {
   std::vector<int> shutdown_ranks;                         // global ranks that called shutdown()
   // Inspection rounds only (some rank raised stall flags): names not every rank holds.
   std::vector<StalledRequest> stalled;
+  std::vector<IdleRank> idle;                              // members with nothing pending
   int inspect_flags = 0;                                   // kInspect* bits raised by any rank
   bool progressed = false;                                 // anything agreed, failed or finished
 };
@@ -56,6 +57,11 @@ class Negotiator {
   Load PendingLoad() const;
   bool active() const { return phase_ != Phase::kIdle; }
   std::vector<EntryPtr> TakePending();
+  // Takes back this rank's pending anonymous request `name`, when no round that may
+  // agree on it is under way (a gather in flight could). *missing: the global ranks
+  // the last gather found without it (empty if no gather has seen it yet). Null when
+  // it cannot be taken now, or is not pending.
+  EntryPtr Withdraw(const std::string& name, std::vector<int>* missing);
 
   // Begins a round. `leaving` announces that this rank is shutting down.
   Status Start(bool leaving);
@@ -67,16 +73,24 @@ class Negotiator {
   struct Held {  // one rank's pending request, as seen in the metadata gather
     int rank;
     TensorMeta meta;
+    int32_t waited_ms;  // how long that rank has had it pending
   };
 
   void TakeFastAgreed();
   Status BeginGather();
   void DecodeGather(RoundOutcome* outcome);
-  void AgreeNamed(const std::string& name, const std::vector<Held>& holders, RoundOutcome* out);
+  // False while some member lacks the name (nothing agreed or failed yet).
+  bool AgreeNamed(const std::string& name, const std::vector<Held>& holders, RoundOutcome* out);
+  void FailCrossOpConflicts(const std::map<std::string, std::vector<Held>>& unagreed,
+                            RoundOutcome* out);
   StalledRequest Stalled(const std::string& name, const std::vector<Held>& holders) const;
   void FinishJoinIfComplete(RoundOutcome* out);
   void RejectWhileJoined(RoundOutcome* out);
   EntryPtr TakeLocal(const std::string& name);
+  // Fails `entry` and, when ranks disagree on its group's size, its group's other
+  // pending members (some ranks never submit them).
+  void FailMismatch(const EntryPtr& entry, bool group_differs, const std::string& message,
+                    RoundOutcome* out);
   std::string RankList(const std::vector<int>& set_ranks) const;
 
   MPI_Comm comm_;
@@ -84,6 +98,9 @@ class Negotiator {
   int rank_, size_;
   ResponseCache cache_;
   std::map<std::string, EntryPtr> pending_;  // by name: sorted, so order is reproducible
+  std::string last_added_;                   // the name this rank submitted last (stall reports)
+  // This rank's pending names the last gather found missing on other ranks, and where.
+  std::map<std::string, std::vector<int>> waiting_for_;
 
   Phase phase_ = Phase::kIdle;
   MPI_Request request_ = MPI_REQUEST_NULL;

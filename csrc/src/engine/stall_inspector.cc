@@ -26,6 +26,22 @@ std::string Describe(const StalledRequest& s) {
          ListString(s.missing) + ")";
 }
 
+// "; rank(s) that stopped submitting: 1 (last submitted 'allreduce.b'), ..."
+std::string DescribeIdle(const std::vector<IdleRank>& idle) {
+  if (idle.empty()) return "";
+  std::ostringstream out;
+  out << ". Rank(s) with nothing pending, which stopped submitting: ";
+  for (size_t i = 0; i < idle.size(); ++i) {
+    out << (i ? ", " : "") << idle[i].rank;
+    if (idle[i].last.empty()) {
+      out << " (submitted nothing yet)";
+    } else {
+      out << " (last submitted '" << idle[i].last << "')";
+    }
+  }
+  return out.str();
+}
+
 }  // namespace
 
 StallInspector::StallInspector(const Config& config, MPI_Comm comm, int rank, int size)
@@ -93,7 +109,8 @@ void StallInspector::PingOthers(int flags) {
 }
 
 void StallInspector::Warn(int set_id, const std::vector<StalledRequest>& stalled,
-                          Clock::time_point now, Clock::time_point oldest) {
+                          const std::vector<IdleRank>& idle, Clock::time_point now,
+                          Clock::time_point oldest) {
   // Other ranks' inspections reach this rank too: warn only about a wait of our own
   // that has lasted the stall time, and only once per stall time.
   if (warn_s_ <= 0 || oldest == Clock::time_point::max() || now < next_warn_ ||
@@ -112,10 +129,13 @@ void StallInspector::Warn(int set_id, const std::vector<StalledRequest>& stalled
   int waited = static_cast<int>(std::chrono::duration<double>(now - oldest).count());
   PERSEUS_LOG(kWarning) << "stall in process set " << set_id << ": for " << waited
                         << " s this rank has been waiting for other ranks to submit " << names.str()
-                        << ". A rank may be skipping these collectives or be stuck elsewhere.";
+                        << DescribeIdle(idle)
+                        << ". A rank may be skipping these collectives (e.g. it refused one with "
+                           "an error of its own), or be stuck elsewhere.";
 }
 
-Status StallInspector::ShutdownError(int set_id, const std::vector<StalledRequest>& stalled) {
+Status StallInspector::ShutdownError(int set_id, const std::vector<StalledRequest>& stalled,
+                                     const std::vector<IdleRank>& idle) {
   std::ostringstream msg;
   msg << "Perseus stopped process set " << set_id
       << " because requests stalled past the stall shutdown time "
@@ -123,6 +143,7 @@ Status StallInspector::ShutdownError(int set_id, const std::vector<StalledReques
   for (size_t i = 0; i < stalled.size() && i < kMaxNamesShown; ++i)
     msg << (i ? "; " : "") << Describe(stalled[i]);
   if (stalled.size() > kMaxNamesShown) msg << "; and " << (stalled.size() - kMaxNamesShown) << " more";
+  msg << DescribeIdle(idle);
   return Status::Error(PERSEUS_SHUT_DOWN, msg.str());
 }
 

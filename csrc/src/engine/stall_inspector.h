@@ -36,6 +36,13 @@ struct StalledRequest {
   bool held_here = false;
 };
 
+// A member with nothing pending (other than join) in an inspection round: it has
+// stopped submitting, e.g. after refusing a request locally or while busy elsewhere.
+struct IdleRank {
+  int rank;          // global rank
+  std::string last;  // the last name it submitted in this set, "" if none
+};
+
 class StallInspector {
  public:
   StallInspector(const Config& config, MPI_Comm comm, int rank, int size);
@@ -51,11 +58,12 @@ class StallInspector {
 
   // After an inspection round: warns about the stalled requests, on the ranks that
   // submitted them and have waited the stall time, at most once per stall time.
-  void Warn(int set_id, const std::vector<StalledRequest>& stalled, Clock::time_point now,
-            Clock::time_point oldest);
+  void Warn(int set_id, const std::vector<StalledRequest>& stalled,
+            const std::vector<IdleRank>& idle, Clock::time_point now, Clock::time_point oldest);
   // The error every member stops the set with after a stall-shutdown round. Built only
   // from the gathered data, so it is the same text on every rank.
-  static Status ShutdownError(int set_id, const std::vector<StalledRequest>& stalled);
+  static Status ShutdownError(int set_id, const std::vector<StalledRequest>& stalled,
+                              const std::vector<IdleRank>& idle);
 
  private:
   int ReceivePings();

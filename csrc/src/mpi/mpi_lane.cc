@@ -1,11 +1,27 @@
 #include "mpi/mpi_lane.h"
 
+#include <cstdlib>
+
 #include "collectives/collectives.h"
 #include "common/dtype.h"
 #include "common/timeline.h"
 #include "mpi/mpi_lock.h"
 
 namespace perseus {
+
+namespace {
+
+// Test hook (tests/mpi/exit_in_mpi.py): PERSEUS_TEST_EXIT_IN_LANE=<wire name> makes
+// the lane that runs that request call exit(70) while it holds the MPI lock, as MPI
+// itself does when a call fails fatally. Read once; off unless set.
+void ExitIfHooked(const Batch& batch) {
+  static const char* hooked = std::getenv("PERSEUS_TEST_EXIT_IN_LANE");
+  if (hooked == nullptr) return;
+  for (const BatchItem& item : batch.items)
+    if (item.meta.name == hooked) std::exit(70);
+}
+
+}  // namespace
 
 MpiLane::MpiLane(int index, MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
                  const std::vector<int>* global_ranks, BatchDone done)
@@ -34,6 +50,7 @@ void MpiLane::Execute(const Batch& batch) {
   const auto start = traced ? Clock::now() : Clock::time_point();
   {
     auto mpi = LockMpi();
+    ExitIfHooked(batch);
     status = RunMpiBatch(batch, ctx, &results, &statuses);
   }
   if (traced) TraceLaneBatch(batch, index_, start, Clock::now());
