@@ -263,11 +263,31 @@ def run_indexed_slices(mode, rank, size):
     assert hvd.grouped_allreduce([]) == []
 
 
+def run_group_sizes(rank, size):
+    """A grouped call with more tensors on rank 0 fails on every rank (it hung on the
+    rank with more), and the same name with one group size everywhere works after."""
+    def group(count):
+        return [tf.constant(make_array("grp%d" % i, rank, (3,), tf.float32), tf.float32)
+                for i in range(count)]
+    try:
+        hvd.grouped_allreduce(group(3 if rank == 0 else 2), name="tf.grp", op=hvd.Sum)
+    except Exception as e:  # a tf.errors error from the op, or Perseus's own
+        assert "group size" in str(e), e
+    else:
+        raise AssertionError("grouped calls of different sizes did not fail")
+    outs = hvd.grouped_allreduce(group(3), name="tf.grp", op=hvd.Sum)
+    for i, out in enumerate(outs):
+        want = sum(make_array("grp%d" % i, r, (3,), tf.float32) for r in range(size))
+        assert_equal(out, want, tf.float32, "group after the mismatch")
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     run_retrace(rank, size)
     log("retrace ok")
+    run_group_sizes(rank, size)
+    log("group sizes ok")
     for mode in MODES:
         run_gradients(mode, rank, size)
         run_alltoall(mode, rank, size)

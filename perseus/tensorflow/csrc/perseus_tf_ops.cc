@@ -176,6 +176,8 @@ class CollectiveOp : public AsyncOpKernel {
       r.nsplits = 0;
       r.anonymous = anonymous_ ? 1 : 0;
       r.stream = nullptr;
+      // Ranks agree on a group's size: one with fewer tensors must fail, not finish.
+      r.group_size = n;
     }
     // Pointers into the vectors only once they stop growing.
     for (int i = 0; i < n; ++i) {
