@@ -67,6 +67,11 @@ def test_train_digits_two_ranks(tmp_path):
     assert state["size"] == 2 and state["epoch"] == 20 and state["accuracy"] >= 0.95
 
 
+def test_collective_demo_two_ranks():
+    out = run_example(2, [REPO_ROOT / "examples" / "collective_demo.py"])
+    assert "alltoall: [0.0, 10.0]" in out and "demo finished: all results correct" in out, out
+
+
 def test_synthetic_benchmark_two_ranks():
     out = run_example(2, [EXAMPLES / "pytorch_synthetic_benchmark.py", "--model", "mlp", "--no-cuda",
                           "--batch-size", "16", "--num-warmup-batches", "2",

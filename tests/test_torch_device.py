@@ -32,6 +32,9 @@ class FakeCudaTensor:
     def data_ptr(self):
         return self._address
 
+    def untyped_storage(self):
+        return self  # the adapter only keeps it referenced
+
 
 @pytest.fixture
 def captured(monkeypatch):
