@@ -12,9 +12,9 @@ Everything is measured in one run, by the same processes. One round is:
      every size, and of the ResNet-50 gradient set as one fused call and as
      161 separate calls. perseus is not initialised (not even imported in
      the first round).
-  2. idle cost, --idle-cycles times: raw mpi4py at 4 KiB and 1 MiB before
+  2. idle cost, --idle-cycles times: raw mpi4py at every size before
      init(); hvd.init(); the same while perseus is idle; a little perseus
-     work (allreduce_ at those sizes); the same again, perseus idle after
+     work (allreduce_ at every size); the same again, perseus idle after
      work; hvd.shutdown(). Short alternating blocks, so that the
      before/after ratios (median over cycles) do not measure machine drift.
   3. perseus: hvd.init(); for every size, named in-place hvd.allreduce_
@@ -62,7 +62,6 @@ from resnet50_shapes import RESNET50_NUMEL, RESNET50_SHAPES
 KiB = 1024
 MiB = 1024 * KiB
 DEFAULT_SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]
-IDLE_SIZES = [4 * KiB, 1 * MiB]
 
 # Targets from issue 2 (2 ranks on the 2-core dev machine).
 TARGET_SMALL_SECONDS = 30e-6      # perseus 4 KiB allreduce, absolute
@@ -325,10 +324,18 @@ def phase_floor(b, sizes, do_resnet):
         b.run(mpi_resnet_161_case(b, "mpi4py.floor.resnet50.161calls"))
 
 
-def idle_block(b, label, desc):
-    iters = max(1, b.args.idle_iters // b.args.idle_cycles)
-    for n in IDLE_SIZES:
-        b.run(mpi_case(b, f"mpi4py.idle.{label}.{n}", desc, n), iters=iters)
+def idle_iters_for(b, nbytes):
+    """--idle-iters per round up to 1 MiB, scaled down above like --iters (at least
+    --min-iters), spread over the cycles."""
+    n = b.args.idle_iters
+    if nbytes > MiB:
+        n = max(b.args.min_iters, int(n * MiB / nbytes))
+    return max(1, n // b.args.idle_cycles)
+
+
+def idle_block(b, label, desc, sizes):
+    for n in sizes:
+        b.run(mpi_case(b, f"mpi4py.idle.{label}.{n}", desc, n), iters=idle_iters_for(b, n))
 
 
 def import_hvd(comm):
@@ -360,7 +367,7 @@ def import_hvd(comm):
     return hvd
 
 
-def phase_idle_cost(b):
+def phase_idle_cost(b, sizes):
     """Raw MPI before init / after init / after work, in alternating cycles."""
     import torch
     hvd = import_hvd(b.comm)
@@ -369,14 +376,14 @@ def phase_idle_cost(b):
     b.log(f"idle cost: raw mpi4py Allreduce before hvd.init() and while perseus "
           f"is idle ({b.args.idle_cycles} cycles):")
     for _ in range(b.args.idle_cycles):
-        idle_block(b, "before", "raw mpi4py Allreduce before hvd.init()")
+        idle_block(b, "before", "raw mpi4py Allreduce before hvd.init()", sizes)
         hvd.init()
         try:
             idle_block(b, "after_init",
-                       "raw mpi4py Allreduce after hvd.init(), perseus idle")
-            for n in IDLE_SIZES:  # some work, so the engine has run
+                       "raw mpi4py Allreduce after hvd.init(), perseus idle", sizes)
+            for n in sizes:  # some work, so the engine has run (and allocated)
                 t = torch.empty(n // 4, dtype=torch.float32)
-                for _ in range(10):
+                for _ in range(10 if n <= MiB else 3):
                     t.fill_(b.fill_value)
                     hvd.allreduce_(t, name=f"idle.work.{n}", op=hvd.Sum)
                 err = b.np_check([t.numpy()])(True)
@@ -384,7 +391,7 @@ def phase_idle_cost(b):
                     raise BenchError(f"wrong result in idle-cost work: {err}")
             settle(b.args.settle)
             idle_block(b, "after_work",
-                       "raw mpi4py Allreduce after perseus work, perseus idle")
+                       "raw mpi4py Allreduce after perseus work, perseus idle", sizes)
         finally:
             comm.Barrier()
             hvd.shutdown()
@@ -551,7 +558,7 @@ def build_report(b, sizes, args):
             "gloo.resnet50.async", None)
 
     idle = []
-    for n in IDLE_SIZES:
+    for n in sizes:
         k = f"mpi4py.idle.%s.{n}"
         idle.append({"size": n,
                      "before_init": med(k % "before"),
@@ -797,8 +804,9 @@ def parse_args(argv=None):
     p.add_argument("--min-warmup", type=int, default=3,
                    help="least warm-up iterations; otherwise iters/10 (default 3)")
     p.add_argument("--idle-iters", type=int, default=None,
-                   help="iterations of each raw-MPI idle-cost case per round, "
-                        "split over the cycles (default 5*iters)")
+                   help="iterations of each raw-MPI idle-cost case per round up to "
+                        "1 MiB (bigger sizes scale down as for --iters), split over "
+                        "the cycles (default 5*iters)")
     p.add_argument("--idle-cycles", type=int, default=4,
                    help="before-init / after-init / after-work cycles per round "
                         "for the idle cost (default 4)")
@@ -817,6 +825,8 @@ def parse_args(argv=None):
                    help="do not measure the ResNet-50 gradient set")
     p.add_argument("--no-idle", dest="idle", action="store_false",
                    help="do not measure raw MPI while perseus is idle")
+    p.add_argument("--idle-only", action="store_true",
+                   help="only the floor and the idle cost (raw MPI while perseus is idle)")
     p.add_argument("--settle", type=float, default=0.0,
                    help="seconds to busy-wait after perseus work before the "
                         "after-work idle block (default 0; its warm-up covers "
@@ -861,9 +871,10 @@ def main(argv=None):
         phase_floor(b, args.sizes, do_resnet)
         if not args.skip_perseus:
             if args.idle:
-                phase_idle_cost(b)
-            phase_perseus(b, args.sizes, do_resnet)
-        if not args.skip_gloo:
+                phase_idle_cost(b, args.sizes)
+            if not args.idle_only:
+                phase_perseus(b, args.sizes, do_resnet)
+        if not args.skip_gloo and not args.idle_only:
             phase_gloo(b, args.sizes, do_resnet)
     elapsed = time.perf_counter() - t_start
     cpu = meter.report()

@@ -26,14 +26,20 @@ def test_stall_shutdown_alone(run_mpi, nprocs):
                                   "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS": "1.5"}, timeout=60)
 
 
-@pytest.mark.parametrize("nprocs", [2, 4])
+# A long hold: the script's fused case submits many requests on every rank before any
+# waits, and they must all go in one round (only a wait ends the hold).
+NAN_HOLD = {"PERSEUS_HOLD_TIME": "60000"}
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_nan_check(run_mpi, nprocs):
-    run_mpi("nan_check", nprocs, env={"PERSEUS_ALLREDUCE_NANCHECK": "1"}, timeout=90)
+    run_mpi("nan_check", nprocs, env=dict(NAN_HOLD, PERSEUS_ALLREDUCE_NANCHECK="1"), timeout=90)
 
 
 def test_nan_check_with_lanes_and_tiny_fusion(run_mpi):
-    run_mpi("nan_check", 2, env={"PERSEUS_ALLREDUCE_NANCHECK": "true", "PERSEUS_ALLREDUCE_STREAMS": "3",
-                                 "PERSEUS_FUSION_THRESHOLD": "64"}, timeout=90)
+    run_mpi("nan_check", 2, env=dict(NAN_HOLD, PERSEUS_ALLREDUCE_NANCHECK="true",
+                                     PERSEUS_ALLREDUCE_STREAMS="3", PERSEUS_FUSION_THRESHOLD="64"),
+            timeout=90)
 
 
 # ---------------------------------------------------------------- settings (one process)

@@ -49,6 +49,30 @@ def test_adasum_lanes_and_small_pieces(run_mpi):
                               "PERSEUS_CHUNK_SIZE": "4096"})
 
 
+# Bit-identical results on every rank with NaN/Inf/-0.0 inputs (tests/mpi/identical_results.py):
+# 2 and 3 ranks (3 changes MPI's algorithms), then 3 lanes with 4 KiB MPI pieces.
+@pytest.mark.parametrize("nprocs,env", [
+    (2, {}), (3, {}),
+    (3, {"PERSEUS_ALLREDUCE_STREAMS": "3", "PERSEUS_CHUNK_SIZE": "4096",
+         "PERSEUS_FUSION_THRESHOLD": "65536"}),
+], ids=["np2", "np3", "np3-lanes-chunks"])
+def test_identical_results(run_mpi, nprocs, env):
+    run_mpi("identical_results", nprocs, env=env, timeout=240)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_bad_handles(run_mpi, nprocs):
+    # poll()/synchronize() of made-up, synchronized and pre-init handles: ValueError.
+    run_mpi("bad_handles", nprocs, timeout=90)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_config_names(run_mpi, nprocs):
+    # Misspelt variables warned about once on rank 0 ("did you mean"), Horovod's unused
+    # ones not; a bad HOROVOD_TIMELINE reported under that name.
+    run_mpi("config_names", nprocs, timeout=90)
+
+
 @pytest.mark.parametrize("nprocs", NPROCS)
 def test_what_ends_a_hold(run_mpi, nprocs):
     # A hold far longer than the script's bounds: only a waiter, a poll or enough

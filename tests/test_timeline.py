@@ -124,7 +124,7 @@ def test_bad_timeline_paths(run_python, tmp_path):
     missing_dir = str(tmp_path / "no" / "such" / "dir" / "t.json")
     result = run_python(API % missing_dir, env={"HOROVOD_TIMELINE": missing_dir})
     assert "BEFORE_INIT:" in result.stdout and "init()" in result.stdout, result.stdout + result.stderr
-    assert "INIT_FAILED:" in result.stdout and "PERSEUS_TIMELINE" in result.stdout \
+    assert "INIT_FAILED:" in result.stdout and "HOROVOD_TIMELINE" in result.stdout \
         and missing_dir in result.stdout, result.stdout + result.stderr
     result = run_python(API % missing_dir)
     assert "START_FAILED:" in result.stdout and missing_dir in result.stdout, result.stdout + result.stderr

@@ -93,7 +93,9 @@ Status StartConfiguredTimeline(const Config& config, MPI_Comm world) {
   MPI_Comm_rank(world, &rank);
   if (rank != 0) return Status::OK();
   Status status = Timeline::Get().Start(config.timeline_path, config.timeline_mark_cycles);
-  if (!status.ok()) status = Status::Error(PERSEUS_CONFIG_ERROR, "PERSEUS_TIMELINE: " + status.message);
+  if (!status.ok())
+    status = Status::Error(PERSEUS_CONFIG_ERROR,
+                           std::string(ConfigSpelling("PERSEUS_TIMELINE")) + ": " + status.message);
   return status;
 }
 
@@ -140,6 +142,8 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   status = MpiStatus(MPI_Comm_dup(base, &world), "MPI_Comm_dup");
   if (!status.ok()) return Report(status);
   MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);  // inherited by every dup below
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
   // A bad value on one rank fails init() on every rank, rather than leaving the
   // others blocked in the engine's first collectives.
   // The timeline's file is opened here too, so that a path rank 0 cannot write
@@ -154,6 +158,9 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
     return Report(status);
   }
   g_engine = std::move(engine);
+  // Rank 0 only: every rank normally has the same environment (the launcher exports
+  // it), and one copy of each warning is easier to see than one per rank.
+  if (rank == 0) WarnUnknownVariables();
   return PERSEUS_SUCCESS;
 }
 

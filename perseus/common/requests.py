@@ -85,11 +85,17 @@ def submit(requests, finish, state, drive=False, consumer_stream=None):
     return handle
 
 
+def _unknown(handle):
+    return ValueError("unknown or already synchronized handle %r (handles are valid from the "
+                      "call that returned them until synchronize(), within one init())"
+                      % (handle,))
+
+
 def poll(handle):
     """True when every request behind `handle` has completed (or failed)."""
     entry = _pending.get(handle)
     if entry is None:
-        raise ValueError("unknown or already synchronized handle %r" % (handle,))
+        raise _unknown(handle)
     done = ctypes.c_int32()
     ref = ctypes.byref(done)
     for h in entry[0]:
@@ -116,12 +122,13 @@ def _wait_all(handles):
 def synchronize(handle):
     """Waits for `handle` (GIL released while waiting) and returns its result.
 
-    A failed request raises its exception on this thread. Unknown or already
-    synchronized handles return None, as in Horovod.
+    A failed request raises its exception on this thread. An unknown, already
+    synchronized or pre-init() handle raises ValueError, as poll() does (Horovod
+    returns None there, which hides the bug of waiting on the wrong handle).
     """
     entry = _pending.pop(handle, None)
     if entry is None:
-        return None
+        raise _unknown(handle)
     handles, _, finish, state, consumer_stream = entry
     try:
         failure = _wait_all(handles)

@@ -1,12 +1,14 @@
 """PERSEUS_ALLREDUCE_NANCHECK=1 (set by tests/test_diagnostics.py): a NaN or Inf in
 one rank's allreduce input fails the request on every rank with the same error, naming
 the tensor and the ranks where it appeared; clean requests, integer tensors and the
-requests after an error are unaffected."""
+requests after an error are unaffected, also clean requests fused into the same buffer
+as a bad one (tests/test_diagnostics.py holds small requests long enough for that)."""
 import zlib
 
 import torch
 
-from common import FLOAT_DTYPES, expect_raises, hvd, init, main
+from common import FLOAT_DTYPES, assert_reduced, expect_raises, hvd, init, main, make_tensor, \
+    touch, wait_for
 
 
 def raises_everywhere(what, fn, *args, contains=(), **kwargs):
@@ -45,6 +47,29 @@ def body():
         tensors[2][3] = float("nan")
     raises_everywhere("grouped", hvd.grouped_allreduce, tensors, name="grouped",
                       contains=["grouped", "on rank(s) [0]"])
+
+    # Many requests fused into one buffer, one bad: only that one fails. Every rank
+    # submits all of them before any waits (a file signal, not the library), so the
+    # first wait starts one round holding them all.
+    for dtype in FLOAT_DTYPES:
+        tag = "fused.%s" % str(dtype).split(".")[1]
+        inputs = [[make_tensor("%s.%d" % (tag, i), r, (i + 3,), dtype) for r in range(size)]
+                  for i in range(12)]
+        bad = 7
+        if rank == last:
+            inputs[bad][last][1] = float("inf")
+        handles = [hvd.allreduce_async(xs[rank], name="%s.%d" % (tag, i), op=hvd.Sum)
+                   for i, xs in enumerate(inputs)]
+        touch("%s.submitted.%d" % (tag, rank))
+        for r in range(size):
+            wait_for("%s.submitted.%d" % (tag, r))
+        for i, (h, xs) in enumerate(zip(handles, inputs)):
+            name = "%s.%d" % (tag, i)
+            if i == bad:
+                raises_everywhere(name, hvd.synchronize, h,
+                                  contains=["%s' on rank(s) [%d]" % (name, last)])
+            else:
+                assert_reduced(hvd.synchronize(h), xs, hvd.Sum, dtype, name)
 
     # Integers cannot hold NaN; the engine keeps working.
     got = hvd.allreduce(torch.full((6,), rank, dtype=torch.int32), name="ints", op=hvd.Sum)

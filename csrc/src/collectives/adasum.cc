@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "collectives/collectives.h"
-#include "collectives/nan_check.h"
 #include "common/dtype.h"
 #include "mpi/wait_policy.h"
 
@@ -98,10 +97,6 @@ Status RunAdasum(const Batch& batch, ExecContext& ctx) {
   const int dtype = head.dtype;
   if (!IsFloatingDtype(dtype))  // MakeEntry refuses these; a guard, not a message path
     return Status::Error(PERSEUS_INTERNAL_ERROR, "Adasum batch of a non-floating dtype");
-  if (ctx.nan_check) {
-    Status finite = CheckFinite(batch, ctx);
-    if (!finite.ok()) return finite;
-  }
   const size_t esize = DtypeSize(dtype);
   std::vector<Span> spans;
   int64_t total = 0;

@@ -4,7 +4,6 @@
 
 #include "collectives/collectives.h"
 #include "collectives/fused_windows.h"
-#include "collectives/nan_check.h"
 #include "common/dtype.h"
 #include "mpi/wait_policy.h"
 
@@ -13,10 +12,6 @@ namespace perseus {
 Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
   const TensorMeta& head = batch.items.front().meta;
   const int dtype = head.dtype;
-  if (ctx.nan_check && IsFloatingDtype(dtype)) {
-    Status finite = CheckFinite(batch, ctx);
-    if (!finite.ok()) return finite;
-  }
   const size_t esize = DtypeSize(dtype);
   const MPI_Datatype mpi_type = MpiDatatype(dtype);
   MPI_Op op;

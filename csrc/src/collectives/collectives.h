@@ -35,9 +35,13 @@ Status RunAlltoall(const BatchItem& item, ExecContext& ctx, Result* result);
 Status RunReducescatter(const BatchItem& item, ExecContext& ctx);
 Status RunBarrier(ExecContext& ctx);
 
-// Runs `batch` with the algorithm of its operation; `results` holds one Result per
-// item. The caller holds the MPI lock (mpi/mpi_lock.h).
-Status RunMpiBatch(const Batch& batch, ExecContext& ctx, std::vector<Result>* results);
+// Runs `batch` with the algorithm of its operation; `results` and `statuses` hold one
+// entry per item. The returned status is the batch's: when it is not OK, every item
+// failed with it. Otherwise an item may still fail alone: with the NaN check on, an
+// allreduce input holding NaN/Inf on some rank (the other items are reduced without
+// it). The caller holds the MPI lock (mpi/mpi_lock.h).
+Status RunMpiBatch(const Batch& batch, ExecContext& ctx, std::vector<Result>* results,
+                   std::vector<Status>* statuses);
 
 }  // namespace perseus
 

@@ -11,6 +11,7 @@ namespace perseus {
 namespace {
 
 constexpr size_t kMaxNamesShown = 10;
+constexpr char kNonFinite[] = "NaN or Inf found before reducing (PERSEUS_ALLREDUCE_NANCHECK): ";
 
 // An IEEE value is NaN or infinite exactly when its exponent bits are all ones. Testing
 // the bits (no branches, no float compares) lets the compiler vectorise the loop.
@@ -39,7 +40,7 @@ bool HasNonFinite(int dtype, const void* data, int64_t count) {
   }
 }
 
-Status CheckFinite(const Batch& batch, ExecContext& ctx) {
+Status FindNonFinite(const Batch& batch, ExecContext& ctx, std::vector<Status>* verdicts) {
   const size_t n = batch.items.size();
   std::vector<char> mine(n, 0), all(n * ctx.size, 0);
   for (size_t i = 0; i < n; ++i) {
@@ -53,22 +54,35 @@ Status CheckFinite(const Batch& batch, ExecContext& ctx) {
                                                  ctx.comm, &request),
                                   &request, "MPI_Iallgather (NaN check)");
   if (!status.ok()) return status;
-  std::ostringstream msg;
-  size_t bad = 0;
+  verdicts->assign(n, Status::OK());
   for (size_t i = 0; i < n; ++i) {
     std::vector<int> ranks;
     for (int r = 0; r < ctx.size; ++r)
       if (all[r * n + i]) ranks.push_back(ctx.global_ranks ? (*ctx.global_ranks)[r] : r);
     if (ranks.empty()) continue;
-    if (bad++ >= kMaxNamesShown) continue;
-    msg << (bad > 1 ? "; " : "") << "tensor '" << batch.items[i].meta.name << "' on rank(s) [";
+    std::ostringstream msg;
+    msg << kNonFinite << "tensor '" << batch.items[i].meta.name << "' on rank(s) [";
     for (size_t k = 0; k < ranks.size(); ++k) msg << (k ? ", " : "") << ranks[k];
     msg << "]";
+    (*verdicts)[i] = Status::Error(PERSEUS_NON_FINITE, msg.str());
+  }
+  return Status::OK();
+}
+
+Status CheckFinite(const Batch& batch, ExecContext& ctx) {
+  std::vector<Status> verdicts;
+  Status exchanged = FindNonFinite(batch, ctx, &verdicts);
+  if (!exchanged.ok()) return exchanged;
+  const size_t head = sizeof(kNonFinite) - 1;
+  std::string names;
+  size_t bad = 0;
+  for (const Status& v : verdicts) {
+    if (v.ok()) continue;
+    if (bad++ < kMaxNamesShown) names += (bad > 1 ? "; " : "") + v.message.substr(head);
   }
   if (bad == 0) return Status::OK();
-  if (bad > kMaxNamesShown) msg << "; and " << (bad - kMaxNamesShown) << " more";
-  return Status::Error(PERSEUS_NON_FINITE,
-                       "NaN or Inf found before reducing (PERSEUS_ALLREDUCE_NANCHECK): " + msg.str());
+  if (bad > kMaxNamesShown) names += "; and " + std::to_string(bad - kMaxNamesShown) + " more";
+  return Status::Error(PERSEUS_NON_FINITE, kNonFinite + names);
 }
 
 }  // namespace perseus

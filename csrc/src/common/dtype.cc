@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace perseus {
 
@@ -79,39 +80,100 @@ const DtypeInfo kDtypes[PERSEUS_NUM_DTYPES] = {
     {"int16", 2, false},
 };
 
+// ---- reduction operators ----------------------------------------------------
+// MPI applies an operator as `inout = in (op) inout` with the operands in an order
+// that differs by rank (each rank's own data is `inout`), so a result is the same
+// bits on every rank only if each operator is commutative to the bit. IEEE + and *
+// are, except for which NaN payload comes out; MPI's own MAX/MIN are not (they keep
+// `inout` when either side is NaN, or for -0 against +0). So every float operator
+// here returns one canonical NaN for any NaN result, propagates NaN through Max/Min
+// (as numpy and torch do), and orders -0 below +0.
+template <typename T>
+struct Sum {
+  static T Apply(T a, T b) {
+    T r = a + b;
+    return r == r ? r : std::numeric_limits<T>::quiet_NaN();
+  }
+};
+template <typename T>
+struct Prod {
+  static T Apply(T a, T b) {
+    T r = a * b;
+    return r == r ? r : std::numeric_limits<T>::quiet_NaN();
+  }
+};
+template <typename T>
+struct Max {
+  static T Apply(T a, T b) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? b : a;  // equal: the same bits, or -0 and +0
+    return a > b ? a : b;
+  }
+};
+template <typename T>
+struct Min {
+  static T Apply(T a, T b) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? a : b;
+    return a < b ? a : b;
+  }
+};
+
+// Element formats as the operators see them: 16-bit floats compute in float32 and
+// round back (a function of the float32 result, so the operator stays commutative
+// to the bit).
+template <typename T>
+struct Native {
+  using Storage = T;
+  using Compute = T;
+  static T Load(T v) { return v; }
+  static T Store(T v) { return v; }
+};
 struct Half {
+  using Storage = uint16_t;
+  using Compute = float;
   static float Load(uint16_t v) { return HalfToFloat(v); }
   static uint16_t Store(float v) { return FloatToHalf(v); }
 };
 struct BFloat {
+  using Storage = uint16_t;
+  using Compute = float;
   static float Load(uint16_t v) { return Bf16ToFloat(v); }
   static uint16_t Store(float v) { return FloatToBf16(v); }
 };
 
-struct Sum { static float Apply(float a, float b) { return a + b; } };
-struct Prod { static float Apply(float a, float b) { return a * b; } };
-struct Min { static float Apply(float a, float b) { return std::fmin(a, b); } };
-struct Max { static float Apply(float a, float b) { return std::fmax(a, b); } };
-
-// MPI user function: inout[i] = in[i] (op) inout[i] for 16-bit floats.
-template <typename Format, typename Op>
-void Reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
-  const uint16_t* a = static_cast<const uint16_t*>(in);
-  uint16_t* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i)
-    b[i] = Format::Store(Op::Apply(Format::Load(a[i]), Format::Load(b[i])));
+// MPI user function: inout[i] = in[i] (op) inout[i].
+template <typename Format, template <typename> class Op>
+void ReduceFloats(void* in, void* inout, int* len, MPI_Datatype*) {
+  using S = typename Format::Storage;
+  using C = typename Format::Compute;
+  const S* a = static_cast<const S*>(in);
+  S* b = static_cast<S*>(inout);
+  const int n = *len;
+  for (int i = 0; i < n; ++i)
+    b[i] = Format::Store(Op<C>::Apply(Format::Load(a[i]), Format::Load(b[i])));
 }
 
-// [format: 0 half, 1 bfloat][op: sum, min, max, product]
-MPI_Op g_ops16[2][4];
+// [format: half, bfloat, float, double][op: sum, min, max, product]
+MPI_Op g_float_ops[4][4];
 bool g_ops_created = false;
 
 template <typename Format>
-void CreateOps16(MPI_Op* ops) {
-  MPI_Op_create(&Reduce16<Format, Sum>, 1, &ops[0]);
-  MPI_Op_create(&Reduce16<Format, Min>, 1, &ops[1]);
-  MPI_Op_create(&Reduce16<Format, Max>, 1, &ops[2]);
-  MPI_Op_create(&Reduce16<Format, Prod>, 1, &ops[3]);
+void CreateFloatOps(MPI_Op* ops) {
+  MPI_Op_create(&ReduceFloats<Format, Sum>, 1, &ops[0]);
+  MPI_Op_create(&ReduceFloats<Format, Min>, 1, &ops[1]);
+  MPI_Op_create(&ReduceFloats<Format, Max>, 1, &ops[2]);
+  MPI_Op_create(&ReduceFloats<Format, Prod>, 1, &ops[3]);
+}
+
+// The row of g_float_ops for a floating dtype.
+int FloatFormatIndex(int dtype) {
+  switch (dtype) {
+    case PERSEUS_FLOAT16: return 0;
+    case PERSEUS_BFLOAT16: return 1;
+    case PERSEUS_FLOAT32: return 2;
+    default: return 3;
+  }
 }
 
 template <typename T>
@@ -145,14 +207,16 @@ const char* OpTypeName(int op_type) {
 
 void CreateMpiOps() {
   if (g_ops_created) return;
-  CreateOps16<Half>(g_ops16[0]);
-  CreateOps16<BFloat>(g_ops16[1]);
+  CreateFloatOps<Half>(g_float_ops[0]);
+  CreateFloatOps<BFloat>(g_float_ops[1]);
+  CreateFloatOps<Native<float>>(g_float_ops[2]);
+  CreateFloatOps<Native<double>>(g_float_ops[3]);
   g_ops_created = true;
 }
 
 void FreeMpiOps() {
   if (!g_ops_created) return;
-  for (auto& format : g_ops16)
+  for (auto& format : g_float_ops)
     for (auto& op : format) MPI_Op_free(&op);
   g_ops_created = false;
 }
@@ -188,10 +252,11 @@ Status MpiReduceOp(int dtype, int op, MPI_Op* out) {
   if (dtype == PERSEUS_BOOL) {
     return Status::Error(PERSEUS_INVALID_ARGUMENT, "bool tensors cannot be reduced");
   }
-  if (dtype == PERSEUS_FLOAT16 || dtype == PERSEUS_BFLOAT16) {
-    *out = g_ops16[dtype == PERSEUS_FLOAT16 ? 0 : 1][index];
+  if (IsFloatingDtype(dtype)) {  // ours, for results identical on every rank (see above)
+    *out = g_float_ops[FloatFormatIndex(dtype)][index];
     return Status::OK();
   }
+  // Integer operations are exact, hence the same in any order.
   static const MPI_Op builtin[] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
   *out = builtin[index];
   return Status::OK();

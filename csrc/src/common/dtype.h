@@ -1,5 +1,6 @@
 // Everything the core knows about element types: size, name, MPI datatype,
-// reduction operators (including fp16/bf16, which MPI lacks) and scaling.
+// reduction operators (our own for the float dtypes: identical bits on every rank,
+// NaN propagated) and scaling.
 #ifndef PERSEUS_DTYPE_H_
 #define PERSEUS_DTYPE_H_
 
@@ -25,7 +26,8 @@ void CreateMpiOps();
 void FreeMpiOps();
 
 MPI_Datatype MpiDatatype(int dtype);
-// The MPI operator reducing `dtype` with `op` (Average reduces as a sum).
+// The MPI operator reducing `dtype` with `op` (Average reduces as a sum). For float
+// dtypes it is commutative to the bit, so every rank ends with the same bits.
 Status MpiReduceOp(int dtype, int op, MPI_Op* out);
 
 // dst[i] = src[i] * factor (dst may equal src). Integers are truncated toward zero.

@@ -125,7 +125,10 @@ Status RunStaged(const Batch& batch, DeviceContext& ctx, std::vector<Result>* re
     auto mpi = LockMpi();
     PERSEUS_RETURN_IF_ERROR(AgreeOnStatus(ctx.mpi, staged));
     ExecContext ec = MpiContext(ctx);
-    Status status = RunMpiBatch(host, ec, &host_results);
+    std::vector<Status> statuses;  // NaN-checked before staging: never a lone failure here
+    Status status = RunMpiBatch(host, ec, &host_results, &statuses);
+    for (const Status& s : statuses)
+      if (status.ok() && !s.ok()) status = s;
     if (!status.ok()) {
       for (Result& r : host_results) r.FreeData();
       return status;

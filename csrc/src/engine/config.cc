@@ -1,13 +1,21 @@
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <mutex>
 #include <sstream>
 #include <vector>
+
+#include "common/logging.h"
+
+extern char** environ;  // the process environment (POSIX)
 
 namespace perseus {
 
@@ -232,18 +240,121 @@ const std::vector<Variable>& Table() {
   return table;
 }
 
+// Horovod's own variables that Perseus does not implement: its runtime knobs, those
+// horovodrun sets in every process, and its build's. Setting one is no typo, so the
+// check of unknown names below only notes them at debug level.
+const char* const kHorovodOnly[] = {
+    "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_STALL_CHECK_DISABLE",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_NUM_NCCL_STREAMS",
+    "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER", "HOROVOD_CCL_CACHE",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_THREAD_AFFINITY", "HOROVOD_DISABLE_GROUP_FUSION",
+    "HOROVOD_DISABLE_NVTX_RANGES", "HOROVOD_ENABLE_ASYNC_COMPLETION",
+    "HOROVOD_DYNAMIC_PROCESS_SETS", "HOROVOD_ENABLE_XLA_OPS", "HOROVOD_ELASTIC",
+    "HOROVOD_LOG_HIDE_TIME", "HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
+    "HOROVOD_GPU", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER", "HOROVOD_GPU_BROADCAST",
+    "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER", "HOROVOD_CUDA_HOME",
+    "HOROVOD_ROCM_HOME", "HOROVOD_NCCL_HOME", "HOROVOD_NCCL_INCLUDE", "HOROVOD_NCCL_LIB",
+    "HOROVOD_NCCL_LINK", "HOROVOD_BUILD_ARCH_FLAGS", "HOROVOD_BUILD_CUDA_CC_LIST",
+    "HOROVOD_CMAKE", "HOROVOD_DEBUG", "HOROVOD_MIXED_INSTALL", "HOROVOD_SECRET_KEY",
+};
+// ... and whole families of them (autotuning, Gloo's rendezvous, build switches).
+const char* const kHorovodOnlyPrefixes[] = {"HOROVOD_AUTOTUNE", "HOROVOD_GLOO_",
+                                            "HOROVOD_WITH_", "HOROVOD_WITHOUT_",
+                                            "HOROVOD_SPARK_", "HOROVOD_RAY_"};
+
+// An unknown name this close to a known one (edits of one character) is taken for a
+// misspelling of it; farther ones are more likely some other tool's variable (the
+// build and test scripts read PERSEUS_* names of their own).
+constexpr size_t kMaxTypoEdits = 3;
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string Upper(const std::string& text) {
+  std::string upper;
+  for (char ch : text) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return upper;
+}
+
+bool StartsWith(const std::string& text, const char* prefix) {
+  return text.compare(0, std::strlen(prefix), prefix) == 0;
+}
+
+// The spelling under which `var` is set (its own name wins over the Horovod alias),
+// or nullptr when neither is.
+const char* SetSpelling(const Variable& var) {
+  if (std::getenv(var.name) != nullptr) return var.name;
+  if (var.horovod_name != nullptr && std::getenv(var.horovod_name) != nullptr)
+    return var.horovod_name;
+  return nullptr;
+}
+
 }  // namespace
+
+const char* ConfigSpelling(const char* name) {
+  for (const Variable& var : Table()) {
+    if (std::strcmp(var.name, name) != 0) continue;
+    const char* used = SetSpelling(var);
+    return used != nullptr ? used : var.name;
+  }
+  return name;
+}
+
+void WarnUnknownVariables() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      const char* eq = std::strchr(*entry, '=');
+      const std::string name(*entry, eq ? eq - *entry : std::strlen(*entry));
+      const std::string upper = Upper(name);  // perseus_cycle_time is a misspelling too
+      if (!StartsWith(upper, "PERSEUS_") && !StartsWith(upper, "HOROVOD_")) continue;
+      bool in_table = false;
+      const char* closest = nullptr;  // the nearest name of the table, in any case
+      size_t distance = SIZE_MAX;
+      for (const Variable& var : Table()) {
+        for (const char* known : {var.name, var.horovod_name}) {
+          if (known == nullptr) continue;
+          in_table |= name == known;
+          size_t d = EditDistance(upper, known);
+          if (d < distance) distance = d, closest = known;
+        }
+      }
+      if (in_table) continue;
+      bool horovod_only = false;
+      for (const char* known : kHorovodOnly) horovod_only |= name == known;
+      for (const char* prefix : kHorovodOnlyPrefixes) horovod_only |= StartsWith(name, prefix);
+      if (horovod_only) {
+        PERSEUS_LOG(kDebug) << name << " is a Horovod setting that Perseus does not implement; "
+                            << "ignored";
+      } else if (distance <= kMaxTypoEdits) {
+        PERSEUS_LOG(kWarning) << name << " is not a Perseus setting and is ignored; did you mean "
+                              << closest << "?";
+      } else {
+        PERSEUS_LOG(kDebug) << name << " is not a setting of the Perseus core; ignored";
+      }
+    }
+  });
+}
 
 Status LoadConfig(Config* config) {
   *config = Config();
   for (const Variable& var : Table()) {
-    const char* used = var.name;
-    const char* raw = std::getenv(var.name);
-    if (raw == nullptr && var.horovod_name != nullptr) {
-      raw = std::getenv(var.horovod_name);
-      used = var.horovod_name;
-    }
-    if (raw == nullptr) continue;
+    const char* used = SetSpelling(var);
+    if (used == nullptr) continue;
+    const char* raw = std::getenv(used);
     std::string problem = var.field.parse(raw, config);
     if (!problem.empty()) {
       return Status::Error(PERSEUS_CONFIG_ERROR, std::string(used) + "='" + raw +

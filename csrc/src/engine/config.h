@@ -40,6 +40,16 @@ struct Config {
 // PERSEUS_CONFIG_ERROR naming the variable and what it accepts.
 Status LoadConfig(Config* config);
 
+// The spelling under which the variable `name` (a PERSEUS_* name of the table) is
+// set: its Horovod alias where only that is set, so messages name what the user set.
+const char* ConfigSpelling(const char* name);
+
+// Once per process: a warning for each PERSEUS_*/HOROVOD_* variable in the
+// environment that the table does not know but that is within a few edits of a
+// name it does ("did you mean ..."); Horovod's own variables that Perseus does not
+// implement, and names far from any known one, get a debug-level note only.
+void WarnUnknownVariables();
+
 // A variable's effective value, as text that round-trips (equal text, equal value).
 struct Setting {
   const char* name;

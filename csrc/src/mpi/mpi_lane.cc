@@ -28,20 +28,21 @@ bool MpiLane::TryRunInline(const Batch& batch) { return worker_.TryRunInline(bat
 void MpiLane::Execute(const Batch& batch) {
   ExecContext ctx{comm_, rank_, size_, chunk_bytes_, &scratch_, global_ranks_, nan_check_};
   std::vector<Result> results(batch.items.size());
+  std::vector<Status> statuses;
   Status status;
   const bool traced = TimelineOn();
   const auto start = traced ? Clock::now() : Clock::time_point();
   {
     auto mpi = LockMpi();
-    status = RunMpiBatch(batch, ctx, &results);
+    status = RunMpiBatch(batch, ctx, &results, &statuses);
   }
   if (traced) TraceLaneBatch(batch, index_, start, Clock::now());
   if (!status.ok()) {
     status.message = std::string(OpTypeName(batch.op_type())) + " of '" +
                      batch.items[0].meta.name + "'" +
                      (batch.items.size() > 1 ? " (and fused tensors)" : "") + ": " + status.message;
+    statuses.assign(batch.items.size(), status);
   }
-  std::vector<Status> statuses(batch.items.size(), status);
   done_(batch, statuses, results);
 }
 
