@@ -22,6 +22,7 @@ struct ExecContext {
   std::vector<char>* scratch;  // the lane's reusable fusion buffer
   const std::vector<int>* global_ranks;  // set rank -> global rank, for messages
   bool nan_check;              // PERSEUS_ALLREDUCE_NANCHECK
+  int wire_dtype = -1;         // PERSEUS_ALLREDUCE_DTYPE as a dtype; -1 = none
 };
 
 // Each returns the status for the whole batch; `results` gets one Result per item

@@ -1,5 +1,6 @@
 #include "engine/process_set.h"
 
+#include "collectives/wire_dtype.h"
 #include "mpi/mpi_lane.h"
 #include "mpi/mpi_status.h"
 
@@ -27,6 +28,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
     for (size_t i = 0; i < set->lane_comms.size(); ++i)
       set->lanes.push_back(std::make_unique<MpiLane>(static_cast<int>(i), set->lane_comms[i], set->rank, set->size(),
                                                   config.chunk_bytes, config.nan_check,
+                                                  WireDtypeSetting(config.allreduce_dtype),
                                                   &set->ranks, done));
   }
   *out = std::move(set);
