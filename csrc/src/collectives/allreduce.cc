@@ -5,6 +5,7 @@
 
 #include "collectives/collectives.h"
 #include "collectives/fused_windows.h"
+#include "collectives/hierarchical.h"
 #include "collectives/wire_dtype.h"
 #include "common/dtype.h"
 #include "mpi/wait_policy.h"
@@ -24,6 +25,7 @@ Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
   const int64_t window = std::max<int64_t>(1, ctx.chunk_bytes / wire_size);
 
   auto reduce_in_place = [&](char* data, int64_t count) {
+    if (ctx.nodes) return HierarchicalAllreduce(data, count, mpi_type, wire_size, op, *ctx.nodes);
     MPI_Request request;
     return CompleteRequest(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type,
                                           op, ctx.comm, &request),
