@@ -1,9 +1,12 @@
 // Allreduce over MPI. One large tensor is reduced in place in chunks; several small
-// ones are fused window by window through the lane's scratch buffer.
+// ones, or any buffer that travels in another dtype (PERSEUS_ALLREDUCE_DTYPE), are
+// fused window by window through the lane's scratch buffer.
 #include <cstring>
 
 #include "collectives/collectives.h"
 #include "collectives/fused_windows.h"
+#include "collectives/hierarchical.h"
+#include "collectives/wire_dtype.h"
 #include "common/dtype.h"
 #include "mpi/wait_policy.h"
 
@@ -12,15 +15,17 @@ namespace perseus {
 Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
   const TensorMeta& head = batch.items.front().meta;
   const int dtype = head.dtype;
-  const size_t esize = DtypeSize(dtype);
-  const MPI_Datatype mpi_type = MpiDatatype(dtype);
+  const int wire = WireDtype(dtype, head.reduce_op, ctx.wire_dtype);
+  const size_t esize = DtypeSize(dtype), wire_size = DtypeSize(wire);
+  const MPI_Datatype mpi_type = MpiDatatype(wire);
   MPI_Op op;
-  Status status = MpiReduceOp(dtype, head.reduce_op, &op);
+  Status status = MpiReduceOp(wire, head.reduce_op, &op);
   if (!status.ok()) return status;
   const double average = head.reduce_op == PERSEUS_AVERAGE ? 1.0 / ctx.size : 1.0;
-  const int64_t window = std::max<int64_t>(1, ctx.chunk_bytes / esize);
+  const int64_t window = std::max<int64_t>(1, ctx.chunk_bytes / wire_size);
 
   auto reduce_in_place = [&](char* data, int64_t count) {
+    if (ctx.nodes) return HierarchicalAllreduce(data, count, mpi_type, wire_size, op, *ctx.nodes);
     MPI_Request request;
     return CompleteRequest(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type,
                                           op, ctx.comm, &request),
@@ -28,7 +33,7 @@ Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
   };
 
   const BatchItem& only = batch.items.front();
-  if (batch.items.size() == 1 && only.entry) {
+  if (batch.items.size() == 1 && only.entry && wire == dtype) {
     // Straight on the output tensor: no staging copy.
     const int64_t n = head.NumElements();
     char* out = static_cast<char*>(only.entry->output);
@@ -41,26 +46,40 @@ Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
     return Status::OK();
   }
 
+  // Pack and unpack scale (and convert, where the wire dtype differs) in one pass.
+  auto copy_in = [&](char* dst, const char* src, int64_t count, double factor) {
+    if (wire == dtype)
+      CopyScaled(dtype, dst, src, count, factor);
+    else
+      ConvertScaled(dtype, wire, dst, src, count, factor);
+  };
+  auto copy_out = [&](char* dst, const char* src, int64_t count, double factor) {
+    if (wire == dtype)
+      CopyScaled(dtype, dst, src, count, factor);
+    else
+      ConvertScaled(wire, dtype, dst, src, count, factor);
+  };
+
   int64_t total = 0;
   for (const BatchItem& item : batch.items) total += item.meta.NumElements();
-  ctx.scratch->resize(std::max<size_t>(ctx.scratch->size(), std::min(total, window) * esize));
+  ctx.scratch->resize(std::max<size_t>(ctx.scratch->size(), std::min(total, window) * wire_size));
   char* buffer = ctx.scratch->data();
   return ForEachWindow(
       batch, window,
       [&](const BatchItem& item, int64_t from, int64_t to, int64_t count) {
-        char* dst = buffer + to * esize;
+        char* dst = buffer + to * wire_size;
         if (item.entry) {  // a joined rank contributes zeros
           const char* src = static_cast<const char*>(item.entry->input) + from * esize;
-          CopyScaled(dtype, dst, src, count, item.meta.prescale);
+          copy_in(dst, src, count, item.meta.prescale);
         } else {
-          std::memset(dst, 0, count * esize);
+          std::memset(dst, 0, count * wire_size);  // +0 in every float format
         }
       },
       [&](int64_t count) { return reduce_in_place(buffer, count); },
       [&](const BatchItem& item, int64_t from, int64_t to, int64_t count) {
         if (!item.entry) return;
         char* dst = static_cast<char*>(item.entry->output) + from * esize;
-        CopyScaled(dtype, dst, buffer + to * esize, count, item.meta.postscale * average);
+        copy_out(dst, buffer + to * wire_size, count, item.meta.postscale * average);
       });
 }
 

@@ -11,6 +11,7 @@
 #include "common/result.h"
 #include "common/status.h"
 #include "mpi/mpi_status.h"
+#include "mpi/node_comms.h"
 
 namespace perseus {
 
@@ -22,6 +23,8 @@ struct ExecContext {
   std::vector<char>* scratch;  // the lane's reusable fusion buffer
   const std::vector<int>* global_ranks;  // set rank -> global rank, for messages
   bool nan_check;              // PERSEUS_ALLREDUCE_NANCHECK
+  int wire_dtype = -1;         // PERSEUS_ALLREDUCE_DTYPE as a dtype; -1 = none
+  NodeComms* nodes = nullptr;  // hierarchical allreduce's communicators; null = flat
 };
 
 // Each returns the status for the whole batch; `results` gets one Result per item

@@ -132,17 +132,23 @@ Field OneOf(std::string Config::*field, std::vector<std::string> supported,
           [=](const Config& c) { return c.*field; }};
 }
 
+// 1/true/on/yes or 0/false/off/no/empty, in any case; false if neither.
+bool ParseSwitch(const std::string& text, bool* on) {
+  std::string lower = Lower(text);
+  if (lower == "1" || lower == "true" || lower == "on" || lower == "yes") {
+    *on = true;
+  } else if (lower.empty() || lower == "0" || lower == "false" || lower == "off" ||
+             lower == "no") {
+    *on = false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 Field Flag(bool Config::*field) {
   return {[=](const std::string& text, Config* c) -> std::string {
-            std::string lower = Lower(text);
-            if (lower == "1" || lower == "true" || lower == "on" || lower == "yes") {
-              c->*field = true;
-            } else if (lower.empty() || lower == "0" || lower == "false" || lower == "off" ||
-                       lower == "no") {
-              c->*field = false;
-            } else {
-              return "1/true/on or 0/false/off";
-            }
+            if (!ParseSwitch(text, &(c->*field))) return "1/true/on or 0/false/off";
             return "";
           },
           [=](const Config& c) { return std::string(c.*field ? "1" : "0"); }};
@@ -189,6 +195,36 @@ Field GpuOperationsField() {
           [](const Config& c) { return std::string(c.gpu_use_nccl ? "nccl" : "mpi"); }};
 }
 
+// flat or hierarchical; Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE spells them 0 and 1.
+Field AllreduceModeField() {
+  return {[](const std::string& text, Config* c) -> std::string {
+            std::string lower = Lower(text);
+            bool on;
+            if (lower == "flat" || lower == "hierarchical") {
+              c->allreduce_mode = lower;
+            } else if (ParseSwitch(text, &on)) {
+              c->allreduce_mode = on ? "hierarchical" : "flat";
+            } else {
+              return "flat or hierarchical (or 1/0, as HOROVOD_HIERARCHICAL_ALLREDUCE)";
+            }
+            return "";
+          },
+          [](const Config& c) { return c.allreduce_mode; }};
+}
+
+// A switch of Horovod's that this build accepts only off: on is a clear error rather
+// than silently different behaviour.
+Field NotImplementedFlag(const char* what) {
+  return {[=](const std::string& text, Config*) -> std::string {
+            bool on;
+            if (!ParseSwitch(text, &on)) return "0/false/off";
+            if (on)
+              return std::string("0/false/off (") + what + " is not implemented in this build)";
+            return "";
+          },
+          [](const Config&) { return std::string("0"); }};
+}
+
 const std::vector<Variable>& Table() {
   static const std::vector<Variable> table = {
       {"PERSEUS_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "bytes per fused buffer", kAgreed,
@@ -216,10 +252,12 @@ const std::vector<Variable>& Table() {
        NumberIn(&Config::stall_shutdown_seconds, 0, 1e6)},
       {"PERSEUS_ALLREDUCE_NANCHECK", nullptr, "NaN/Inf check of allreduce inputs", kAgreed,
        Flag(&Config::nan_check)},
-      {"PERSEUS_ALLREDUCE_DTYPE", nullptr, "on-the-wire compression of float gradients", kAgreed,
-       OneOf(&Config::allreduce_dtype, {"none"}, {"fp16", "bf16"})},
-      {"PERSEUS_ALLREDUCE_MODE", nullptr, "flat or hierarchical allreduce", kAgreed,
-       OneOf(&Config::allreduce_mode, {"flat"}, {"hierarchical"})},
+      {"PERSEUS_ALLREDUCE_DTYPE", nullptr, "the dtype float32/float64 allreduce buffers travel and are summed in", kAgreed,
+       OneOf(&Config::allreduce_dtype, {"none", "fp16", "bf16"}, {})},
+      {"PERSEUS_ALLREDUCE_MODE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "flat or hierarchical allreduce",
+       kAgreed, AllreduceModeField()},
+      {"PERSEUS_HIERARCHICAL_ALLGATHER", "HOROVOD_HIERARCHICAL_ALLGATHER",
+       "hierarchical allgather", kAgreed, NotImplementedFlag("hierarchical allgather")},
       {"PERSEUS_RANKS_PER_NODE", nullptr,
        "simulated nodes of this many consecutive ranks for node-scoped features (empty = the "
        "real nodes)",
@@ -245,7 +283,7 @@ const std::vector<Variable>& Table() {
 // check of unknown names below only notes them at debug level.
 const char* const kHorovodOnly[] = {
     "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_STALL_CHECK_DISABLE",
-    "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_NUM_NCCL_STREAMS",
+    "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_NUM_NCCL_STREAMS",
     "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER", "HOROVOD_CCL_CACHE",
     "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_THREAD_AFFINITY", "HOROVOD_DISABLE_GROUP_FUSION",
     "HOROVOD_DISABLE_NVTX_RANGES", "HOROVOD_ENABLE_ASYNC_COMPLETION",

@@ -1,7 +1,9 @@
 #include "engine/process_set.h"
 
+#include "collectives/wire_dtype.h"
 #include "mpi/mpi_lane.h"
 #include "mpi/mpi_status.h"
+#include "mpi/node_comms.h"
 
 namespace perseus {
 
@@ -24,10 +26,17 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
     set->done = done;
     set->stall = std::make_unique<StallInspector>(config, set->negotiation_comm, set->rank,
                                                   set->size());
-    for (size_t i = 0; i < set->lane_comms.size(); ++i)
+    for (size_t i = 0; i < set->lane_comms.size(); ++i) {
+      std::unique_ptr<NodeComms> nodes;
+      if (config.allreduce_mode == "hierarchical")
+        status = OpenNodeComms(set->lane_comms[i], set->ranks[set->rank], config.ranks_per_node,
+                               i == 0, &nodes);
+      if (!status.ok()) return status;
       set->lanes.push_back(std::make_unique<MpiLane>(static_cast<int>(i), set->lane_comms[i], set->rank, set->size(),
                                                   config.chunk_bytes, config.nan_check,
-                                                  &set->ranks, done));
+                                                  WireDtypeSetting(config.allreduce_dtype),
+                                                  std::move(nodes), &set->ranks, done));
+    }
   }
   *out = std::move(set);
   return Status::OK();

@@ -24,13 +24,15 @@ void ExitIfHooked(const Batch& batch) {
 }  // namespace
 
 MpiLane::MpiLane(int index, MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
-                 const std::vector<int>* global_ranks, BatchDone done)
+                 int wire_dtype, std::unique_ptr<NodeComms> nodes, const std::vector<int>* global_ranks, BatchDone done)
     : index_(index),
       comm_(comm),
       rank_(rank),
       size_(size),
       chunk_bytes_(chunk_bytes),
       nan_check_(nan_check),
+      wire_dtype_(wire_dtype),
+      nodes_(std::move(nodes)),
       global_ranks_(global_ranks),
       done_(std::move(done)),
       worker_("perseus-lane", [this](const Batch& batch) { Execute(batch); }) {}
@@ -42,7 +44,9 @@ void MpiLane::Push(Batch batch) { worker_.Push(std::move(batch)); }
 bool MpiLane::TryRunInline(const Batch& batch) { return worker_.TryRunInline(batch); }
 
 void MpiLane::Execute(const Batch& batch) {
-  ExecContext ctx{comm_, rank_, size_, chunk_bytes_, &scratch_, global_ranks_, nan_check_};
+  ExecContext ctx{comm_,         rank_,      size_,       chunk_bytes_,
+                  &scratch_,     global_ranks_, nan_check_, wire_dtype_,
+                  nodes_.get()};
   std::vector<Result> results(batch.items.size());
   std::vector<Status> statuses;
   Status status;

@@ -5,10 +5,12 @@
 
 #include <mpi.h>
 
+#include <memory>
 #include <vector>
 
 #include "engine/lane.h"
 #include "engine/lane_worker.h"
+#include "mpi/node_comms.h"
 
 namespace perseus {
 
@@ -17,7 +19,8 @@ class MpiLane : public Lane {
   // `global_ranks` (the set's, outliving the lane) name ranks in error messages;
   // `index` (0 .. lanes-1 within the set) names the lane in the timeline.
   MpiLane(int index, MPI_Comm comm, int rank, int size, int64_t chunk_bytes, bool nan_check,
-          const std::vector<int>* global_ranks, BatchDone done);
+          int wire_dtype, std::unique_ptr<NodeComms> nodes, const std::vector<int>* global_ranks,
+          BatchDone done);
   ~MpiLane() override;  // finishes queued batches, then stops
   void Push(Batch batch) override;
   bool TryRunInline(const Batch& batch) override;
@@ -30,6 +33,8 @@ class MpiLane : public Lane {
   int rank_, size_;
   int64_t chunk_bytes_;
   bool nan_check_;
+  int wire_dtype_;  // PERSEUS_ALLREDUCE_DTYPE; -1 = none
+  std::unique_ptr<NodeComms> nodes_;  // PERSEUS_ALLREDUCE_MODE=hierarchical; null = flat
   const std::vector<int>* global_ranks_;
   BatchDone done_;
   std::vector<char> scratch_;

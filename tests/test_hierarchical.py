@@ -1,0 +1,59 @@
+"""PERSEUS_ALLREDUCE_DTYPE (fp16/bf16 on the wire) and PERSEUS_ALLREDUCE_MODE
+(hierarchical allreduce) under mpirun: tests/mpi/allreduce_modes.py checks every op,
+dtype and scaling against a reference and the result bytes across ranks, on the
+global set and on sets that span the simulated nodes unevenly (flat fallback)."""
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
+
+# Two lanes, small fusion buffers and MPI pieces: batches spread over both lanes'
+# communicators and large tensors go in several windows.
+LANES = {"PERSEUS_ALLREDUCE_STREAMS": "2", "PERSEUS_FUSION_THRESHOLD": "65536",
+         "PERSEUS_CHUNK_SIZE": "16384"}
+HIER = {"PERSEUS_ALLREDUCE_MODE": "hierarchical", "PERSEUS_RANKS_PER_NODE": "2"}
+
+
+@pytest.mark.parametrize("nprocs,env", [
+    (2, {"PERSEUS_ALLREDUCE_DTYPE": "fp16"}),
+    (4, dict(LANES, PERSEUS_ALLREDUCE_DTYPE="bf16")),
+], ids=["np2-fp16", "np4-bf16-lanes"])
+def test_wire_dtype(run_mpi, nprocs, env):
+    run_mpi("allreduce_modes", nprocs, env=env, timeout=360)
+
+
+@pytest.mark.parametrize("nprocs,env", [
+    (4, HIER),                                            # 2 simulated nodes of 2
+    (4, dict(LANES, **HIER)),                             # ... on two lanes, in pieces
+    (4, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}),         # this machine: 1 node of 4
+    (3, HIER),                                            # nodes of 2 and 1: flat fallback
+    (4, dict(LANES, PERSEUS_ALLREDUCE_DTYPE="fp16", **HIER)),
+], ids=["np4-2x2", "np4-2x2-lanes", "np4-1node-horovod-name", "np3-uneven", "np4-2x2-fp16"])
+def test_hierarchical(run_mpi, nprocs, env):
+    run_mpi("allreduce_modes", nprocs, env=env, timeout=360)
+
+
+INIT_SNIPPET = textwrap.dedent("""
+    import perseus.torch.horovod as hvd
+    try:
+        hvd.init()
+    except ValueError as e:
+        print("VALUE_ERROR:", e)
+    else:
+        print("MODE", hvd.config()["PERSEUS_ALLREDUCE_MODE"])
+        hvd.shutdown()
+""")
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({"PERSEUS_ALLREDUCE_MODE": "tree"}, "PERSEUS_ALLREDUCE_MODE='tree' is invalid"),
+    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, "MODE hierarchical"),
+    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, "MODE flat"),
+    ({"HOROVOD_HIERARCHICAL_ALLGATHER": "1"}, "hierarchical allgather is not implemented"),
+    ({"HOROVOD_HIERARCHICAL_ALLGATHER": "0"}, "MODE flat"),
+    ({"PERSEUS_ALLREDUCE_DTYPE": "fp8"}, "PERSEUS_ALLREDUCE_DTYPE='fp8' is invalid"),
+])
+def test_settings(run_python, env, expect):
+    result = run_python(INIT_SNIPPET, env=env)
+    assert expect in result.stdout, result.stdout + result.stderr
