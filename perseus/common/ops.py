@@ -35,6 +35,16 @@ def resolve_op(op, average):
     return op
 
 
+
+def check_predivide(op, gradient_predivide_factor):
+    """A DistributedOptimizer's gradient_predivide_factor, by Horovod's rule (and its
+    text): only with op=Average. Every front end calls this one check."""
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if gradient_predivide_factor <= 0:
+        raise ValueError("gradient_predivide_factor must be positive, got %r"
+                         % (gradient_predivide_factor,))
+
 # Raised by the front ends' gradient of an allreduce with op=Adasum: Adasum is not
 # linear in its inputs, so reducing the upstream gradients again (what Horovod does)
 # would not be the gradient.

@@ -8,7 +8,7 @@ import warnings
 
 import mxnet as mx
 
-from perseus.common.ops import Adasum, Average, Sum
+from perseus.common.ops import Adasum, Average, Sum, check_predivide
 from perseus.common.process_sets import global_process_set
 from perseus.mxnet.compression import Compression
 from perseus.mxnet.mpi_ops import allreduce_, grouped_allreduce_
@@ -30,11 +30,7 @@ def _check_op(op, gradient_predivide_factor):
     if op not in (Average, Adasum):
         raise ValueError("the MXNet DistributedOptimizer and DistributedTrainer reduce "
                          "gradients with op=Average or op=Adasum, got %r" % (op,))
-    if gradient_predivide_factor <= 0:
-        raise ValueError("gradient_predivide_factor must be positive, got %r"
-                         % (gradient_predivide_factor,))
-    if op == Adasum and gradient_predivide_factor != 1.0:
-        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    check_predivide(op, gradient_predivide_factor)
 
 
 def _rescale(op, gradient_predivide_factor, process_set):

@@ -9,6 +9,7 @@ allgather unless sparse_as_dense. None gradients stay None.
 
 import tensorflow as tf
 
+from perseus.common.ops import check_predivide
 from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
 
@@ -16,9 +17,8 @@ from perseus.tensorflow.compression import Compression
 def scale_factors(op, gradient_predivide_factor):
     """(op, prescale, postscale): gradient_predivide_factor f splits Average's
     division into 1/f before the sum and f/size after it (the core applies /size)."""
+    check_predivide(op, gradient_predivide_factor)
     if gradient_predivide_factor != 1.0:
-        if op != mpi_ops.Average:
-            raise ValueError("gradient_predivide_factor needs op=Average")
         return op, 1.0 / gradient_predivide_factor, gradient_predivide_factor
     return op, 1.0, 1.0
 

@@ -7,6 +7,7 @@ MRO: optimizer_mixin.py's, which reduces gradients as backward() produces them,
 or for op=Adasum adasum_optimizer.py's, which reduces parameter deltas.
 """
 
+from perseus.common.ops import check_predivide
 from perseus.common.process_sets import global_process_set
 from perseus.torch.adasum_optimizer import _AdasumMixin
 from perseus.torch.compression import Compression
@@ -23,11 +24,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Returns an instance of a subclass of optimizer's class sharing its param_groups
     (hyperparameters included) and its state.
     """
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if gradient_predivide_factor <= 0:
-        raise ValueError("gradient_predivide_factor must be positive, got %r"
-                         % (gradient_predivide_factor,))
+    check_predivide(op, gradient_predivide_factor)
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be a positive integer, got %r"
                          % (backward_passes_per_step,))
