@@ -79,7 +79,7 @@ if [ ! -f build/CMakeCache.txt ]; then
     -DUSE_OPENCV=OFF -DUSE_LEVELDB=OFF -DUSE_LMDB=OFF \
     -DBUILD_python=OFF -DBUILD_matlab=OFF -DBUILD_docs=OFF \
     -DUSE_PERSEUS=ON -DPERSEUS_LIBRARY_PATH="$LIB_DIR" -DPERSEUS_INCLUDE_DIR="$INCLUDE_DIR" \
-    > build.configure.log || { cat build.configure.log >&2; exit 1; }
+    > build.configure.log 2>&1 || { cat build.configure.log >&2; exit 1; }
 fi
 cmake --build build --target caffe.bin -j "$JOBS" > build.log 2>&1 || {
   tail -50 build.log >&2; echo "build.sh: build failed, see $CACHE/build.log" >&2; exit 1; }

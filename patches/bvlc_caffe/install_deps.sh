@@ -6,6 +6,7 @@
 set -euo pipefail
 SUDO=
 [ "$(id -u)" = 0 ] || SUDO=sudo
+$SUDO apt-get update -q >/dev/null
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
   g++ cmake ninja-build dpkg-dev \
   libprotobuf-dev protobuf-compiler libboost-system-dev libboost-thread-dev \
