@@ -52,20 +52,30 @@ echo "$ORIG_SHA256  dl/$ORIG" | sha256sum -c --quiet - || {
   echo "build.sh: dl/$ORIG is not the 99bd997 tarball (sha256 mismatch)" >&2; exit 1; }
 
 # ---- 2. the patched tree ------------------------------------------------------------
-# src.patch holds the patches applied to src/. Changed patches are swapped in place
-# (old ones reversed, new ones applied), so only the files they touch get new
-# timestamps and the build directory recompiles only those.
+# src.patch holds the patches applied to src/. When they change, the tree is made
+# afresh in src.new and only the files whose content differs are copied into src/,
+# so the build directory recompiles only what the change touches.
 # The cache may sit inside a git checkout: stop git from finding it, so that
-# `git apply` patches src/ as a plain tree.
-apply() { (cd src && GIT_CEILING_DIRECTORIES="$CACHE" git apply "$@"); }
+# `git apply` patches the tree as a plain tree.
 if ! cat "${PATCHES[@]}" | cmp -s - src.patch; then
-  if ! [ -d src ] || ! apply -R ../src.patch 2>/dev/null; then
-    rm -rf src build src.patch && mkdir src
-    tar -xzf "dl/$ORIG" -C src
+  rm -rf src.new && mkdir src.new
+  tar -xzf "dl/$ORIG" -C src.new
+  echo "$SOLVER_SHA256  src.new/src/caffe/solver.cpp" | sha256sum -c --quiet - || {
+    echo "build.sh: the tarball's tree is not 99bd997" >&2; exit 1; }
+  for patch in "${PATCHES[@]}"; do
+    (cd src.new && GIT_CEILING_DIRECTORIES="$CACHE" git apply "$patch")
+  done
+  if [ -d src ]; then
+    (cd src && find . -type f) | while read -r f; do
+      [ -e "src.new/$f" ] || rm "src/$f"
+    done
+    (cd src.new && find . -type f) | while read -r f; do
+      cmp -s "src.new/$f" "src/$f" || { mkdir -p "src/$(dirname "$f")"; cp "src.new/$f" "src/$f"; }
+    done
+    rm -rf src.new
+  else
+    mv src.new src
   fi
-  echo "$SOLVER_SHA256  src/src/caffe/solver.cpp" | sha256sum -c --quiet - || {
-    echo "build.sh: src/ is not the 99bd997 tree" >&2; exit 1; }
-  for patch in "${PATCHES[@]}"; do apply "$patch"; done
   cat "${PATCHES[@]}" > src.patch
 fi
 
