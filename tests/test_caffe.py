@@ -32,7 +32,8 @@ def caffe():
     """The patched `caffe` tool (build.sh: built or found in the cache)."""
     if os.environ.get("PERSEUS_SKIP_CAFFE") == "1":
         pytest.skip("PERSEUS_SKIP_CAFFE=1: Caffe tests skipped on purpose")
-    proc = subprocess.run(["bash", str(job.BUILD_SH)], cwd=str(REPO_ROOT), env=clean_env(),
+    proc = subprocess.run(["bash", str(job.BUILD_SH)], cwd=str(REPO_ROOT),
+                          env=clean_env({"PERSEUS_CAFFE_CACHE": str(job.CACHE)}),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           timeout=BUILD_TIMEOUT_S)
     if proc.returncode != 0:
