@@ -9,7 +9,7 @@ PYTHON=${PYTHON:-python3}
 # nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on this CPU-only
 # machine (~305 MB download, ~345 MB installed, ~20 s); nothing else uses it here.
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout scikit-learn \
+  "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout scikit-learn h5py \
   "nvidia-nccl-cu13==2.32.3"
 # -e: the core library is built in place (perseus/lib/libperseus.so).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
@@ -23,4 +23,11 @@ fi
 # tests/test_mxnet.py; PERSEUS_SKIP_MX=1 leaves it out.
 if [ "${PERSEUS_SKIP_MX:-0}" != 1 ]; then
   bash scripts/setup_mxnet.sh
+fi
+# BVLC Caffe with the Perseus patch (patches/bvlc_caffe/; tests/test_caffe.py): apt
+# build dependencies (root), then a CPU-only build cached in .cache/bvlc_caffe (about
+# 12 minutes cold on 2 cores, seconds once cached). PERSEUS_SKIP_CAFFE=1 leaves it out.
+if [ "${PERSEUS_SKIP_CAFFE:-0}" != 1 ]; then
+  bash patches/bvlc_caffe/install_deps.sh
+  bash patches/bvlc_caffe/build.sh
 fi

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds BVLC Caffe 99bd997 with the Perseus patch (CPU_ONLY) against this checkout's
+# libperseus.so, and prints the path of the `caffe` tool.
+#
+#   bash patches/bvlc_caffe/build.sh            # -> .cache/bvlc_caffe/build/tools/caffe
+#
+# The source is Debian's package caffe 1.0.0+git20180821.99bd997-8 (bullseye), whose
+# orig tarball is exactly BVLC commit 99bd997; it is fetched with `apt-get source`
+# through a private apt configuration under the cache (the system's sources are left
+# alone). Everything lives in $PERSEUS_CAFFE_CACHE (default .cache/bvlc_caffe, ignored
+# by git); a second run with the same patch only checks and returns.
+# Needs the build dependencies: patches/bvlc_caffe/install_deps.sh installs them.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CACHE=${PERSEUS_CAFFE_CACHE:-$REPO/.cache/bvlc_caffe}
+# 0_*: builds 99bd997 against Debian 12's libraries; 1_*: the Perseus patch.
+PATCHES=("$HERE"/[0-9]_*.patch)
+JOBS=${JOBS:-2}
+
+VERSION=1.0.0+git20180821.99bd997-8
+ORIG=caffe_1.0.0+git20180821.99bd997.orig.tar.gz
+# sha256 of the orig tarball, as listed in the .dsc that Debian's signed Sources index
+# vouches for (apt checks that chain while downloading; we check the result again).
+ORIG_SHA256=e0eb3f06794f7402c77b7dec8e8480273ee1a1bb192e9122b621a69d4147ad0c
+# A file of the tree the patch edits, as at BVLC commit 99bd997.
+SOLVER_SHA256=ec7c92f0d353dee7d68778bf91fd68b05adb538b32882b0a5f02b5db0f7f6423
+
+LIB_DIR=$REPO/perseus/lib
+INCLUDE_DIR=$REPO/csrc/include
+[ -f "$LIB_DIR/libperseus.so" ] || {
+  echo "build.sh: $LIB_DIR/libperseus.so is missing: build Perseus first" \
+       "(python setup.py build_ext --inplace, or scripts/setup.sh)" >&2; exit 1; }
+
+mkdir -p "$CACHE"
+cd "$CACHE"
+
+# ---- 1. the pristine source, verified -------------------------------------------
+fetch() {
+  local apt=$CACHE/apt
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" dl
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-bullseye-stable.gpg]" \
+       "http://deb.debian.org/debian bullseye main" > "$apt/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+              -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache"
+              -o APT::Sandbox::User=root)
+  apt-get "${opts[@]}" -q update >/dev/null
+  (cd dl && apt-get "${opts[@]}" -q source --download-only "caffe=$VERSION" >/dev/null)
+}
+[ -f "dl/$ORIG" ] || fetch
+echo "$ORIG_SHA256  dl/$ORIG" | sha256sum -c --quiet - || {
+  echo "build.sh: dl/$ORIG is not the 99bd997 tarball (sha256 mismatch)" >&2; exit 1; }
+
+# ---- 2. the patched tree ------------------------------------------------------------
+# src.patch holds the patches applied to src/. When they change, the tree is made
+# afresh in src.new and only the files whose content differs are copied into src/,
+# so the build directory recompiles only what the change touches.
+# The cache may sit inside a git checkout: stop git from finding it, so that
+# `git apply` patches the tree as a plain tree.
+if ! cat "${PATCHES[@]}" | cmp -s - src.patch; then
+  rm -rf src.new && mkdir src.new
+  tar -xzf "dl/$ORIG" -C src.new
+  echo "$SOLVER_SHA256  src.new/src/caffe/solver.cpp" | sha256sum -c --quiet - || {
+    echo "build.sh: the tarball's tree is not 99bd997" >&2; exit 1; }
+  for patch in "${PATCHES[@]}"; do
+    (cd src.new && GIT_CEILING_DIRECTORIES="$CACHE" git apply "$patch")
+  done
+  if [ -d src ]; then
+    (cd src && find . -type f) | while read -r f; do
+      [ -e "src.new/$f" ] || rm "src/$f"
+    done
+    (cd src.new && find . -type f) | while read -r f; do
+      cmp -s "src.new/$f" "src/$f" || { mkdir -p "src/$(dirname "$f")"; cp "src.new/$f" "src/$f"; }
+    done
+    rm -rf src.new
+  else
+    mv src.new src
+  fi
+  cat "${PATCHES[@]}" > src.patch
+fi
+
+# ---- 3. build the library and the tool --------------------------------------------
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if [ ! -f build/CMakeCache.txt ]; then
+  # CMAKE_POLICY_VERSION_MINIMUM: CMake 4 refuses Caffe's cmake_minimum_required(2.8.7).
+  cmake -S src -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCPU_ONLY=ON -DBLAS=Open \
+    -DUSE_OPENCV=OFF -DUSE_LEVELDB=OFF -DUSE_LMDB=OFF \
+    -DBUILD_python=OFF -DBUILD_matlab=OFF -DBUILD_docs=OFF \
+    -DUSE_PERSEUS=ON -DPERSEUS_LIBRARY_PATH="$LIB_DIR" -DPERSEUS_INCLUDE_DIR="$INCLUDE_DIR" \
+    > build.configure.log 2>&1 || { cat build.configure.log >&2; exit 1; }
+fi
+cmake --build build --target caffe.bin -j "$JOBS" > build.log 2>&1 || {
+  tail -50 build.log >&2; echo "build.sh: build failed, see $CACHE/build.log" >&2; exit 1; }
+echo "$CACHE/build/tools/caffe"
