@@ -29,6 +29,7 @@ SCRIPTS = [
     "adasum_optimizer",  # TF1 DistributedOptimizer(op=Adasum): delta optimizer vs a reference
     "parity",       # Horovod parity: names across retraces, gradient conventions, uint16, ...
     "keras_parity",  # BroadcastGlobalVariablesCallback(local_variables), PartialDistributedOptimizer
+    "traced",       # tf.function path: no Python per call, in-place ops, bounded graph drive
 ]
 
 

@@ -121,17 +121,17 @@ def root_in_set(process_set, root_rank):
 _counters = {}  # (op_type, set id) -> (name format as bytes, counter)
 
 
-def _new_counter(counters, kind, op_type, sid):
-    """(format of "<op>[.set<id>].<kind>.<k>" as bytes, counter) of (op type, set)."""
+def _new_counter(op_type, sid):
+    """(format of "<op>[.set<id>].noname.<k>" as bytes, counter) of (op type, set)."""
     prefix = OP_TYPE_NAMES[op_type] + (".set%d" % sid if sid else "")
-    fmt = ("%s.%s.%%d" % (prefix, kind)).encode()
-    return counters.setdefault((op_type, sid), (fmt, itertools.count()))
+    fmt = ("%s.noname.%%d" % prefix).encode()
+    return _counters.setdefault((op_type, sid), (fmt, itertools.count()))
 
 
 def unnamed(op_type, sid):
     """The next generated name: "<op>.noname.<k>", "<op>.set<id>.noname.<k>" off the
     global set."""
-    entry = _counters.get((op_type, sid)) or _new_counter(_counters, "noname", op_type, sid)
+    entry = _counters.get((op_type, sid)) or _new_counter(op_type, sid)
     return entry[0] % next(entry[1])
 
 

@@ -57,12 +57,21 @@ def _graph_name(op_type):
     return "%s/%s" % (_GRAPH_UID.sub("", function), scoped) if function else scoped
 
 
+# How long a graph op's thread (one of TensorFlow's inter-op threads) may run the
+# engine itself. Handing the request to the engine thread instead costs two thread
+# wake-ups on the latency path, and its done() then runs TensorFlow's executor on the
+# engine thread: about 0.5 ms per small collective on two busy cores
+# (benchmarks/README.md). The bound keeps an inter-op thread from being held while
+# peers are late: after it, the engine thread takes over. Only one thread drives at
+# a time; other ops just enqueue.
+GRAPH_DRIVE_S = 0.01
+
+
 def _drive_s():
-    """Eagerly the caller waits for the result anyway, so the op's thread runs the
-    engine itself for up to this long (perseus_enqueue_and_drive), as the PyTorch
-    front end does; graph ops leave the wait to a waiter thread, so as not to hold
-    TensorFlow's inter-op threads."""
-    return _requests.DRIVE_S if tf.executing_eagerly() else 0.0
+    """How long the op's thread runs the engine itself (perseus_enqueue_and_drive)
+    before it leaves the rest to the engine thread: eagerly the caller waits for the
+    result anyway (as in the PyTorch front end); graph ops for GRAPH_DRIVE_S."""
+    return _requests.DRIVE_S if tf.executing_eagerly() else GRAPH_DRIVE_S
 
 
 def _check_dtypes(op_type, reduce_op, tensors):

@@ -6,6 +6,9 @@
 // returns at once; the core calls back when the handles complete
 // (perseus_on_complete) and the callback finishes the op (copying core-allocated
 // outputs, or setting the error) before done().
+// The thread that runs the kernel first drives the engine itself (drive_s > 0,
+// perseus_enqueue_and_drive): a small collective then completes, done() included,
+// on that thread, with no hand-off to the engine thread and back.
 // No Python runs on this path. Names arrive as a string tensor, not an attribute:
 // eager mode caches one kernel per attribute set, and unnamed eager calls get a
 // new name each time.
@@ -75,9 +78,16 @@ absl::Status ToStatus(perseus_status_t status, const std::string& message) {
 // What runs when a batch's handles complete (perseus_on_complete's argument).
 using Completion = std::function<void(perseus_status_t, const std::string&)>;
 
+// True while this thread runs a completion: it may be the engine's own thread, deep
+// inside the engine, where a kernel that TensorFlow runs inline from done() must
+// only enqueue, not drive the engine again.
+thread_local bool in_completion = false;
+
 void RunCompletion(void* arg, perseus_status_t status, const char* message) {
   std::unique_ptr<Completion> completion(static_cast<Completion*>(arg));
+  in_completion = true;
   (*completion)(status, message ? message : "");
+  in_completion = false;
 }
 
 // Everything the core may read until the handles complete.
@@ -132,7 +142,6 @@ class CollectiveOp : public AsyncOpKernel {
     }
     for (int i = 0; i < n; ++i) {
       const Tensor& input = ctx->input(i);
-      batch->inputs.push_back(input);
       int32_t code;
       OP_REQUIRES_ASYNC(ctx, CoreDtype(input.dtype(), &code),
                         absl::InvalidArgumentError("Perseus does not support tensors of dtype " +
@@ -143,8 +152,12 @@ class CollectiveOp : public AsyncOpKernel {
       for (int d = 0; d < input.dims(); ++d) batch->shapes[i].push_back(input.dim_size(d));
       void* output = nullptr;
       if (op_type_ == PERSEUS_ALLREDUCE || op_type_ == PERSEUS_BROADCAST) {
+        // In place when nothing else reads the input (the core handles input ==
+        // output): no output allocation and no input -> output copy. Before the
+        // batch takes its reference, which would make the buffer look shared.
         Tensor* out = nullptr;
-        OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(i, input.shape(), &out), done);
+        OP_REQUIRES_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({i}, i, input.shape(), &out),
+                             done);
         output = const_cast<char*>(out->tensor_data().data());
       } else if (op_type_ == PERSEUS_REDUCESCATTER) {
         OP_REQUIRES_ASYNC(ctx, input.dims() >= 1,
@@ -160,6 +173,7 @@ class CollectiveOp : public AsyncOpKernel {
         output = const_cast<char*>(out->tensor_data().data());
       }
       // Allgather: output stays NULL; the core sizes and allocates it.
+      batch->inputs.push_back(input);
       perseus_request_t& r = batch->requests[i];
       r.op_type = op_type_;
       r.reduce_op = reduce_op_;
@@ -200,15 +214,15 @@ class CollectiveOp : public AsyncOpKernel {
  protected:
   // Enqueues the batch; once every handle has completed, finish() fills the
   // outputs (unless a request failed), the handles are released and done() runs.
-  // drive_s > 0 (eager calls, whose caller waits anyway): this thread first runs
-  // the engine itself for up to drive_s, as the PyTorch front end does, and
+  // drive_s > 0: this thread first runs the engine itself for up to drive_s (the
+  // Python side picks it: long eagerly, short in graphs, mpi_ops.GRAPH_DRIVE_S) and
   // completes inline when the result is in; no thread hand-off on that path.
   // Otherwise (or if the peers are late) the core's completing thread does.
   void Submit(OpKernelContext* ctx, DoneCallback done, std::shared_ptr<Batch> batch,
               std::function<absl::Status()> finish) {
     const int n = static_cast<int>(batch->requests.size());
     perseus_status_t status =
-        drive_s_ > 0 ? perseus_enqueue_and_drive(batch->requests.data(), n,
+        drive_s_ > 0 && !in_completion ? perseus_enqueue_and_drive(batch->requests.data(), n,
                                                  batch->handles.data(), drive_s_)
                      : perseus_enqueue(batch->requests.data(), n, batch->handles.data());
     OP_REQUIRES_OK_ASYNC(ctx, ToStatus(status, status ? perseus_last_error() : ""), done);
