@@ -25,8 +25,8 @@ if [ "${PERSEUS_SKIP_MX:-0}" != 1 ]; then
   bash scripts/setup_mxnet.sh
 fi
 # BVLC Caffe with the Perseus patch (patches/bvlc_caffe/; tests/test_caffe.py): apt
-# build dependencies (root), then a CPU-only build cached in .cache/bvlc_caffe (about
-# 5 minutes of 2 idle cores cold (~10 CPU-minutes), seconds once cached). PERSEUS_SKIP_CAFFE=1 leaves it out.
+# build dependencies (root), then a CPU-only build cached in .cache/bvlc_caffe (~10
+# CPU-minutes cold, seconds once cached). PERSEUS_SKIP_CAFFE=1 leaves it out.
 if [ "${PERSEUS_SKIP_CAFFE:-0}" != 1 ]; then
   bash patches/bvlc_caffe/install_deps.sh
   bash patches/bvlc_caffe/build.sh
