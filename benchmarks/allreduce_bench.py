@@ -62,6 +62,8 @@ from resnet50_shapes import RESNET50_NUMEL, RESNET50_SHAPES
 KiB = 1024
 MiB = 1024 * KiB
 DEFAULT_SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]
+# The idle check covers every power of two in between (issue 16, item 11).
+IDLE_SIZES = [4 * KiB << i for i in range(15)]  # 4 KiB .. 64 MiB
 
 # Targets from issue 2 (2 ranks on the 2-core dev machine).
 TARGET_SMALL_SECONDS = 30e-6      # perseus 4 KiB allreduce, absolute
@@ -157,6 +159,7 @@ class Bench:
         self.fill_value = float(self.rank + 1)
         self.results = {}   # key -> [per round: {"stats", "samples"}]
         self.meta = {}      # key -> {"desc", "bytes", "barrier", "interleaved_with"}
+        self.thread_watch = {}  # label -> (threads, ticks, switches): see watch_threads
 
     def iters_for(self, nbytes):
         """--iters up to 1 MiB; bigger sizes scale down, at least --min-iters."""
@@ -367,17 +370,60 @@ def import_hvd(comm):
     return hvd
 
 
+def thread_counters():
+    """{tid: (CPU ticks, context switches)} of this process's threads, from /proc:
+    what an idle thread that polls or wakes would show whatever the machine's load
+    (timings on a busy machine cannot show it). {} where /proc has no task stats."""
+    counters = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return counters
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/status") as f:
+                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+        counters[int(tid)] = (int(fields[11]) + int(fields[12]), switches)  # utime + stime
+    return counters
+
+
+def watch_threads(b, tids, label, seconds=None, during=None):
+    """CPU ticks and context switches of threads `tids` (Perseus's, which appeared
+    at init) over `seconds` of idleness or over the call `during`; the max over
+    ranks lands in b.thread_watch[label]."""
+    before = thread_counters()
+    if during is not None:
+        during()
+    else:
+        time.sleep(seconds)  # this thread sleeps: only the others could run
+    after = thread_counters()
+    ticks = switches = 0
+    for tid in tids:
+        if tid in before and tid in after:
+            ticks += after[tid][0] - before[tid][0]
+            switches += after[tid][1] - before[tid][1]
+    mine = (len(tids), ticks, switches)
+    b.thread_watch[label] = tuple(max(x) for x in zip(*b.comm.allgather(mine)))
+
+
 def phase_idle_cost(b, sizes):
-    """Raw MPI before init / after init / after work, in alternating cycles."""
+    """Raw MPI before init / after init / after work, in alternating cycles; in the
+    first cycle, what Perseus's own threads do meanwhile (thread_counters)."""
     import torch
     hvd = import_hvd(b.comm)
 
     comm = b.comm
     b.log(f"idle cost: raw mpi4py Allreduce before hvd.init() and while perseus "
           f"is idle ({b.args.idle_cycles} cycles):")
-    for _ in range(b.args.idle_cycles):
+    for cycle in range(b.args.idle_cycles):
         idle_block(b, "before", "raw mpi4py Allreduce before hvd.init()", sizes)
+        existing = set(thread_counters())
         hvd.init()
+        perseus_threads = set(thread_counters()) - existing
         try:
             idle_block(b, "after_init",
                        "raw mpi4py Allreduce after hvd.init(), perseus idle", sizes)
@@ -390,8 +436,16 @@ def phase_idle_cost(b, sizes):
                 if comm.allreduce(1 if err else 0, op=MPI.MAX):
                     raise BenchError(f"wrong result in idle-cost work: {err}")
             settle(b.args.settle)
-            idle_block(b, "after_work",
-                       "raw mpi4py Allreduce after perseus work, perseus idle", sizes)
+
+            def block():
+                idle_block(b, "after_work",
+                           "raw mpi4py Allreduce after perseus work, perseus idle", sizes)
+
+            if cycle == 0 and b.args.idle_watch > 0:
+                watch_threads(b, perseus_threads, "idle", seconds=b.args.idle_watch)
+                watch_threads(b, perseus_threads, "raw_mpi", during=block)
+            else:
+                block()
         finally:
             comm.Barrier()
             hvd.shutdown()
@@ -558,7 +612,7 @@ def build_report(b, sizes, args):
             "gloo.resnet50.async", None)
 
     idle = []
-    for n in sizes:
+    for n in args.idle_sizes:
         k = f"mpi4py.idle.%s.{n}"
         idle.append({"size": n,
                      "before_init": med(k % "before"),
@@ -640,6 +694,15 @@ def render_markdown(b, rows, idle, targets, args):
                        f"| {fmt_time(x['after_init'])} | {fmt_time(x['after_work'])} "
                        f"| {fmt_x(x['ratio_after_init'])} "
                        f"| {fmt_x(x['ratio_after_work'])} |")
+        out.append("")
+    for label, what in (("idle", f"over {args.idle_watch:g} s of idleness after work"),
+                        ("raw_mpi", "during the after-work raw MPI block (cycle 1)")):
+        if label in b.thread_watch:
+            n, ticks, switches = b.thread_watch[label]
+            out.append(f"Perseus's {n} threads {what}: {ticks} CPU ticks "
+                       f"(1 tick = {1000 // os.sysconf('SC_CLK_TCK')} ms), {switches} "
+                       f"context switches (max over ranks).")
+    if b.thread_watch:
         out.append("")
     out.append("Targets (issue 2). Ratios against the pre-init floor, and against "
                "the raw call interleaved with perseus:")
@@ -827,6 +890,12 @@ def parse_args(argv=None):
                    help="do not measure raw MPI while perseus is idle")
     p.add_argument("--idle-only", action="store_true",
                    help="only the floor and the idle cost (raw MPI while perseus is idle)")
+    p.add_argument("--idle-sizes", nargs="+", type=parse_size, default=IDLE_SIZES,
+                   help="sizes of the idle check (default: every power of two from "
+                        "4K to 64M)")
+    p.add_argument("--idle-watch", type=float, default=5.0,
+                   help="seconds for which the idle check counts the CPU time and "
+                        "wake-ups of Perseus's idle threads (default 5; 0: off)")
     p.add_argument("--settle", type=float, default=0.0,
                    help="seconds to busy-wait after perseus work before the "
                         "after-work idle block (default 0; its warm-up covers "
@@ -845,6 +914,7 @@ def parse_args(argv=None):
         p.error("--iters, --min-iters, --idle-iters, --idle-cycles and --repeat "
                 "must be ≥ 1")
     args.sizes = sorted(set(args.sizes))
+    args.idle_sizes = sorted(set(args.idle_sizes))
     return args
 
 
@@ -871,7 +941,7 @@ def main(argv=None):
         phase_floor(b, args.sizes, do_resnet)
         if not args.skip_perseus:
             if args.idle:
-                phase_idle_cost(b, args.sizes)
+                phase_idle_cost(b, args.idle_sizes)
             if not args.idle_only:
                 phase_perseus(b, args.sizes, do_resnet)
         if not args.skip_gloo and not args.idle_only:
@@ -904,6 +974,8 @@ def main(argv=None):
                          "shapes": [list(s) for s in RESNET50_SHAPES]},
             "rows": rows,
             "idle": idle,
+            "idle_threads": {k: dict(zip(("threads", "ticks", "switches"), v))
+                             for k, v in b.thread_watch.items()},
             "targets": targets,
             "measurements": {k: b.summary(k) for k in b.results},
         }

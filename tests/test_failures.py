@@ -143,3 +143,13 @@ def test_chaos(run_mpi, np, settings):
     replays a failing plan (the script prints its seed)."""
     env = dict(settings, PTEST_CHAOS_SEED=os.environ.get("PTEST_CHAOS_SEED", "1616"))
     run_mpi("chaos", np, env=env, timeout=180)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_tensor_grown_in_flight(run_mpi, np):
+    """Issue 16 (7): a tensor grown (resize_() to 100x, an out= op) while its request is in
+    flight: torch's "not resizable" error on the caller's thread, the right result on
+    every rank, the tensor usable at its new size afterwards, repeated. glibc unmaps every
+    freed block over 64 KiB here, so a use of freed memory would be a SIGSEGV (as it was
+    before the pin)."""
+    run_mpi("grow_in_flight", np, env={"MALLOC_MMAP_THRESHOLD_": "65536"}, timeout=180)

@@ -147,6 +147,10 @@ def synchronize(handle):
     finally:
         for h in handles:
             _release(h)  # cannot fail for a completed handle; never mask the result
+        # A raised failure's traceback keeps this frame alive (until the caller lets
+        # the exception go, or longer through `failure`'s cycle): let the state go
+        # now, with whatever it holds (e.g. torch's pinned storages, see hold.py).
+        entry = state = None
 
 
 _stream_wait = _lib.perseus_stream_wait

@@ -22,6 +22,7 @@ from perseus.common import ops as _ops
 from perseus.common import requests as _requests
 from perseus.common.exceptions import HorovodInternalError
 from perseus.torch import device as _device
+from perseus.torch.hold import hold as _hold, pin as _pin  # what a call keeps in flight
 
 # The one torch dtype <-> core dtype table.
 DTYPE_CODES = {
@@ -145,29 +146,19 @@ def _finish_nothing(state, handles):
 
 # ---- submission -----------------------------------------------------------------
 
-def _hold(kept, source):
-    """Keeps `source` and its storage referenced until synchronize(): the core
-    reads (and, in place, writes) that memory, and a set_() or `.data =` on the
-    caller's tensor would otherwise free it mid-operation. (A resize_() that grows
-    the tensor reallocates inside this same storage: that torch frees the old
-    memory at once is beyond our reach, so it stays unsafe while in flight.)"""
-    kept.append(source)
-    kept.append(source.untyped_storage())
-
-
 def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
                       process_set, root_rank, grouped, drive):
     """Allreduce and broadcast: output has the input's shape; we allocate it."""
     sid = _set_id(process_set)
     requests = []
-    sources = []  # with their storages (see _hold)
+    held = []  # sources and storages, until synchronize (see hold.py)
     results = []
     copy_back = []
     placed = []  # in-place targets and their addresses, checked at synchronize
     consumer = None
     for tensor, wire in zip(tensors, _names(op_type, name, len(tensors), grouped)):
         source, code, device = prepare(tensor)
-        _hold(sources, source)
+        _hold(held, source)
         if code == _BOOL or reduce_op == _ADASUM:
             _check_code(op_type, reduce_op, code)
         if inplace:
@@ -195,7 +186,8 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
             consumer = _on_device(request, device)
         requests.append(request)
     _builder.group(requests, grouped)
-    return _submit(requests, _finish_outputs, (sources, results, copy_back, grouped, placed),
+    held.append(_pin(held, drive))
+    return _submit(requests, _finish_outputs, (held, results, copy_back, grouped, placed),
                    drive, consumer)
 
 
@@ -216,7 +208,7 @@ def allgather_async(tensors, name, process_set, grouped, drive=False):
     """The core sizes and allocates the output; synchronize wraps it zero-copy."""
     sid = _set_id(process_set)
     requests = []
-    sources = []
+    held = []
     codes = []
     devices = []
     consumer = None
@@ -226,11 +218,12 @@ def allgather_async(tensors, name, process_set, grouped, drive=False):
         if device != _CPU:
             consumer = _on_device(request, device)
         requests.append(request)
-        _hold(sources, source)
+        _hold(held, source)
         codes.append(code)
         devices.append(device)
     _builder.group(requests, grouped)
-    return _submit(requests, _finish_gathered, (sources, codes, devices, grouped), drive,
+    held.append(_pin(held, drive))
+    return _submit(requests, _finish_gathered, (held, codes, devices, grouped), drive,
                    consumer)
 
 
@@ -243,8 +236,10 @@ def alltoall_async(tensor, splits, name, process_set, drive=False):
     request = _Request(_ALLTOALL, sid, code, source.shape, source.data_ptr(),
                        name=_names(_ALLTOALL, name)[0], splits=splits)
     consumer = None if device == _CPU else _on_device(request, device)
-    return _submit([request], _finish_alltoall, ((source, source.untyped_storage()), code, device),
-                   drive, consumer)
+    held = []
+    _hold(held, source)
+    held.append(_pin(held, drive))
+    return _submit([request], _finish_alltoall, (held, code, device), drive, consumer)
 
 
 def reducescatter_async(tensors, name, op, prescale, postscale, process_set, grouped,
@@ -253,7 +248,7 @@ def reducescatter_async(tensors, name, op, prescale, postscale, process_set, gro
     _builder.check_op(_REDUCESCATTER, op)
     sid = _set_id(process_set)
     requests = []
-    sources = []
+    held = []
     results = []
     consumer = None
     for tensor, wire in zip(tensors, _names(_REDUCESCATTER, name, len(tensors), grouped)):
@@ -267,10 +262,11 @@ def reducescatter_async(tensors, name, op, prescale, postscale, process_set, gro
         if device != _CPU:
             consumer = _on_device(request, device)
         requests.append(request)
-        _hold(sources, source)
+        _hold(held, source)
         results.append(output)
     _builder.group(requests, grouped)
-    return _submit(requests, _finish_outputs, (sources, results, (), grouped, ()), drive,
+    held.append(_pin(held, drive))
+    return _submit(requests, _finish_outputs, (held, results, (), grouped, ()), drive,
                    consumer)
 
 
