@@ -72,7 +72,7 @@ class Engine {
   void Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
             Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom);
   void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
-  Clock::time_point HoldUntil(const Negotiator& negotiator, int64_t* headroom) const;
+  Clock::time_point HoldUntil(const ProcessSet& set, int64_t* headroom) const;
   void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now, bool driving);
   // The next lane for `batch`: MPI lanes for CPU tensors, device lanes (made at the
   // set's first GPU batch) for GPU tensors, each kind round robin.
