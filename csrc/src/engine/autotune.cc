@@ -183,6 +183,10 @@ void AutoTuner::Advance(double score) {
   dimensions_[dim_].apply(&current_, dimensions_[dim_].values[option_]);
 }
 
+std::string AutoTuner::State() const {
+  return tuning_ ? "tuning" : "settled: " + Describe(best_);
+}
+
 void AutoTuner::Settle() {
   tuning_ = false;
   current_ = best_;

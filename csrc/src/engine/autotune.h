@@ -55,6 +55,8 @@ class AutoTuner {
 
   bool tuning() const { return tuning_; }
   const Knobs& knobs() const { return current_; }
+  // "tuning", or "settled: " and the knobs kept (NAME=value words).
+  std::string State() const;
 
   // Every round's agreed requests, before they are planned; the same round on every
   // member. At the end of a sample: one allreduce with the other members, then

@@ -100,6 +100,7 @@ Status Engine::Init() {
   if (config_.autotune || config_.lanes_auto) {
     status = AutoTuner::Open(config_, world_, lanes_, &global->tuner);
     if (!status.ok()) return status;
+    if (global->tuner) autotune_state_ = global->tuner->State();
   }
   sets_[0] = std::move(global);
   next_set_id_ = 1;
@@ -424,6 +425,10 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
         return;
       }
       set->knobs = set->tuner->knobs();
+      if (!set->tuner->tuning()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        autotune_state_ = set->tuner->State();
+      }
     }
     const Knobs& knobs = set->knobs;
     std::vector<Batch> batches =
@@ -648,6 +653,11 @@ Status Engine::RemoveProcessSet(int id) {
     sets_.erase(it);
   }
   return Status::OK();  // freed here or, if the engine still holds it, after its step
+}
+
+std::string Engine::autotune_state() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return autotune_state_;
 }
 
 Status Engine::DescribeProcessSet(int id, std::vector<int>* ranks, int* rank) {
