@@ -91,7 +91,7 @@ AutoTuner::AutoTuner(const Config& config, MPI_Comm comm, int rank, Knobs initia
       PERSEUS_LOG(kWarning) << "cannot write the autotune log " << config.autotune_log;
     }
   }
-  if (warmup_left_ == 0) dimensions_[0].apply(&current_, dimensions_[0].values[0]);
+  if (warmup_left_ == 0) dimensions_[0].apply(&current_, dimensions_[0].values[ValueAt(0)]);
 }
 
 AutoTuner::~AutoTuner() { MPI_Comm_free(&comm_); }
@@ -157,30 +157,37 @@ Status AutoTuner::AgreeOnScore(double* score) {
   return Status::OK();
 }
 
+size_t AutoTuner::ValueAt(size_t visit) const {
+  const size_t n = dimensions_[dim_].values.size();
+  return visit < n ? visit : 2 * n - 1 - visit;
+}
+
 void AutoTuner::Advance(double score) {
+  const Dimension* dim = &dimensions_[dim_];
   if (warmup_left_ > 0) {
     // Discarded: the first steps pay for allocation and warm caches. Then the first try.
-    if (--warmup_left_ == 0) dimensions_[0].apply(&current_, dimensions_[0].values[0]);
+    if (--warmup_left_ == 0) dim->apply(&current_, dim->values[ValueAt(0)]);
     return;
   }
   Log(current_, score);
   PERSEUS_LOG(kDebug) << "autotune sample: " << Describe(current_) << " score=" << score;
-  if (score > dim_best_score_) {
-    dim_best_score_ = score;
-    best_ = current_;
-    best_score_ = score;
-  }
-  if (++option_ == dimensions_[dim_].values.size()) {
+  sums_.resize(dim->values.size(), 0.0);
+  sums_[ValueAt(visit_)] += score;
+  if (++visit_ == 2 * dim->values.size()) {
     // This knob keeps its best value; the next is tried around it.
-    option_ = 0;
-    dim_best_score_ = -1;
+    size_t best = std::max_element(sums_.begin(), sums_.end()) - sums_.begin();
+    dim->apply(&best_, dim->values[best]);
+    best_score_ = sums_[best] / 2;
+    sums_.clear();
+    visit_ = 0;
     if (++dim_ == dimensions_.size()) {
       Settle();
       return;
     }
+    dim = &dimensions_[dim_];
   }
   current_ = best_;
-  dimensions_[dim_].apply(&current_, dimensions_[dim_].values[option_]);
+  dim->apply(&current_, dim->values[ValueAt(visit_)]);
 }
 
 std::string AutoTuner::State() const {

@@ -7,8 +7,10 @@
 // then reduce their step times (MAX) in one small allreduce, so every member computes
 // the same score and the same next setting from the same numbers, and switches in
 // that round. The search is coordinate descent over a small grid, not Horovod's
-// Bayesian optimisation: one knob at a time, each of its values for one sample, the
-// best kept before the next knob. Settings the user set explicitly are not tuned.
+// Bayesian optimisation: one knob at a time, each of its values for two samples, in
+// the order a..z then z..a (so a steady drift in the machine's speed, common on
+// shared machines, weighs on every value alike), the best mean kept before the next
+// knob. Settings the user set explicitly are not tuned.
 #ifndef PERSEUS_ENGINE_AUTOTUNE_H_
 #define PERSEUS_ENGINE_AUTOTUNE_H_
 
@@ -76,6 +78,8 @@ class AutoTuner {
   // slowest time of each step (the median step, so one hiccup does not decide).
   Status AgreeOnScore(double* score);
   void Advance(double score);
+  // The value of the current dimension that visit `visit` tries: a..z, then z..a.
+  size_t ValueAt(size_t visit) const;
   void Log(const Knobs& knobs, double score);
   void Settle();
 
@@ -85,9 +89,10 @@ class AutoTuner {
   int warmup_left_;
   const int steps_per_sample_;
   bool tuning_ = true;
-  Knobs current_, best_;
-  size_t dim_ = 0, option_ = 0;  // the dimension and value now being tried
-  double dim_best_score_ = -1, best_score_ = 0;
+  Knobs current_, best_;  // best_: the values chosen so far (the tuned dimensions')
+  size_t dim_ = 0, visit_ = 0;  // the dimension being tuned, and its sample
+  std::vector<double> sums_;    // the current dimension's scores, summed per value
+  double best_score_ = 0;
   std::ofstream csv_;
 
   // Step counting, from the agreed allreduces.
