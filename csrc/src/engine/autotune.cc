@@ -52,17 +52,21 @@ Status AutoTuner::Open(const Config& config, MPI_Comm comm, int lanes_made,
     std::vector<int64_t> counts;
     for (int64_t n : kLaneCounts)
       if (n <= lanes_made) counts.push_back(n);
-    dims.push_back({"lanes", counts, [](Knobs* k, int64_t v) { k->lanes = static_cast<int>(v); }});
+    dims.push_back({"lanes", counts, [](Knobs* k, int64_t v) { k->lanes = static_cast<int>(v); },
+                    [](const Knobs& k) { return static_cast<int64_t>(k.lanes); }});
   }
   if (config.autotune && !config.IsSet("PERSEUS_FUSION_THRESHOLD"))
     dims.push_back({"fusion_threshold", kFusionThresholds,
-                    [](Knobs* k, int64_t v) { k->fusion_threshold = v; }});
+                    [](Knobs* k, int64_t v) { k->fusion_threshold = v; },
+                    [](const Knobs& k) { return k.fusion_threshold; }});
   if (config.autotune && !config.IsSet("PERSEUS_CHUNK_SIZE"))
-    dims.push_back({"chunk_bytes", kChunkSizes, [](Knobs* k, int64_t v) { k->chunk_bytes = v; }});
+    dims.push_back({"chunk_bytes", kChunkSizes, [](Knobs* k, int64_t v) { k->chunk_bytes = v; },
+                    [](const Knobs& k) { return k.chunk_bytes; }});
   // The hold is one knob of two variables: its bytes are tried, its time is kept.
   if (config.autotune && !config.IsSet("PERSEUS_HOLD_BYTES") &&
       !config.IsSet("PERSEUS_HOLD_TIME") && config.hold_time_ms > 0)
-    dims.push_back({"hold_bytes", kHoldBytes, [](Knobs* k, int64_t v) { k->hold_bytes = v; }});
+    dims.push_back({"hold_bytes", kHoldBytes, [](Knobs* k, int64_t v) { k->hold_bytes = v; },
+                    [](const Knobs& k) { return k.hold_bytes; }});
   if (dims.empty()) return Status::OK();
 
   MPI_Comm own;
@@ -174,8 +178,13 @@ void AutoTuner::Advance(double score) {
   sums_.resize(dim->values.size(), 0.0);
   sums_[ValueAt(visit_)] += score;
   if (++visit_ == 2 * dim->values.size()) {
-    // This knob keeps its best value; the next is tried around it.
+    // This knob keeps its best value, if clearly better than the one in use; the next
+    // knob is tried around it.
     size_t best = std::max_element(sums_.begin(), sums_.end()) - sums_.begin();
+    auto in_use = std::find(dim->values.begin(), dim->values.end(), dim->get(best_));
+    if (in_use != dim->values.end() &&
+        sums_[best] < sums_[in_use - dim->values.begin()] * (1 + kMinGain))
+      best = in_use - dim->values.begin();
     dim->apply(&best_, dim->values[best]);
     best_score_ = sums_[best] / 2;
     sums_.clear();

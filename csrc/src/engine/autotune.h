@@ -10,7 +10,8 @@
 // Bayesian optimisation: one knob at a time, each of its values for two samples, in
 // the order a..z then z..a (so a steady drift in the machine's speed, common on
 // shared machines, weighs on every value alike), the best mean kept before the next
-// knob. Settings the user set explicitly are not tuned.
+// knob, if it beats the value in use by kMinGain (noise alone should not move it).
+// Settings the user set explicitly are not tuned.
 #ifndef PERSEUS_ENGINE_AUTOTUNE_H_
 #define PERSEUS_ENGINE_AUTOTUNE_H_
 
@@ -46,6 +47,7 @@ Knobs InitialKnobs(const Config& config, int lanes_made);
 // with no lane count set); then this many lanes are made, and the tuner picks k.
 bool TunesLanes(const Config& config);
 constexpr int kAutoMaxLanes = 4;
+constexpr double kMinGain = 0.05;
 
 class AutoTuner {
  public:
@@ -70,6 +72,7 @@ class AutoTuner {
     const char* name;
     std::vector<int64_t> values;  // tried in this order
     void (*apply)(Knobs*, int64_t);
+    int64_t (*get)(const Knobs&);
   };
 
   AutoTuner(const Config& config, MPI_Comm comm, int rank, Knobs initial,
