@@ -11,7 +11,8 @@ hvd.shutdown(). A step's time is the slowest rank's; a run's time its median ste
    fixed setting again. Autotune's run steps until config()'s
    PERSEUS_AUTOTUNE_STATE says it settled (the same step on every rank: the state
    changes in a round every rank applies before that step's results come back),
-   then takes the same timed steps under what it chose. Its ratio is the mean of
+   then takes the same timed steps under what it chose; the fixed runs beside it
+   first warm up for as many steps as it tunes. Its ratio is the mean of
    the two fixed runs beside it over its own time, so a steady drift of the shared
    machine's speed cancels; the median ratio is the number to quote (target >= 0.95).
 """
@@ -86,7 +87,7 @@ def _timed(comm, step, n):
     return times
 
 
-def _run(comm, hvd, make_step, setting, args):
+def _run(comm, hvd, make_step, setting, args, warmup_steps=None):
     """(median step seconds, what autotune settled on or None, its tuning steps)."""
     _set_environment(setting, args)
     hvd.init()
@@ -100,7 +101,7 @@ def _run(comm, hvd, make_step, setting, args):
                 step()
                 tuning_steps += 1
             state = hvd.config()["PERSEUS_AUTOTUNE_STATE"]
-        for _ in range(args.warmup_steps):
+        for _ in range(args.warmup_steps if warmup_steps is None else warmup_steps):
             step()
         median = float(np.median(_timed(comm, step, args.timed_steps)))
     finally:
@@ -117,8 +118,8 @@ def compare(hvd, make_step, work_per_step, unit, args, log=print):
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
 
-    def measure(setting, name, tag):
-        median, state, tuning_steps = _run(comm, hvd, make_step, setting, args)
+    def measure(setting, name, tag, warmup_steps=None):
+        median, state, tuning_steps = _run(comm, hvd, make_step, setting, args, warmup_steps)
         if rank == 0 and args.verbose:
             log("%-12s %-40s %8.2f ms/step%s" % (tag, name, median * 1e3,
                                                  "  " + state if state else ""))
@@ -134,11 +135,15 @@ def compare(hvd, make_step, work_per_step, unit, args, log=print):
     best_name = fixed[0][1]
     best = next(s for s in settings if label(s) == best_name)
 
+    # Autotune's timed steps come after its tuning steps: the fixed runs beside it get
+    # as many warm-up steps (1 + all its samples), so neither side is measured colder.
+    samples = args.autotune_warmup + 2 * sum(len(v) for v in VALUES.values())
+    warm = 2 + samples * args.autotune_steps + args.warmup_steps
     ratios, runs = [], []
     for p in range(args.pairs):
-        before = measure(best, best_name, "pair %d" % (p + 1))[0]
+        before = measure(best, best_name, "pair %d" % (p + 1), warm)[0]
         tuned, state, steps = measure(AUTOTUNE, AUTOTUNE, "pair %d" % (p + 1))
-        after = measure(best, best_name, "pair %d" % (p + 1))[0]
+        after = measure(best, best_name, "pair %d" % (p + 1), warm)[0]
         ratios.append((before + after) / 2 / tuned)
         runs.append((before, tuned, after, state, steps))
     if rank != 0:
