@@ -5,6 +5,10 @@ Run on two ranks of one machine:
 
     mpirun -np 2 python benchmarks/allreduce_bench.py [--iters N] [--sizes 4K 1M ...]
         [--repeat R] [--json out.json] [--plot out.png] [--skip-perseus]
+    mpirun -np 2 python benchmarks/allreduce_bench.py --autotune [--rounds 3] [--sweep axes]
+
+--autotune measures only the ResNet-50 set: PERSEUS_AUTOTUNE's settled throughput
+against a sweep of fixed settings (autotune_compare.py), instead of what follows.
 
 Everything is measured in one run, by the same processes. One round is:
 
@@ -852,6 +856,36 @@ def plot(path, b, sizes, rows):
     print(f"wrote {path}", flush=True)
 
 
+# ---------------------------------------------------------------- autotune
+
+def autotune_comparison(args):
+    """--autotune: the ResNet-50 set (161 hvd.allreduce_async_, op=Average, then
+    synchronize each) under every fixed setting of the sweep and under autotune."""
+    import torch
+    import autotune_compare
+    comm = MPI.COMM_WORLD
+    hvd = import_hvd(comm)
+    expected = (comm.Get_size() + 1) / 2  # the mean of rank + 1, unchanged by averaging again
+
+    def make_step():
+        grads = torch_grads()
+        fill_all(grads, float(comm.Get_rank() + 1))
+        names = [f"grad.{i}" for i in range(len(grads))]
+
+        def step():
+            handles = [hvd.allreduce_async_(g, name=nm, op=hvd.Average)
+                       for g, nm in zip(grads, names)]
+            for h in handles:
+                hvd.synchronize(h)
+            ends = (grads[0].view(-1)[0].item(), grads[-1].view(-1)[-1].item())
+            if ends != (expected, expected):
+                raise BenchError(f"wrong result: ends {ends}, expected {expected}")
+        return step
+
+    autotune_compare.compare(hvd, make_step, RESNET50_BYTES / MiB, "MiB reduced/s", args)
+    return 0
+
+
 # ---------------------------------------------------------------- main
 
 def parse_args(argv=None):
@@ -906,6 +940,10 @@ def parse_args(argv=None):
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch.set_num_threads (default 1: the ranks share the cores)")
     p.add_argument("--quiet", action="store_true", help="print only the final report")
+    p.add_argument("--autotune", action="store_true",
+                   help="only the ResNet-50 set: autotune against a sweep of fixed settings")
+    import autotune_compare
+    autotune_compare.add_arguments(p)
     args = p.parse_args(argv)
     if args.idle_iters is None:
         args.idle_iters = 5 * args.iters
@@ -924,6 +962,8 @@ def main(argv=None):
     import torch
     torch.set_num_threads(args.torch_threads)
 
+    if args.autotune:
+        return autotune_comparison(args)
     b = Bench(comm, args)
     if b.size < 2 and b.rank == 0:
         print("note: 1 rank; launch with `mpirun -np 2` for the real comparison",

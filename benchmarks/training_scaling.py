@@ -11,6 +11,11 @@ same model with no communication at all: its np=2 row is the ceiling two busy
 cores allow, and "vs plain" divides each backend's np=2 rate by it. Repeats
 rotate the backend order so drift in this noisy machine hits all alike; the
 table shows medians.
+
+    python benchmarks/training_scaling.py --autotune [--autotune-np 2] [--pairs 3]
+
+instead trains with Perseus only, in one mpirun job: PERSEUS_AUTOTUNE's settled
+throughput against a sweep of fixed settings (autotune_compare.py).
 """
 import argparse
 import json
@@ -92,6 +97,46 @@ def worker(args):
         dist.destroy_process_group()
 
 
+# ---- --autotune: autotune against a sweep of fixed settings ------------------------
+
+def autotune_worker(args):
+    """One rank of the comparison: each run of a setting trains a fresh model."""
+    import torch
+    import torch.nn.functional as F
+    import perseus.torch.horovod as hvd
+    import autotune_compare
+    torch.set_num_threads(1)
+    _, size = launcher_rank_size()
+
+    def make_step():
+        torch.manual_seed(0)
+        model, shape, classes = build_model(args.model)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                       named_parameters=model.named_parameters())
+        data = torch.randn(args.batch_size, *shape)
+        target = torch.randint(0, classes, (args.batch_size,))
+
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(model(data), target).backward()
+            opt.step()
+        return step
+
+    autotune_compare.compare(hvd, make_step, args.batch_size * size, "samples/s", args)
+
+
+def autotune_driver(args):
+    mpirun = Path(sys.executable).parent / "mpirun"
+    cmd = [str(mpirun if mpirun.exists() else "mpirun"), "-np", str(args.autotune_np),
+           sys.executable, str(HERE)] + [a for a in sys.argv[1:] if a != "--autotune"] + [
+           "--autotune-worker"]
+    print("model %s, batch %d per rank, %d ranks, 1 thread per rank"
+          % (args.model, args.batch_size, args.autotune_np), flush=True)
+    rc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
+    if rc:
+        raise SystemExit("the --autotune job failed (exit %d)" % rc)
+
+
 # ---- the driver -------------------------------------------------------------------
 
 def free_port():
@@ -158,8 +203,20 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json", help="write every rate here")
+    p.add_argument("--autotune", action="store_true",
+                   help="Perseus only: autotune against a sweep of fixed settings")
+    p.add_argument("--autotune-np", type=int, default=2, help="ranks for --autotune")
+    p.add_argument("--autotune-worker", action="store_true", help=argparse.SUPPRESS)
+    sys.path.insert(0, str(HERE.parent))
+    import autotune_compare
+    autotune_compare.add_arguments(p)
     args = p.parse_args()
-    worker(args) if args.worker else driver(args)
+    if args.autotune_worker:
+        autotune_worker(args)
+    elif args.autotune:
+        autotune_driver(args)
+    else:
+        worker(args) if args.worker else driver(args)
 
 
 if __name__ == "__main__":

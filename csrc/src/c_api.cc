@@ -329,6 +329,9 @@ const char* perseus_config_string(void) {
   auto engine = Current();
   if (engine) {
     text = DescribeConfig(engine->config());
+    // Not a variable: where the autotuner is (tuning, or what it settled on).
+    std::string tuned = engine->autotune_state();
+    if (!tuned.empty()) text += "PERSEUS_AUTOTUNE_STATE=" + tuned + "\n";
   } else {
     Config config;
     Status status = LoadConfig(&config);

@@ -24,6 +24,7 @@ struct BatchItem {
 struct Batch {
   std::vector<BatchItem> items;
   std::chrono::steady_clock::time_point agreed;  // when negotiation ended (for the timeline)
+  int64_t chunk_bytes = 0;  // bytes per MPI call, as planned (the autotuner may change it); 0 = the lane's
   int op_type() const { return items.front().meta.op_type; }
   int64_t Bytes() const {
     int64_t bytes = 0;

@@ -212,6 +212,20 @@ Field AllreduceModeField() {
           [](const Config& c) { return c.allreduce_mode; }};
 }
 
+// A lane count, or auto: the autotuner picks how many of the lanes made at init to use.
+Field LanesField() {
+  Field count = IntIn(&Config::lanes, 1, 64);
+  return {[=](const std::string& text, Config* c) -> std::string {
+            if (Lower(text) == "auto") {
+              c->lanes_auto = true;
+              return "";
+            }
+            std::string problem = count.parse(text, c);
+            return problem.empty() ? "" : problem + ", or auto";
+          },
+          [=](const Config& c) { return c.lanes_auto ? std::string("auto") : count.print(c); }};
+}
+
 // A switch of Horovod's that this build accepts only off: on is a clear error rather
 // than silently different behaviour.
 Field NotImplementedFlag(const char* what) {
@@ -238,8 +252,8 @@ const std::vector<Variable>& Table() {
        "while no thread waits, start a round at the latest when the oldest pending request is "
        "this old, ms (0 = at once)",
        kAgreed, NumberIn(&Config::hold_time_ms, 0, 3.6e6)},
-      {"PERSEUS_ALLREDUCE_STREAMS", nullptr, "concurrent execution lanes", kAgreed,
-       IntIn(&Config::lanes, 1, 64)},
+      {"PERSEUS_ALLREDUCE_STREAMS", nullptr, "concurrent execution lanes (auto: autotuned)",
+       kAgreed, LanesField()},
       {"PERSEUS_CHUNK_SIZE", nullptr, "bytes per MPI call on large buffers", kAgreed,
        IntIn(&Config::chunk_bytes, 4096, 1ll << 30)},
       {"PERSEUS_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "names agreed by bit vector", kAgreed,
@@ -262,6 +276,18 @@ const std::vector<Variable>& Table() {
        "simulated nodes of this many consecutive ranks for node-scoped features (empty = the "
        "real nodes)",
        kAgreed, OptionalIntIn(&Config::ranks_per_node, 1, 1 << 20)},
+      {"PERSEUS_AUTOTUNE", "HOROVOD_AUTOTUNE",
+       "try lanes, fusion, hold and chunk settings during the first steps and keep the best",
+       kAgreed, Flag(&Config::autotune)},
+      {"PERSEUS_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG",
+       "CSV file of the autotuner's samples and its choice, written by rank 0", kLocal,
+       Text(&Config::autotune_log)},
+      {"PERSEUS_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+       "autotuner samples discarded before scoring", kAgreed,
+       IntIn(&Config::autotune_warmup_samples, 0, 1000)},
+      {"PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+       "training steps per autotuner sample", kAgreed,
+       IntIn(&Config::autotune_steps_per_sample, 1, 10000)},
       {"PERSEUS_TIMELINE", "HOROVOD_TIMELINE", "Chrome-trace timeline file written by rank 0",
        kLocal, Text(&Config::timeline_path)},
       {"PERSEUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",
@@ -296,7 +322,8 @@ const char* const kHorovodOnly[] = {
     "HOROVOD_NCCL_LINK", "HOROVOD_BUILD_ARCH_FLAGS", "HOROVOD_BUILD_CUDA_CC_LIST",
     "HOROVOD_CMAKE", "HOROVOD_DEBUG", "HOROVOD_MIXED_INSTALL", "HOROVOD_SECRET_KEY",
 };
-// ... and whole families of them (autotuning, Gloo's rendezvous, build switches).
+// ... and whole families of them (autotuning's Bayesian-optimisation knobs, Gloo's
+// rendezvous, build switches).
 const char* const kHorovodOnlyPrefixes[] = {"HOROVOD_AUTOTUNE", "HOROVOD_GLOO_",
                                             "HOROVOD_WITH_", "HOROVOD_WITHOUT_",
                                             "HOROVOD_SPARK_", "HOROVOD_RAY_"};
@@ -393,6 +420,7 @@ Status LoadConfig(Config* config) {
     const char* used = SetSpelling(var);
     if (used == nullptr) continue;
     const char* raw = std::getenv(used);
+    config->set_explicitly.push_back(var.name);
     std::string problem = var.field.parse(raw, config);
     if (!problem.empty()) {
       return Status::Error(PERSEUS_CONFIG_ERROR, std::string(used) + "='" + raw +
@@ -401,6 +429,10 @@ Status LoadConfig(Config* config) {
     }
   }
   return Status::OK();
+}
+
+bool Config::IsSet(const char* name) const {
+  return std::find(set_explicitly.begin(), set_explicitly.end(), name) != set_explicitly.end();
 }
 
 std::vector<Setting> Settings(const Config& config) {

@@ -20,6 +20,7 @@ struct Config {
   int64_t hold_bytes = 1ll << 20;         // while nobody waits, gather this much before a round
   double hold_time_ms = 200.0;            // ... or until the oldest request is this old
   int lanes = 1;                          // concurrent execution lanes per process set
+  bool lanes_auto = false;                // PERSEUS_ALLREDUCE_STREAMS=auto: autotune lanes only
   int64_t chunk_bytes = 4ll << 20;        // a large buffer is reduced in pieces of this size
   int cache_capacity = 1024;              // names agreed by bit vector instead of metadata
   double stall_check_seconds = 60.0;      // warn about requests waiting this long; 0 = off
@@ -34,6 +35,15 @@ struct Config {
   std::string cuda_lib;                   // the CUDA runtime (file or folder); empty = search
   std::string nccl_lib;                   // NCCL (file or folder); empty = search
   LogLevel log_level = LogLevel::kWarning;
+  bool autotune = false;                  // try settings during the first steps, keep the best
+  std::string autotune_log;               // CSV of the samples, written by rank 0; empty = off
+  int autotune_warmup_samples = 3;        // samples discarded before scoring starts
+  int autotune_steps_per_sample = 10;     // training steps in one scored sample
+  std::vector<std::string> set_explicitly;  // PERSEUS_* names the environment set (either spelling)
+
+  // Whether the user set the variable `name` (a PERSEUS_* name of the table): the
+  // autotuner leaves such settings alone, as Horovod's does.
+  bool IsSet(const char* name) const;
 };
 
 // Reads every variable of the table from the environment. A bad value is a

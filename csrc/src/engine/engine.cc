@@ -45,7 +45,7 @@ Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, Handl
     : config_(config),
       world_(world),
       thread_multiple_(thread_multiple),
-      lanes_(thread_multiple ? config.lanes : 1),
+      lanes_(!thread_multiple ? 1 : TunesLanes(config) ? kAutoMaxLanes : config.lanes),
       gpu_{config.cuda_lib, config.nccl_lib, config.gpu_use_nccl, config.nan_check, config.chunk_bytes},
       handles_(handles) {}
 
@@ -94,6 +94,14 @@ Status Engine::Init() {
                                  std::vector<Result>& r) { OnBatchDone(0, b, s, r); },
                           &global);
   if (!status.ok()) return status;
+  // Only the global set is tuned: its rounds are the same sequence on every rank, so
+  // a switch lands on the same request everywhere. Another set's rounds interleave
+  // with them differently on each rank, so it keeps the configured knobs.
+  if (config_.autotune || config_.lanes_auto) {
+    status = AutoTuner::Open(config_, world_, lanes_, &global->tuner);
+    if (!status.ok()) return status;
+    if (global->tuner) autotune_state_ = global->tuner->State();
+  }
   sets_[0] = std::move(global);
   next_set_id_ = 1;
   thread_ = std::thread([this] {
@@ -358,7 +366,7 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   if (!stopping) {
     Clock::time_point ready = (set->new_work || set->progressed) ? now : set->retry_at;
     int64_t headroom = 0;
-    if (!hold_ended_ && !SomeoneWaits()) ready = std::max(ready, HoldUntil(negotiator, &headroom));
+    if (!hold_ended_ && !SomeoneWaits()) ready = std::max(ready, HoldUntil(*set, &headroom));
     if (config_.cycle_time_ms > 0 && !driving)
       ready = std::max(ready, set->round_start + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double, std::milli>(
@@ -377,14 +385,15 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
 // held so that one round and one fused collective carry many of them: every round
 // is a meeting of all ranks' engine threads, which costs context switches on cores
 // that are busy training. A waiter, or enough bytes, or enough time, ends the hold.
-Clock::time_point Engine::HoldUntil(const Negotiator& negotiator, int64_t* headroom) const {
-  if (config_.hold_bytes <= 0 || config_.hold_time_ms <= 0) return Clock::time_point::min();
-  Negotiator::Load load = negotiator.PendingLoad();
-  if (load.bytes >= config_.hold_bytes || load.oldest == Clock::time_point::max())
+Clock::time_point Engine::HoldUntil(const ProcessSet& set, int64_t* headroom) const {
+  const Knobs& knobs = set.knobs;
+  if (knobs.hold_bytes <= 0 || knobs.hold_time_ms <= 0) return Clock::time_point::min();
+  Negotiator::Load load = set.negotiator->PendingLoad();
+  if (load.bytes >= knobs.hold_bytes || load.oldest == Clock::time_point::max())
     return Clock::time_point::min();
-  *headroom = config_.hold_bytes - load.bytes;
+  *headroom = knobs.hold_bytes - load.bytes;
   return load.oldest + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double, std::milli>(config_.hold_time_ms));
+                           std::chrono::duration<double, std::milli>(knobs.hold_time_ms));
 }
 
 void Engine::StartRound(ProcessSet* set, bool stopping, Clock::time_point now) {
@@ -406,11 +415,28 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
     Finish(set->id, done.first, Status::OK(), std::move(done.second));
   if (!outcome.agreed.empty()) {
     if (TimelineOn()) TraceAgreed(set->id, outcome.agreed, now);
+    if (set->tuner && set->tuner->tuning()) {
+      // Before planning: a new setting applies from this round on, on every member.
+      Status status = set->tuner->OnRound(outcome.agreed, now);
+      if (!status.ok()) {
+        for (BatchItem& item : outcome.agreed)
+          if (item.entry) Finish(set->id, item.entry, status);
+        StopSet(set, status);
+        return;
+      }
+      set->knobs = set->tuner->knobs();
+      if (!set->tuner->tuning()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        autotune_state_ = set->tuner->State();
+      }
+    }
+    const Knobs& knobs = set->knobs;
     std::vector<Batch> batches =
-        PlanBatches(std::move(outcome.agreed), config_.fusion_threshold, config_.chunk_bytes);
+        PlanBatches(std::move(outcome.agreed), knobs.fusion_threshold, knobs.chunk_bytes);
     const bool only_batch = batches.size() == 1;
     for (Batch& batch : batches) {
       batch.agreed = now;
+      batch.chunk_bytes = knobs.chunk_bytes;
       Lane& lane = LaneFor(set, batch);
       bool inline_ok = single_set_ && ((driving && only_batch) || batch.Bytes() <= kInlineBytes);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
@@ -438,7 +464,7 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
 
 Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {
   if (batch.items.front().meta.device == PERSEUS_CPU_DEVICE)
-    return *set->lanes[set->next_lane++ % set->lanes.size()];
+    return *set->lanes[set->next_lane++ % std::min<size_t>(set->knobs.lanes, set->lanes.size())];
   if (set->device_lanes.empty()) {
     for (size_t i = 0; i < set->device_comms.size(); ++i)
       set->device_lanes.push_back(MakeDeviceLane(
@@ -627,6 +653,11 @@ Status Engine::RemoveProcessSet(int id) {
     sets_.erase(it);
   }
   return Status::OK();  // freed here or, if the engine still holds it, after its step
+}
+
+std::string Engine::autotune_state() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return autotune_state_;
 }
 
 Status Engine::DescribeProcessSet(int id, std::vector<int>* ranks, int* rank) {

@@ -58,6 +58,8 @@ class Engine {
   int lanes() const { return lanes_; }
   bool thread_multiple() const { return thread_multiple_; }
   const Config& config() const { return config_; }
+  // The autotuner's AutoTuner::State(); empty when it is off.
+  std::string autotune_state();
 
  private:
   Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles);
@@ -72,7 +74,7 @@ class Engine {
   void Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
             Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom);
   void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
-  Clock::time_point HoldUntil(const Negotiator& negotiator, int64_t* headroom) const;
+  Clock::time_point HoldUntil(const ProcessSet& set, int64_t* headroom) const;
   void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now, bool driving);
   // The next lane for `batch`: MPI lanes for CPU tensors, device lanes (made at the
   // set's first GPU batch) for GPU tensors, each kind round robin.
@@ -106,6 +108,7 @@ class Engine {
   int64_t hold_headroom_ = 0;
   bool stop_requested_ = false;
   bool stopped_ = false;
+  std::string autotune_state_;  // for autotune_state(), which user threads call
   std::mutex step_mu_;      // held by whichever thread runs Iterate()
   bool single_set_ = true;  // under step_mu_: this rank is in one process set
   bool hold_ended_ = false;  // under step_mu_: this step holds no requests

@@ -12,6 +12,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
   auto set = std::make_shared<ProcessSet>();
   set->id = id;
   set->ranks = std::move(ranks);
+  set->knobs = InitialKnobs(config, lanes);
   if (comm != MPI_COMM_NULL) {
     MPI_Comm_rank(comm, &set->rank);
     Status status = MpiStatus(MPI_Comm_dup(comm, &set->negotiation_comm), "MPI_Comm_dup");
@@ -43,6 +44,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
 }
 
 ProcessSet::~ProcessSet() {
+  tuner.reset();
   lanes.clear();  // each lane finishes its queue and joins its thread
   device_lanes.clear();
   negotiator.reset();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "engine/autotune.h"
 #include "engine/config.h"
 #include "engine/lane.h"
 #include "engine/negotiator.h"
@@ -33,6 +34,8 @@ struct ProcessSet {
   std::unique_ptr<StallInspector> stall;
   std::vector<std::unique_ptr<Lane>> lanes;
   size_t next_lane = 0;
+  Knobs knobs;  // what rounds are planned and scheduled with
+  std::unique_ptr<AutoTuner> tuner;  // the global set, under PERSEUS_AUTOTUNE; changes knobs
   // GPU batches run on device lanes, made at the set's first GPU batch (the engine's
   // thread, the same point on every member); each has its own MPI communicator,
   // duplicated here at creation because lanes never share one.
@@ -56,7 +59,7 @@ struct ProcessSet {
 
 // Builds a set from `comm` (already restricted to the members, or MPI_COMM_NULL
 // for a non-member): duplicates the negotiation, lane and device-lane communicators
-// and starts the MPI lanes.
+// and starts the MPI lanes (`lanes` of them; the knobs say how many are used).
 Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Config& config,
                       int lanes, BatchDone done, std::shared_ptr<ProcessSet>* out);
 

@@ -44,7 +44,8 @@ void MpiLane::Push(Batch batch) { worker_.Push(std::move(batch)); }
 bool MpiLane::TryRunInline(const Batch& batch) { return worker_.TryRunInline(batch); }
 
 void MpiLane::Execute(const Batch& batch) {
-  ExecContext ctx{comm_,         rank_,      size_,       chunk_bytes_,
+  const int64_t chunk = batch.chunk_bytes > 0 ? batch.chunk_bytes : chunk_bytes_;
+  ExecContext ctx{comm_,         rank_,      size_,       chunk,
                   &scratch_,     global_ranks_, nan_check_, wire_dtype_,
                   nodes_.get()};
   std::vector<Result> results(batch.items.size());

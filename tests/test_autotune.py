@@ -1,0 +1,52 @@
+"""PERSEUS_AUTOTUNE under mpirun (tests/mpi/autotune.py): the ranks reach one
+decision together, results stay right during and after tuning, and training under
+autotune equals single-process training. Short samples keep the jobs quick."""
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
+
+QUICK = {"PERSEUS_AUTOTUNE_WARMUP_SAMPLES": "1", "PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE": "2",
+         "PERSEUS_LOG_LEVEL": "info"}
+
+
+@pytest.mark.parametrize("nprocs,env", [
+    (2, {"PERSEUS_AUTOTUNE": "1"}),
+    (4, {"HOROVOD_AUTOTUNE": "1"}),                                 # Horovod's spelling
+    (4, {"PERSEUS_AUTOTUNE": "1", "PERSEUS_FUSION_THRESHOLD": "1048576",
+         "PERSEUS_ALLREDUCE_STREAMS": "2"}),                        # fixed knobs stay fixed
+    (4, {"PERSEUS_ALLREDUCE_STREAMS": "auto"}),                     # lanes only
+], ids=["np2", "np4-horovod-names", "np4-fixed-fusion-lanes", "np4-streams-auto"])
+def test_autotune(run_mpi, tmp_path, nprocs, env):
+    env = dict(QUICK, **env)
+    log = tmp_path / "autotune.csv"
+    env["HOROVOD_AUTOTUNE_LOG" if "HOROVOD_AUTOTUNE" in env else "PERSEUS_AUTOTUNE_LOG"] = str(log)
+    run_mpi("autotune", nprocs, env=env, timeout=360)
+
+
+INIT_SNIPPET = textwrap.dedent("""
+    import perseus.torch.horovod as hvd
+    try:
+        hvd.init()
+    except ValueError as e:
+        print("VALUE_ERROR:", e)
+    else:
+        c = hvd.config()
+        print("SETTINGS", c["PERSEUS_AUTOTUNE"], c["PERSEUS_ALLREDUCE_STREAMS"],
+              c["PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE"])
+        hvd.shutdown()
+""")
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({}, "SETTINGS 0 1 10"),
+    ({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "3"}, "SETTINGS 1 1 3"),
+    ({"PERSEUS_ALLREDUCE_STREAMS": "AUTO"}, "SETTINGS 0 auto 10"),
+    ({"PERSEUS_ALLREDUCE_STREAMS": "many"}, "PERSEUS_ALLREDUCE_STREAMS='many' is invalid"),
+    ({"PERSEUS_AUTOTUNE": "maybe"}, "PERSEUS_AUTOTUNE='maybe' is invalid"),
+    ({"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "-1"}, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES='-1' is invalid"),
+])
+def test_settings(run_python, env, expect):
+    result = run_python(INIT_SNIPPET, env=env)
+    assert expect in result.stdout, result.stdout + result.stderr
