@@ -209,6 +209,32 @@ def run_python():
     return run
 
 
+_SETTINGS_AT_INIT = """
+import perseus.torch.horovod as hvd
+try:
+    hvd.init()
+except ValueError as e:
+    print("VALUE_ERROR:", e)
+else:
+    c = hvd.config()
+    print("SETTINGS", *(c[key] for key in %r))
+    hvd.shutdown()
+"""
+
+
+@pytest.fixture
+def settings_at_init(run_python):
+    """Returns settings_at_init(env, keys) -> the stdout of one process that runs init()
+    under `env` and prints "SETTINGS" and config()'s value of each key, or
+    "VALUE_ERROR: <message>" if init() refuses the environment."""
+
+    def run(env, keys):
+        result = run_python(_SETTINGS_AT_INIT % (tuple(keys),), env=env)
+        return result.stdout + result.stderr
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def hvd():
     """perseus.torch.horovod, initialised for one test module, shut down after it

@@ -1,7 +1,6 @@
 """PERSEUS_AUTOTUNE under mpirun (tests/mpi/autotune.py): the ranks reach one
 decision together, results stay right during and after tuning, and training under
 autotune equals single-process training. Short samples keep the jobs quick."""
-import textwrap
 
 import pytest
 
@@ -25,20 +24,6 @@ def test_autotune(run_mpi, tmp_path, nprocs, env):
     run_mpi("autotune", nprocs, env=env, timeout=360)
 
 
-INIT_SNIPPET = textwrap.dedent("""
-    import perseus.torch.horovod as hvd
-    try:
-        hvd.init()
-    except ValueError as e:
-        print("VALUE_ERROR:", e)
-    else:
-        c = hvd.config()
-        print("SETTINGS", c["PERSEUS_AUTOTUNE"], c["PERSEUS_ALLREDUCE_STREAMS"],
-              c["PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE"])
-        hvd.shutdown()
-""")
-
-
 @pytest.mark.parametrize("env,expect", [
     ({}, "SETTINGS 0 1 10"),
     ({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "3"}, "SETTINGS 1 1 3"),
@@ -47,6 +32,6 @@ INIT_SNIPPET = textwrap.dedent("""
     ({"PERSEUS_AUTOTUNE": "maybe"}, "PERSEUS_AUTOTUNE='maybe' is invalid"),
     ({"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "-1"}, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES='-1' is invalid"),
 ])
-def test_settings(run_python, env, expect):
-    result = run_python(INIT_SNIPPET, env=env)
-    assert expect in result.stdout, result.stdout + result.stderr
+def test_settings(settings_at_init, env, expect):
+    output = settings_at_init(env, ("PERSEUS_AUTOTUNE", "PERSEUS_ALLREDUCE_STREAMS", "PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE"))
+    assert expect in output, output

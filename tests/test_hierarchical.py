@@ -2,7 +2,6 @@
 (hierarchical allreduce) under mpirun: tests/mpi/allreduce_modes.py checks every op,
 dtype and scaling against a reference and the result bytes across ranks, on the
 global set and on sets that span the simulated nodes unevenly (flat fallback)."""
-import textwrap
 
 import pytest
 
@@ -34,26 +33,14 @@ def test_hierarchical(run_mpi, nprocs, env):
     run_mpi("allreduce_modes", nprocs, env=env, timeout=360)
 
 
-INIT_SNIPPET = textwrap.dedent("""
-    import perseus.torch.horovod as hvd
-    try:
-        hvd.init()
-    except ValueError as e:
-        print("VALUE_ERROR:", e)
-    else:
-        print("MODE", hvd.config()["PERSEUS_ALLREDUCE_MODE"])
-        hvd.shutdown()
-""")
-
-
 @pytest.mark.parametrize("env,expect", [
     ({"PERSEUS_ALLREDUCE_MODE": "tree"}, "PERSEUS_ALLREDUCE_MODE='tree' is invalid"),
-    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, "MODE hierarchical"),
-    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, "MODE flat"),
+    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, "SETTINGS hierarchical"),
+    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, "SETTINGS flat"),
     ({"HOROVOD_HIERARCHICAL_ALLGATHER": "1"}, "hierarchical allgather is not implemented"),
-    ({"HOROVOD_HIERARCHICAL_ALLGATHER": "0"}, "MODE flat"),
+    ({"HOROVOD_HIERARCHICAL_ALLGATHER": "0"}, "SETTINGS flat"),
     ({"PERSEUS_ALLREDUCE_DTYPE": "fp8"}, "PERSEUS_ALLREDUCE_DTYPE='fp8' is invalid"),
 ])
-def test_settings(run_python, env, expect):
-    result = run_python(INIT_SNIPPET, env=env)
-    assert expect in result.stdout, result.stdout + result.stderr
+def test_settings(settings_at_init, env, expect):
+    output = settings_at_init(env, ("PERSEUS_ALLREDUCE_MODE",))
+    assert expect in output, output
