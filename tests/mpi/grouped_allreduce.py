@@ -84,6 +84,28 @@ def body():
     outs = hvd.grouped_allreduce([xs[rank] for xs in inputs], name="gar.large", op=hvd.Sum)
     check_group(outs, inputs, hvd.Sum, torch.float32, "gar.large")
 
+    # Small tensors beside ones large enough to skip the fusion buffer (256 KiB and up),
+    # one of them longer than a chunk (4 MiB): both paths in one fused batch, in place
+    # and not, with scaling.
+    mixed = [(5,), (70000,), (3, 1), (1300000,), (0,), (9,)]
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.float16):
+        for op in (hvd.Sum, hvd.Average, hvd.Max):
+            name = "gar.mixed.%s.%s" % (op_name(op), dtype_name(dtype))
+            scaled = dtype.is_floating_point and op in (hvd.Sum, hvd.Average)
+            scale = dict(prescale=0.5, postscale=3.0) if scaled else {}
+            factors = {k + "_factor": v for k, v in scale.items()}
+            inputs = group_inputs(name, op, dtype, size, mixed)
+            mine = [xs[rank].clone() for xs in inputs]
+            outs = hvd.grouped_allreduce(mine, name=name, op=op, **factors)
+            check_group(outs, inputs, op, dtype, name, **scale)
+            for t, xs in zip(mine, inputs):
+                assert_unchanged(t, xs[rank], name)
+            name += ".inplace"
+            inputs = group_inputs(name, op, dtype, size, mixed)
+            mine = [xs[rank].clone() for xs in inputs]
+            hvd.grouped_allreduce_(mine, name=name, op=op, **factors)
+            check_group(mine, inputs, op, dtype, name, **scale)
+
     # Default op is Average; unnamed groups pair up by call order.
     for i in range(3):
         inputs = group_inputs("gar.unnamed.%d" % i, hvd.Sum, torch.float64, size)

@@ -20,6 +20,17 @@ def join_round(tag, steps_of, rank, size):
             zeros = [torch.zeros_like(xs[rank])] * (size - len(active))
             assert_reduced(out, list(xs.values()) + zeros, hvd.Sum, dtype,
                            "%s with ranks %s active" % (name, active))
+        # A small and a large tensor fused: the large one skips the fusion buffer, and a
+        # joined rank's zeros must take the same MPI calls.
+        name = "%s.%d.mixed" % (tag, step)
+        shapes = [(6, 2), (80000,)]
+        xs = {r: [make_tensor("%s.%d" % (name, i), r, s, torch.float32) for i, s in enumerate(shapes)]
+              for r in active}
+        outs = hvd.grouped_allreduce(xs[rank], name=name, op=hvd.Sum)
+        for i, out in enumerate(outs):
+            zeros = [torch.zeros(shapes[i])] * (size - len(active))
+            assert_reduced(out, [xs[r][i] for r in active] + zeros, hvd.Sum, torch.float32,
+                           "%s[%d] with ranks %s active" % (name, i, active))
     return hvd.join()
 
 

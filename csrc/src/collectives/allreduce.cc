@@ -1,6 +1,7 @@
-// Allreduce over MPI. One large tensor is reduced in place in chunks; several small
-// ones, or any buffer that travels in another dtype (PERSEUS_ALLREDUCE_DTYPE), are
-// fused window by window through the lane's scratch buffer.
+// Allreduce over MPI. A tensor alone in its batch, or large, is reduced in place in
+// chunks; the small ones of a batch, or any buffer that travels in another dtype
+// (PERSEUS_ALLREDUCE_DTYPE), are fused window by window through the lane's scratch
+// buffer.
 #include <cstring>
 
 #include "collectives/collectives.h"
@@ -11,6 +12,12 @@
 #include "mpi/wait_policy.h"
 
 namespace perseus {
+
+namespace {
+// From this size a fused tensor skips the fusion buffer: below it, the MPI call
+// that a tensor of its own costs is dearer than copying it in and out.
+constexpr int64_t kDirectAllreduceBytes = 256 << 10;
+}  // namespace
 
 Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
   const TensorMeta& head = batch.items.front().meta;
@@ -32,19 +39,43 @@ Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
                            &request, "MPI_Iallreduce");
   };
 
-  const BatchItem& only = batch.items.front();
-  if (batch.items.size() == 1 && only.entry && wire == dtype) {
-    // Straight on the output tensor: no staging copy.
-    const int64_t n = head.NumElements();
-    char* out = static_cast<char*>(only.entry->output);
-    CopyScaled(dtype, out, only.entry->input, n, head.prescale);
-    for (int64_t begin = 0; begin < n; begin += window) {
-      status = reduce_in_place(out + begin * esize, std::min(window, n - begin));
-      if (!status.ok()) return status;
+  // Tensors large enough (or alone) are reduced where they lie, each window scaled
+  // right after its reduction while it is still in cache. Packing them would cost two
+  // more passes over memory, about as much as the reduction itself on a shared-memory
+  // node. The rest share fused windows. Chosen from agreed metadata only, so every
+  // rank makes the same MPI calls in the same order.
+  const bool alone = batch.items.size() == 1;
+  std::vector<const BatchItem*> packed;
+  for (const BatchItem& item : batch.items) {
+    const bool direct =
+        wire == dtype && (alone || PayloadBytes(item.meta) >= kDirectAllreduceBytes);
+    if (!direct) {
+      packed.push_back(&item);
+      continue;
     }
-    CopyScaled(dtype, out, out, n, head.postscale * average);
-    return Status::OK();
+    const int64_t n = item.meta.NumElements();
+    char* out = nullptr;
+    const char* in = nullptr;
+    if (item.entry) {
+      out = static_cast<char*>(item.entry->output);
+      in = static_cast<const char*>(item.entry->input);
+    } else {  // a joined rank contributes zeros, window by window, in the scratch buffer
+      ctx.scratch->resize(std::max<size_t>(ctx.scratch->size(), std::min(n, window) * esize));
+    }
+    for (int64_t begin = 0; begin < n; begin += window) {
+      const int64_t count = std::min(window, n - begin);
+      char* data = out ? out + begin * esize : ctx.scratch->data();
+      if (out) {
+        CopyScaled(dtype, data, in + begin * esize, count, item.meta.prescale);
+      } else {
+        std::memset(data, 0, count * esize);  // +0 in every float format
+      }
+      status = reduce_in_place(data, count);
+      if (!status.ok()) return status;
+      if (out) CopyScaled(dtype, data, data, count, item.meta.postscale * average);
+    }
   }
+  if (packed.empty()) return Status::OK();
 
   // Pack and unpack scale (and convert, where the wire dtype differs) in one pass.
   auto copy_in = [&](char* dst, const char* src, int64_t count, double factor) {
@@ -61,11 +92,11 @@ Status RunAllreduce(const Batch& batch, ExecContext& ctx) {
   };
 
   int64_t total = 0;
-  for (const BatchItem& item : batch.items) total += item.meta.NumElements();
+  for (const BatchItem* item : packed) total += item->meta.NumElements();
   ctx.scratch->resize(std::max<size_t>(ctx.scratch->size(), std::min(total, window) * wire_size));
   char* buffer = ctx.scratch->data();
   return ForEachWindow(
-      batch, window,
+      packed, window,
       [&](const BatchItem& item, int64_t from, int64_t to, int64_t count) {
         char* dst = buffer + to * wire_size;
         if (item.entry) {  // a joined rank contributes zeros
