@@ -1,5 +1,7 @@
-"""End-to-end CPU training throughput at np=2 (issue 19): Perseus's DistributedOptimizer,
-Perseus's drop-in DDP and torch DDP over gloo against the ceiling, in one run.
+"""End-to-end CPU training throughput at np=2: Perseus, torch DDP and the ceiling.
+
+Issue 19: Perseus's DistributedOptimizer, Perseus's drop-in DDP and torch DDP over
+gloo against the ceiling, in one run.
 
     python benchmarks/training_scaling.py [--models mlp512 resnet_small] [--repeat 5]
         [--iters 30] [--warmup 5] [--nps 2] [--perseus-env K=V ...] [--json PATH]
@@ -471,6 +473,9 @@ def main():
     autotune_compare.add_arguments(p)
     args = p.parse_args()
     args.perseus_env = dict(args.perseus_env)
+    if args.timeline and not args.breakdown:
+        p.error("--timeline goes with --breakdown (for the table: --perseus-env "
+                "PERSEUS_TIMELINE=PATH)")
     if args.autotune_worker:
         autotune_worker(args)
     elif args.autotune:
