@@ -131,7 +131,8 @@ def test_table_of_the_four_backends(tmp_path):
     for backend in training_scaling.BACKENDS:
         np_, step_ms, rate, fraction = row(out, backend)
         assert np_ == 2 and step_ms > 0 and fraction > 0, out
-        assert rate == pytest.approx(2 * 4 / (step_ms / 1e3), rel=0.01), out
+        # samples/s is printed to the unit: at a slow step that is more than 1 %
+        assert rate == pytest.approx(2 * 4 / (step_ms / 1e3), rel=0.01, abs=0.51), out
     assert row(out, "plain")[3] == 1.0
     for backend in ("perseus", "perseus_ddp"):
         assert re.search(r"^%s / ddp throughput at np=2 .*: %s  (PASS|MISS)$"
