@@ -1,45 +1,78 @@
-"""End-to-end CPU training throughput: Perseus against torch DDP (gloo), at 1 and 2
-ranks, in one run, on the same synthetic model and data.
+"""End-to-end CPU training throughput at np=2: Perseus, torch DDP and the ceiling.
 
-    python benchmarks/training_scaling.py [--repeat 5] [--iters 40] [--model resnet_small]
+Issue 19: Perseus's DistributedOptimizer, Perseus's drop-in DDP and torch DDP over
+gloo against the ceiling, in one run.
 
-The models are the synthetic benchmark's (examples/pytorch/models.py). The driver
-launches `mpirun -np N python this_file --worker ...` for each (backend, N), one
-thread per rank, and prints a table of samples/sec with the scaling efficiency
-throughput(np=2) / (2 x throughput(np=1)). A third backend, "plain", trains the
-same model with no communication at all: its np=2 row is the ceiling two busy
-cores allow, and "vs plain" divides each backend's np=2 rate by it. Repeats
-rotate the backend order so drift in this noisy machine hits all alike; the
-table shows medians.
+    python benchmarks/training_scaling.py [--models mlp512 resnet_small] [--repeat 5]
+        [--iters 30] [--warmup 5] [--nps 2] [--perseus-env K=V ...] [--json PATH]
+
+Each (model, backend, np) run is one `mpirun -np N python this_file --worker ...`,
+one torch thread per rank, SGD with momentum on synthetic data. Backends:
+perseus (DistributedOptimizer with named parameters, parameters broadcast first),
+perseus_ddp (perseus.torch.nn.parallel.DistributedDataParallel), ddp (torch's
+over gloo), plain (no communication: at np=2 two single processes at once, the
+ceiling two busy cores allow). Every rank times every step; a run's step time is
+the median over steps of the slowest rank's. Repeats rotate the backend order so
+drift of this noisy machine hits all alike. The table shows medians over repeats
+and, per repeat, ceiling step time / backend step time ("fraction of the
+ceiling"), and checks issue 19's goals. `--nps 1 2` adds np=1 runs and the scaling
+efficiency throughput(np=2) / (2 x throughput(np=1)).
+
+    python benchmarks/training_scaling.py --breakdown [--timeline PATH]
+
+instead runs plain, perseus and perseus_ddp once each at np=2 and prints, per rank,
+where a step's time goes (step_breakdown.py): forward, backward, gradient hooks,
+the wait for the slower rank, synchronize, the update, and the CPU time and context
+switches of the training, engine and lane threads. With --timeline, the Perseus
+runs also write a timeline (rank 0) and its spans are summed per step.
 
     python benchmarks/training_scaling.py --autotune [--autotune-np 2] [--pairs 3]
 
-instead trains with Perseus only, in one mpirun job: PERSEUS_AUTOTUNE's settled
-throughput against a sweep of fixed settings (autotune_compare.py).
+instead trains --model with Perseus only, in one mpirun job: PERSEUS_AUTOTUNE's
+settled throughput against a sweep of fixed settings (autotune_compare.py).
 """
 import argparse
+import contextlib
 import json
 import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))  # step_breakdown, autotune_compare
+import step_breakdown  # noqa: E402
+
+BACKENDS = ("perseus", "perseus_ddp", "ddp", "plain")
+PERSEUS_BACKENDS = ("perseus", "perseus_ddp")
+CEILING = "plain"
+DEFAULT_BATCH = {"mlp512": 64, "resnet_small": 32}  # per rank; other models: 32
+GOALS = {"mlp512": 0.90, "resnet_small": 0.93}      # issue 19: fraction of the ceiling
 
 
 # ---- the model ------------------------------------------------------------------
 
-def build_model(name):
-    """(model, input shape, classes) from the synthetic benchmark's model table."""
+def model_table():
     sys.path.insert(0, str(HERE.parent.parent / "examples" / "pytorch"))
     import models
-    if name not in models.MODELS:
-        raise SystemExit("unknown model %r (choose from %s)" % (name, ", ".join(models.MODELS)))
-    build, shape, classes = models.MODELS[name]
+    return models.MODELS
+
+
+def build_model(name):
+    """(model, input shape, classes) from the synthetic benchmark's model table."""
+    table = model_table()
+    if name not in table:
+        raise SystemExit("unknown model %r (choose from %s)" % (name, ", ".join(table)))
+    build, shape, classes = table[name]
     return build(), shape, classes
+
+
+def batch_size(model, args):
+    return args.batch_size or DEFAULT_BATCH.get(model, 32)
 
 
 # ---- one rank ---------------------------------------------------------------------
@@ -51,6 +84,39 @@ def launcher_rank_size():
     return 0, 1
 
 
+def make_backend(backend, model, rank, size):
+    """(module to train, optimizer, MPI barrier or None, shutdown)."""
+    import torch
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+    if backend == "perseus":
+        import perseus.torch.horovod as hvd
+        hvd.init()
+        opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                       named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model, opt, mpi_barrier, hvd.shutdown
+    if backend == "perseus_ddp":
+        import perseus.torch.distributed as pdist
+        from perseus.torch.nn.parallel import DistributedDataParallel
+        pdist.init_process_group()
+        ddp = DistributedDataParallel(model)  # takes rank 0's parameters
+        return ddp, sgd(ddp.parameters()), mpi_barrier, pdist.destroy_process_group
+    if backend == "ddp":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        return ddp, sgd(ddp.parameters()), None, dist.destroy_process_group
+    return model, sgd(model.parameters()), None, lambda: None  # plain: no communication
+
+
+def mpi_barrier():
+    from mpi4py import MPI  # MPI is already initialised by Perseus: this only binds
+    MPI.COMM_WORLD.Barrier()
+
+
 def worker(args):
     import torch
     import torch.nn.functional as F
@@ -58,43 +124,64 @@ def worker(args):
     torch.manual_seed(0)
     model, shape, classes = build_model(args.model)
     rank, size = launcher_rank_size()
-    if args.backend == "perseus":
-        import perseus.torch.horovod as hvd
-        hvd.init()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        train_model = model
-    elif args.backend == "plain":  # no communication: the ceiling two busy cores allow
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        train_model = model
+    batch = batch_size(args.model, args)
+    hooks = step_breakdown.HookTimer()
+    with hooks.wrapping() if args.breakdown else contextlib.nullcontext():
+        train_model, opt, barrier, shutdown = make_backend(args.backend, model, rank, size)
+    data = torch.randn(batch, *shape)
+    target = torch.randint(0, classes, (batch,))
+
+    if not args.breakdown:
+        steps = []
+        for i in range(args.warmup + args.iters):
+            start = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(train_model(data), target).backward()
+            opt.step()
+            steps.append(time.perf_counter() - start)
+        result = {"steps": steps[args.warmup:]}
     else:
-        import torch.distributed as dist
-        dist.init_process_group("gloo", rank=rank, world_size=size)
-        train_model = torch.nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.SGD(train_model.parameters(), lr=0.01, momentum=0.9)
-    data = torch.randn(args.batch_size, *shape)
-    target = torch.randint(0, classes, (args.batch_size,))
+        result = breakdown_steps(args, train_model, opt, barrier, hooks, data, target)
+    shutdown()
+    Path(args.out_dir, "rank%d.json" % rank).write_text(json.dumps(result))
 
-    def step():
+
+def breakdown_steps(args, train_model, opt, barrier, hooks, data, target):
+    """The timed loop of --breakdown: wall-clock stamps around each phase, per step."""
+    import threading
+    import torch.nn.functional as F
+    sync = step_breakdown.timed_method(opt, "synchronize") if hasattr(opt, "synchronize") else None
+    phases = {k: [] for k in ("step", "forward", "backward", "hooks", "hook_calls", "barrier",
+                              "synchronize", "update")}
+    for i in range(args.warmup + args.iters):
+        if i == args.warmup:
+            threads_before = step_breakdown.thread_counters()
+        t0 = time.perf_counter()
         opt.zero_grad()
-        F.cross_entropy(train_model(data), target).backward()
+        loss = F.cross_entropy(train_model(data), target)
+        t1 = time.perf_counter()
+        hooks.reset()
+        loss.backward()
+        t2 = time.perf_counter()
+        if barrier is not None:  # the wait for the slower rank, alone
+            barrier()
+        t3 = time.perf_counter()
+        if sync is not None:
+            sync.seconds = 0.0
         opt.step()
-
-    for _ in range(args.warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(args.iters):
-        step()
-    elapsed = time.perf_counter() - start
-    if rank == 0:
-        rate = args.iters * args.batch_size * size / elapsed
-        print("RESULT " + json.dumps({"backend": args.backend, "np": size, "samples_per_s": rate}),
-              flush=True)
-    if args.backend == "perseus":
-        hvd.shutdown()
-    elif args.backend == "ddp":
-        dist.destroy_process_group()
+        t4 = time.perf_counter()
+        if i < args.warmup:
+            continue
+        in_sync = sync.seconds if sync is not None else 0.0
+        for key, value in (("step", t4 - t0), ("forward", t1 - t0), ("backward", t2 - t1),
+                           ("hooks", hooks.seconds), ("hook_calls", hooks.calls),
+                           ("barrier", t3 - t2), ("synchronize", in_sync),
+                           ("update", t4 - t3 - in_sync)):
+            phases[key].append(value)
+    threads = step_breakdown.thread_deltas(threads_before, step_breakdown.thread_counters(),
+                                           threading.get_native_id(), args.iters)
+    return {"steps": phases["step"], "phases": phases, "threads": threads,
+            "has_barrier": barrier is not None, "has_synchronize": sync is not None}
 
 
 # ---- --autotune: autotune against a sweep of fixed settings ------------------------
@@ -107,14 +194,15 @@ def autotune_worker(args):
     import autotune_compare
     torch.set_num_threads(1)
     _, size = launcher_rank_size()
+    batch = batch_size(args.model, args)
 
     def make_step():
         torch.manual_seed(0)
         model, shape, classes = build_model(args.model)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                        named_parameters=model.named_parameters())
-        data = torch.randn(args.batch_size, *shape)
-        target = torch.randint(0, classes, (args.batch_size,))
+        data = torch.randn(batch, *shape)
+        target = torch.randint(0, classes, (batch,))
 
         def step():
             opt.zero_grad()
@@ -122,22 +210,25 @@ def autotune_worker(args):
             opt.step()
         return step
 
-    autotune_compare.compare(hvd, make_step, args.batch_size * size, "samples/s", args)
+    autotune_compare.compare(hvd, make_step, batch * size, "samples/s", args)
 
 
 def autotune_driver(args):
-    mpirun = Path(sys.executable).parent / "mpirun"
-    cmd = [str(mpirun if mpirun.exists() else "mpirun"), "-np", str(args.autotune_np),
-           sys.executable, str(HERE)] + [a for a in sys.argv[1:] if a != "--autotune"] + [
-           "--autotune-worker"]
+    cmd = [mpirun(), "-np", str(args.autotune_np), sys.executable, str(HERE)] + [
+        a for a in sys.argv[1:] if a != "--autotune"] + ["--autotune-worker"]
     print("model %s, batch %d per rank, %d ranks, 1 thread per rank"
-          % (args.model, args.batch_size, args.autotune_np), flush=True)
+          % (args.model, batch_size(args.model, args), args.autotune_np), flush=True)
     rc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
     if rc:
         raise SystemExit("the --autotune job failed (exit %d)" % rc)
 
 
-# ---- the driver -------------------------------------------------------------------
+# ---- the driver: runs -------------------------------------------------------------
+
+def mpirun():
+    candidate = Path(sys.executable).parent / "mpirun"
+    return str(candidate if candidate.exists() else "mpirun")
+
 
 def free_port():
     with socket.socket() as s:
@@ -145,78 +236,256 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_one(backend, nprocs, args):
-    mpirun = Path(sys.executable).parent / "mpirun"
-    cmd = [str(mpirun if mpirun.exists() else "mpirun"), "-np", str(nprocs), sys.executable,
-           str(HERE), "--worker", "--backend", backend, "--model", args.model,
-           "--batch-size", str(args.batch_size), "--iters", str(args.iters),
-           "--warmup", str(args.warmup)]
+def run_one(model, backend, nprocs, args, breakdown=False, timeline=None):
+    """Per rank, what its worker wrote (step times, and the breakdown)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()))
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])["samples_per_s"]
-    raise SystemExit("%s np=%d failed:\n%s\n%s" % (backend, nprocs, out.stdout, out.stderr))
+    if backend in PERSEUS_BACKENDS:
+        env.update(args.perseus_env)
+        if timeline:
+            env["PERSEUS_TIMELINE"] = str(timeline)
+    with tempfile.TemporaryDirectory(prefix="training_scaling.") as out_dir:
+        cmd = [mpirun(), "-np", str(nprocs), sys.executable, str(HERE), "--worker",
+               "--backend", backend, "--model", model, "--batch-size",
+               str(batch_size(model, args)), "--iters", str(args.iters), "--warmup",
+               str(args.warmup), "--out-dir", out_dir] + (["--breakdown"] if breakdown else [])
+        try:
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                 timeout=args.run_timeout)
+        except subprocess.TimeoutExpired as e:
+            raise SystemExit("%s %s np=%d did not finish within %d s:\n%s\n%s" % (
+                model, backend, nprocs, args.run_timeout, e.stdout, e.stderr))
+        files = [Path(out_dir, "rank%d.json" % r) for r in range(nprocs)]
+        if out.returncode or not all(f.exists() for f in files):
+            raise SystemExit("%s %s np=%d failed (exit %d):\n%s\n%s" % (
+                model, backend, nprocs, out.returncode, out.stdout, out.stderr))
+        return [json.loads(f.read_text()) for f in files]
 
 
-BACKENDS = ("perseus", "ddp", "plain")
+def slowest_rank_step(ranks):
+    """A run's step time: per step the slowest rank's, then the median over steps."""
+    return statistics.median(max(steps) for steps in zip(*(r["steps"] for r in ranks)))
+
+
+# ---- the driver: the table --------------------------------------------------------
+
+def describe(model, args):
+    net, _, _ = build_model(model)
+    params = list(net.parameters())
+    count = sum(p.numel() for p in params)
+    return ("model %s: %.2f M parameters in %d tensors (%.1f MB of float32 gradients), "
+            "batch %d per rank, %d timed steps after %d, 1 thread per rank"
+            % (model, count / 1e6, len(params), count * 4 / 1e6, batch_size(model, args),
+               args.iters, args.warmup))
 
 
 def driver(args):
-    rates = {(b, n): [] for b in BACKENDS for n in (1, 2)}
+    start = time.perf_counter()
+    backends = args.backends
+    step = {(m, b, n): [] for m in args.models for b in backends for n in args.nps}
+    samples = []
     for r in range(args.repeat):
-        order = BACKENDS[r % 3:] + BACKENDS[:r % 3]
-        for backend in order:
-            for n in (1, 2):
-                rates[(backend, n)].append(run_one(backend, n, args))
-    print("model %s, batch %d per rank, %d iterations, %d repeats, 1 thread per rank\n"
-          % (args.model, args.batch_size, args.iters, args.repeat))
-    print("| backend | np=1 samples/s | np=2 samples/s | scaling efficiency | np=2 vs plain |")
-    print("|---|---:|---:|---:|---:|")
-    summary = {}
-    plain_two = rates[("plain", 2)]
-    for backend in BACKENDS:
-        one = statistics.median(rates[(backend, 1)])
-        two = statistics.median(rates[(backend, 2)])
-        # Per repeat, then the median: each repeat's runs sat close together in time.
-        eff = statistics.median(t / (2 * o) for o, t in zip(rates[(backend, 1)],
-                                                             rates[(backend, 2)]))
-        vs_plain = statistics.median(t / p for t, p in zip(rates[(backend, 2)], plain_two))
-        summary[backend] = eff
-        print("| %s | %.0f | %.0f | %.3f | %.3f |" % (backend, one, two, eff, vs_plain))
-    print("\nperseus np=2 throughput / ddp np=2 throughput: %.3f" % (
-        statistics.median(rates[("perseus", 2)]) / statistics.median(rates[("ddp", 2)])))
+        order = backends[r % len(backends):] + backends[:r % len(backends)]
+        for model in args.models:
+            for backend in order:
+                for n in args.nps:
+                    ranks = run_one(model, backend, n, args)
+                    step[(model, backend, n)].append(slowest_rank_step(ranks))
+                    samples.append({"repeat": r, "model": model, "backend": backend, "np": n,
+                                    "step_s": step[(model, backend, n)][-1],
+                                    "steps_per_rank": [x["steps"] for x in ranks]})
+    summaries = {m: print_table(m, step, args) for m in args.models}
+    print("total wall time %.0f s" % (time.perf_counter() - start))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rates": {"%s.np%d" % k: v for k, v in rates.items()},
-                                               "efficiency": summary}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": samples,
+                                               "summary": summaries}, indent=1))
+
+
+def ratios(numerators, denominators):
+    """The median over repeats of numerator / denominator from the same repeat."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators))
+
+
+def print_table(model, step, args):
+    backends, nps = args.backends, args.nps
+    batch = batch_size(model, args)
+    print("\n%s, %d repeats\n" % (describe(model, args), args.repeat))
+    efficiency = 1 in nps and len(nps) > 1
+    print("| backend | np | step (ms) | samples/s | fraction of the ceiling |"
+          + (" scaling efficiency |" if efficiency else ""))
+    print("|---|---:|---:|---:|---:|" + ("---:|" if efficiency else ""))
+    summary = {}
+    for backend in backends:
+        for n in nps:
+            times = step[(model, backend, n)]
+            row = {"step_ms": statistics.median(times) * 1e3,
+                   "samples_per_s": batch * n / statistics.median(times)}
+            if CEILING in backends:
+                row["fraction_of_ceiling"] = ratios(step[(model, CEILING, n)], times)
+            if efficiency and n != 1:  # rate(n) / (n rate(1)) = step(1) / step(n)
+                row["scaling_efficiency"] = ratios(step[(model, backend, 1)], times)
+            summary["%s.np%d" % (backend, n)] = row
+            print("| %s | %d | %.1f | %.0f | %s |" % (
+                backend, n, row["step_ms"], row["samples_per_s"],
+                "%.3f" % row["fraction_of_ceiling"] if "fraction_of_ceiling" in row else "-")
+                + ((" %.3f |" % row["scaling_efficiency"] if "scaling_efficiency" in row
+                    else " - |") if efficiency else ""))
+    n = max(nps)
+    print()
+    for backend in PERSEUS_BACKENDS:
+        if backend not in backends:
+            continue
+        if "ddp" in backends:
+            # torch DDP's step time / ours, per repeat: above 1, Perseus is ahead.
+            ahead = ratios(step[(model, "ddp", n)], step[(model, backend, n)])
+            summary["%s_vs_ddp.np%d" % (backend, n)] = ahead
+            print("%s / ddp throughput at np=%d (median over repeats): %.3f  %s" % (
+                backend, n, ahead, "PASS" if ahead > 1 else "MISS"))
+        goal = GOALS.get(model)
+        if goal is not None and CEILING in backends and n == 2:
+            fraction = summary["%s.np2" % backend]["fraction_of_ceiling"]
+            print("%s fraction of the ceiling at np=2: %.3f, goal >= %.2f  %s" % (
+                backend, fraction, goal, "PASS" if fraction >= goal else "MISS"))
+    return summary
+
+
+# ---- the driver: --breakdown ------------------------------------------------------
+
+def breakdown_driver(args):
+    start = time.perf_counter()
+    backends = [b for b in (CEILING,) + PERSEUS_BACKENDS if b in args.backends]
+    report = {}
+    for model in args.models:
+        runs, timelines = {}, {}
+        for backend in backends:
+            timeline = None
+            if args.timeline and backend in PERSEUS_BACKENDS:
+                path = Path(args.timeline)
+                timeline = path.with_name("%s.%s.%s%s" % (path.stem, model, backend, path.suffix))
+            runs[backend] = run_one(model, backend, 2, args, breakdown=True, timeline=timeline)
+            if timeline:
+                from perseus.timeline_summary import load_events
+                timelines[backend] = (timeline, step_breakdown.timeline_per_step(
+                    load_events(timeline), args.warmup, args.iters))
+        print_breakdown(model, runs, timelines, args)
+        report[model] = {"runs": runs,
+                         "timelines": {b: t[1] for b, t in timelines.items()}}
+    print("total wall time %.0f s" % (time.perf_counter() - start))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "breakdown": report},
+                                              indent=1))
+
+
+PHASE_ROWS = (
+    ("step", "step", 1e3, "%.2f"),
+    ("forward", "forward", 1e3, "%.2f"),
+    ("backward", "backward (hooks included)", 1e3, "%.2f"),
+    ("hooks", "in gradient hooks", 1e3, "%.2f"),
+    ("hook_calls", "hook calls", 1, "%.0f"),
+    ("per_hook", "per hook call (us)", 1e6, "%.0f"),
+    ("barrier", "MPI barrier before step() (the slower rank)", 1e3, "%.2f"),
+    ("synchronize", "synchronize() in step()", 1e3, "%.2f"),
+    ("update", "optimizer update", 1e3, "%.2f"),
+)
+
+
+def print_breakdown(model, runs, timelines, args):
+    columns = [(b, r) for b in runs for r in range(len(runs[b]))]
+    print("\nbreakdown, %s, np=2; medians per step, ms unless said\n" % describe(model, args))
+    print("| | " + " | ".join("%s r%d" % c for c in columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for key, label, scale, fmt in PHASE_ROWS:
+        cells = []
+        for b, r in columns:
+            phases = runs[b][r]["phases"]
+            skip = ((key in ("hooks", "hook_calls", "per_hook") and not any(phases["hook_calls"]))
+                    or (key == "barrier" and not runs[b][r]["has_barrier"])
+                    or (key == "synchronize" and not runs[b][r]["has_synchronize"]))
+            if skip:
+                cells.append("-")
+                continue
+            if key == "per_hook":
+                values = [s / c for s, c in zip(phases["hooks"], phases["hook_calls"]) if c]
+            else:
+                values = phases[key]
+            cells.append(fmt % (statistics.median(values) * scale))
+        print("| %s | %s |" % (label, " | ".join(cells)))
+    labels = {t for b, r in columns for t in runs[b][r]["threads"]}
+    order = ["training thread", "perseus-engine"] + sorted(
+        t for t in labels if t.startswith("perseus-lane")) + ["other threads"]
+    for label in [t for t in order if t in labels]:
+        for what, key, fmt in (("CPU ms", "cpu_ms", "%.2f"), ("voluntary switches", "voluntary",
+                               "%.1f"), ("involuntary switches", "involuntary", "%.1f")):
+            cells = [fmt % runs[b][r]["threads"][label][key] if label in runs[b][r]["threads"]
+                     else "-" for b, r in columns]
+            print("| %s %s | %s |" % (label, what, " | ".join(cells)))
+    print("\n(thread rows: totals over the timed steps / steps, from /proc/self/task; the "
+          "CPU clock ticks every %.0f ms)" % (1e3 / os.sysconf("SC_CLK_TCK")))
+    if not timelines:
+        return
+    print("\ntimelines (rank 0), medians per step: %s\n" % ", ".join(
+        "%s %s" % (b, path) for b, (path, _) in timelines.items()))
+    print("| span | " + " | ".join(timelines) + " |")
+    print("|---|" + "---:|" * len(timelines))
+    for key, label in step_breakdown.TIMELINE_ROWS:
+        print("| %s | %s |" % (label, " | ".join(
+            "-" if per_step is None else "%.2f" % per_step[key]
+            for _, per_step in timelines.values())))
+
+
+# ---- command line -----------------------------------------------------------------
+
+def env_setting(text):
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError("expected K=V, got %r" % text)
+    return key, value
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--backend", choices=("perseus", "ddp", "plain"), default="perseus")
-    p.add_argument("--model", default="resnet_small",
-                   help="a model of examples/pytorch/models.py (resnet_small, mlp, ...)")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--iters", type=int, default=40)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out-dir", help=argparse.SUPPRESS)
+    p.add_argument("--backend", choices=BACKENDS, default="perseus", help=argparse.SUPPRESS)
+    p.add_argument("--models", nargs="+", default=["mlp512", "resnet_small"],
+                   help="models of examples/pytorch/models.py (default: mlp512 resnet_small)")
+    p.add_argument("--model", default="resnet_small", help="the model of --autotune")
+    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    p.add_argument("--nps", nargs="+", type=int, default=[2],
+                   help="ranks per run (default 2; 1 2 adds the scaling efficiency)")
+    p.add_argument("--batch-size", type=int, help="per rank (default: mlp512 64, others 32)")
+    p.add_argument("--iters", type=int, default=30, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--json", help="write every rate here")
+    p.add_argument("--perseus-env", nargs="+", type=env_setting, default=[], metavar="K=V",
+                   help="environment of the Perseus runs only, e.g. PERSEUS_HOLD_BYTES=1e9")
+    p.add_argument("--run-timeout", type=int, default=600, help="seconds per mpirun job")
+    p.add_argument("--json", help="write every sample here")
+    p.add_argument("--breakdown", action="store_true",
+                   help="where a step's time goes, per rank (plain, perseus, perseus_ddp)")
+    p.add_argument("--timeline", help="with --breakdown: Perseus timelines to PATH's stem."
+                   "MODEL.BACKEND.json, summed per step")
     p.add_argument("--autotune", action="store_true",
                    help="Perseus only: autotune against a sweep of fixed settings")
     p.add_argument("--autotune-np", type=int, default=2, help="ranks for --autotune")
     p.add_argument("--autotune-worker", action="store_true", help=argparse.SUPPRESS)
-    sys.path.insert(0, str(HERE.parent))
     import autotune_compare
     autotune_compare.add_arguments(p)
     args = p.parse_args()
+    args.perseus_env = dict(args.perseus_env)
+    if args.timeline and not args.breakdown:
+        p.error("--timeline goes with --breakdown (for the table: --perseus-env "
+                "PERSEUS_TIMELINE=PATH)")
     if args.autotune_worker:
         autotune_worker(args)
     elif args.autotune:
         autotune_driver(args)
+    elif args.worker:
+        worker(args)
+    elif args.breakdown:
+        breakdown_driver(args)
     else:
-        worker(args) if args.worker else driver(args)
+        driver(args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ CPU torch wheel used here).
   with torchvision's parameter names and counts (25.6 M and 11.7 M parameters).
 * ``resnet_small()``: a narrow CIFAR-style ResNet (3x32x32 inputs) for CPU runs.
 * ``mlp()``: a three-layer perceptron on flattened 1x28x28 inputs.
+* ``mlp512()``: issue 19's deep narrow perceptron (22 layers of width 512), many
+  mid-sized gradients for little compute.
 
 ``MODELS`` maps each name to (constructor, input shape, number of classes).
 """
@@ -140,9 +142,20 @@ def mlp(num_classes=10, hidden=1024):
                          nn.Linear(hidden, num_classes))
 
 
+def mlp512(num_classes=10, depth=21, width=512):
+    """21 x (Linear(512, 512) + ReLU), then Linear(512, 10), on 512-wide inputs:
+    44 parameter tensors (22 weights, 22 biases), 5,520,906 parameters, 22.1 MB of
+    float32 gradients a step (21 x 1 MiB weights)."""
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU(inplace=True)]
+    return nn.Sequential(*layers, nn.Linear(width, num_classes))
+
+
 MODELS = {
     "resnet50": (resnet50, (3, 224, 224), 1000),
     "resnet18": (resnet18, (3, 224, 224), 1000),
     "resnet_small": (resnet_small, (3, 32, 32), 10),
     "mlp": (mlp, (1, 28, 28), 10),
+    "mlp512": (mlp512, (512,), 10),
 }
