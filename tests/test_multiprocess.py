@@ -74,10 +74,13 @@ def test_config_names(run_mpi, nprocs):
 
 
 @pytest.mark.parametrize("nprocs", NPROCS)
-def test_what_ends_a_hold(run_mpi, nprocs):
+@pytest.mark.parametrize("hold", [{"PERSEUS_HOLD_BYTES": "65536"},
+                                  {"PERSEUS_HOLD_BYTES": "auto", "PERSEUS_FUSION_THRESHOLD": "2097152"}],
+                         ids=["bytes", "auto"])
+def test_what_ends_a_hold(run_mpi, nprocs, hold):
     # A hold far longer than the script's bounds: only a waiter, a poll or enough
     # bytes may end it (tests/mpi/hold.py).
-    run_mpi("hold", nprocs, env={"PERSEUS_HOLD_TIME": "20000", "PERSEUS_HOLD_BYTES": "65536"})
+    run_mpi("hold", nprocs, env=dict(hold, PERSEUS_HOLD_TIME="20000"))
 
 
 # Engine settings under which the mixed load of stress.py must give the same, correct

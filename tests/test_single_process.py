@@ -276,6 +276,7 @@ BAD_SETTINGS = [
     ("PERSEUS_CYCLE_TIME", "-5", "PERSEUS_CYCLE_TIME"),
     ("HOROVOD_CYCLE_TIME", "abc", "CYCLE_TIME"),
     ("PERSEUS_HOLD_BYTES", "-1", "PERSEUS_HOLD_BYTES"),
+    ("PERSEUS_HOLD_BYTES", "automatic", "PERSEUS_HOLD_BYTES"),
     ("PERSEUS_HOLD_TIME", "soon", "PERSEUS_HOLD_TIME"),
     ("PERSEUS_RANKS_PER_NODE", "0", "PERSEUS_RANKS_PER_NODE"),
     ("PERSEUS_RANKS_PER_NODE", "two", "PERSEUS_RANKS_PER_NODE"),
@@ -297,6 +298,7 @@ GOOD_SETTINGS = [
     {"HOROVOD_FUSION_THRESHOLD": "4096", "HOROVOD_CYCLE_TIME": "2.5"},
     {"PERSEUS_CYCLE_TIME": "5"},
     {"PERSEUS_HOLD_BYTES": "0", "PERSEUS_HOLD_TIME": "0"},
+    {"PERSEUS_HOLD_BYTES": "AUTO"},
     {"PERSEUS_RANKS_PER_NODE": "2"},
 ]
 
@@ -323,7 +325,7 @@ def test_config_shows_the_values_the_core_took(run_python):
     expected = {"PERSEUS_HOLD_TIME": "2.5", "PERSEUS_ALLREDUCE_NANCHECK": "1",
                 "PERSEUS_RANKS_PER_NODE": "3", "PERSEUS_FUSION_THRESHOLD": "4096",
                 "PERSEUS_CYCLE_TIME": "0", "PERSEUS_ALLREDUCE_DTYPE": "none",
-                "PERSEUS_LOG_LEVEL": "warning", "PERSEUS_TIMELINE": ""}
+                "PERSEUS_LOG_LEVEL": "warning", "PERSEUS_TIMELINE": "", "PERSEUS_HOLD_BYTES": "auto"}
     assert {k: shown.get(k) for k in expected} == expected, shown
 
 

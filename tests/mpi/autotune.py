@@ -33,7 +33,7 @@ CHECKED = [  # name, shape, dtype, op
     ("f16", (513,), torch.float16, "sum"),
 ]
 GRID = {"PERSEUS_ALLREDUCE_STREAMS": 3, "PERSEUS_FUSION_THRESHOLD": 4,
-        "PERSEUS_CHUNK_SIZE": 4, "PERSEUS_HOLD_BYTES": 4}  # values tried per knob
+        "PERSEUS_CHUNK_SIZE": 4, "PERSEUS_HOLD_BYTES": 5}  # values tried per knob
 COLUMNS = ["lanes", "fusion_threshold", "hold_bytes", "hold_time_ms", "chunk_bytes", "score"]
 FIXED_COLUMN = {"PERSEUS_FUSION_THRESHOLD": "fusion_threshold", "PERSEUS_CHUNK_SIZE": "chunk_bytes",
                 "PERSEUS_HOLD_BYTES": "hold_bytes"}

@@ -7,6 +7,8 @@ sets 20 s), so that only what is meant to end a hold can end it:
 - a poll that finds a request unfinished ends it too (a polling loop is waiting);
 - enough bytes pending end it without any waiter;
 - held requests of a burst all come back right, whatever order they are awaited in.
+With PERSEUS_HOLD_BYTES=auto "enough bytes" is the fusion threshold for CPU requests,
+so a request beyond the old fixed default (1 MiB) but within it is still held.
 """
 import os
 import time
@@ -39,10 +41,27 @@ def check_poll_ends_hold(rank, size):
     assert torch.all(hvd.synchronize(handle) == size)
 
 
+def hold_limit():
+    """Bytes that end a hold of CPU requests."""
+    if os.environ["PERSEUS_HOLD_BYTES"] == "auto":
+        return int(os.environ["PERSEUS_FUSION_THRESHOLD"])
+    return int(os.environ["PERSEUS_HOLD_BYTES"])
+
+
+def check_auto_holds_a_buffer(rank, size):
+    # 1.5 MiB, under a 2 MiB fusion threshold: held, though beyond 1 MiB. The first
+    # poll, a second later, finds it unfinished (and ends the hold).
+    assert hold_limit() > 3 << 19
+    handle = hvd.allreduce_async(torch.ones(3 << 17), name="hold.auto", op=hvd.Sum)
+    time.sleep(1.0)
+    assert not hvd.poll(handle), "auto: a request under the fusion threshold was not held"
+    assert torch.all(hvd.synchronize(handle) == size)
+
+
 def check_bytes_end_hold(rank, size):
-    # Over PERSEUS_HOLD_BYTES in one request: it goes without any waiter or poll, so
+    # Over the hold's bytes in one request: it goes without any waiter or poll, so
     # the first look, a while later, finds it done (a poll would end a hold itself).
-    numel = int(os.environ["PERSEUS_HOLD_BYTES"]) // 4 + 1024
+    numel = hold_limit() // 4 + 1024
     handle = hvd.allreduce_async(torch.ones(numel), name="hold.big", op=hvd.Sum)
     time.sleep(3.0)
     assert hvd.poll(handle), "a request over PERSEUS_HOLD_BYTES was held"
@@ -54,6 +73,8 @@ def body():
     assert float(os.environ["PERSEUS_HOLD_TIME"]) >= 2 * BOUND_S * 1000
     check_wait_ends_hold(rank, size)
     check_poll_ends_hold(rank, size)
+    if os.environ["PERSEUS_HOLD_BYTES"] == "auto":
+        check_auto_holds_a_buffer(rank, size)
     check_bytes_end_hold(rank, size)
     hvd.shutdown()
 

@@ -17,11 +17,11 @@ constexpr int64_t kKiB = 1 << 10, kMiB = 1 << 20;
 const std::vector<int64_t> kLaneCounts = {1, 2, 4};
 const std::vector<int64_t> kFusionThresholds = {4 * kMiB, 16 * kMiB, 64 * kMiB, 128 * kMiB};
 const std::vector<int64_t> kChunkSizes = {1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
-const std::vector<int64_t> kHoldBytes = {0, 256 * kKiB, 1 * kMiB, 8 * kMiB};
+const std::vector<int64_t> kHoldBytes = {0, 256 * kKiB, 1 * kMiB, 8 * kMiB, kHoldAuto};
 
 std::string Describe(const Knobs& k) {
   return "lanes=" + std::to_string(k.lanes) + " fusion_threshold=" +
-         std::to_string(k.fusion_threshold) + " hold_bytes=" + std::to_string(k.hold_bytes) +
+         std::to_string(k.fusion_threshold) + " hold_bytes=" + HoldBytesText(k.hold_bytes) +
          " hold_time_ms=" + std::to_string(k.hold_time_ms) +
          " chunk_bytes=" + std::to_string(k.chunk_bytes);
 }
@@ -214,7 +214,7 @@ void AutoTuner::Settle() {
 
 void AutoTuner::Log(const Knobs& k, double score) {
   if (!csv_.is_open()) return;
-  csv_ << k.lanes << ',' << k.fusion_threshold << ',' << k.hold_bytes << ',' << k.hold_time_ms
+  csv_ << k.lanes << ',' << k.fusion_threshold << ',' << HoldBytesText(k.hold_bytes) << ',' << k.hold_time_ms
        << ',' << k.chunk_bytes << ',' << score << std::endl;
 }
 

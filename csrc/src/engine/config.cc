@@ -212,6 +212,20 @@ Field AllreduceModeField() {
           [](const Config& c) { return c.allreduce_mode; }};
 }
 
+// Bytes, or auto (kHoldAuto).
+Field HoldBytesField() {
+  Field bytes = IntIn(&Config::hold_bytes, 0, 1ll << 40);
+  return {[=](const std::string& text, Config* c) -> std::string {
+            if (Lower(text) == "auto") {
+              c->hold_bytes = kHoldAuto;
+              return "";
+            }
+            std::string problem = bytes.parse(text, c);
+            return problem.empty() ? "" : problem + ", or auto";
+          },
+          [=](const Config& c) { return HoldBytesText(c.hold_bytes); }};
+}
+
 // A lane count, or auto: the autotuner picks how many of the lanes made at init to use.
 Field LanesField() {
   Field count = IntIn(&Config::lanes, 1, 64);
@@ -246,8 +260,9 @@ const std::vector<Variable>& Table() {
       {"PERSEUS_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "extra batching window, ms", kAgreed,
        NumberIn(&Config::cycle_time_ms, 0, 10000)},
       {"PERSEUS_HOLD_BYTES", nullptr,
-       "while no thread waits, start a round only once this many bytes are pending (0 = at once)",
-       kAgreed, IntIn(&Config::hold_bytes, 0, 1ll << 40)},
+       "while no thread waits, start a round only once this many bytes are pending (0 = at once; "
+       "auto = the fusion threshold for CPU requests, 1 MiB while a GPU request is pending)",
+       kAgreed, HoldBytesField()},
       {"PERSEUS_HOLD_TIME", nullptr,
        "while no thread waits, start a round at the latest when the oldest pending request is "
        "this old, ms (0 = at once)",
@@ -446,6 +461,10 @@ std::string DescribeConfig(const Config& config) {
   std::string out;
   for (const Setting& s : Settings(config)) out += std::string(s.name) + "=" + s.value + "\n";
   return out;
+}
+
+std::string HoldBytesText(int64_t hold_bytes) {
+  return hold_bytes == kHoldAuto ? std::string("auto") : std::to_string(hold_bytes);
 }
 
 }  // namespace perseus

@@ -14,10 +14,16 @@
 
 namespace perseus {
 
+// PERSEUS_HOLD_BYTES=auto: CPU requests are held up to the fusion threshold (a whole
+// backward pass on busy cores), GPU ones up to kGpuHoldBytes (their reductions should
+// overlap backward, on cores that are mostly idle).
+constexpr int64_t kHoldAuto = -1;
+constexpr int64_t kGpuHoldBytes = 1ll << 20;
+
 struct Config {
   int64_t fusion_threshold = 64ll << 20;  // bytes per fused buffer; 0 disables fusion
   double cycle_time_ms = 0.0;             // extra batching window before a round
-  int64_t hold_bytes = 1ll << 20;         // while nobody waits, gather this much before a round
+  int64_t hold_bytes = kHoldAuto;         // while nobody waits, gather this much before a round
   double hold_time_ms = 200.0;            // ... or until the oldest request is this old
   int lanes = 1;                          // concurrent execution lanes per process set
   bool lanes_auto = false;                // PERSEUS_ALLREDUCE_STREAMS=auto: autotune lanes only
@@ -68,6 +74,9 @@ struct Setting {
 };
 // Every variable of the table, in table order.
 std::vector<Setting> Settings(const Config& config);
+
+// A hold_bytes value as the configuration prints it: bytes, or "auto".
+std::string HoldBytesText(int64_t hold_bytes);
 
 // "NAME=value" lines of the effective configuration.
 std::string DescribeConfig(const Config& config);

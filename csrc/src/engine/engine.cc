@@ -381,17 +381,22 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   *wake_at = now;  // test it straight away
 }
 
-// While no thread waits for a result (e.g. during backward()), small requests are
-// held so that one round and one fused collective carry many of them: every round
-// is a meeting of all ranks' engine threads, which costs context switches on cores
-// that are busy training. A waiter, or enough bytes, or enough time, ends the hold.
+// While no thread waits for a result (e.g. during backward()), requests are held so
+// that one round and one fused collective carry many of them: every round is a
+// meeting of all ranks' engine threads, which costs context switches on cores that
+// are busy training. A waiter, or enough bytes, or enough time, ends the hold. By
+// default (auto) CPU requests are held up to a whole fused buffer: when training
+// takes every core, reducing during backward() only takes cores from it, so a
+// backward pass's gradients go best as one round when step() waits for them.
 Clock::time_point Engine::HoldUntil(const ProcessSet& set, int64_t* headroom) const {
   const Knobs& knobs = set.knobs;
-  if (knobs.hold_bytes <= 0 || knobs.hold_time_ms <= 0) return Clock::time_point::min();
+  if (knobs.hold_bytes == 0 || knobs.hold_time_ms <= 0) return Clock::time_point::min();
   Negotiator::Load load = set.negotiator->PendingLoad();
-  if (load.bytes >= knobs.hold_bytes || load.oldest == Clock::time_point::max())
+  int64_t limit = knobs.hold_bytes;
+  if (limit == kHoldAuto) limit = load.gpu ? kGpuHoldBytes : knobs.fusion_threshold;
+  if (load.bytes >= limit || load.oldest == Clock::time_point::max())
     return Clock::time_point::min();
-  *headroom = knobs.hold_bytes - load.bytes;
+  *headroom = limit - load.bytes;
   return load.oldest + std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double, std::milli>(knobs.hold_time_ms));
 }

@@ -83,6 +83,7 @@ Negotiator::Load Negotiator::PendingLoad() const {
   for (const auto& kv : pending_) {
     load.bytes += PayloadBytes(kv.second->meta);
     load.oldest = std::min(load.oldest, kv.second->submitted);
+    load.gpu = load.gpu || kv.second->meta.device != PERSEUS_CPU_DEVICE;
   }
   return load;
 }

@@ -53,6 +53,7 @@ class Negotiator {
   struct Load {
     int64_t bytes = 0;
     Clock::time_point oldest = Clock::time_point::max();
+    bool gpu = false;  // some pending request is on a GPU
   };
   Load PendingLoad() const;
   bool active() const { return phase_ != Phase::kIdle; }
