@@ -30,11 +30,11 @@ KiB, MiB = 1024, 1024 * 1024
 # the configuration table; the sweep is built from the same values, so the best
 # fixed setting is one the tuner could also have reached.
 DEFAULTS = {"PERSEUS_ALLREDUCE_STREAMS": "1", "PERSEUS_FUSION_THRESHOLD": str(64 * MiB),
-            "PERSEUS_CHUNK_SIZE": str(4 * MiB), "PERSEUS_HOLD_BYTES": str(1 * MiB)}
+            "PERSEUS_CHUNK_SIZE": str(4 * MiB), "PERSEUS_HOLD_BYTES": "auto"}
 VALUES = {"PERSEUS_ALLREDUCE_STREAMS": ["1", "2", "4"],
           "PERSEUS_FUSION_THRESHOLD": [str(v * MiB) for v in (4, 16, 64, 128)],
           "PERSEUS_CHUNK_SIZE": [str(v * MiB) for v in (1, 4, 16, 64)],
-          "PERSEUS_HOLD_BYTES": ["0", str(256 * KiB), str(1 * MiB), str(8 * MiB)]}
+          "PERSEUS_HOLD_BYTES": ["0", str(256 * KiB), str(1 * MiB), str(8 * MiB), "auto"]}
 SHORT = {"PERSEUS_ALLREDUCE_STREAMS": "lanes", "PERSEUS_FUSION_THRESHOLD": "fusion",
          "PERSEUS_CHUNK_SIZE": "chunk", "PERSEUS_HOLD_BYTES": "hold"}
 TUNER_VARS = ("PERSEUS_AUTOTUNE", "PERSEUS_AUTOTUNE_LOG", "PERSEUS_AUTOTUNE_WARMUP_SAMPLES",
@@ -45,6 +45,8 @@ AUTOTUNE = "autotune"
 
 def label(setting):
     def short(v):
+        if not v.isdigit():
+            return v  # auto
         n = int(v)
         return "%dM" % (n // MiB) if n >= MiB and n % MiB == 0 else (
             "%dK" % (n // KiB) if n >= KiB and n % KiB == 0 else str(n))
