@@ -85,13 +85,18 @@ def submit(requests, finish, state, drive=False, consumer_stream=None):
     before finish runs, failed requests included, since their inputs may still be
     read on the device.
     """
-    return submit_packed(_pack(requests), finish, state, drive, consumer_stream)
+    return _register(enqueue(requests, drive), finish, state, consumer_stream)
 
 
 def submit_packed(packed, finish, state, drive=False, consumer_stream=None):
     """submit() of a batch packed already: `packed` is (buf, n) as builder.pack()
     returns it."""
-    handles, keep = enqueue_packed(packed[0], packed[1], drive)
+    return _register(enqueue_packed(packed[0], packed[1], drive), finish, state,
+                     consumer_stream)
+
+
+def _register(enqueued, finish, state, consumer_stream):
+    handles, keep = enqueued
     handle = handles[0]
     _pending[handle] = (handles, keep, finish, state, consumer_stream)
     return handle
@@ -189,10 +194,12 @@ def synchronize_all(handles):
     before anything is waited for.
     """
     entries = []
+    seen = set()
     for handle in handles:
         entry = _pending.get(handle)
-        if entry is None or any(handle == h for h, _ in entries):
+        if entry is None or handle in seen:
             raise _unknown(handle)
+        seen.add(handle)
         entries.append((handle, entry))
     core = array.array("q")
     for _, entry in entries:
