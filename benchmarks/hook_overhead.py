@@ -11,7 +11,9 @@ under three setups, built alike on every rank, in one process:
              that start each allreduce) and its synchronize() timed apart;
 - ddp:       perseus.torch.nn.parallel.DistributedDataParallel: backward (its
              hooks, bucket requests, and the wait at the end of backward).
-Per-gradient microseconds (wall time, one torch thread per rank):
+Per-gradient microseconds, of wall time and of the training thread's CPU time
+(time.thread_time: less disturbed by other processes on a busy machine; it
+leaves out time lost to preemption and waiting), one torch thread per rank:
 - opt hooks   = (optimizer backward - plain backward) / gradients
 - opt sync    = synchronize() / gradients
 - ddp         = (ddp backward - plain backward) / gradients
@@ -37,8 +39,19 @@ def _model(layers, width):
     return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
 
 
-def _median_s(samples):
-    return statistics.median(samples)
+def _now():
+    return time.perf_counter(), time.thread_time()
+
+
+def _since(start):
+    """(wall, cpu) seconds since start = _now()."""
+    wall, cpu = _now()
+    return wall - start[0], cpu - start[1]
+
+
+def _median(samples):
+    """Per-component median of (wall, cpu) samples."""
+    return tuple(statistics.median(column) for column in zip(*samples))
 
 
 def _plain(model, x, iters):
@@ -46,10 +59,10 @@ def _plain(model, x, iters):
     for _ in range(iters):
         model.zero_grad(set_to_none=True)
         loss = model(x).sum()
-        start = time.perf_counter()
+        start = _now()
         loss.backward()
-        backward.append(time.perf_counter() - start)
-    return _median_s(backward)
+        backward.append(_since(start))
+    return _median(backward)
 
 
 def _optimizer(model, opt, x, iters):
@@ -57,27 +70,18 @@ def _optimizer(model, opt, x, iters):
     for _ in range(iters):
         opt.zero_grad(set_to_none=True)
         loss = model(x).sum()
-        start = time.perf_counter()
+        start = _now()
         loss.backward()
-        middle = time.perf_counter()
+        backward.append(_since(start))
+        start = _now()
         opt.synchronize()
-        end = time.perf_counter()
+        sync.append(_since(start))
         with opt.skip_synchronize():
             opt.step()
-        backward.append(middle - start)
-        sync.append(end - middle)
-    return _median_s(backward), _median_s(sync)
+    return _median(backward), _median(sync)
 
 
-def _ddp(model, x, iters):
-    backward = []
-    for _ in range(iters):
-        model.zero_grad(set_to_none=True)
-        loss = model(x).sum()
-        start = time.perf_counter()
-        loss.backward()
-        backward.append(time.perf_counter() - start)
-    return _median_s(backward)
+_ddp = _plain  # the same loop: DDP's hooks and wait are inside backward()
 
 
 def main():
@@ -104,7 +108,7 @@ def main():
     _optimizer(hooked, opt, x, 3)
     _ddp(ddp, x, 3)
 
-    rows = {"opt hooks": [], "opt sync": [], "ddp": []}
+    rows = {"opt hooks": [], "opt sync": [], "ddp": [], "(plain backward)": []}
     for _ in range(args.runs):
         hvd.barrier()
         base = _plain(plain, x, args.iters)
@@ -112,18 +116,23 @@ def main():
         hooks, sync = _optimizer(hooked, opt, x, args.iters)
         hvd.barrier()
         ddp_backward = _ddp(ddp, x, args.iters)
-        rows["opt hooks"].append((hooks - base) / grads * 1e6)
-        rows["opt sync"].append(sync / grads * 1e6)
-        rows["ddp"].append((ddp_backward - base) / grads * 1e6)
-        rows.setdefault("(plain backward)", []).append(base / grads * 1e6)
+        for label, value in (("opt hooks", [h - b for h, b in zip(hooks, base)]),
+                             ("opt sync", sync),
+                             ("ddp", [d - b for d, b in zip(ddp_backward, base)]),
+                             ("(plain backward)", base)):
+            rows[label].append([v / grads * 1e6 for v in value])
 
     if hvd.rank() == 0:
         print("perseus from %s; np=%d, %d gradients (%d x Linear(%d, %d)), batch %d; "
               "%d iters x %d runs; µs per gradient, median (min) over runs"
               % (perseus.__path__[0], hvd.size(), grads, args.layers, args.width, args.width,
                  args.batch, args.iters, args.runs))
+        print("  %-17s %18s %18s" % ("", "wall", "thread CPU"))
         for label, values in rows.items():
-            print("  %-17s %8.2f (%.2f)" % (label, statistics.median(values), min(values)))
+            cells = []
+            for column in zip(*values):
+                cells.append("%8.2f (%7.2f)" % (statistics.median(column), min(column)))
+            print("  %-17s %s" % (label, " ".join(cells)))
     hvd.shutdown()
 
 
