@@ -91,7 +91,7 @@ class _DistributedMixin:
         # id(param) -> (param, handle or None, ctx); an entry exists from the param's
         # first backward pass after a step until synchronize() has finished it.
         self._handles = {}
-        # id(param) -> its gradient's request, packed once (adapter.InplaceAllreduce).
+        # id(param) -> (scales, its gradient's request packed once: adapter.InplaceAllreduce).
         self._requests = {}
         self._hook_handles = []
         self._synchronized = False
@@ -239,12 +239,14 @@ class _DistributedMixin:
             self._handles[id(p)] = (p, handle, (None, None))
             return
         wire, ctx = self._compression.compress(tensor)
-        request = self._requests.get(id(p))
-        if request is None:
-            op, prescale, postscale = self._scales()
-            request = self._requests[id(p)] = _adapter.InplaceAllreduce(
-                self._parameter_names[id(p)], op, prescale, postscale, self._process_set)
-        self._handles[id(p)] = (p, request.submit(wire), (wire, ctx))
+        # Scales per step: with a predivide factor they follow the set's size, which
+        # an elastic reset changes.
+        scales = self._scales()
+        cached = self._requests.get(id(p))
+        if cached is None or cached[0] != scales:
+            cached = self._requests[id(p)] = (scales, _adapter.InplaceAllreduce(
+                self._parameter_names[id(p)], *scales, self._process_set))
+        self._handles[id(p)] = (p, cached[1].submit(wire), (wire, ctx))
 
     def _submit_group(self, index):
         members = self._groups[index]
