@@ -28,6 +28,7 @@ SCRIPTS = [
     "init_serialized",          # no MPI_THREAD_MULTIPLE: one lane, still correct
     "late_peer",                # a peer later than the driving window: no hang
     "on_complete",              # completion callbacks: once, first failure, shutdown
+    "wait_all",                 # perseus_wait_all, synchronize_all: values, first failure
 ]
 
 

@@ -1,7 +1,8 @@
 """Training API under mpirun -np 2 and 4: DistributedOptimizer against single-process
 training on the whole batch (tests/mpi/optimizer.py), and the broadcast helpers
 restoring identical model and optimizer state (tests/mpi/broadcast_state.py), and
-DistributedOptimizer(op=Adasum) against a simulation (tests/mpi/adasum_optimizer.py). Each
+DistributedOptimizer(op=Adasum) against a simulation (tests/mpi/adasum_optimizer.py), and
+DistributedOptimizer's per-parameter request cache (tests/mpi/optimizer_cache.py). Each
 script computes its reference on every rank with plain torch; see their docstrings."""
 import pytest
 import torch
@@ -11,7 +12,7 @@ from perseus.torch.compression import Compression
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 NPROCS = [2, 4]
-SCRIPTS = ["optimizer", "broadcast_state", "adasum_optimizer"]
+SCRIPTS = ["optimizer", "optimizer_cache", "broadcast_state", "adasum_optimizer"]
 
 
 @pytest.mark.parametrize("nprocs", NPROCS)

@@ -437,6 +437,41 @@ perseus_status_t perseus_wait(int64_t handle, double timeout_s) {
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 
+perseus_status_t perseus_wait_all(const int64_t* handles, int32_t n, double timeout_s,
+                                  int32_t* index_out) {
+  if (n < 0 || (n > 0 && handles == nullptr) || index_out == nullptr)
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_wait_all: bad arguments"));
+  *index_out = -1;
+  WaiterScope waiting;
+  bool all_done = true;
+  for (int32_t i = 0; i < n; ++i) {
+    bool done = false;
+    Status status = g_handles.Poll(handles[i], &done);
+    if (!status.ok()) {
+      *index_out = i;
+      return Report(status);
+    }
+    all_done = all_done && done;
+  }
+  const auto start = Clock::now();
+  auto left = [&] {
+    if (timeout_s < 0) return -1.0;
+    return std::max(0.0, timeout_s - std::chrono::duration<double>(Clock::now() - start).count());
+  };
+  // One drive for the whole set, as perseus_wait does for one handle.
+  if (!all_done)
+    if (auto engine = Current())
+      engine->Drive(handles, n, timeout_s < 0 ? kWaitDriveS : std::min(timeout_s, kWaitDriveS));
+  for (int32_t i = 0; i < n; ++i) {
+    Status status = g_handles.Wait(handles[i], left());
+    if (!status.ok()) {
+      *index_out = i;
+      return Report(status);
+    }
+  }
+  return PERSEUS_SUCCESS;
+}
+
 perseus_status_t perseus_on_complete(const int64_t* handles, int32_t n, perseus_callback_t cb,
                                      void* arg) {
   if (n < 0 || (n > 0 && handles == nullptr) || cb == nullptr)

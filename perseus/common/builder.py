@@ -344,6 +344,45 @@ def pack(requests):
     return buf, 1
 
 
+# Where Prebuilt patches a packed one-request batch: the record's name pointer, and
+# its shape, input and output pointers (adjacent in perseus_request_t).
+_NAME_AT = 8 + _lib.Request.name.offset
+_ADDRESSES_AT = 8 + _lib.Request.shape.offset
+_pack_name = struct.Struct("@P").pack_into
+_pack_addresses = struct.Struct("@PPP").pack_into
+if not (_lib.Request.input.offset == _lib.Request.shape.offset + 8
+        and _lib.Request.output.offset == _lib.Request.input.offset + 8):
+    raise ImportError("perseus_request_t: shape, input and output are not adjacent")
+
+
+class Prebuilt:
+    """A named one-request batch packed once, for a front end that submits the same
+    request again and again with only its buffers changing (an optimizer's in-place
+    allreduce of a gradient, every step): pack(input, output) copies the packed
+    bytes and fills in the addresses, skipping names, struct layouts and checks."""
+
+    __slots__ = ("_bytes", "_name_offset", "_shape_offset")
+
+    def __init__(self, request):
+        if request.name is None:
+            raise ValueError("Prebuilt needs a named request (unnamed ones are numbered "
+                             "per call)")
+        buf, _ = pack([request])
+        base = buf.buffer_info()[0]
+        # Pointers into the buffer, kept as offsets from its start.
+        self._name_offset = struct.unpack_from("@P", buf, _NAME_AT)[0] - base
+        self._shape_offset = struct.unpack_from("@P", buf, _ADDRESSES_AT)[0] - base
+        self._bytes = buf.tobytes()
+
+    def pack(self, input, output):
+        """(buf, 1) as pack() returns it, with these input and output addresses."""
+        buf = array.array("B", self._bytes)
+        base = buf.buffer_info()[0]
+        _pack_name(buf, _NAME_AT, base + self._name_offset)
+        _pack_addresses(buf, _ADDRESSES_AT, base + self._shape_offset, input, output)
+        return buf, 1
+
+
 def _pack_many(requests):
     """pack() of 0 or 2+ requests."""
     n = len(requests)

@@ -138,6 +138,7 @@ _SIGNATURES = {
                                             ctypes.c_double]),
     "perseus_poll": (_status, [ctypes.c_int64, _i32p]),
     "perseus_wait": (_status, [ctypes.c_int64, ctypes.c_double]),
+    "perseus_wait_all": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_double, _i32p]),
     "perseus_on_complete": (_status, [_i64p, ctypes.c_int32, CALLBACK, ctypes.c_void_p]),
     "perseus_handle_output": (_status, [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), _i64p,
                                         _i32p, ctypes.POINTER(_i64p), _i32p]),
@@ -189,6 +190,7 @@ perseus_enqueue = _bind("perseus_enqueue")
 perseus_enqueue_and_drive = _bind("perseus_enqueue_and_drive")
 perseus_poll = _bind("perseus_poll")
 perseus_wait = _bind("perseus_wait")
+perseus_wait_all = _bind("perseus_wait_all")
 perseus_on_complete = _bind("perseus_on_complete")
 perseus_handle_output = _bind("perseus_handle_output")
 perseus_release = _bind("perseus_release")

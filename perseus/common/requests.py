@@ -9,6 +9,7 @@ This is the hot path of every collective: builder.pack() lays a batch out in one
 buffer with struct, and the ctypes functions are bound once at import.
 """
 
+import array
 import ctypes
 import math
 import weakref
@@ -41,6 +42,11 @@ def enqueue(requests, drive=False):
     input/output addresses) alive until then; submit() does this for you.
     """
     buf, n = _pack(requests)
+    return enqueue_packed(buf, n, drive)
+
+
+def enqueue_packed(buf, n, drive=False):
+    """enqueue() of a batch packed already (builder.pack(), builder.Prebuilt)."""
     base = buf.buffer_info()[0]
     if drive:
         status = _enqueue_and_drive(base + 8 * n, n, base, DRIVE_S)
@@ -79,7 +85,18 @@ def submit(requests, finish, state, drive=False, consumer_stream=None):
     before finish runs, failed requests included, since their inputs may still be
     read on the device.
     """
-    handles, keep = enqueue(requests, drive)
+    return _register(enqueue(requests, drive), finish, state, consumer_stream)
+
+
+def submit_packed(packed, finish, state, drive=False, consumer_stream=None):
+    """submit() of a batch packed already: `packed` is (buf, n) as builder.pack()
+    returns it."""
+    return _register(enqueue_packed(packed[0], packed[1], drive), finish, state,
+                     consumer_stream)
+
+
+def _register(enqueued, finish, state, consumer_stream):
+    handles, keep = enqueued
     handle = handles[0]
     _pending[handle] = (handles, keep, finish, state, consumer_stream)
     return handle
@@ -129,14 +146,24 @@ def synchronize(handle):
     entry = _pending.pop(handle, None)
     if entry is None:
         raise _unknown(handle)
-    handles, _, finish, state, consumer_stream = entry
     try:
-        failure = _wait_all(handles)
+        failure = _wait_all(entry[0])
     except BaseException:
         # Interrupted (KeyboardInterrupt): the engine may still write into our
         # buffers, so they must stay referenced; the handle stays valid.
         _pending[handle] = entry
         raise
+    try:
+        return _complete(entry, failure)
+    finally:
+        entry = None  # see _complete
+
+
+def _complete(entry, failure):
+    """The rest of synchronize() once every request of `entry` has completed:
+    raises `failure` (or a GPU stream wait's), else returns finish's result; releases
+    the core handles either way."""
+    handles, _, finish, state, consumer_stream = entry
     try:
         if consumer_stream is not None:  # GPU requests: one check on the CPU path
             stream_failure = _stream_wait_all(handles, consumer_stream())
@@ -151,6 +178,65 @@ def synchronize(handle):
         # the exception go, or longer through `failure`'s cycle): let the state go
         # now, with whatever it holds (e.g. torch's pinned storages, see hold.py).
         entry = state = None
+
+
+_wait_many = _lib.perseus_wait_all
+
+
+def synchronize_all(handles):
+    """[synchronize(h) for h in handles], waiting for all their requests with one
+    call into the core (a training step's gradients: one wait, not one per tensor).
+
+    Errors as the loop would have them: the first failure in list order is raised
+    (the same exception synchronize() of that handle raises); the handles before it
+    are finished and released, those after it stay pending (valid, their buffers
+    referenced), as the loop would leave them. Any unknown handle raises ValueError
+    before anything is waited for.
+    """
+    entries = []
+    seen = set()
+    for handle in handles:
+        entry = _pending.get(handle)
+        if entry is None or handle in seen:
+            raise _unknown(handle)
+        seen.add(handle)
+        entries.append((handle, entry))
+    core = array.array("q")
+    for _, entry in entries:
+        core.extend(entry[0])
+    index = ctypes.c_int32(-1)
+    ref = ctypes.byref(index)
+    address = core.buffer_info()[0]
+    status = _wait_many(address, len(core), _WAIT_SLICE_S, ref)
+    while status == _TIMEOUT:  # sliced so Ctrl-C is honoured; the handles stay valid
+        status = _wait_many(address, len(core), _WAIT_SLICE_S, ref)
+    failure = _lib.error(status) if status else None
+    failed_at = index.value if failure is not None else len(core)
+    if failure is not None and failed_at < 0:
+        raise failure  # not a request's failure (bad arguments): nothing consumed
+    results = []
+    start = 0  # index in `core` of the first request of `entry`
+    for k, (handle, entry) in enumerate(entries):
+        del _pending[handle]
+        count = len(entry[0])
+        try:
+            if start + count <= failed_at:
+                results.append(_complete(entry, None))
+            else:
+                # The failed request's batch: its later requests are waited for as
+                # synchronize() waits for a whole batch.
+                _wait_all(entry[0][failed_at - start + 1:])
+                _complete(entry, failure)
+        except BaseException:
+            for later, later_entry in entries[k + 1:]:
+                _pending[later] = later_entry
+            later_entry = None
+            entries.clear()  # the traceback keeps this frame: let the states go
+            raise
+        finally:
+            entry = None  # see _complete
+        start += count
+    return results
 
 
 _stream_wait = _lib.perseus_stream_wait

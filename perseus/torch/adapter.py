@@ -147,7 +147,7 @@ def _finish_nothing(state, handles):
 # ---- submission -----------------------------------------------------------------
 
 def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, postscale,
-                      process_set, root_rank, grouped, drive):
+                      process_set, root_rank, grouped, drive, pin=True):
     """Allreduce and broadcast: output has the input's shape; we allocate it."""
     sid = _set_id(process_set)
     requests = []
@@ -186,16 +186,72 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
             consumer = _on_device(request, device)
         requests.append(request)
     _builder.group(requests, grouped)
-    held.append(_pin(held, drive))
+    if pin:
+        held.append(_pin(held, drive))
     return _submit(requests, _finish_outputs, (held, results, copy_back, grouped, placed),
                    drive, consumer)
 
 
 def allreduce_async(tensors, inplace, name, op, prescale, postscale, process_set, grouped,
-                    drive=False):
-    """Reduces `tensors` (a list; grouped: synchronize() returns a list) over the set."""
+                    drive=False, pin=True):
+    """Reduces `tensors` (a list; grouped: synchronize() returns a list) over the set.
+    pin=False: the inputs are only held, not pinned against a growing resize_() (see
+    hold.py), for a caller that owns them until synchronize()."""
     return _same_shape_async(_ALLREDUCE, tensors, inplace, name, op, prescale, postscale,
-                             process_set, 0, grouped, drive)
+                             process_set, 0, grouped, drive, pin)
+
+
+class InplaceAllreduce:
+    """allreduce_async_ of one tensor under a fixed name, op, scales and set, submitted
+    again and again (DistributedOptimizer: a parameter's gradient, every step).
+
+    submit(tensor) reuses the request packed for the previous tensor while the new
+    one has its dtype, shape and device and is a contiguous CPU tensor, refreshing
+    only its address (the per-gradient cost of a training step); otherwise it takes
+    the general path. The tensor is held, not pinned (pin=False above): its owner
+    must not resize it before synchronize()."""
+
+    __slots__ = ("_name", "_op", "_prescale", "_postscale", "_process_set", "_key",
+                 "_prebuilt")
+
+    def __init__(self, name, op, prescale, postscale, process_set):
+        self._name = name
+        self._op = op
+        self._prescale = prescale
+        self._postscale = postscale
+        self._process_set = process_set
+        self._key = None
+        self._prebuilt = None
+
+    def submit(self, tensor):
+        """Starts reducing `tensor` in place; returns the handle for synchronize()."""
+        key = (tensor.dtype, tensor.shape, tensor.device, self._process_set.process_set_id)
+        if key != self._key:
+            if not self._prepare(tensor, key):
+                return allreduce_async((tensor,), True, self._name, self._op, self._prescale,
+                                       self._postscale, self._process_set, False, pin=False)
+        elif not tensor.is_contiguous():
+            return allreduce_async((tensor,), True, self._name, self._op, self._prescale,
+                                   self._postscale, self._process_set, False, pin=False)
+        address = tensor.data_ptr()
+        held = (tensor, tensor.untyped_storage())  # what set_() / .data = would free
+        return _requests.submit_packed(self._prebuilt.pack(address, address), _finish_outputs,
+                                       (held, (tensor,), (), False, ((tensor, address),)))
+
+    def _prepare(self, tensor, key):
+        """Packs the request for tensors like `tensor`; False where the general path
+        must take it (a GPU tensor: its stream is per call; non-contiguous)."""
+        self._key = self._prebuilt = None
+        source, code, device = prepare(tensor)  # raises for what the core cannot take
+        if source is not tensor or device != _CPU:
+            return False
+        _check_code(_ALLREDUCE, self._op, code)
+        wire = _names(_ALLREDUCE, self._name)[0]
+        request = _Request(_ALLREDUCE, _set_id(self._process_set), code, tuple(tensor.shape),
+                           0, 0, wire, self._op, self._prescale, self._postscale)
+        self._prebuilt = _builder.Prebuilt(request)
+        self._key = key
+        return True
 
 
 def broadcast_async(tensors, inplace, root_rank, name, process_set, grouped=False, drive=False):

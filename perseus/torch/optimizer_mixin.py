@@ -23,9 +23,10 @@ import warnings
 
 import torch
 
+from perseus.common.requests import synchronize_all
+from perseus.torch import adapter as _adapter
 from perseus.torch.compression import Compression
-from perseus.torch.mpi_ops import (Sum, allreduce_async_, grouped_allreduce_async_,
-                                   sparse_allreduce_async, synchronize)
+from perseus.torch.mpi_ops import Sum, sparse_allreduce_async
 
 
 # Marks a group member whose reduction the group's first member's handle covers.
@@ -90,6 +91,8 @@ class _DistributedMixin:
         # id(param) -> (param, handle or None, ctx); an entry exists from the param's
         # first backward pass after a step until synchronize() has finished it.
         self._handles = {}
+        # id(param) -> (scales, its gradient's request packed once: adapter.InplaceAllreduce).
+        self._requests = {}
         self._hook_handles = []
         self._synchronized = False
         self._should_synchronize = True
@@ -235,12 +238,15 @@ class _DistributedMixin:
                                             op=self._op, process_set=self._process_set)
             self._handles[id(p)] = (p, handle, (None, None))
             return
-        op, prescale, postscale = self._scales()
         wire, ctx = self._compression.compress(tensor)
-        handle = allreduce_async_(wire, name=self._parameter_names[id(p)], op=op,
-                                  prescale_factor=prescale, postscale_factor=postscale,
-                                  process_set=self._process_set)
-        self._handles[id(p)] = (p, handle, (wire, ctx))
+        # Scales per step: with a predivide factor they follow the set's size, which
+        # an elastic reset changes.
+        scales = self._scales()
+        cached = self._requests.get(id(p))
+        if cached is None or cached[0] != scales:
+            cached = self._requests[id(p)] = (scales, _adapter.InplaceAllreduce(
+                self._parameter_names[id(p)], *scales, self._process_set))
+        self._handles[id(p)] = (p, cached[1].submit(wire), (wire, ctx))
 
     def _submit_group(self, index):
         members = self._groups[index]
@@ -251,9 +257,9 @@ class _DistributedMixin:
             wires.append(wire)
             ctxs.append(ctx)
         name = "group%d.%s" % (index, self._parameter_names[id(members[0])])
-        handle = grouped_allreduce_async_(wires, name=name, op=op, prescale_factor=prescale,
-                                          postscale_factor=postscale,
-                                          process_set=self._process_set)
+        # Held, not pinned: the optimizer owns its gradients until synchronize().
+        handle = _adapter.allreduce_async(wires, True, name, op, prescale, postscale,
+                                          self._process_set, True, pin=False)
         # The group's first member holds the handle; the others are marked as covered.
         for i, p in enumerate(members):
             self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, (wires[i], ctxs[i]))
@@ -281,11 +287,17 @@ class _DistributedMixin:
                 self._submit_group(index)
         try:
             sparse = {}
-            for key, (p, handle, _) in list(self._handles.items()):
+            dense = []
+            for key, (p, handle, _) in self._handles.items():
                 if callable(handle):  # sparse_allreduce_async's
-                    sparse[key] = handle()
+                    sparse[key] = handle
                 elif handle is not _IN_GROUP:
-                    synchronize(handle)
+                    dense.append(handle)
+            # One wait for all dense reductions (a failure raises as synchronize()
+            # of its handle would), then the sparse ones, as before.
+            synchronize_all(dense)
+            for key, handle in sparse.items():
+                sparse[key] = handle()
             for key, (p, handle, (wire, ctx)) in self._handles.items():
                 if key in sparse:
                     # Into the same gradient tensor, as Horovod (sparse tensors lack set_).

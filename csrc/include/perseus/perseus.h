@@ -161,6 +161,16 @@ perseus_status_t perseus_poll(int64_t handle, int32_t* done_out);
 /* Blocks until the handle completes or timeout_s passes (<0: forever). Returns the
  * request's own status; its message is in perseus_last_error(). */
 perseus_status_t perseus_wait(int64_t handle, double timeout_s);
+/* perseus_wait for n handles in one call (a framework's step waiting for all its
+ * gradients): the caller drives the engine for all of them at once, then waits for
+ * each in list order, stopping at the first that failed. Returns that handle's
+ * status (message in perseus_last_error()) with *index_out = its index, or
+ * PERSEUS_SUCCESS with *index_out = -1 when all succeeded. timeout_s bounds the
+ * whole call (<0: forever); on expiry PERSEUS_TIMEOUT, *index_out = the first handle
+ * still pending, and the handles stay pending. An unknown handle is
+ * PERSEUS_INVALID_ARGUMENT with *index_out = its index. Releases nothing. */
+perseus_status_t perseus_wait_all(const int64_t* handles, int32_t n, double timeout_s,
+                                  int32_t* index_out);
 /* Called once when a set of handles has completed: status is the first failed
  * handle's (in list order) with its message, else PERSEUS_SUCCESS and "". */
 typedef void (*perseus_callback_t)(void* arg, perseus_status_t status, const char* message);
