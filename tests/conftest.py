@@ -136,6 +136,29 @@ def kill_job(proc):
     return alive
 
 
+def run_bounded(cmd, env, timeout):
+    """Runs `cmd` from the repo root in a session of its own -> (returncode, stdout,
+    stderr, seconds). Past `timeout` every process it started is killed and the test
+    fails, naming what was still alive: a hang never outlives its test."""
+    cmd = [str(a) for a in cmd]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        alive = kill_job(proc)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail("%s did not finish within %d s; still alive:\n%s\n----- stdout -----\n%s\n"
+                    "----- stderr -----\n%s" % (" ".join(cmd), timeout, alive, out, err[-6000:]),
+                    pytrace=False)
+    finally:
+        if proc.poll() is None:
+            kill_job(proc)
+    return proc.returncode, out, err, time.monotonic() - start
+
+
 def _report(what, cmd, env_extra, out, err):
     return "%s\ncommand: %s\nextra env: %s\n----- stdout -----\n%s\n----- stderr -----\n%s" % (
         what, " ".join(cmd), env_extra or {}, out, err)

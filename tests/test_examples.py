@@ -3,14 +3,12 @@ accuracy the README promises, the synthetic benchmark prints Horovod's format, a
 torch-DDP ImageNet-style script runs through `JOB=imagenet_ddp mpirun -np 2 ./train.sh`
 with its one-process command line."""
 import re
-import subprocess
 import sys
-import time
 
 import pytest
 
 import perseus.torch.horovod as hvd
-from conftest import REPO_ROOT, clean_env, find_mpirun, kill_job
+from conftest import REPO_ROOT, clean_env, find_mpirun, run_bounded
 
 EXAMPLES = REPO_ROOT / "examples" / "pytorch"
 
@@ -31,25 +29,11 @@ def run_example(np, argv, env=None, timeout=60):
 
 def run_job(np, argv, env=None, timeout=60):
     """`mpirun -np N <argv>` from the repo root -> stdout, as run_example."""
-    cmd = [find_mpirun(), "-np", str(np)] + [str(a) for a in argv]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=clean_env(env), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_job(proc)
-        out, err = proc.communicate(timeout=30)
-        pytest.fail("%s did not finish within %d s\nstdout:\n%s\nstderr:\n%s"
-                    % (" ".join(cmd), timeout, out, err), pytrace=False)
-    finally:
-        if proc.poll() is None:
-            kill_job(proc)
-    if proc.returncode != 0:
+    cmd = [find_mpirun(), "-np", str(np)] + list(argv)
+    code, out, err, seconds = run_bounded(cmd, clean_env(env), timeout)
+    if code != 0:
         pytest.fail("%s exited with %d after %.1f s\nstdout:\n%s\nstderr:\n%s"
-                    % (" ".join(cmd), proc.returncode, time.monotonic() - start, out, err),
-                    pytrace=False)
+                    % (" ".join(map(str, cmd)), code, seconds, out, err), pytrace=False)
     return out
 
 

@@ -4,13 +4,11 @@ np=2 with the goals, and --breakdown with a timeline), each under a timeout."""
 import json
 import re
 import statistics
-import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env, kill_job
+from conftest import REPO_ROOT, clean_env, run_bounded
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import step_breakdown  # noqa: E402
@@ -94,23 +92,9 @@ def test_thread_counters_see_this_thread():
 def run_script(argv, timeout):
     """The driver (which launches mpirun itself) -> stdout; on a timeout every process
     it started is killed and the test fails."""
-    cmd = [sys.executable, str(SCRIPT)] + [str(a) for a in argv]
-    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=clean_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    start = time.monotonic()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_job(proc)
-        out, err = proc.communicate(timeout=30)
-        pytest.fail("%s did not finish within %d s\nstdout:\n%s\nstderr:\n%s"
-                    % (" ".join(cmd), timeout, out, err), pytrace=False)
-    finally:
-        if proc.poll() is None:
-            kill_job(proc)
-    assert proc.returncode == 0, "exit %d after %.0f s\n%s\n%s" % (
-        proc.returncode, time.monotonic() - start, out, err)
+    cmd = [sys.executable, SCRIPT] + list(argv)
+    code, out, err, seconds = run_bounded(cmd, clean_env(), timeout)
+    assert code == 0, "exit %d after %.0f s\n%s\n%s" % (code, seconds, out, err)
     return out
 
 

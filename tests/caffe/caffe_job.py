@@ -3,14 +3,12 @@ jobs on scikit-learn's digits, `mpirun ... caffe train` with a hard timeout, and
 weights a job snapshots."""
 import os
 import re
-import subprocess
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from conftest import REPO_ROOT, clean_env, find_mpirun, kill_job
+from conftest import REPO_ROOT, clean_env, find_mpirun, run_bounded
 
 CACHE = Path(os.environ.get("PERSEUS_CAFFE_CACHE", REPO_ROOT / ".cache" / "bvlc_caffe"))
 BUILD_SH = REPO_ROOT / "patches" / "bvlc_caffe" / "build.sh"
@@ -106,24 +104,12 @@ def run_caffe(caffe, np_or_blocks, args=(), env=None, timeout=120, check=True):
         cmd += [str(caffe), "train"] + [str(a) for a in block_args]
     # glog to stderr, so each rank's messages are in the job's output.
     job_env = clean_env(dict({"GLOG_logtostderr": "1", "GLOG_minloglevel": "0"}, **(env or {})))
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=job_env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        alive = kill_job(proc)
-        out, err = proc.communicate(timeout=30)
-        raise AssertionError("caffe job hung: killed after %d s\ncommand: %s\nstill alive:\n%s\n"
-                             "----- stdout -----\n%s\n----- stderr -----\n%s"
-                             % (timeout, " ".join(cmd), alive, out, err[-6000:]))
-    if check and proc.returncode != 0:
+    code, out, err, seconds = run_bounded(cmd, job_env, timeout)
+    if check and code != 0:
         raise AssertionError("caffe job exited %d after %.0f s\ncommand: %s\n----- stdout -----\n"
-                             "%s\n----- stderr -----\n%s" % (proc.returncode,
-                                                             time.monotonic() - start,
-                                                             " ".join(cmd), out, err[-6000:]))
-    return proc.returncode, out, err
+                             "%s\n----- stderr -----\n%s" % (code, seconds, " ".join(map(str, cmd)),
+                                                             out, err[-6000:]))
+    return code, out, err
 
 
 def printed_accuracies(log):
