@@ -11,13 +11,12 @@ What ends the survivors depends on how the victim left:
   survivor's pending and later requests fail with HorovodInternalError naming it.
 """
 import os
-import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import MPI_SCRIPTS, REPO_ROOT, clean_env, find_mpirun, kill_job
+from conftest import MPI_SCRIPTS, clean_env, find_mpirun, run_bounded
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
@@ -30,20 +29,11 @@ def run_dead_rank(tmp_path, np, leave, workload):
     # A live rank prints its Python stacks shortly before the hard timeout.
     env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_LEAVE": leave,
                      "PTEST_WORKLOAD": workload, "PTEST_HANG_DUMP_S": str(HARD_TIMEOUT_S - 10)})
-    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=HARD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        alive = kill_job(proc)
-        out, err = proc.communicate()
-        pytest.fail("job hung after a rank left (%s, %s, np %d)\nstill alive:\n%s\nstdout:\n%s"
-                    "\nstderr:\n%s" % (leave, workload, np, alive, out, err))
+    rc, out, err, _ = run_bounded(cmd, env, HARD_TIMEOUT_S)
     ended = time.time()
     left_file = tmp_path / "left"
     assert left_file.exists(), "the victim never left\nstdout:\n%s\nstderr:\n%s" % (out, err)
-    return proc.returncode, ended - float(left_file.read_text()), out, err
+    return rc, ended - float(left_file.read_text()), out, err
 
 
 @pytest.mark.parametrize("np", [2, 4])
@@ -78,21 +68,12 @@ def test_exit_inside_an_mpi_call_ends_the_job(tmp_path, np):
     cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "exit_in_mpi.py")]
     env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_EXIT_RANK": str(victim),
                      "PTEST_HANG_DUMP_S": "50"})
-    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        alive = kill_job(proc)
-        out, err = proc.communicate()
-        pytest.fail("the job hung after rank %d exited inside MPI (np %d)\nstill alive:\n%s\n"
-                    "stdout:\n%s\nstderr:\n%s" % (victim, np, alive, out, err))
+    rc, out, err, _ = run_bounded(cmd, env, 60)
     ended = time.time()
-    report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (proc.returncode, out, err)
+    report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err)
     assert (tmp_path / "exiting").exists(), report
     assert ended - float((tmp_path / "exiting").read_text()) < BOUND_S, report
-    assert proc.returncode != 0, report  # 70 (the exit), or 9 for the survivors hydra killed
+    assert rc != 0, report  # 70 (the exit), or 9 for the survivors hydra killed
     assert "returned from the allreduce" not in out + err, report
 
 
