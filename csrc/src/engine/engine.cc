@@ -26,9 +26,9 @@ constexpr auto kMinBackoff = std::chrono::microseconds(20);
 constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
 // A batch runs on the engine's own thread, saving a hop to its lane, when the lane
 // is idle and the batch is small or the thread is a driver (which waits for it
-// anyway) with nothing else to run. Only while this rank is in a single process
-// set: with several, blocking in one set's collective could wait on a peer that
-// is itself blocked in another set.
+// anyway) and running it there takes no concurrency away (see Step). Only while
+// this rank is in a single process set: with several, blocking in one set's
+// collective could wait on a peer that is itself blocked in another set.
 constexpr int64_t kInlineBytes = 256 << 10;
 
 // Negotiation spans end when the round agrees on the requests.
@@ -443,7 +443,12 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       batch.agreed = now;
       batch.chunk_bytes = knobs.chunk_bytes;
       Lane& lane = LaneFor(set, batch);
-      bool inline_ok = single_set_ && ((driving && only_batch) || batch.Bytes() <= kInlineBytes);
+      // With one CPU lane its batches run one after another wherever they run, so a
+      // driver (which waits anyway) runs them all; with several, only one, so that the
+      // others still run concurrently on their lanes.
+      const bool one_lane =
+          only_batch || (knobs.lanes == 1 && batch.items.front().meta.device == PERSEUS_CPU_DEVICE);
+      bool inline_ok = single_set_ && ((driving && one_lane) || batch.Bytes() <= kInlineBytes);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
   }
