@@ -10,8 +10,10 @@ Each (model, backend, np) run is one `mpirun -np N python this_file --worker ...
 one torch thread per rank, SGD with momentum on synthetic data. Backends:
 perseus (DistributedOptimizer with named parameters, parameters broadcast first),
 perseus_ddp (perseus.torch.nn.parallel.DistributedDataParallel), ddp (torch's
-over gloo), plain (no communication: at np=2 two single processes at once, the
-ceiling two busy cores allow). Every rank times every step; a run's step time is
+over gloo), mpi (no library: after backward, mpi4py's in-place Allreduce of each
+gradient and its division by the size, then the update: the floor of any reducer
+that waits for backward to end), plain (no communication: at np=2 two single
+processes at once, the ceiling two busy cores allow). Every rank times every step; a run's step time is
 the median over steps of the slowest rank's. Repeats rotate the backend order so
 drift of this noisy machine hits all alike. The table shows medians over repeats
 and, per repeat, ceiling step time / backend step time ("fraction of the
@@ -20,7 +22,7 @@ efficiency throughput(np=2) / (2 x throughput(np=1)).
 
     python benchmarks/training_scaling.py --breakdown [--timeline PATH]
 
-instead runs plain, perseus and perseus_ddp once each at np=2 and prints, per rank,
+instead runs plain, mpi, perseus and perseus_ddp once each at np=2 and prints, per rank,
 where a step's time goes (step_breakdown.py): forward, backward, gradient hooks,
 the wait for the slower rank, synchronize, the update, and the CPU time and context
 switches of the training, engine and lane threads. With --timeline, the Perseus
@@ -47,9 +49,10 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))  # step_breakdown, autotune_compare
 import step_breakdown  # noqa: E402
 
-BACKENDS = ("perseus", "perseus_ddp", "ddp", "plain")
+BACKENDS = ("perseus", "perseus_ddp", "ddp", "mpi", "plain")
 PERSEUS_BACKENDS = ("perseus", "perseus_ddp")
 CEILING = "plain"
+FLOOR = "mpi"  # raw MPI after backward: what a reducer that waits for backward can reach
 DEFAULT_BATCH = {"mlp512": 64, "resnet_small": 32}  # per rank; other models: 32
 GOALS = {"mlp512": 0.90, "resnet_small": 0.93}      # issue 19: fraction of the ceiling
 
@@ -109,7 +112,33 @@ def make_backend(backend, model, rank, size):
         dist.init_process_group("gloo", rank=rank, world_size=size)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         return ddp, sgd(ddp.parameters()), None, dist.destroy_process_group
+    if backend == FLOOR:
+        return model, RawMpiOptimizer(sgd(model.parameters())), mpi_barrier, lambda: None
     return model, sgd(model.parameters()), None, lambda: None  # plain: no communication
+
+
+class RawMpiOptimizer:
+    """The `mpi` backend: what a hand-written loop would do after backward, with no
+    library in between: each gradient reduced in place by mpi4py (one blocking call
+    per tensor, on this thread) and divided by the size while still in cache."""
+
+    def __init__(self, opt):
+        from mpi4py import MPI
+        self.opt, self.comm, self.in_place = opt, MPI.COMM_WORLD, MPI.IN_PLACE
+        self.params = [p for group in opt.param_groups for p in group["params"]]
+
+    def zero_grad(self):
+        self.opt.zero_grad()
+
+    def synchronize(self):
+        size = self.comm.Get_size()
+        for p in self.params:
+            self.comm.Allreduce(self.in_place, p.grad.numpy())
+            p.grad.div_(size)
+
+    def step(self):
+        self.synchronize()
+        self.opt.step()
 
 
 def mpi_barrier():
@@ -148,6 +177,7 @@ def worker(args):
 
 def breakdown_steps(args, train_model, opt, barrier, hooks, data, target):
     """The timed loop of --breakdown: wall-clock stamps around each phase, per step."""
+    import resource
     import threading
     import torch.nn.functional as F
     sync = step_breakdown.timed_method(opt, "synchronize") if hasattr(opt, "synchronize") else None
@@ -156,6 +186,7 @@ def breakdown_steps(args, train_model, opt, barrier, hooks, data, target):
     for i in range(args.warmup + args.iters):
         if i == args.warmup:
             threads_before = step_breakdown.thread_counters()
+            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = F.cross_entropy(train_model(data), target)
@@ -180,7 +211,10 @@ def breakdown_steps(args, train_model, opt, barrier, hooks, data, target):
             phases[key].append(value)
     threads = step_breakdown.thread_deltas(threads_before, step_breakdown.thread_counters(),
                                            threading.get_native_id(), args.iters)
-    return {"steps": phases["step"], "phases": phases, "threads": threads,
+    # Page faults are costly on these VMs, and glibc's heap trimming makes them depend
+    # on a process's allocation history: shown, so a run that faults is recognised.
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / args.iters
+    return {"steps": phases["step"], "phases": phases, "threads": threads, "faults": faults,
             "has_barrier": barrier is not None, "has_synchronize": sync is not None}
 
 
@@ -341,6 +375,12 @@ def print_table(model, step, args):
             summary["%s_vs_ddp.np%d" % (backend, n)] = ahead
             print("%s / ddp throughput at np=%d (median over repeats): %.3f  %s" % (
                 backend, n, ahead, "PASS" if ahead > 1 else "MISS"))
+        if FLOOR in backends:
+            # Raw MPI's step time / ours: 1 means the library costs nothing beyond MPI.
+            floor = ratios(step[(model, FLOOR, n)], step[(model, backend, n)])
+            summary["%s_vs_mpi.np%d" % (backend, n)] = floor
+            print("%s / raw mpi throughput at np=%d (median over repeats): %.3f" % (
+                backend, n, floor))
         goal = GOALS.get(model)
         if goal is not None and CEILING in backends and n == 2:
             fraction = summary["%s.np2" % backend]["fraction_of_ceiling"]
@@ -353,7 +393,7 @@ def print_table(model, step, args):
 
 def breakdown_driver(args):
     start = time.perf_counter()
-    backends = [b for b in (CEILING,) + PERSEUS_BACKENDS if b in args.backends]
+    backends = [b for b in (CEILING, FLOOR) + PERSEUS_BACKENDS if b in args.backends]
     report = {}
     for model in args.models:
         runs, timelines = {}, {}
@@ -410,6 +450,8 @@ def print_breakdown(model, runs, timelines, args):
                 values = phases[key]
             cells.append(fmt % (statistics.median(values) * scale))
         print("| %s | %s |" % (label, " | ".join(cells)))
+    print("| minor page faults (process) | %s |" % " | ".join(
+        "%.0f" % runs[b][r]["faults"] for b, r in columns))
     labels = {t for b, r in columns for t in runs[b][r]["threads"]}
     order = ["training thread", "perseus-engine"] + sorted(
         t for t in labels if t.startswith("perseus-lane")) + ["other threads"]
@@ -462,7 +504,7 @@ def main():
     p.add_argument("--run-timeout", type=int, default=600, help="seconds per mpirun job")
     p.add_argument("--json", help="write every sample here")
     p.add_argument("--breakdown", action="store_true",
-                   help="where a step's time goes, per rank (plain, perseus, perseus_ddp)")
+                   help="where a step's time goes, per rank (plain, mpi, perseus, perseus_ddp)")
     p.add_argument("--timeline", help="with --breakdown: Perseus timelines to PATH's stem."
                    "MODEL.BACKEND.json, summed per step")
     p.add_argument("--autotune", action="store_true",
