@@ -1,7 +1,7 @@
 // Walks a batch's tensors (or some of them) as one logical buffer, end to end, in
-// windows of at most `window` elements: pack the window into the scratch buffer, run one MPI call
-// on it, unpack. Working window by window keeps the data in cache and needs a
-// scratch buffer of one window only.
+// windows of at most `window` elements: pack the window into the scratch buffer,
+// run one MPI call on it, unpack. Working window by window keeps the data in cache
+// and needs a scratch buffer of one window only.
 #ifndef PERSEUS_FUSED_WINDOWS_H_
 #define PERSEUS_FUSED_WINDOWS_H_
 

@@ -214,8 +214,8 @@ void AutoTuner::Settle() {
 
 void AutoTuner::Log(const Knobs& k, double score) {
   if (!csv_.is_open()) return;
-  csv_ << k.lanes << ',' << k.fusion_threshold << ',' << HoldBytesText(k.hold_bytes) << ',' << k.hold_time_ms
-       << ',' << k.chunk_bytes << ',' << score << std::endl;
+  csv_ << k.lanes << ',' << k.fusion_threshold << ',' << HoldBytesText(k.hold_bytes) << ','
+       << k.hold_time_ms << ',' << k.chunk_bytes << ',' << score << std::endl;
 }
 
 }  // namespace perseus

@@ -446,8 +446,8 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       // With one CPU lane its batches run one after another wherever they run, so a
       // driver (which waits anyway) runs them all; with several, only one, so that the
       // others still run concurrently on their lanes.
-      const bool one_lane =
-          only_batch || (knobs.lanes == 1 && batch.items.front().meta.device == PERSEUS_CPU_DEVICE);
+      const bool cpu = batch.items.front().meta.device == PERSEUS_CPU_DEVICE;
+      const bool one_lane = only_batch || (cpu && knobs.lanes == 1);
       bool inline_ok = single_set_ && ((driving && one_lane) || batch.Bytes() <= kInlineBytes);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
