@@ -13,17 +13,17 @@ perseus_ddp (perseus.torch.nn.parallel.DistributedDataParallel), ddp (torch's
 over gloo), mpi (no library: after backward, mpi4py's in-place Allreduce of each
 gradient and its division by the size, then the update: the floor of any reducer
 that waits for backward to end), plain (no communication: at np=2 two single
-processes at once, the ceiling two busy cores allow). Every rank times every step; a run's step time is
-the median over steps of the slowest rank's. Repeats rotate the backend order so
-drift of this noisy machine hits all alike. The table shows medians over repeats
+processes at once, the ceiling two busy cores allow). Every rank times every
+step; a run's step time is the median over steps of the slowest rank's. Repeats
+rotate the backend order so drift of this noisy machine hits all alike. The table shows medians over repeats
 and, per repeat, ceiling step time / backend step time ("fraction of the
 ceiling"), and checks issue 19's goals. `--nps 1 2` adds np=1 runs and the scaling
 efficiency throughput(np=2) / (2 x throughput(np=1)).
 
     python benchmarks/training_scaling.py --breakdown [--timeline PATH]
 
-instead runs plain, mpi, perseus and perseus_ddp once each at np=2 and prints, per rank,
-where a step's time goes (step_breakdown.py): forward, backward, gradient hooks,
+instead runs plain, mpi, perseus and perseus_ddp once each at np=2 and prints, per
+rank, where a step's time goes (step_breakdown.py): forward, backward, gradient hooks,
 the wait for the slower rank, synchronize, the update, and the CPU time and context
 switches of the training, engine and lane threads. With --timeline, the Perseus
 runs also write a timeline (rank 0) and its spans are summed per step.
@@ -59,7 +59,8 @@ GOALS = {"mlp512": 0.90, "resnet_small": 0.93}      # issue 19: fraction of the 
 # the heap, so no step faults in again what the step before gave back. Without them
 # the CNN's ceiling faulted 6,500 times a step and Perseus 2,000 (it "beat" the
 # ceiling); whether a process trims depends on its allocation history, not its work.
-KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": str(1 << 34), "MALLOC_MMAP_THRESHOLD_": str(1 << 32)}
+KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": str(1 << 34),
+                     "MALLOC_MMAP_THRESHOLD_": str(1 << 32)}
 
 
 # ---- the model ------------------------------------------------------------------
@@ -147,7 +148,7 @@ class RawMpiOptimizer:
 
 
 def mpi_barrier():
-    from mpi4py import MPI  # MPI is already initialised by Perseus: this only binds
+    from mpi4py import MPI  # initialised already (by Perseus, or by RawMpiOptimizer)
     MPI.COMM_WORLD.Barrier()
 
 

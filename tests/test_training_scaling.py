@@ -89,13 +89,17 @@ def test_thread_counters_see_this_thread():
 
 # ---- end to end -------------------------------------------------------------------
 
-def run_script(argv, timeout):
-    """The driver (which launches mpirun itself) -> stdout; on a timeout every process
-    it started is killed and the test fails."""
-    cmd = [sys.executable, SCRIPT] + list(argv)
+def run_ok(cmd, timeout):
+    """`cmd` -> stdout, asserting it succeeded; on a timeout every process it started
+    is killed and the test fails."""
     code, out, err, seconds = run_bounded(cmd, clean_env(), timeout)
     assert code == 0, "exit %d after %.0f s\n%s\n%s" % (code, seconds, out, err)
     return out
+
+
+def run_script(argv, timeout):
+    """The driver (which launches mpirun itself) -> stdout."""
+    return run_ok([sys.executable, SCRIPT] + list(argv), timeout)
 
 
 def row(out, label):
@@ -174,10 +178,8 @@ def test_zero_copy_potential_matches_mpi(np_):
     """benchmarks/zero_copy_potential.py: the in-window average equals MPICH's on
     every checked step (the script asserts it on every rank), and both are timed."""
     script = REPO_ROOT / "benchmarks" / "zero_copy_potential.py"
-    cmd = [find_mpirun(), "-np", str(np_), sys.executable, script, "--steps", "6",
-           "--check-every", "2", "--batch-size", "4"]
-    code, out, err, seconds = run_bounded(cmd, clean_env(), 150)
-    assert code == 0, "exit %d after %.0f s\n%s\n%s" % (code, seconds, out, err)
+    out = run_ok([find_mpirun(), "-np", str(np_), sys.executable, script, "--steps", "6",
+                  "--check-every", "2", "--batch-size", "4"], 150)
     assert "mlp512, %d ranks, 22.1 MB of float32 gradients, 3 steps each way" % np_ in out, out
     for label in ("MPICH in-place Allreduce per tensor", "in place in the shared window"):
         assert re.search(r"^%s: +%s ms$" % (label, NUMBER), out, re.M), out
