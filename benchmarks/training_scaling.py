@@ -15,9 +15,9 @@ gradient and its division by the size, then the update: the floor of any reducer
 that waits for backward to end), plain (no communication: at np=2 two single
 processes at once, the ceiling two busy cores allow). Every rank times every
 step; a run's step time is the median over steps of the slowest rank's. Repeats
-rotate the backend order so drift of this noisy machine hits all alike. The table shows medians over repeats
-and, per repeat, ceiling step time / backend step time ("fraction of the
-ceiling"), and checks issue 19's goals. `--nps 1 2` adds np=1 runs and the scaling
+rotate the backend order so drift of this noisy machine hits all alike. The table
+shows medians over repeats and, per repeat, ceiling step time / backend step time
+("fraction of the ceiling"), and checks issue 19's goals. `--nps 1 2` adds np=1 runs and the scaling
 efficiency throughput(np=2) / (2 x throughput(np=1)).
 
     python benchmarks/training_scaling.py --breakdown [--timeline PATH]
