@@ -2,7 +2,8 @@
 training on the whole batch (tests/mpi/optimizer.py), and the broadcast helpers
 restoring identical model and optimizer state (tests/mpi/broadcast_state.py), and
 DistributedOptimizer(op=Adasum) against a simulation (tests/mpi/adasum_optimizer.py), and
-DistributedOptimizer's per-parameter request cache (tests/mpi/optimizer_cache.py). Each
+DistributedOptimizer's per-parameter request cache (tests/mpi/optimizer_cache.py), and
+its gathering of CPU gradients while the core holds (tests/mpi/optimizer_gather.py). Each
 script computes its reference on every rank with plain torch; see their docstrings."""
 import pytest
 import torch
@@ -19,6 +20,16 @@ SCRIPTS = ["optimizer", "optimizer_cache", "broadcast_state", "adasum_optimizer"
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_script(run_mpi, script, nprocs):
     run_mpi(script, nprocs)
+
+
+@pytest.mark.parametrize("nprocs", NPROCS)
+@pytest.mark.parametrize("hold", [{}, {"PERSEUS_HOLD_BYTES": "300"},
+                                  {"PERSEUS_HOLD_BYTES": "0"}, {"PERSEUS_HOLD_TIME": "0"}],
+                         ids=["default", "300-bytes", "bytes-0", "time-0"])
+def test_optimizer_gathers_while_the_core_holds(run_mpi, hold, nprocs):
+    """tests/mpi/optimizer_gather.py: the hooks gather CPU gradients exactly while the
+    core would hold them, and training stays exact."""
+    run_mpi("optimizer_gather", nprocs, env=hold)
 
 
 @pytest.mark.parametrize("name,wire", [("fp16", torch.float16), ("bf16", torch.bfloat16)])

@@ -377,6 +377,17 @@ perseus_status_t perseus_process_set_size(int32_t id, int32_t* size_out) {
   return s;
 }
 
+perseus_status_t perseus_process_set_cpu_hold(int32_t id, int64_t* bytes_out, double* ms_out) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  perseus::CpuHold hold;
+  Status status = engine->ProcessSetCpuHold(id, &hold);
+  if (!status.ok()) return Report(status);
+  *bytes_out = hold.bytes;
+  *ms_out = hold.ms;
+  return PERSEUS_SUCCESS;
+}
+
 perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* out, int32_t capacity,
                                            int32_t* size_out) {
   std::vector<int> ranks;

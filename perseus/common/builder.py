@@ -344,11 +344,9 @@ def pack(requests):
     return buf, 1
 
 
-# Where Prebuilt patches a packed one-request batch: the record's name pointer, and
-# its shape, input and output pointers (adjacent in perseus_request_t).
-_NAME_AT = 8 + _lib.Request.name.offset
+# Where pack_prebuilt() patches a packed one-request batch: the record's shape,
+# input and output pointers (adjacent in perseus_request_t).
 _ADDRESSES_AT = 8 + _lib.Request.shape.offset
-_pack_name = struct.Struct("@P").pack_into
 _pack_addresses = struct.Struct("@PPP").pack_into
 if not (_lib.Request.input.offset == _lib.Request.shape.offset + 8
         and _lib.Request.output.offset == _lib.Request.input.offset + 8):
@@ -356,31 +354,39 @@ if not (_lib.Request.input.offset == _lib.Request.shape.offset + 8
 
 
 class Prebuilt:
-    """A named one-request batch packed once, for a front end that submits the same
-    request again and again with only its buffers changing (an optimizer's in-place
-    allreduce of a gradient, every step): pack(input, output) copies the packed
-    bytes and fills in the addresses, skipping names, struct layouts and checks."""
+    """A named request packed once, for a front end that submits the same request
+    again and again with only its buffers changing (an optimizer's in-place allreduce
+    of a gradient, every step). Its name and shape stay in the Prebuilt's own
+    buffer; pack_prebuilt() copies only the record and fills in the addresses,
+    skipping names, struct layouts and checks. Keep the Prebuilt alive until the
+    requests packed from it complete."""
 
-    __slots__ = ("_bytes", "_name_offset", "_shape_offset")
+    __slots__ = ("_buf", "_record", "_shape_address")
 
     def __init__(self, request):
         if request.name is None:
             raise ValueError("Prebuilt needs a named request (unnamed ones are numbered "
                              "per call)")
-        buf, _ = pack([request])
-        base = buf.buffer_info()[0]
-        # Pointers into the buffer, kept as offsets from its start.
-        self._name_offset = struct.unpack_from("@P", buf, _NAME_AT)[0] - base
-        self._shape_offset = struct.unpack_from("@P", buf, _ADDRESSES_AT)[0] - base
-        self._bytes = buf.tobytes()
+        self._buf, _ = pack([request])
+        self._record = self._buf[8:8 + _STRIDE].tobytes()
+        self._shape_address = struct.unpack_from("@P", self._buf, _ADDRESSES_AT)[0]
 
     def pack(self, input, output):
         """(buf, 1) as pack() returns it, with these input and output addresses."""
-        buf = array.array("B", self._bytes)
-        base = buf.buffer_info()[0]
-        _pack_name(buf, _NAME_AT, base + self._name_offset)
-        _pack_addresses(buf, _ADDRESSES_AT, base + self._shape_offset, input, output)
-        return buf, 1
+        return pack_prebuilt(((self, input, output),))
+
+
+def pack_prebuilt(items):
+    """(buf, n) as pack() returns it, for a batch of (Prebuilt, input address, output
+    address): one perseus_enqueue for many gradients."""
+    n = len(items)
+    buf = array.array("B", bytes(8 * n))
+    buf.frombytes(b"".join([item[0]._record for item in items]))
+    at = _ADDRESSES_AT + (n - 1) * 8  # the first record's shape pointer
+    for prebuilt, input, output in items:
+        _pack_addresses(buf, at, prebuilt._shape_address, input, output)
+        at += _STRIDE
+    return buf, n
 
 
 def _pack_many(requests):

@@ -129,6 +129,8 @@ _SIGNATURES = {
     "perseus_remove_process_set": (_status, [ctypes.c_int32]),
     "perseus_process_set_rank": (_status, [ctypes.c_int32, _i32p]),
     "perseus_process_set_size": (_status, [ctypes.c_int32, _i32p]),
+    "perseus_process_set_cpu_hold": (_status, [ctypes.c_int32, ctypes.POINTER(ctypes.c_int64),
+                                               ctypes.POINTER(ctypes.c_double)]),
     "perseus_process_set_ranks": (_status, [ctypes.c_int32, _i32p, ctypes.c_int32, _i32p]),
     # requests. perseus_enqueue's pointers are declared c_void_p (same ABI as
     # const perseus_request_t* / int64_t*) so requests.py can pass the plain integer
@@ -185,6 +187,7 @@ perseus_add_process_set = _bind("perseus_add_process_set")
 perseus_remove_process_set = _bind("perseus_remove_process_set")
 perseus_process_set_rank = _bind("perseus_process_set_rank")
 perseus_process_set_size = _bind("perseus_process_set_size")
+perseus_process_set_cpu_hold = _bind("perseus_process_set_cpu_hold")
 perseus_process_set_ranks = _bind("perseus_process_set_ranks")
 perseus_enqueue = _bind("perseus_enqueue")
 perseus_enqueue_and_drive = _bind("perseus_enqueue_and_drive")

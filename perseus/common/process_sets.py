@@ -73,6 +73,15 @@ class ProcessSet:
             return None
         return self._query(_lib.perseus_process_set_rank)  # raises before init()
 
+    def cpu_hold(self):
+        """(bytes, ms): the core holds this set's CPU requests, while no thread waits,
+        until `bytes` are pending or the oldest is `ms` old (bytes 0: it does not
+        hold). Autotuning changes it."""
+        limit, ms = ctypes.c_int64(), ctypes.c_double()
+        _lib.check(_lib.perseus_process_set_cpu_hold(self.process_set_id, ctypes.byref(limit),
+                                                     ctypes.byref(ms)))
+        return limit.value, ms.value
+
     def included(self):
         """Whether this process is a member; None when not registered."""
         r = self.rank()

@@ -208,8 +208,9 @@ class InplaceAllreduce:
     submit(tensor) reuses the request packed for the previous tensor while the new
     one has its dtype, shape and device and is a contiguous CPU tensor, refreshing
     only its address (the per-gradient cost of a training step); otherwise it takes
-    the general path. The tensor is held, not pinned (pin=False above): its owner
-    must not resize it before synchronize()."""
+    the general path. prepared() and submit_prepared() do the same for many tensors
+    in one enqueue. The tensor is held, not pinned (pin=False above): its owner must
+    not resize it before synchronize()."""
 
     __slots__ = ("_name", "_op", "_prescale", "_postscale", "_process_set", "_key",
                  "_prebuilt")
@@ -225,18 +226,26 @@ class InplaceAllreduce:
 
     def submit(self, tensor):
         """Starts reducing `tensor` in place; returns the handle for synchronize()."""
+        prebuilt = self.prepared(tensor)
+        if prebuilt is None:
+            return self.submit_unprepared(tensor)
+        return submit_prepared(((prebuilt, tensor),), grouped=False)
+
+    def submit_unprepared(self, tensor):
+        """submit() of a tensor that prepared() refused: the general path."""
+        return allreduce_async((tensor,), True, self._name, self._op, self._prescale,
+                               self._postscale, self._process_set, False, pin=False)
+
+    def prepared(self, tensor):
+        """The request packed for `tensor` (a builder.Prebuilt), or None where the
+        general path must take it."""
         key = (tensor.dtype, tensor.shape, tensor.device, self._process_set.process_set_id)
         if key != self._key:
             if not self._prepare(tensor, key):
-                return allreduce_async((tensor,), True, self._name, self._op, self._prescale,
-                                       self._postscale, self._process_set, False, pin=False)
+                return None
         elif not tensor.is_contiguous():
-            return allreduce_async((tensor,), True, self._name, self._op, self._prescale,
-                                   self._postscale, self._process_set, False, pin=False)
-        address = tensor.data_ptr()
-        held = (tensor, tensor.untyped_storage())  # what set_() / .data = would free
-        return _requests.submit_packed(self._prebuilt.pack(address, address), _finish_outputs,
-                                       (held, (tensor,), (), False, ((tensor, address),)))
+            return None
+        return self._prebuilt
 
     def _prepare(self, tensor, key):
         """Packs the request for tensors like `tensor`; False where the general path
@@ -252,6 +261,20 @@ class InplaceAllreduce:
         self._prebuilt = _builder.Prebuilt(request)
         self._key = key
         return True
+
+
+def submit_prepared(items, grouped=True):
+    """Starts the in-place allreduces of (InplaceAllreduce.prepared(tensor), tensor)
+    pairs in one enqueue; returns one handle for all (synchronize() gives the
+    tensors as a list, or the tensor when grouped is False)."""
+    packed, held, placed = [], [], []
+    for prebuilt, tensor in items:
+        address = tensor.data_ptr()
+        packed.append((prebuilt, address, address))
+        held.append((prebuilt, tensor, tensor.untyped_storage()))  # what set_() would free
+        placed.append((tensor, address))
+    return _requests.submit_packed(_builder.pack_prebuilt(packed), _finish_outputs,
+                                   (held, [item[1] for item in items], (), grouped, placed))
 
 
 def broadcast_async(tensors, inplace, root_rank, name, process_set, grouped=False, drive=False):

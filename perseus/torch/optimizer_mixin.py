@@ -4,6 +4,8 @@ _DistributedMixin is placed before the wrapped optimizer's class; it
 - registers a post-accumulate-grad hook on every parameter it updates; the hook
   starts the gradient's in-place allreduce (named after the parameter) as soon as
   autograd has accumulated it, so communication overlaps the rest of backward();
+  CPU gradients are gathered first and enqueued together for as long as the core
+  would hold them anyway (_gather);
 - with backward_passes_per_step=k, lets k backward passes accumulate locally and
   starts the reduction on the k-th;
 - with groups / num_groups, submits a group's gradients together (one grouped
@@ -19,6 +21,7 @@ adasum_optimizer.py's mixin derives from it to reduce parameter deltas instead.
 """
 
 import contextlib
+import time
 import warnings
 
 import torch
@@ -93,6 +96,12 @@ class _DistributedMixin:
         self._handles = {}
         # id(param) -> (scales, its gradient's request packed once: adapter.InplaceAllreduce).
         self._requests = {}
+        # Ungrouped CPU gradients ready but not enqueued yet (_gather): their
+        # parameters, bytes, and until when and up to how many bytes to gather.
+        self._gathered = []
+        self._gathered_bytes = 0
+        self._gather_until = (0.0, 0)
+        self._grad_bytes = {id(p): p.numel() * p.element_size() for p in self._requires_update}
         self._hook_handles = []
         self._synchronized = False
         self._should_synchronize = True
@@ -212,7 +221,7 @@ class _DistributedMixin:
     def _submit_ready(self, p):
         index = self._group_of.get(id(p))
         if index is None:
-            self._submit_one(p)
+            self._gather(p)
             return
         ready = self._group_ready[index]
         ready.add(id(p))
@@ -230,23 +239,64 @@ class _DistributedMixin:
         if grad is not p.grad:
             p.grad.copy_(grad)
 
-    def _submit_one(self, p):
-        tensor = self._to_reduce(p)
-        if tensor.layout is torch.sparse_coo:
-            # As Horovod: no compression, no predivide; the handle is a function.
-            handle = sparse_allreduce_async(tensor, name=self._parameter_names[id(p)],
-                                            op=self._op, process_set=self._process_set)
-            self._handles[id(p)] = (p, handle, (None, None))
+    def _gather(self, p):
+        """Starts p's reduction, or, for a CPU gradient, gathers it to start with the
+        next ones in one enqueue: inside backward(), caches are cold and one
+        enqueue from Python costs 50-80 µs a gradient on a 2-core machine, and the
+        core would hold the requests until then anyway (PERSEUS_HOLD_BYTES and
+        PERSEUS_HOLD_TIME as they stand now, autotuned or not). synchronize()
+        starts what is still gathered."""
+        if not p.is_cpu:
+            self._submit_all([p])
             return
-        wire, ctx = self._compression.compress(tensor)
+        now = time.perf_counter()
+        if not self._gathered:
+            limit, ms = self._process_set.cpu_hold()
+            if limit == 0:
+                self._submit_all([p])
+                return
+            self._gather_until = (now + ms / 1e3, limit)
+        self._gathered.append(p)
+        self._gathered_bytes += self._grad_bytes[id(p)]
+        if self._gathered_bytes >= self._gather_until[1] or now >= self._gather_until[0]:
+            self._submit_gathered()
+
+    def _submit_gathered(self):
+        gathered = self._gathered
+        self._gathered, self._gathered_bytes = [], 0
+        self._submit_all(gathered)
+
+    def _submit_all(self, params):
+        """Starts the reductions of ungrouped parameters: a sparse gradient alone, as
+        Horovod; the dense ones of the packed path in one enqueue, under one handle
+        (the first parameter's; the others are marked as covered)."""
         # Scales per step: with a predivide factor they follow the set's size, which
         # an elastic reset changes.
         scales = self._scales()
-        cached = self._requests.get(id(p))
-        if cached is None or cached[0] != scales:
-            cached = self._requests[id(p)] = (scales, _adapter.InplaceAllreduce(
-                self._parameter_names[id(p)], *scales, self._process_set))
-        self._handles[id(p)] = (p, cached[1].submit(wire), (wire, ctx))
+        packed, covered = [], []
+        for p in params:
+            tensor = self._to_reduce(p)
+            if tensor.layout is torch.sparse_coo:
+                # As Horovod: no compression, no predivide; the handle is a function.
+                handle = sparse_allreduce_async(tensor, name=self._parameter_names[id(p)],
+                                                op=self._op, process_set=self._process_set)
+                self._handles[id(p)] = (p, handle, (None, None))
+                continue
+            wire, ctx = self._compression.compress(tensor)
+            cached = self._requests.get(id(p))
+            if cached is None or cached[0] != scales:
+                cached = self._requests[id(p)] = (scales, _adapter.InplaceAllreduce(
+                    self._parameter_names[id(p)], *scales, self._process_set))
+            prebuilt = cached[1].prepared(wire)
+            if prebuilt is None:  # e.g. a GPU gradient: the general path
+                self._handles[id(p)] = (p, cached[1].submit_unprepared(wire), (wire, ctx))
+            else:
+                packed.append((prebuilt, wire))
+                covered.append((p, (wire, ctx)))
+        if packed:
+            handle = _adapter.submit_prepared(packed)
+            for i, (p, wire_ctx) in enumerate(covered):
+                self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, wire_ctx)
 
     def _submit_group(self, index):
         members = self._groups[index]
@@ -276,15 +326,19 @@ class _DistributedMixin:
         """Starts the reductions not yet started (gradients of parameters that got none
         this step, or passes short of backward_passes_per_step), waits for all, and
         writes the reduced gradients into p.grad."""
+        ungrouped = []  # gathered ones too (their entries have no handle yet)
         for p in self._requires_update:
             entry = self._handles.get(id(p))
             if entry is not None and entry[1] is not None:
                 continue
             index = self._group_of.get(id(p))
             if index is None:
-                self._submit_one(p)
+                ungrouped.append(p)
             else:
                 self._submit_group(index)
+        self._gathered, self._gathered_bytes = [], 0
+        if ungrouped:
+            self._submit_all(ungrouped)
         try:
             sparse = {}
             dense = []
@@ -306,6 +360,7 @@ class _DistributedMixin:
                     self._apply(p, wire, ctx)
         finally:
             self._handles.clear()
+            self._gathered, self._gathered_bytes = [], 0
             self._group_ready = [set() for _ in self._groups]
             for key in self._allreduce_delay:
                 self._allreduce_delay[key] = self.backward_passes_per_step

@@ -68,8 +68,11 @@ def distributed(me, n, make_opt, passes=1, model_kwargs=None, explicit_sync=Fals
             x, y = rank_slice(me, n, passes, k)
             (loss_fn(model(x), y) / passes).backward()
         if step == 0:
-            # The hooks stepped locally and started every delta's reduction in backward().
-            started = [entry[1] is not None for entry in opt._handles.values()]
+            # The hooks started every delta's reduction in backward(), or gathered it
+            # to start with others while the core holds.
+            gathered = {id(p) for p in opt._gathered}
+            started = [entry[1] is not None or key in gathered
+                       for key, entry in opt._handles.items()]
             used = [p for p in model.parameters() if p.grad is not None]
             assert len(started) == len(used) and all(started), \
                 "%d of %d reductions started during backward()" % (sum(started), len(used))

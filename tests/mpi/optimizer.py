@@ -118,13 +118,24 @@ def distributed(rank, size, make_opt=sgd, passes=1, clip=None, loss_scale=1.0,
             xs, ys = x[k * micro:(k + 1) * micro], y[k * micro:(k + 1) * micro]
             (loss_fn(model(xs), ys) * loss_scale / passes).backward()
             if check_pending and step == 0 and size > 1:
-                # The hooks started every reduction during backward() (on the last pass).
-                pending = [entry[1] is not None for entry in opt._handles.values()]
+                # The hooks started every reduction during backward() (on the last
+                # pass), or gathered it to start with others while the core holds.
+                gathered = {id(p) for p in opt._gathered}
+                pending = [entry[1] is not None or key in gathered
+                           for key, entry in opt._handles.items()]
                 used = [p for p in model.parameters() if p.grad is not None]
                 if k == passes - 1:
                     assert len(pending) == len(used) and all(pending), \
                         "after backward %d of %d: %d of %d reductions started" % (
                             k + 1, passes, sum(pending), len(used))
+                    # CPU gradients outside groups are gathered exactly while the
+                    # core holds (these models are far below its default bytes).
+                    holds = opt._process_set.cpu_hold()[0] > 0
+                    expect = [p for p in used if p.is_cpu and holds
+                              and id(p) not in opt._group_of]
+                    assert sorted(map(id, expect)) == sorted(gathered), \
+                        "%d gradients gathered, expected %d (hold %s)" % (
+                            len(gathered), len(expect), opt._process_set.cpu_hold())
                 else:
                     assert not any(pending), "a reduction started before the last pass"
         if clip is not None:

@@ -117,7 +117,21 @@ def moved_in_flight(rank, size):
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters())
     x, y = data(torch.float64)
+    # Gathered by the hooks, not yet enqueued (the core holds CPU requests by
+    # default): a gradient moved now is reduced where it is at synchronize().
     ((model(x) - y) ** 2).mean().backward()
+    assert any(p is model.w1 for p in opt._gathered), "w1's gradient was not gathered"
+    model.w1.grad.data = torch.full((5, 8), float(rank), dtype=torch.float64)
+    opt.synchronize()
+    expected = torch.full((5, 8), (size - 1) / 2, dtype=torch.float64)
+    assert torch.equal(model.w1.grad, expected), "moved while gathered: %s" % model.w1.grad
+    with opt.skip_synchronize():
+        opt.step()
+    opt.zero_grad()
+    # Enqueued (as the hooks do once the hold's bytes are gathered), then moved: the
+    # result would go to the former memory, so synchronize() says so.
+    ((model(x) - y) ** 2).mean().backward()
+    opt._submit_gathered()
     model.w1.grad.data = torch.zeros(5, 8, dtype=torch.float64)  # out of contract
     expect_raises(ValueError, "gradient moved in flight", opt.synchronize,
                   contains=["while the request was in flight"])

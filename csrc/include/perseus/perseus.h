@@ -141,6 +141,11 @@ perseus_status_t perseus_remove_process_set(int32_t id);
 /* rank_out = -1 when this process is not a member. */
 perseus_status_t perseus_process_set_rank(int32_t id, int32_t* rank_out);
 perseus_status_t perseus_process_set_size(int32_t id, int32_t* size_out);
+/* While no thread waits, the engine holds the set's CPU requests until bytes_out
+ * bytes are pending or the oldest is ms_out old (bytes_out = 0: it does not hold).
+ * A front end that gathers requests before enqueueing them (DistributedOptimizer's
+ * CPU gradients) gathers no longer than that, so it schedules as the engine would. */
+perseus_status_t perseus_process_set_cpu_hold(int32_t id, int64_t* bytes_out, double* ms_out);
 /* Writes up to `capacity` global ranks of the set; size_out gets the full count. */
 perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* ranks, int32_t capacity,
                                            int32_t* size_out);

@@ -43,6 +43,19 @@ struct Knobs {
 // The configured settings, with `lanes_made` lanes available.
 Knobs InitialKnobs(const Config& config, int lanes_made);
 
+// The bytes up to which requests are held while nobody waits (0: not held), for a
+// set with GPU requests pending or not: PERSEUS_HOLD_BYTES with auto resolved.
+int64_t HoldLimit(const Knobs& knobs, bool gpu);
+
+// How CPU requests are held: up to `bytes` (0: not held) for at most `ms`.
+struct CpuHold {
+  int64_t bytes = 0;
+  double ms = 0;
+  CpuHold() = default;
+  explicit CpuHold(const Knobs& knobs)
+      : bytes(HoldLimit(knobs, false)), ms(bytes ? knobs.hold_time_ms : 0) {}
+};
+
 // Whether the lane count is tuned (PERSEUS_ALLREDUCE_STREAMS=auto, or autotuning
 // with no lane count set); then this many lanes are made, and the tuner picks k.
 bool TunesLanes(const Config& config);

@@ -390,10 +390,9 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
 // backward pass's gradients go best as one round when step() waits for them.
 Clock::time_point Engine::HoldUntil(const ProcessSet& set, int64_t* headroom) const {
   const Knobs& knobs = set.knobs;
-  if (knobs.hold_bytes == 0 || knobs.hold_time_ms <= 0) return Clock::time_point::min();
   Negotiator::Load load = set.negotiator->PendingLoad();
-  int64_t limit = knobs.hold_bytes;
-  if (limit == kHoldAuto) limit = load.gpu ? kGpuHoldBytes : knobs.fusion_threshold;
+  const int64_t limit = HoldLimit(knobs, load.gpu);
+  if (limit == 0) return Clock::time_point::min();
   if (load.bytes >= limit || load.oldest == Clock::time_point::max())
     return Clock::time_point::min();
   *headroom = limit - load.bytes;
@@ -430,10 +429,9 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
         return;
       }
       set->knobs = set->tuner->knobs();
-      if (!set->tuner->tuning()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        autotune_state_ = set->tuner->State();
-      }
+      std::lock_guard<std::mutex> lock(mu_);
+      set->cpu_hold = CpuHold(set->knobs);
+      if (!set->tuner->tuning()) autotune_state_ = set->tuner->State();
     }
     const Knobs& knobs = set->knobs;
     std::vector<Batch> batches =
@@ -668,6 +666,15 @@ Status Engine::RemoveProcessSet(int id) {
 std::string Engine::autotune_state() {
   std::lock_guard<std::mutex> lock(mu_);
   return autotune_state_;
+}
+
+Status Engine::ProcessSetCpuHold(int id, CpuHold* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  if (it == sets_.end())
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
+  *out = it->second->cpu_hold;
+  return Status::OK();
 }
 
 Status Engine::DescribeProcessSet(int id, std::vector<int>* ranks, int* rank) {

@@ -13,6 +13,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
   set->id = id;
   set->ranks = std::move(ranks);
   set->knobs = InitialKnobs(config, lanes);
+  set->cpu_hold = CpuHold(set->knobs);
   if (comm != MPI_COMM_NULL) {
     MPI_Comm_rank(comm, &set->rank);
     Status status = MpiStatus(MPI_Comm_dup(comm, &set->negotiation_comm), "MPI_Comm_dup");

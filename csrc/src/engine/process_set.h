@@ -46,6 +46,7 @@ struct ProcessSet {
 
   // Guarded by the engine mutex.
   std::unordered_set<std::string> in_flight;  // names submitted and not yet completed
+  CpuHold cpu_hold;  // knobs' hold of CPU requests, for front ends that gather them too
   bool stopped = false;                       // no more rounds: shut down here or by a peer
   Status stop_status;
 
