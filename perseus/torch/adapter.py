@@ -263,10 +263,11 @@ class InplaceAllreduce:
         return True
 
 
-def submit_prepared(items, grouped=True):
+def submit_prepared(items, grouped=True, drive=False):
     """Starts the in-place allreduces of (InplaceAllreduce.prepared(tensor), tensor)
     pairs in one enqueue; returns one handle for all (synchronize() gives the
-    tensors as a list, or the tensor when grouped is False)."""
+    tensors as a list, or the tensor when grouped is False). drive=True: the caller
+    waits at once, so this thread runs the engine (requests.enqueue)."""
     packed, held, placed = [], [], []
     for prebuilt, tensor in items:
         address = tensor.data_ptr()
@@ -274,7 +275,8 @@ def submit_prepared(items, grouped=True):
         held.append((prebuilt, tensor, tensor.untyped_storage()))  # what set_() would free
         placed.append((tensor, address))
     return _requests.submit_packed(_builder.pack_prebuilt(packed), _finish_outputs,
-                                   (held, [item[1] for item in items], (), grouped, placed))
+                                   (held, [item[1] for item in items], (), grouped, placed),
+                                   drive)
 
 
 def broadcast_async(tensors, inplace, root_rank, name, process_set, grouped=False, drive=False):

@@ -266,10 +266,12 @@ class _DistributedMixin:
         self._gathered, self._gathered_bytes = [], 0
         self._submit_all(gathered)
 
-    def _submit_all(self, params):
+    def _submit_all(self, params, drive=False):
         """Starts the reductions of ungrouped parameters: a sparse gradient alone, as
         Horovod; the dense ones of the packed path in one enqueue, under one handle
-        (the first parameter's; the others are marked as covered)."""
+        (the first parameter's; the others are marked as covered). drive=True from
+        synchronize(), which waits at once: its thread runs the round rather than
+        waking the engine's thread to run it while it sleeps."""
         # Scales per step: with a predivide factor they follow the set's size, which
         # an elastic reset changes.
         scales = self._scales()
@@ -294,7 +296,7 @@ class _DistributedMixin:
                 packed.append((prebuilt, wire))
                 covered.append((p, (wire, ctx)))
         if packed:
-            handle = _adapter.submit_prepared(packed)
+            handle = _adapter.submit_prepared(packed, drive=drive)
             for i, (p, wire_ctx) in enumerate(covered):
                 self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, wire_ctx)
 
@@ -338,7 +340,7 @@ class _DistributedMixin:
                 self._submit_group(index)
         self._gathered, self._gathered_bytes = [], 0
         if ungrouped:
-            self._submit_all(ungrouped)
+            self._submit_all(ungrouped, drive=True)
         try:
             sparse = {}
             dense = []
