@@ -371,10 +371,6 @@ class Prebuilt:
         self._record = self._buf[8:8 + _STRIDE].tobytes()
         self._shape_address = struct.unpack_from("@P", self._buf, _ADDRESSES_AT)[0]
 
-    def pack(self, input, output):
-        """(buf, 1) as pack() returns it, with these input and output addresses."""
-        return pack_prebuilt(((self, input, output),))
-
 
 def pack_prebuilt(items):
     """(buf, n) as pack() returns it, for a batch of (Prebuilt, input address, output

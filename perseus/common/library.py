@@ -129,7 +129,7 @@ _SIGNATURES = {
     "perseus_remove_process_set": (_status, [ctypes.c_int32]),
     "perseus_process_set_rank": (_status, [ctypes.c_int32, _i32p]),
     "perseus_process_set_size": (_status, [ctypes.c_int32, _i32p]),
-    "perseus_process_set_cpu_hold": (_status, [ctypes.c_int32, ctypes.POINTER(ctypes.c_int64),
+    "perseus_process_set_cpu_hold": (_status, [ctypes.c_int32, _i64p,
                                                ctypes.POINTER(ctypes.c_double)]),
     "perseus_process_set_ranks": (_status, [ctypes.c_int32, _i32p, ctypes.c_int32, _i32p]),
     # requests. perseus_enqueue's pointers are declared c_void_p (same ABI as

@@ -46,7 +46,7 @@ def enqueue(requests, drive=False):
 
 
 def enqueue_packed(buf, n, drive=False):
-    """enqueue() of a batch packed already (builder.pack(), builder.Prebuilt)."""
+    """enqueue() of a batch packed already (builder.pack(), builder.pack_prebuilt())."""
     base = buf.buffer_info()[0]
     if drive:
         status = _enqueue_and_drive(base + 8 * n, n, base, DRIVE_S)
