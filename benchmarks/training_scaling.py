@@ -18,7 +18,9 @@ step; a run's step time is the median over steps of the slowest rank's. Repeats
 rotate the backend order so drift of this noisy machine hits all alike. The table
 shows medians over repeats and, per repeat, ceiling step time / backend step time
 ("fraction of the ceiling"), and checks issue 19's goals. `--nps 1 2` adds np=1 runs and the scaling
-efficiency throughput(np=2) / (2 x throughput(np=1)).
+efficiency throughput(np=2) / (2 x throughput(np=1)). --same-process instead runs
+all backends of a model in one mpirun job, in blocks of --iters steps taken in
+turn (the fairest comparison on a noisy machine; same_process_worker()).
 
     python benchmarks/training_scaling.py --breakdown [--timeline PATH]
 
@@ -159,6 +161,8 @@ def worker(args):
     torch.manual_seed(0)
     model, shape, classes = build_model(args.model)
     rank, size = launcher_rank_size()
+    if args.same_process:
+        return same_process_worker(args, rank, size)
     batch = batch_size(args.model, args)
     hooks = step_breakdown.HookTimer()
     with hooks.wrapping() if args.breakdown else contextlib.nullcontext():
@@ -182,6 +186,66 @@ def worker(args):
         result = breakdown_steps(args, train_model, opt, barrier, hooks, data, target)
     shutdown()
     Path(args.out_dir, "rank%d.json" % rank).write_text(json.dumps(result))
+
+
+def same_process_worker(args, rank, size):
+    """--same-process: every backend in this one process, each training its own copy
+    of the model (same seed), in blocks of --iters steps taken in turn, the order
+    rotated each repeat. Separate processes differ by up to 20 % here (memory layout,
+    which core), which hides a few per cent between backends; blocks in one process
+    do not."""
+    import torch
+    import torch.nn.functional as F
+    backends = args.backends
+    trainers = {}
+    for backend in backends:
+        torch.manual_seed(0)
+        model, shape, classes = build_model(args.model)
+        trainers[backend] = make_backend(backend, model, rank, size)
+    torch.manual_seed(1 + rank)  # each rank its own batch, so averaging matters
+    data = torch.randn(batch_size(args.model, args), *shape)
+    target = torch.randint(0, classes, (len(data),))
+
+    def block(backend, n):
+        train_model, opt, _, _ = trainers[backend]
+        mpi_barrier()  # mpi4py starts MPI here if no backend did
+        steps, faults_before = [], minor_faults()
+        for _ in range(n):
+            start = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(train_model(data), target).backward()
+            opt.step()
+            steps.append(time.perf_counter() - start)
+        return steps, (minor_faults() - faults_before) / n
+
+    for backend in backends:
+        block(backend, args.warmup)
+    result = {"blocks": {b: [] for b in backends}, "faults": {b: [] for b in backends}}
+    for r in range(args.repeat):
+        for backend in backends[r % len(backends):] + backends[:r % len(backends)]:
+            steps, faults = block(backend, args.iters)
+            result["blocks"][backend].append(steps)
+            result["faults"][backend].append(faults)
+    check_same_training(trainers)
+    for _, _, _, shutdown in reversed(list(trainers.values())):
+        shutdown()
+    Path(args.out_dir, "rank%d.json" % rank).write_text(json.dumps(result))
+
+
+def check_same_training(trainers):
+    """Every reducing backend took the same steps on the same batches, so its
+    parameters must match raw MPI's (up to summation order), or the timing is void."""
+    if FLOOR not in trainers:
+        return
+    reference = [p.detach() for p in trainers[FLOOR][0].parameters()]
+    for backend, (train_model, _, _, _) in trainers.items():
+        if backend == CEILING:
+            continue
+        for mine, theirs in zip(train_model.parameters(), reference):
+            error = float((mine.detach() - theirs).abs().max())
+            if error > 1e-4 + 1e-3 * float(theirs.abs().max()):
+                raise SystemExit("--same-process: %s's parameters differ from raw MPI's "
+                                 "after training" % backend)
 
 
 def minor_faults():
@@ -286,36 +350,40 @@ def free_port():
 
 
 def run_one(model, backend, nprocs, args, breakdown=False, timeline=None):
-    """Per rank, what its worker wrote (step times, and the breakdown)."""
+    """Per rank, what its worker wrote (step times, and the breakdown). backend None:
+    every backend in one job (--same-process)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()))
     if not args.malloc_trim:
         env.update(KEEP_FREED_MEMORY)
-    if backend in PERSEUS_BACKENDS:
+    what = backend or "(all backends)"
+    if backend is None or backend in PERSEUS_BACKENDS:
         env.update(args.perseus_env)
         if timeline:
             env["PERSEUS_TIMELINE"] = str(timeline)
     with tempfile.TemporaryDirectory(prefix="training_scaling.") as out_dir:
         cmd = [mpirun(), "-np", str(nprocs), sys.executable, str(HERE), "--worker",
-               "--backend", backend, "--model", model, "--batch-size",
-               str(batch_size(model, args)), "--iters", str(args.iters), "--warmup",
-               str(args.warmup), "--out-dir", out_dir] + (["--breakdown"] if breakdown else [])
+               "--model", model, "--batch-size", str(batch_size(model, args)), "--iters",
+               str(args.iters), "--warmup", str(args.warmup), "--out-dir", out_dir] + (
+            ["--breakdown"] if breakdown else []) + (
+            ["--backend", backend] if backend else
+            ["--same-process", "--repeat", str(args.repeat), "--backends"] + args.backends)
         try:
             out = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                  timeout=args.run_timeout)
         except subprocess.TimeoutExpired as e:
             raise SystemExit("%s %s np=%d did not finish within %d s:\n%s\n%s" % (
-                model, backend, nprocs, args.run_timeout, e.stdout, e.stderr))
+                model, what, nprocs, args.run_timeout, e.stdout, e.stderr))
         files = [Path(out_dir, "rank%d.json" % r) for r in range(nprocs)]
         if out.returncode or not all(f.exists() for f in files):
             raise SystemExit("%s %s np=%d failed (exit %d):\n%s\n%s" % (
-                model, backend, nprocs, out.returncode, out.stdout, out.stderr))
+                model, what, nprocs, out.returncode, out.stdout, out.stderr))
         return [json.loads(f.read_text()) for f in files]
 
 
-def slowest_rank_step(ranks):
+def slowest_rank_step(ranks_steps):
     """A run's step time: per step the slowest rank's, then the median over steps."""
-    return statistics.median(max(steps) for steps in zip(*(r["steps"] for r in ranks)))
+    return statistics.median(max(steps) for steps in zip(*ranks_steps))
 
 
 # ---- the driver: the table --------------------------------------------------------
@@ -338,18 +406,31 @@ def driver(args):
     step = {(m, b, n): [] for m in args.models for b in backends for n in args.nps}
     faults = {key: [] for key in step}  # the rank that faulted most, per run
     samples = []
-    for r in range(args.repeat):
+
+    def record(r, model, backend, n, ranks_steps, ranks_faults):
+        key = (model, backend, n)
+        step[key].append(slowest_rank_step(ranks_steps))
+        faults[key].append(max(ranks_faults))
+        samples.append({"repeat": r, "model": model, "backend": backend, "np": n,
+                        "step_s": step[key][-1], "faults_per_step": faults[key][-1],
+                        "steps_per_rank": ranks_steps})
+
+    if args.same_process:
+        for model in args.models:
+            for n in args.nps:
+                ranks = run_one(model, None, n, args)
+                for backend in backends:
+                    for r in range(args.repeat):
+                        record(r, model, backend, n, [x["blocks"][backend][r] for x in ranks],
+                               [x["faults"][backend][r] for x in ranks])
+    for r in range(0 if args.same_process else args.repeat):
         order = backends[r % len(backends):] + backends[:r % len(backends)]
         for model in args.models:
             for backend in order:
                 for n in args.nps:
                     ranks = run_one(model, backend, n, args)
-                    step[(model, backend, n)].append(slowest_rank_step(ranks))
-                    faults[(model, backend, n)].append(max(x["faults"] for x in ranks))
-                    samples.append({"repeat": r, "model": model, "backend": backend, "np": n,
-                                    "step_s": step[(model, backend, n)][-1],
-                                    "faults_per_step": faults[(model, backend, n)][-1],
-                                    "steps_per_rank": [x["steps"] for x in ranks]})
+                    record(r, model, backend, n, [x["steps"] for x in ranks],
+                           [x["faults"] for x in ranks])
     summaries = {m: print_table(m, step, faults, args) for m in args.models}
     print("total wall time %.0f s" % (time.perf_counter() - start))
     if args.json:
@@ -525,6 +606,9 @@ def main():
     p.add_argument("--perseus-env", nargs="+", type=env_setting, default=[], metavar="K=V",
                    help="environment of the Perseus runs only, e.g. PERSEUS_HOLD_BYTES=1e9")
     p.add_argument("--run-timeout", type=int, default=600, help="seconds per mpirun job")
+    p.add_argument("--same-process", action="store_true",
+                   help="every backend in one mpirun job per model, in alternating blocks of "
+                        "--iters steps (--perseus-env then reaches the whole job)")
     p.add_argument("--malloc-trim", action="store_true",
                    help="leave glibc's heap trimming on (by default every backend runs "
                         "without it, so that page faults do not decide the comparison)")
@@ -541,6 +625,8 @@ def main():
     autotune_compare.add_arguments(p)
     args = p.parse_args()
     args.perseus_env = dict(args.perseus_env)
+    if args.same_process and (args.breakdown or args.autotune):
+        p.error("--same-process is a mode of the table, not of --breakdown or --autotune")
     if args.timeline and not args.breakdown:
         p.error("--timeline goes with --breakdown (for the table: --perseus-env "
                 "PERSEUS_TIMELINE=PATH)")

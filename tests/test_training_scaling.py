@@ -21,7 +21,7 @@ NUMBER = r"(\d+(?:\.\d+)?)"
 # ---- arithmetic -----------------------------------------------------------------
 
 def test_slowest_rank_step_is_the_median_of_per_step_maxima():
-    ranks = [{"steps": [1.0, 5.0, 2.0, 9.0]}, {"steps": [3.0, 4.0, 2.5, 1.0]}]
+    ranks = [[1.0, 5.0, 2.0, 9.0], [3.0, 4.0, 2.5, 1.0]]
     # per step max: 3, 5, 2.5, 9 -> median 4.0
     assert training_scaling.slowest_rank_step(ranks) == 4.0
     # per repeat ratio, then the median (not the ratio of the medians)
@@ -135,8 +135,26 @@ def test_table_of_the_five_backends(tmp_path):
     assert len(saved["runs"]) == len(training_scaling.BACKENDS)
     for run in saved["runs"]:
         assert len(run["steps_per_rank"]) == 2 and all(len(s) == 2 for s in run["steps_per_rank"])
-        assert run["step_s"] == training_scaling.slowest_rank_step(
-            [{"steps": s} for s in run["steps_per_rank"]])
+        assert run["step_s"] == training_scaling.slowest_rank_step(run["steps_per_rank"])
+
+
+@pytest.mark.mpi
+def test_same_process_table(tmp_path):
+    # Every backend in one job, blocks alternating; the worker stops the run if any
+    # reducing backend's parameters end up away from raw MPI's.
+    out = run_script(["--same-process", "--models", "mlp512", "--iters", "2", "--warmup", "1",
+                      "--repeat", "2", "--batch-size", "4", "--json", tmp_path / "runs.json"],
+                     timeout=150)
+    for backend in training_scaling.BACKENDS:
+        np_, step_ms, _, fraction, _ = row(out, backend)
+        assert np_ == 2 and step_ms > 0 and fraction > 0, out
+    assert row(out, "plain")[3] == 1.0
+    saved = json.loads((tmp_path / "runs.json").read_text())
+    assert sorted((r["backend"], r["repeat"]) for r in saved["runs"]) == sorted(
+        (b, r) for b in training_scaling.BACKENDS for r in range(2))
+    for run in saved["runs"]:
+        assert len(run["steps_per_rank"]) == 2 and all(len(s) == 2 for s in run["steps_per_rank"])
+        assert run["step_s"] == training_scaling.slowest_rank_step(run["steps_per_rank"])
 
 
 @pytest.mark.mpi
