@@ -279,6 +279,34 @@ def submit_prepared(items, grouped=True, drive=False):
                                    drive)
 
 
+# Packed requests of named synchronous allreduce_ calls, by name, op, scales, set,
+# dtype and shape. Cleared when full, so names made anew per call cannot grow it.
+_named_requests = {}
+_NAMED_REQUESTS_LIMIT = 1024
+
+
+def allreduce_now_(tensor, name, op, prescale, postscale, process_set):
+    """allreduce_ of one tensor that the caller waits for at once (mpi_ops.allreduce_):
+    a contiguous CPU tensor under a name seen before reuses that name's packed
+    request (InplaceAllreduce), about 10 us less a call at 4 KiB; anything else
+    takes the general path."""
+    if name is not None and tensor.is_cpu and tensor.is_contiguous():
+        key = (name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
+               tensor.shape)
+        prebuilt = _named_requests.get(key)
+        if prebuilt is None:
+            prebuilt = InplaceAllreduce(name, op, prescale, postscale, process_set).prepared(
+                tensor)  # raises what the general path raises (a dtype, a removed set)
+            if len(_named_requests) >= _NAMED_REQUESTS_LIMIT:
+                _named_requests.clear()
+            if prebuilt is not None:
+                _named_requests[key] = prebuilt
+        if prebuilt is not None:
+            return submit_prepared(((prebuilt, tensor),), grouped=False, drive=True)
+    return allreduce_async((tensor,), True, name, op, prescale, postscale, process_set, False,
+                           drive=True)
+
+
 def broadcast_async(tensors, inplace, root_rank, name, process_set, grouped=False, drive=False):
     """Broadcasts global rank root_rank's `tensors` over the set."""
     return _same_shape_async(_BROADCAST, tensors, inplace, name, 0, 1.0, 1.0, process_set,

@@ -69,8 +69,8 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` in place and returns it."""
     op = _resolve_op(op, average)
-    return synchronize(_allreduce_async((tensor,), True, name, op, prescale_factor,
-                                        postscale_factor, process_set, False, drive=True))
+    return synchronize(_adapter.allreduce_now_(tensor, name, op, prescale_factor,
+                                               postscale_factor, process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

@@ -123,6 +123,35 @@ def body():
         out = hvd.allreduce(xs[rank], name="ar.repeat", op=hvd.Sum)
         assert_reduced(out, xs, hvd.Sum, torch.float32, "ar.repeat iteration %d" % i)
 
+    # One name for in-place blocking calls of changing dtype, shape, op and scales, and
+    # back (allreduce_ reuses a name's packed request while they stay the same), a
+    # transposed view under that name (not contiguous: the general path), and many
+    # fresh names (the store of packed requests stays bounded).
+    settings = [(torch.float32, (64,), hvd.Sum, 1.0, 1.0), (torch.float64, (64,), hvd.Sum, 1.0, 1.0),
+                (torch.float32, (8, 3), hvd.Sum, 1.0, 1.0), (torch.float32, (64,), hvd.Max, 1.0, 1.0),
+                (torch.float32, (64,), hvd.Sum, 0.5, 3.0), (torch.int32, (5,), hvd.Min, 1.0, 1.0)]
+    for i in range(3 * len(settings)):
+        dtype, shape, op, pre, post = settings[i % len(settings)]
+        name = "ar.reused.%d" % i
+        xs = inputs_for(name, op, dtype, shape, size)
+        mine = xs[rank].clone()
+        assert hvd.allreduce_(mine, name="ar.reused", op=op, prescale_factor=pre,
+                              postscale_factor=post) is mine
+        assert_reduced(mine, xs, op, dtype, name, prescale=pre, postscale=post)
+    xs = inputs_for("ar.reused.t", hvd.Sum, torch.float32, (4, 16), size)
+    mine = xs[rank].clone().t()
+    assert hvd.allreduce_(mine, name="ar.reused", op=hvd.Sum) is mine
+    assert_reduced(mine, [x.t() for x in xs], hvd.Sum, torch.float32, "ar.reused transposed")
+    from perseus.torch import adapter
+    for i in range(adapter._NAMED_REQUESTS_LIMIT + 10):
+        one = torch.full((1,), float(rank + i))
+        hvd.allreduce_(one, name="ar.fresh.%d" % i, op=hvd.Sum)
+        assert one.item() == sum(r + i for r in range(size)), (i, one)
+    assert len(adapter._named_requests) <= adapter._NAMED_REQUESTS_LIMIT
+    for _ in range(2):  # refused each time, not remembered
+        expect_raises(ValueError, "allreduce_ of bool", hvd.allreduce_,
+                      torch.ones(4, dtype=torch.bool), name="ar.bool_", op=hvd.Sum)
+
     # Local argument errors, raised at the call on every rank.
     expect_raises(ValueError, "allreduce of bool", hvd.allreduce,
                   torch.ones(4, dtype=torch.bool), name="ar.bool", op=hvd.Sum)
