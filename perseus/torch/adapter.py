@@ -280,28 +280,32 @@ def submit_prepared(items, grouped=True, drive=False):
 
 
 # Packed requests of named synchronous allreduce_ calls, by name, op, scales, set,
-# dtype and shape. Cleared when full, so names made anew per call cannot grow it.
+# dtype and shape: None after a key's first call, the Prebuilt from its second on
+# (packing costs more than one general call, so names made anew per call never pay
+# it). Cleared when full, so such names cannot grow it either.
 _named_requests = {}
 _NAMED_REQUESTS_LIMIT = 1024
+_UNSEEN = object()
 
 
 def allreduce_now_(tensor, name, op, prescale, postscale, process_set):
     """allreduce_ of one tensor that the caller waits for at once (mpi_ops.allreduce_):
-    a contiguous CPU tensor under a name seen before reuses that name's packed
-    request (InplaceAllreduce), about 10 us less a call at 4 KiB; anything else
-    takes the general path."""
+    a contiguous CPU tensor under a name used before with the same settings reuses
+    the request packed for it (InplaceAllreduce), about 10 us less a call at 4 KiB;
+    anything else takes the general path."""
     if name is not None and tensor.is_cpu and tensor.is_contiguous():
         key = (name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
                tensor.shape)
-        prebuilt = _named_requests.get(key)
-        if prebuilt is None:
-            prebuilt = InplaceAllreduce(name, op, prescale, postscale, process_set).prepared(
-                tensor)  # raises what the general path raises (a dtype, a removed set)
+        prebuilt = _named_requests.get(key, _UNSEEN)
+        if prebuilt is _UNSEEN:
             if len(_named_requests) >= _NAMED_REQUESTS_LIMIT:
                 _named_requests.clear()
-            if prebuilt is not None:
-                _named_requests[key] = prebuilt
-        if prebuilt is not None:
+            _named_requests[key] = None
+        elif prebuilt is None:
+            prebuilt = InplaceAllreduce(name, op, prescale, postscale, process_set).prepared(
+                tensor)  # raises what the general path raises (a dtype, a removed set)
+            _named_requests[key] = prebuilt
+        if prebuilt is not None and prebuilt is not _UNSEEN:
             return submit_prepared(((prebuilt, tensor),), grouped=False, drive=True)
     return allreduce_async((tensor,), True, name, op, prescale, postscale, process_set, False,
                            drive=True)
