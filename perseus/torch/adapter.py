@@ -297,15 +297,15 @@ def allreduce_now_(tensor, name, op, prescale, postscale, process_set):
         key = (name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
                tensor.shape)
         prebuilt = _named_requests.get(key, _UNSEEN)
-        if prebuilt is _UNSEEN:
+        if prebuilt is _UNSEEN:  # the first call: remember the key, take the general path
             if len(_named_requests) >= _NAMED_REQUESTS_LIMIT:
                 _named_requests.clear()
-            _named_requests[key] = None
+            _named_requests[key] = prebuilt = None
         elif prebuilt is None:
             prebuilt = InplaceAllreduce(name, op, prescale, postscale, process_set).prepared(
                 tensor)  # raises what the general path raises (a dtype, a removed set)
             _named_requests[key] = prebuilt
-        if prebuilt is not None and prebuilt is not _UNSEEN:
+        if prebuilt is not None:
             return submit_prepared(((prebuilt, tensor),), grouped=False, drive=True)
     return allreduce_async((tensor,), True, name, op, prescale, postscale, process_set, False,
                            drive=True)

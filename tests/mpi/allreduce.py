@@ -1,6 +1,7 @@
 """allreduce, allreduce_, allreduce_async, allreduce_async_ on every op x dtype x shape,
 prescale/postscale, the deprecated `average=` argument, the default op, unnamed requests,
-and the local argument errors (bool -> ValueError, Adasum of an int -> ValueError;
+one name reused under changing settings (allreduce_'s packed requests), and the local
+argument errors (bool -> ValueError, Adasum of an int -> ValueError;
 Adasum itself is checked in adasum.py)."""
 import time
 
@@ -8,6 +9,8 @@ import torch
 
 from common import (DTYPES, FLOAT_DTYPES, assert_reduced, assert_unchanged, dtype_name,
                     expect_raises, hvd, init, kind_for, main, make_tensor, op_name)
+
+from perseus.torch import adapter
 
 SHAPES = [(), (0,), (1,), (17,), (5, 3), (2, 3, 4), (3, 0)]
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
@@ -142,7 +145,6 @@ def body():
     mine = xs[rank].clone().t()
     assert hvd.allreduce_(mine, name="ar.reused", op=hvd.Sum) is mine
     assert_reduced(mine, [x.t() for x in xs], hvd.Sum, torch.float32, "ar.reused transposed")
-    from perseus.torch import adapter
     for i in range(adapter._NAMED_REQUESTS_LIMIT + 10):
         one = torch.full((1,), float(rank + i))
         hvd.allreduce_(one, name="ar.fresh.%d" % i, op=hvd.Sum)
