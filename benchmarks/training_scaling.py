@@ -156,13 +156,12 @@ def mpi_barrier():
 
 def worker(args):
     import torch
-    import torch.nn.functional as F
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model, shape, classes = build_model(args.model)
     rank, size = launcher_rank_size()
     if args.same_process:
         return same_process_worker(args, rank, size)
+    torch.manual_seed(0)
+    model, shape, classes = build_model(args.model)
     batch = batch_size(args.model, args)
     hooks = step_breakdown.HookTimer()
     with hooks.wrapping() if args.breakdown else contextlib.nullcontext():
@@ -171,21 +170,26 @@ def worker(args):
     target = torch.randint(0, classes, (batch,))
 
     if not args.breakdown:
-        steps = []
-        for i in range(args.warmup + args.iters):
-            if i == args.warmup:
-                faults_before = minor_faults()
-            start = time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(train_model(data), target).backward()
-            opt.step()
-            steps.append(time.perf_counter() - start)
-        result = {"steps": steps[args.warmup:],
-                  "faults": (minor_faults() - faults_before) / args.iters}
+        timed_steps(train_model, opt, data, target, args.warmup)
+        steps, faults = timed_steps(train_model, opt, data, target, args.iters)
+        result = {"steps": steps, "faults": faults}
     else:
         result = breakdown_steps(args, train_model, opt, barrier, hooks, data, target)
     shutdown()
     Path(args.out_dir, "rank%d.json" % rank).write_text(json.dumps(result))
+
+
+def timed_steps(train_model, opt, data, target, n):
+    """n training steps: (each one's wall time, minor page faults per step)."""
+    import torch.nn.functional as F
+    steps, faults_before = [], minor_faults()
+    for _ in range(n):
+        start = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(train_model(data), target).backward()
+        opt.step()
+        steps.append(time.perf_counter() - start)
+    return steps, (minor_faults() - faults_before) / max(n, 1)
 
 
 def same_process_worker(args, rank, size):
@@ -195,7 +199,6 @@ def same_process_worker(args, rank, size):
     which core), which hides a few per cent between backends; blocks in one process
     do not."""
     import torch
-    import torch.nn.functional as F
     backends = args.backends
     trainers = {}
     for backend in backends:
@@ -209,14 +212,7 @@ def same_process_worker(args, rank, size):
     def block(backend, n):
         train_model, opt, _, _ = trainers[backend]
         mpi_barrier()  # mpi4py starts MPI here if no backend did
-        steps, faults_before = [], minor_faults()
-        for _ in range(n):
-            start = time.perf_counter()
-            opt.zero_grad()
-            F.cross_entropy(train_model(data), target).backward()
-            opt.step()
-            steps.append(time.perf_counter() - start)
-        return steps, (minor_faults() - faults_before) / n
+        return timed_steps(train_model, opt, data, target, n)
 
     for backend in backends:
         block(backend, args.warmup)
