@@ -3,12 +3,19 @@ buffers and no framework. For tests that need requests no framework can make her
 GPU requests (device >= 0) on machines without CUDA, where a host pointer stands in
 for device memory (the request must fail before it is touched, or a fake CUDA
 runtime treats host memory as device memory: tests/gpu_fakes/fake_gpu.c).
+
+On the fake, a GPU request behaves as a framework's would, for the fake's ordering
+checker: a kernel on the request's stream (the producer) writes the input before
+enqueue; after completion the consumer stream (the producer's unless given) is made
+to wait for the request (perseus_stream_wait), a kernel on it reads the output, and
+the host synchronises with it before reading. A race is raised at once, named.
 """
 import ctypes
 import zlib
 
 import numpy as np
 
+import fake_gpu
 from perseus.common import library as lib
 
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = range(7)
@@ -106,20 +113,33 @@ def make(tag, rank, shape, dtype, low=-8, high=8):
 class Pending:
     """One enqueued request: keeps its buffers alive until wait()."""
 
-    def __init__(self, handle, keep, output, dtype, device):
+    def __init__(self, handle, keep, output, dtype, device, consumer=None, name=""):
         self.handle = handle
         self.keep = keep
         self.output = output
         self.dtype = dtype
         self.device = device
+        self.consumer = consumer  # GPU: the stream that reads the result (None: legacy)
+        self.name = name
         self.status = None
         self.message = ""
 
+    def _gpu_fake(self):
+        return self.device != CPU and fake_gpu.lib() is not None
+
     def wait(self, timeout=60.0):
+        """Waits for the handle; a GPU request's consumer stream then waits for its
+        device work (failed requests too: work may have been queued before the failure)."""
         status = lib.perseus_wait(self.handle, timeout)
         self.status, self.message = status, (last_error() if status else "")
         if status == TIMEOUT:
             raise AssertionError("request still pending after %.0f s" % timeout)
+        if self.device != CPU:  # the fake runtime accepts it; a no-op for CPU handles
+            if self._gpu_fake():
+                with fake_gpu.on_device(self.device):
+                    check(lib.perseus_stream_wait(self.handle, self.consumer))
+            else:
+                check(lib.perseus_stream_wait(self.handle, self.consumer))
         return status, self.message
 
     def value(self, timeout=60.0):
@@ -129,13 +149,22 @@ class Pending:
         try:
             if status:
                 raise CoreError(status, message)
-            if self.device != CPU:  # the fake runtime accepts it; a no-op for CPU handles
-                check(lib.perseus_stream_wait(self.handle, None))
             if self.output is not None:
+                self._consume(self.output.ctypes.data, self.output.nbytes)
                 return self.output
             return self._take_output()
         finally:
             self.release()
+
+    def _consume(self, address, nbytes):
+        """A GPU result read by a kernel on the consumer stream, then by the host after
+        synchronising with that stream."""
+        if not self._gpu_fake():
+            return
+        fake_gpu.kernel(self.device, self.consumer, read=(address, nbytes))
+        fake_gpu.host_sync(self.device, self.consumer)
+        fake_gpu.host_read(address, nbytes)
+        fake_gpu.check_no_misuse("request '%s'" % self.name)
 
     def _take_output(self):
         data = ctypes.c_void_p()
@@ -149,10 +178,14 @@ class Pending:
         storage = np.uint16 if self.dtype == BFLOAT16 else self.dtype
         out = np.empty(dims, dtype=storage)
         if out.nbytes:
+            self._consume(data.value, out.nbytes)
             ctypes.memmove(out.ctypes.data, data.value, out.nbytes)
         recv = [splits[i] for i in range(nsplits.value)]
-        if self.device != CPU:
-            check(lib.perseus_free_device_buffer(data, None))
+        if self._gpu_fake():
+            with fake_gpu.on_device(self.device):
+                check(lib.perseus_free_device_buffer(data, self.consumer))
+        elif self.device != CPU:
+            check(lib.perseus_free_device_buffer(data, self.consumer))
         else:
             lib.perseus_free_buffer(data)
         return (out, recv) if recv else out
@@ -161,12 +194,17 @@ class Pending:
         if self.handle is not None:
             check(lib.perseus_release(self.handle))
             self.handle = None
+        if self._gpu_fake():  # whatever the consumer did is done before memory is reused
+            fake_gpu.host_sync(self.device, self.consumer)
 
 
 def request(op_type, name, x=None, *, device=CPU, out=None, reduce_op=SUM, prescale=1.0,
-            postscale=1.0, root=0, splits=None, process_set=0, dtype=None):
+            postscale=1.0, root=0, splits=None, process_set=0, dtype=None, stream=None,
+            consumer=None):
     """A perseus_request_t and the buffers it points to. `x` (numpy, C-contiguous) is the
-    input; `out` the output (default: a new array like x for allreduce and broadcast)."""
+    input; `out` the output (default: a new array like x for allreduce and broadcast).
+    GPU: `stream` produces the input (None: the legacy stream), `consumer` reads the
+    result (default: `stream`)."""
     keep = []
     dtype = dtype or (x.dtype if x is not None else np.float32)
     code = 5 if dtype == BFLOAT16 else _CODES[np.dtype(dtype)]
@@ -180,6 +218,7 @@ def request(op_type, name, x=None, *, device=CPU, out=None, reduce_op=SUM, presc
     r.postscale = postscale
     r.root_rank = root
     r.process_set = process_set
+    r.stream = stream
     if x is not None:
         assert x.flags["C_CONTIGUOUS"]
         shape = (ctypes.c_int64 * max(1, x.ndim))(*x.shape)
@@ -187,6 +226,8 @@ def request(op_type, name, x=None, *, device=CPU, out=None, reduce_op=SUM, presc
         r.ndim = x.ndim
         r.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
         r.input = x.ctypes.data
+        if device != CPU and fake_gpu.lib() is not None and x.nbytes:
+            fake_gpu.kernel(device, stream, write=(x.ctypes.data, x.nbytes))  # the producer
         if out is None and op_type in (ALLREDUCE, BROADCAST):
             out = np.empty_like(x)
         if out is not None:
@@ -197,15 +238,21 @@ def request(op_type, name, x=None, *, device=CPU, out=None, reduce_op=SUM, presc
         keep.append(arr)
         r.splits = ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64))
         r.nsplits = len(splits)
-    return r, keep, out, dtype
+    return r, keep, out, dtype, stream if consumer is None else consumer
 
 
 def submit(*requests):
     """Enqueues requests (from request()) atomically; returns their Pending objects."""
     array = (lib.Request * len(requests))(*[r[0] for r in requests])
     handles = (ctypes.c_int64 * len(requests))()
-    check(lib.perseus_enqueue(ctypes.addressof(array), len(requests), ctypes.addressof(handles)))
-    return [Pending(handles[i], r[1], r[2], r[3], r[0].device) for i, r in enumerate(requests)]
+    status = lib.perseus_enqueue(ctypes.addressof(array), len(requests), ctypes.addressof(handles))
+    if status and fake_gpu.lib() is not None:  # refused: the producers' work is done with
+        for r in requests:
+            if r[0].device != CPU:
+                fake_gpu.host_sync(r[0].device, r[0].stream)
+    check(status)
+    return [Pending(handles[i], r[1], r[2], r[3], r[0].device, r[4], r[0].name.decode())
+            for i, r in enumerate(requests)]
 
 
 def run(op_type, name, x=None, **kwargs):

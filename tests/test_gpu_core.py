@@ -61,8 +61,9 @@ def fake_gpu(tmp_path_factory):
     libnccl.so.2 in one folder (point PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB at it)."""
     folder = tmp_path_factory.mktemp("fake_gpu")
     library = folder / "libfakegpu.so"
-    subprocess.run([find_mpi_compiler("mpicc"), "-shared", "-fPIC", "-O1", "-o", str(library),
-                    str(TESTS_DIR / "gpu_fakes" / "fake_gpu.c")], check=True)
+    sources = [str(TESTS_DIR / "gpu_fakes" / name) for name in ("fake_gpu.c", "fake_order.c")]
+    subprocess.run([find_mpi_compiler("mpicc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
+                    "-o", str(library)] + sources, check=True)
     for name in ("libcudart.so.12", "libnccl.so.2"):
         (folder / name).symlink_to(library.name)
     return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
@@ -254,6 +255,49 @@ def test_device_lanes_on_fake_gpu(run_mpi, fake_gpu, case):
     run_mpi("gpu_collectives", nprocs, env=dict(fake_gpu, **env), timeout=180)
 
 
+# Every collective on both sides of every size boundary (tests/mpi/gpu_sizes.py). The
+# fake reports NCCL 2.23.5 and models the one-rank bug that NCCL < 2.29.7 has, so the
+# np1 NCCL cases fail unless such calls are made in whole pieces; "nccl_fixed" reports
+# 2.29.7 (one call). Chunk and fusion threshold made small, so that their boundaries
+# cost little.
+SMALL_LIMITS = {"PERSEUS_CHUNK_SIZE": "65536", "PERSEUS_FUSION_THRESHOLD": "262144"}
+SIZE_CASES = {
+    "nccl-np1": (1, {"GPU_MODE": "nccl"}),
+    "nccl-np1-lanes4": (1, {"GPU_MODE": "nccl", "PERSEUS_ALLREDUCE_STREAMS": "4"}),
+    "nccl_fixed-np1": (1, {"GPU_MODE": "nccl", "FAKE_NCCL_VERSION": "22907"}),
+    "staged-np2": (2, {"GPU_MODE": "staged", "PERSEUS_GPU_OPERATIONS": "mpi"}),
+    "staged-np2-lanes4": (2, {"GPU_MODE": "staged", "PERSEUS_GPU_OPERATIONS": "mpi",
+                              "PERSEUS_ALLREDUCE_STREAMS": "4"}),
+    "nccl-np2-lanes4": (2, {"GPU_MODE": "nccl", "PERSEUS_ALLREDUCE_STREAMS": "4"}),
+    "nccl-np4-to_1MiB": (4, {"GPU_MODE": "nccl", "GPU_SIZES_LARGEST": str(1 << 20)}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(SIZE_CASES))
+def test_sizes_across_boundaries_on_fake_gpu(run_mpi, fake_gpu, case):
+    nprocs, env = SIZE_CASES[case]
+    run_mpi("gpu_sizes", nprocs, env=dict(fake_gpu, **SMALL_LIMITS, **env), timeout=180)
+
+
+# Stream ordering under the fake's checker, with producer and consumer streams
+# (tests/mpi/gpu_ordering.py); every other device-lane test runs under it too.
+ORDER_CASES = {
+    "nccl-np1": (1, {"GPU_MODE": "nccl"}),
+    "nccl-np2-lanes3": (2, {"GPU_MODE": "nccl", "PERSEUS_ALLREDUCE_STREAMS": "3"}),
+    "staged-np2-lanes2": (2, {"GPU_MODE": "staged", "PERSEUS_GPU_OPERATIONS": "mpi",
+                              "PERSEUS_ALLREDUCE_STREAMS": "2"}),
+    "nccl-np4": (4, {"GPU_MODE": "nccl"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(ORDER_CASES))
+def test_stream_ordering_on_fake_gpu(run_mpi, fake_gpu, case):
+    nprocs, env = ORDER_CASES[case]
+    run_mpi("gpu_ordering", nprocs, env=dict(fake_gpu, **env), timeout=120)
+
+
 @pytest.mark.mpi
 def test_unloadable_nccl_falls_back_to_host_staging_with_one_warning(fake_gpu):
     from conftest import clean_env, find_mpirun
@@ -283,15 +327,23 @@ def test_gpu_failures_on_fake_gpu(run_mpi, fake_gpu, case):
     run_mpi("gpu_failures", nprocs, env=dict(fake_gpu, **env), timeout=120)
 
 
-# ---------------------------------------------------------------- fusion planning
+# ---------------------------------------------------------------- C++ unit tests
+
+def run_cpp_test(tmp_path, test, sources, optimize="-O0"):
+    """Builds tests/cpp/<test>.cc with the given csrc/src sources; it must print ok."""
+    binary = tmp_path / test
+    paths = [TESTS_DIR / "cpp" / (test + ".cc")] + [REPO_ROOT / "csrc" / "src" / p for p in sources]
+    subprocess.run([find_mpi_compiler("mpicxx"), "-std=c++17", optimize,
+                    "-I%s" % (REPO_ROOT / "csrc" / "include"), "-I%s" % (REPO_ROOT / "csrc" / "src")]
+                   + [str(p) for p in paths] + ["-o", str(binary)], check=True)
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+
 
 def test_fusion_plan_with_cpu_and_gpu_of_different_ordinals(tmp_path):
-    binary = tmp_path / "fusion_plan_test"
-    sources = [TESTS_DIR / "cpp" / "fusion_plan_test.cc"] + [
-        REPO_ROOT / "csrc" / "src" / p for p in ("engine/fusion.cc", "common/request.cc",
-                                                 "common/dtype.cc")]
-    subprocess.run([find_mpi_compiler("mpicxx"), "-std=c++17", "-O0",
-                    "-I%s" % (REPO_ROOT / "csrc" / "include"), "-I%s" % (REPO_ROOT / "csrc" / "src")]
-                   + [str(s) for s in sources] + ["-o", str(binary)], check=True)
-    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+    run_cpp_test(tmp_path, "fusion_plan_test",
+                 ["engine/fusion.cc", "common/request.cc", "common/dtype.cc"])
+
+
+def test_one_rank_nccl_reductions_are_split_into_whole_pieces(tmp_path):
+    run_cpp_test(tmp_path, "nccl_one_rank_test", ["cuda/nccl_one_rank.cc"], optimize="-O2")

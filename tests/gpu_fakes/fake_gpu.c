@@ -1,10 +1,13 @@
 /* A stand-in for the CUDA runtime and NCCL, so that Perseus's device lanes can be
- * tested on machines without a GPU. It is NOT a model of CUDA timing: "device"
- * memory is host memory and every stream operation runs at once on the calling
- * thread, so it cannot reveal a missing stream wait. NCCL operations run over
- * MPI_COMM_WORLD point to point (one tag per communicator).
+ * tested on machines without a GPU. "Device" memory is host memory and every stream
+ * operation runs at once on the calling thread; NCCL operations run over
+ * MPI_COMM_WORLD point to point (one tag per communicator). Running everything at once
+ * cannot show a missing stream wait by itself: the ordering checker (fake_order.c,
+ * model in fake_gpu.h) does, deterministically, from the waits the caller asked for.
  *
  * What it checks, counting each violation as a misuse (fake_gpu_stats):
+ *   - every stream operation, NCCL call and test kernel (fake_gpu_kernel) is ordered
+ *     after the earlier operations of other streams on the same bytes (races);
  *   - stream work (copies, memsets, stream-ordered allocations) is issued while the
  *     stream's device is current (a missing device switch in Perseus);
  *   - an event is recorded on a stream of the event's own device;
@@ -13,6 +16,10 @@
  * It counts live streams, device and pinned buffers and communicators, so a test can
  * see that shutdown frees them. Built by tests/test_gpu_core.py as one library that
  * both libcudart.so.12 and libnccl.so.2 link to.
+ *
+ * NCCL's one-rank reductions that scale (PreMulSum, Average of floats) leave the last
+ * elements unwritten before NCCL 2.29.7, as the real kernel does (one_rank_written);
+ * FAKE_NCCL_VERSION (default 22305, i.e. 2.23.5) sets the version reported and modelled.
  *
  * Failure injection (environment): FAKE_CUDA_DEVICES (device count, default 1; 0 = no
  * device); FAKE_NCCL_FAIL_INIT_RANK=<world rank> makes ncclCommInitRank fail there
@@ -27,13 +34,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_gpu.h"
+
 #define STREAM_MAGIC 0x5eea0001
 #define EVENT_MAGIC 0x5eea0002
 #define COMM_MAGIC 0x5eea0003
 #define MAX_OPS 64
 
-typedef struct { int magic; int device; } FakeStream;
-typedef struct { int magic; int device; } FakeEvent;
+typedef struct { int magic; int device; OrderAgent* order; } FakeStream;
+typedef struct { int magic; int device; OrderSnapshot* recorded; } FakeEvent;
 typedef struct {
   int magic, device, rank, nranks, tag;
   int* world; /* comm rank -> world rank */
@@ -57,7 +66,7 @@ static void tally(long* counter, long delta) {
   pthread_mutex_unlock(&g_mu);
 }
 
-static void misuse(const char* fmt, ...) {
+void fake_misuse(const char* fmt, ...) {
   char text[512];
   va_list args;
   va_start(args, fmt);
@@ -69,6 +78,7 @@ static void misuse(const char* fmt, ...) {
   pthread_mutex_unlock(&g_mu);
   fprintf(stderr, "fake_gpu MISUSE: %s\n", text);
 }
+#define misuse fake_misuse
 
 /* out: live device buffers, pinned buffers, streams, events, communicators, misuses,
  * communicators ever created, NCCL data calls ever made. */
@@ -105,6 +115,13 @@ static int stream_device(void* s) {
   return fs->device;
 }
 
+/* The ordering checker's agent for a stream (NULL when the checker is off). */
+static OrderAgent* agent(void* s) {
+  if (s == NULL || s == (void*)1 || s == (void*)2) return order_legacy_stream(t_device);
+  FakeStream* fs = (FakeStream*)s;
+  return fs->magic == STREAM_MAGIC ? fs->order : NULL;
+}
+
 static int check_current(void* s, const char* what) {
   int d = stream_device(s);
   if (d != t_device) {
@@ -133,6 +150,7 @@ int cudaStreamCreateWithFlags(void** s, unsigned flags) {
   FakeStream* fs = (FakeStream*)malloc(sizeof *fs);
   fs->magic = STREAM_MAGIC;
   fs->device = t_device;
+  fs->order = order_new_stream(t_device);
   *s = fs;
   tally(&g_live_streams, 1);
   return 0;
@@ -144,21 +162,31 @@ int cudaStreamDestroy(void* s) {
   tally(&g_live_streams, -1);
   return 0;
 }
-int cudaStreamSynchronize(void* s) { return stream_device(s) < 0 ? 400 : 0; }
-int cudaStreamQuery(void* s) { return stream_device(s) < 0 ? 400 : 0; }
+/* Work runs at once, so a stream is always idle: what a sync or a successful query
+ * adds is the knowledge that its work is done (the checker's host clock). */
+static int host_sync(void* s) {
+  if (stream_device(s) < 0) return 400;
+  order_host_sync(agent(s));
+  return 0;
+}
+int cudaStreamSynchronize(void* s) { return host_sync(s); }
+int cudaStreamQuery(void* s) { return host_sync(s); }
 int cudaStreamWaitEvent(void* s, void* e, unsigned flags) {
   if (stream_device(s) < 0 || ((FakeEvent*)e)->magic != EVENT_MAGIC) return 400;
+  order_stream_wait(agent(s), ((FakeEvent*)e)->recorded);
   return 0;
 }
 int cudaEventCreateWithFlags(void** e, unsigned flags) {
   FakeEvent* fe = (FakeEvent*)malloc(sizeof *fe);
   fe->magic = EVENT_MAGIC;
   fe->device = t_device;
+  fe->recorded = NULL;
   *e = fe;
   tally(&g_live_events, 1);
   return 0;
 }
 int cudaEventDestroy(void* e) {
+  order_event_free(((FakeEvent*)e)->recorded);
   ((FakeEvent*)e)->magic = 0;
   free(e);
   tally(&g_live_events, -1);
@@ -175,33 +203,45 @@ int cudaEventRecord(void* e, void* s) {
     misuse("event of device %d recorded on a stream of device %d", fe->device, d);
     return 400;
   }
+  order_event_record(&fe->recorded, agent(s));
   return 0;
 }
 int cudaMalloc(void** p, size_t n) {
-  *p = malloc(n ? n : 1);
+  void* memory = malloc(n ? n : 1);
+  order_allocated(memory, n);
+  *p = memory;
   tally(&g_live_device, 1);
   return 0;
 }
 int cudaFree(void* p) {
   if (p == NULL) return 0;
+  order_forget_allocation(p);
   free(p);
   tally(&g_live_device, -1);
   return 0;
 }
+/* Stream-ordered memory belongs to its stream until other streams are ordered after
+ * the allocation; freeing it is a last write, after every use. */
 int cudaMallocAsync(void** p, size_t n, void* s) {
   if (check_current(s, "cudaMallocAsync")) return 400;
-  return cudaMalloc(p, n);
+  cudaMalloc(p, n);
+  order_on_stream(agent(s), "cudaMallocAsync", NULL, 0, *p, n);
+  return 0;
 }
 int cudaFreeAsync(void* p, void* s) {
   if (check_current(s, "cudaFreeAsync")) return 400;
+  order_on_stream(agent(s), "cudaFreeAsync", NULL, 0, p, order_allocation_size(p));
   return cudaFree(p);
 }
 int cudaMallocHost(void** p, size_t n) {
-  *p = malloc(n ? n : 1);
+  void* memory = malloc(n ? n : 1);
+  order_allocated(memory, n);
+  *p = memory;
   tally(&g_live_host, 1);
   return 0;
 }
 int cudaFreeHost(void* p) {
+  order_forget_allocation(p);
   free(p);
   tally(&g_live_host, -1);
   return 0;
@@ -209,13 +249,29 @@ int cudaFreeHost(void* p) {
 int cudaMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* s) {
   if (check_current(s, "cudaMemcpyAsync")) return 400;
   if (kind < 1 || kind > 4) misuse("cudaMemcpyAsync kind %d", kind);
+  order_on_stream(agent(s), "cudaMemcpyAsync", src, n, dst, n);
   memmove(dst, src, n);
   return 0;
 }
 int cudaMemsetAsync(void* p, int value, size_t n, void* s) {
   if (check_current(s, "cudaMemsetAsync")) return 400;
+  order_on_stream(agent(s), "cudaMemsetAsync", NULL, 0, p, n);
   memset(p, value, n);
   return 0;
+}
+
+/* ---------------------------------------------------------------- for tests
+ * A framework's kernel on `stream` (a producer writing an input, a consumer reading an
+ * output): only its accesses, for the ordering checker; the data is the caller's. */
+int fake_gpu_kernel(void* stream, const void* read, size_t nread, void* write, size_t nwrite) {
+  if (check_current(stream, "fake_gpu_kernel")) return 400;
+  order_on_stream(agent(stream), "the framework's kernel", read, nread, write, nwrite);
+  return 0;
+}
+void fake_gpu_name_stream(void* stream, const char* label) { order_name(agent(stream), label); }
+/* The host reading (or writing) memory, e.g. a result after synchronising its stream. */
+void fake_gpu_host_access(const void* p, size_t n, int write) {
+  order_host_access(write ? "a host write" : "a host read", p, n, write);
 }
 
 /* ---------------------------------------------------------------- NCCL */
@@ -348,6 +404,28 @@ static void reduce(char* out, char** all, size_t count, int t, int op, FakeComm*
   }
 }
 
+static int nccl_version(void) { return env_int("FAKE_NCCL_VERSION", 22305); }
+
+/* How many of `count` elements a one-rank reduction writes. NCCL short-cuts one-rank
+ * communicators: a copy, or for operators that scale (PreMulSum; Average of floats,
+ * which NCCL turns into one) a kernel of bn = min(32, ceil(bytes / 16 KiB)) blocks,
+ * block b covering [b * per, (b + 1) * per) with per = floor(count / bn) rounded up to
+ * whole 16-byte packs. Before NCCL 2.29.7 nothing covers the rest when count does not
+ * split evenly (NVIDIA/nccl#1950: 3 of 4,194,307 float32 elements left unwritten). */
+static size_t one_rank_written(size_t count, int t, int op) {
+  int scales = op >= 5 || (op == kAvg && is_float(t));
+  if (!scales || nccl_version() >= 22907 || count == 0) return count;
+  size_t es = type_size(t), per_pack = 16 / es;
+  size_t blocks = (count * es + (16 << 10) - 1) / (16 << 10);
+  if (blocks > 32) blocks = 32;
+  size_t per = (count / blocks + per_pack - 1) / per_pack * per_pack, end = 0;
+  for (size_t b = 0; b < blocks; ++b) {
+    size_t i1 = (b + 1) * per < count ? (b + 1) * per : count;
+    if (i1 > end) end = i1;
+  }
+  return end;
+}
+
 static int check_comm(FakeComm* c, void* stream, const char* what) {
   if (c == NULL || c->magic != COMM_MAGIC) {
     misuse("%s on %p, not a live communicator", what, (void*)c);
@@ -389,7 +467,7 @@ static void complete_unless_grouped(void) {
   if (t_group_depth == 0) complete();
 }
 
-int ncclGetVersion(int* v) { *v = 22305; return 0; }
+int ncclGetVersion(int* v) { *v = nccl_version(); return 0; }
 const char* ncclGetErrorString(int r) { return r == 0 ? "no error" : "fake NCCL error"; }
 const char* ncclGetLastError(void* comm) { return "(fake NCCL)"; }
 
@@ -489,6 +567,7 @@ int ncclAllReduce(const void* send, void* recv, size_t count, int t, int op, voi
   pthread_mutex_unlock(&g_mu);
   if (fail_after >= 0 && nth > fail_after) return 6; /* ncclRemoteError */
   size_t n = count * type_size(t);
+  order_on_stream(agent(s), "ncclAllReduce", send, n, recv, n);
   char** all = (char**)calloc(c->nranks, sizeof(char*));
   for (int r = 0; r < c->nranks; ++r) {
     all[r] = r == c->rank ? (char*)send : (char*)malloc(n ? n : 1);
@@ -500,7 +579,7 @@ int ncclAllReduce(const void* send, void* recv, size_t count, int t, int op, voi
   complete();
   char* result = (char*)malloc(n ? n : 1);
   reduce(result, all, count, t, op, c);
-  memcpy(recv, result, n);
+  memcpy(recv, result, c->nranks == 1 ? one_rank_written(count, t, op) * type_size(t) : n);
   for (int r = 0; r < c->nranks; ++r)
     if (r != c->rank) free(all[r]);
   free(all);
@@ -513,6 +592,7 @@ int ncclReduce(const void* send, void* recv, size_t count, int t, int op, int ro
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclReduce")) return 4;
   size_t n = count * type_size(t);
+  order_on_stream(agent(s), "ncclReduce", send, n, c->rank == root ? recv : NULL, n);
   if (c->rank != root) {
     isend(c, root, send, n);
     complete();
@@ -527,7 +607,7 @@ int ncclReduce(const void* send, void* recv, size_t count, int t, int op, int ro
   complete();
   char* result = (char*)malloc(n ? n : 1);
   reduce(result, all, count, t, op, c);
-  memcpy(recv, result, n);
+  memcpy(recv, result, c->nranks == 1 ? one_rank_written(count, t, op) * type_size(t) : n);
   for (int r = 0; r < c->nranks; ++r)
     if (r != root) free(all[r]);
   free(all);
@@ -540,6 +620,7 @@ int ncclReduceScatter(const void* send, void* recv, size_t recvcount, int t, int
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclReduceScatter")) return 4;
   size_t es = type_size(t), total = recvcount * c->nranks;
+  order_on_stream(agent(s), "ncclReduceScatter", send, total * es, recv, recvcount * es);
   char* full = (char*)malloc(total * es + 1);
   /* An allreduce of the whole buffer, of which each rank keeps its block. */
   char** all = (char**)calloc(c->nranks, sizeof(char*));
@@ -552,7 +633,8 @@ int ncclReduceScatter(const void* send, void* recv, size_t recvcount, int t, int
   }
   complete();
   reduce(full, all, total, t, op, c);
-  memcpy(recv, full + c->rank * recvcount * es, recvcount * es);
+  size_t written = c->nranks == 1 ? one_rank_written(recvcount, t, op) : recvcount;
+  memcpy(recv, full + c->rank * recvcount * es, written * es);
   for (int r = 0; r < c->nranks; ++r)
     if (r != c->rank) free(all[r]);
   free(all);
@@ -564,6 +646,7 @@ int ncclBroadcast(const void* send, void* recv, size_t count, int t, int root, v
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclBroadcast")) return 4;
   size_t n = count * type_size(t);
+  order_on_stream(agent(s), "ncclBroadcast", c->rank == root ? send : NULL, n, recv, n);
   if (c->rank == root) {
     for (int r = 0; r < c->nranks; ++r)
       if (r != root) isend(c, r, send, n);
@@ -579,6 +662,7 @@ int ncclAllGather(const void* send, void* recv, size_t count, int t, void* comm,
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclAllGather")) return 4;
   size_t n = count * type_size(t);
+  order_on_stream(agent(s), "ncclAllGather", send, n, recv, n * c->nranks);
   for (int r = 0; r < c->nranks; ++r) {
     if (r == c->rank) continue;
     irecv(c, r, (char*)recv + r * n, n);
@@ -592,6 +676,7 @@ int ncclAllGather(const void* send, void* recv, size_t count, int t, void* comm,
 int ncclSend(const void* buf, size_t count, int t, int peer, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclSend")) return 4;
+  order_on_stream(agent(s), "ncclSend", buf, count * type_size(t), NULL, 0);
   isend(c, peer, buf, count * type_size(t));
   complete_unless_grouped();
   return 0;
@@ -600,6 +685,7 @@ int ncclSend(const void* buf, size_t count, int t, int peer, void* comm, void* s
 int ncclRecv(void* buf, size_t count, int t, int peer, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclRecv")) return 4;
+  order_on_stream(agent(s), "ncclRecv", NULL, 0, buf, count * type_size(t));
   irecv(c, peer, buf, count * type_size(t));
   complete_unless_grouped();
   return 0;

@@ -8,7 +8,6 @@ machine without a GPU. Inputs are small integers, so every expected value is exa
 Environment: FAKE_GPU_LIB (the fake, to read its counters); GPU_MODE = nccl (every
 NCCL-expressible batch must use NCCL) or staged (none may); PERSEUS_* as the test sets.
 """
-import ctypes
 import os
 import sys
 
@@ -16,6 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import capi  # noqa: E402
+import fake_gpu  # noqa: E402
 from capi import ALLREDUCE, ALLGATHER, ALLTOALL, BFLOAT16, BROADCAST, REDUCESCATTER  # noqa: E402
 from rank_script import log, main  # noqa: E402
 
@@ -25,19 +25,12 @@ SHAPES = [(), (17,), (3, 4), (0,), (1 << 12,)]
 
 
 def fake_stats():
-    fake = ctypes.CDLL(os.environ["FAKE_GPU_LIB"])  # the same copy the core loaded
-    out = (ctypes.c_long * 8)()
-    fake.fake_gpu_stats(out)
-    fake.fake_gpu_last_misuse.restype = ctypes.c_char_p
-    keys = ["device_buffers", "pinned_buffers", "streams", "events", "comms", "misuses",
-            "comms_created", "nccl_calls"]
-    stats = dict(zip(keys, out))
-    stats["last_misuse"] = fake.fake_gpu_last_misuse().decode()
-    return stats
+    return fake_gpu.stats()
 
 
 def assert_fake_released():
-    """After shutdown: no misuse of the fake GPU, and nothing of it left allocated."""
+    """After shutdown: no misuse of the fake GPU (races included), and nothing of it
+    left allocated."""
     stats = fake_stats()
     log("fake GPU after shutdown:", stats)
     assert stats["misuses"] == 0, stats

@@ -1,0 +1,98 @@
+"""The test side of the fake CUDA runtime and NCCL (tests/gpu_fakes): its counters, its
+streams, and what a framework's kernels would do on them, for the ordering checker.
+
+Only meaningful where FAKE_GPU_LIB names the fake that the core loaded (ctypes gives
+back that same copy); elsewhere lib() is None and every call here does nothing.
+"""
+import ctypes
+import os
+
+_lib = None
+STAT_KEYS = ["device_buffers", "pinned_buffers", "streams", "events", "comms", "misuses",
+             "comms_created", "nccl_calls"]
+
+
+def lib():
+    global _lib
+    path = os.environ.get("FAKE_GPU_LIB")
+    if _lib is None and path:
+        _lib = ctypes.CDLL(path)
+        _lib.fake_gpu_last_misuse.restype = ctypes.c_char_p
+        _lib.fake_gpu_kernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                         ctypes.c_void_p, ctypes.c_size_t]
+        _lib.fake_gpu_host_access.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _lib.fake_gpu_name_stream.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        _lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        _lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
+    return _lib
+
+
+def stats():
+    out = (ctypes.c_long * len(STAT_KEYS))()
+    lib().fake_gpu_stats(out)
+    result = dict(zip(STAT_KEYS, out))
+    result["last_misuse"] = lib().fake_gpu_last_misuse().decode()
+    return result
+
+
+def check_no_misuse(what):
+    """Raises naming the fake's last misuse (a race, say) if there was any."""
+    fake = lib()
+    if fake is None:
+        return
+    found = stats()
+    if found["misuses"]:
+        raise AssertionError("%s: the fake GPU saw %d misuse(s); the last: %s"
+                             % (what, found["misuses"], found["last_misuse"]))
+
+
+class on_device:
+    """Makes `device` current on this thread for the block (the fake checks that
+    stream work is issued on the stream's device, as CUDA requires)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        self.before = ctypes.c_int(0)
+        lib().cudaGetDevice(ctypes.byref(self.before))
+        lib().cudaSetDevice(self.device)
+
+    def __exit__(self, *exc):
+        lib().cudaSetDevice(self.before.value)
+
+
+def new_stream(device, label):
+    """A non-blocking stream of the fake on `device`, named in race reports."""
+    stream = ctypes.c_void_p()
+    with on_device(device):
+        assert lib().cudaStreamCreateWithFlags(ctypes.byref(stream), 1) == 0
+    lib().fake_gpu_name_stream(stream, label.encode())
+    return stream.value
+
+
+def destroy_stream(device, stream):
+    with on_device(device):
+        assert lib().cudaStreamDestroy(stream) == 0
+
+
+def kernel(device, stream, read=(0, 0), write=(0, 0)):
+    """A framework kernel on `stream` reading and writing (address, bytes) ranges."""
+    if lib() is None:
+        return
+    with on_device(device):
+        rc = lib().fake_gpu_kernel(stream, read[0] or None, read[1], write[0] or None, write[1])
+    assert rc == 0, "fake_gpu_kernel failed (%d)" % rc
+
+
+def host_sync(device, stream):
+    """cudaStreamSynchronize(stream): the host learns its work is done."""
+    if lib() is None:
+        return
+    with on_device(device):
+        assert lib().cudaStreamSynchronize(stream) == 0
+
+
+def host_read(address, nbytes):
+    if lib() is not None and nbytes:
+        lib().fake_gpu_host_access(address, nbytes, 0)
