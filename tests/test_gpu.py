@@ -33,11 +33,12 @@ DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64,
 # without "torch" are the core's C ABI tests on a fake CUDA, run by test_gpu_core.py.)
 REUSED = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
           "join", "barrier", "process_sets"]
-GPU_ONLY = ["gpu_torch_collectives", "gpu_torch_ordering", "gpu_torch_training", "gpu_torch_mismatch"]
+GPU_ONLY = ["gpu_torch_collectives", "gpu_torch_ordering", "gpu_torch_sizes", "gpu_torch_training",
+            "gpu_torch_mismatch"]
 NEEDS_TWO_RANKS = {"barrier", "process_sets", "gpu_torch_mismatch"}
 # Where lanes matter: reductions, fusion, ordering across streams, training.
 LANE_SCRIPTS = ["allreduce", "grouped_allreduce", "reducescatter", "gpu_torch_collectives",
-                "gpu_torch_ordering", "gpu_torch_training"]
+                "gpu_torch_ordering", "gpu_torch_sizes", "gpu_torch_training"]
 
 # name -> (ranks, environment, device spec, scripts, GPUs needed)
 CONFIGS = {

@@ -239,9 +239,9 @@ def test_gpu_check_dry_run_shows_the_plan(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script, np", [("gpu_torch_training", 2), ("gpu_torch_ordering", 2),
-                                        ("gpu_torch_collectives", 1)])
+                                        ("gpu_torch_collectives", 1), ("gpu_torch_sizes", 2)])
 def test_gpu_scripts_run_on_the_cpu(run_mpi, script, np):
     """PTEST_GPU=cpu runs the torch CUDA scripts' own logic (helpers, references,
     tolerances) with CPU tensors, so they stay runnable between visits to a GPU machine.
-    (gpu_torch_mismatch needs two device kinds.)"""
-    run_mpi(script, np, env={"PTEST_GPU": "cpu"}, timeout=240)
+    (gpu_torch_mismatch needs two device kinds; gpu_torch_sizes stops at 1 MiB here.)"""
+    run_mpi(script, np, env={"PTEST_GPU": "cpu", "PTEST_SIZES_LARGEST": str(1 << 20)}, timeout=240)

@@ -10,7 +10,6 @@ namespace gpu {
 
 Status NcclAllreduce(const Batch& batch, DeviceContext& ctx) {
   const TensorMeta& head = batch.items.front().meta;
-  const ncclDataType_t type = NcclType(head.dtype);
   const int64_t esize = static_cast<int64_t>(DtypeSize(head.dtype));
   if (ctx.nan_check && IsFloatingDtype(head.dtype))
     PERSEUS_RETURN_IF_ERROR(CheckFiniteOnHost(batch, ctx));
@@ -21,9 +20,8 @@ Status NcclAllreduce(const Batch& batch, DeviceContext& ctx) {
   if (batch.items.size() == 1 && only.entry) {
     const int64_t n = head.NumElements();
     if (n == 0) return Status::OK();  // the same on every rank: the shape is agreed
-    return ctx.Nc(ctx.nccl->AllReduce(only.entry->input, only.entry->output, n, type, op.get(),
-                                      ctx.comm, ctx.stream),
-                  "ncclAllReduce");
+    return AllReduceWhole(ctx, only.entry->input, only.entry->output, n, head.dtype, op,
+                          "ncclAllReduce");
   }
 
   int64_t total = 0;
@@ -42,9 +40,8 @@ Status NcclAllreduce(const Batch& batch, DeviceContext& ctx) {
     }
     offset += bytes;
   }
-  PERSEUS_RETURN_IF_ERROR(ctx.Nc(
-      ctx.nccl->AllReduce(buffer, buffer, total, type, op.get(), ctx.comm, ctx.stream),
-      "ncclAllReduce (fused)"));
+  PERSEUS_RETURN_IF_ERROR(
+      AllReduceWhole(ctx, buffer, buffer, total, head.dtype, op, "ncclAllReduce (fused)"));
   offset = 0;
   for (const BatchItem& item : batch.items) {  // unpack
     const int64_t bytes = item.meta.NumElements() * esize;

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "cuda/nccl_one_rank.h"
 
 namespace perseus {
 namespace gpu {
@@ -38,7 +39,9 @@ ReduceOp::~ReduceOp() {
 
 Status ReduceOp::Create(const TensorMeta& meta, const DeviceContext& ctx) {
   const double scale = meta.prescale * meta.postscale;
-  switch (meta.reduce_op) {
+  const int reduce_op = meta.reduce_op == PERSEUS_AVERAGE && ctx.size == 1 ? PERSEUS_SUM
+                                                                            : meta.reduce_op;
+  switch (reduce_op) {
     case PERSEUS_MIN: op_ = kNcclMin; return Status::OK();
     case PERSEUS_MAX: op_ = kNcclMax; return Status::OK();
     case PERSEUS_PRODUCT: op_ = kNcclProd; return Status::OK();
@@ -60,7 +63,7 @@ Status ReduceOp::Create(const TensorMeta& meta, const DeviceContext& ctx) {
   }
   // Scaled Sum/Average of a floating type (NcclServes): x * pre summed, times post
   // (and 1/size) equals the sum of x * (pre * post / size).
-  const double factor = scale * (meta.reduce_op == PERSEUS_AVERAGE ? 1.0 / ctx.size : 1.0);
+  const double factor = scale * (reduce_op == PERSEUS_AVERAGE ? 1.0 / ctx.size : 1.0);
   union {
     uint16_t half;
     float single;
@@ -79,6 +82,23 @@ Status ReduceOp::Create(const TensorMeta& meta, const DeviceContext& ctx) {
                                                                 kNcclScalarHostImmediate, ctx.comm),
                                  "ncclRedOpCreatePreMulSum"));
   custom_ = &ctx;
+  return Status::OK();
+}
+
+Status AllReduceWhole(const DeviceContext& ctx, const void* in, void* out, int64_t count,
+                      int dtype, const ReduceOp& op, const char* what) {
+  const ncclDataType_t type = NcclType(dtype);
+  const bool split = ctx.size == 1 && op.scales() && ctx.nccl->version < kNcclOneRankFixedVersion;
+  if (!split) return ctx.Nc(ctx.nccl->AllReduce(in, out, count, type, op.get(), ctx.comm, ctx.stream), what);
+  const int64_t esize = static_cast<int64_t>(DtypeSize(dtype));
+  int64_t offset = 0;
+  for (int64_t piece : OneRankPieces(count, esize)) {
+    PERSEUS_RETURN_IF_ERROR(ctx.Nc(ctx.nccl->AllReduce(static_cast<const char*>(in) + offset * esize,
+                                                       static_cast<char*>(out) + offset * esize,
+                                                       piece, type, op.get(), ctx.comm, ctx.stream),
+                                   what));
+    offset += piece;
+  }
   return Status::OK();
 }
 

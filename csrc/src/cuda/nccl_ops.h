@@ -24,8 +24,9 @@ bool NcclServes(const TensorMeta& meta);
 
 // A reduction operator for a batch: ncclSum/Avg/Min/Max/Prod, or for scaled Sum and
 // Average one ncclRedOpCreatePreMulSum op of prescale * postscale (/ size for
-// Average), so that scaling costs no extra pass. Destroyed with the object (allowed
-// once the collectives given it have returned).
+// Average), so that scaling costs no extra pass. Average over one rank is Sum (no
+// kernel at all). Destroyed with the object (allowed once the collectives given it
+// have returned).
 class ReduceOp {
  public:
   ReduceOp() = default;
@@ -34,11 +35,19 @@ class ReduceOp {
   ReduceOp& operator=(const ReduceOp&) = delete;
   Status Create(const TensorMeta& meta, const DeviceContext& ctx);
   ncclRedOp_t get() const { return op_; }
+  // Whether NCCL computes it with a scaling kernel (PreMulSum, or ncclAvg).
+  bool scales() const { return custom_ != nullptr || op_ == kNcclAvg; }
 
  private:
   ncclRedOp_t op_ = kNcclSum;
   const DeviceContext* custom_ = nullptr;  // set when op_ must be destroyed
 };
+
+// ncclAllReduce(in, out, count) on the lane; over one rank with an NCCL that leaves
+// elements out of scaled one-rank reductions (nccl_one_rank.h), in whole pieces.
+// `what` names the call in errors.
+Status AllReduceWhole(const DeviceContext& ctx, const void* in, void* out, int64_t count,
+                      int dtype, const ReduceOp& op, const char* what);
 
 // Runs `batch` (NcclServes its metadata) with NCCL; `results` gets one per item.
 Status RunNcclBatch(const Batch& batch, DeviceContext& ctx, std::vector<Result>* results);

@@ -1,6 +1,7 @@
 // Reducescatter with NCCL. The first dimension is split as the MPI path splits it:
 // as evenly as possible, the first (rows % size) ranks getting one row more. Even
 // splits are one ncclReduceScatter; uneven ones one ncclReduce per rank, grouped.
+// Over one rank it is an allreduce, made whole (AllReduceWhole).
 #include "common/dtype.h"
 #include "cuda/nccl_ops.h"
 
@@ -21,6 +22,8 @@ Status NcclReducescatter(const BatchItem& item, DeviceContext& ctx) {
   const char* in = static_cast<const char*>(entry.input);
   if (rows % ctx.size == 0) {
     if (counts[0] == 0) return Status::OK();
+    if (ctx.size == 1)
+      return AllReduceWhole(ctx, in, entry.output, counts[0], meta.dtype, op, "ncclReduceScatter");
     return ctx.Nc(ctx.nccl->ReduceScatter(in, entry.output, counts[0], type, op.get(), ctx.comm,
                                           ctx.stream),
                   "ncclReduceScatter");
