@@ -35,6 +35,16 @@ def stats():
     return result
 
 
+CALL_KEYS = ["event_records", "stream_waits", "copies", "launches", "nccl", "set_device"]
+
+
+def calls():
+    """The fake's count of the calls that cost host time on a real GPU, by kind."""
+    out = (ctypes.c_long * len(CALL_KEYS))()
+    lib().fake_gpu_calls(out)
+    return dict(zip(CALL_KEYS, out))
+
+
 def check_no_misuse(what):
     """Raises naming the fake's last misuse (a race, say) if there was any."""
     fake = lib()

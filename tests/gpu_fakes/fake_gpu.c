@@ -21,6 +21,10 @@
  * elements unwritten before NCCL 2.29.7, as the real kernel does (one_rank_written);
  * FAKE_NCCL_VERSION (default 22305, i.e. 2.23.5) sets the version reported and modelled.
  *
+ * FAKE_GPU_TIMING=1: a timing mode for measuring the host cost of Perseus's GPU path
+ * (benchmarks/gpu_host_cost.py): copies, memsets and NCCL calls move no data and return
+ * at once, and the ordering checker is off; results are meaningless.
+ *
  * Failure injection (environment): FAKE_CUDA_DEVICES (device count, default 1; 0 = no
  * device); FAKE_NCCL_FAIL_INIT_RANK=<world rank> makes ncclCommInitRank fail there
  * (after the exchange, so nobody hangs); FAKE_NCCL_FAIL_ALLREDUCE_AFTER=<n> makes
@@ -54,6 +58,9 @@ typedef struct { char internal[128]; } ncclUniqueId;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static long g_live_device, g_live_host, g_live_streams, g_live_events, g_live_comms, g_misuse;
 static long g_allreduces, g_comms_created, g_nccl_calls;
+/* Calls that cost host time on a real GPU, by kind (fake_gpu_calls). */
+enum { kCallRecord, kCallWait, kCallCopy, kCallLaunch, kCallNccl, kCallSetDevice, kCallKinds };
+static long g_calls[kCallKinds];
 static char g_misuse_text[512];
 static __thread int t_device = 0;
 static __thread int t_group_depth = 0;
@@ -96,9 +103,23 @@ void fake_gpu_stats(long* out) {
 }
 const char* fake_gpu_last_misuse(void) { return g_misuse_text; }
 
+/* out: cudaEventRecord, cudaStreamWaitEvent, copies and memsets, kernel launches and
+ * batched copies, NCCL data calls, cudaSetDevice: calls made since the process began. */
+void fake_gpu_calls(long* out) {
+  pthread_mutex_lock(&g_mu);
+  for (int k = 0; k < kCallKinds; ++k) out[k] = g_calls[k];
+  pthread_mutex_unlock(&g_mu);
+}
+
 static int env_int(const char* name, int fallback) {
   const char* v = getenv(name);
   return v && *v ? atoi(v) : fallback;
+}
+
+int fake_timing_mode(void) {
+  static int timing = -1;
+  if (timing < 0) timing = env_int("FAKE_GPU_TIMING", 0) == 1;
+  return timing;
 }
 
 /* ---------------------------------------------------------------- CUDA runtime */
@@ -139,6 +160,7 @@ int cudaGetDeviceCount(int* n) {
 }
 int cudaGetDevice(int* d) { *d = t_device; return 0; }
 int cudaSetDevice(int d) {
+  tally(&g_calls[kCallSetDevice], 1);
   if (d < 0 || d >= device_count()) return 101; /* cudaErrorInvalidDevice */
   t_device = d;
   return 0;
@@ -172,6 +194,7 @@ static int host_sync(void* s) {
 int cudaStreamSynchronize(void* s) { return host_sync(s); }
 int cudaStreamQuery(void* s) { return host_sync(s); }
 int cudaStreamWaitEvent(void* s, void* e, unsigned flags) {
+  tally(&g_calls[kCallWait], 1);
   if (stream_device(s) < 0 || ((FakeEvent*)e)->magic != EVENT_MAGIC) return 400;
   order_stream_wait(agent(s), ((FakeEvent*)e)->recorded);
   return 0;
@@ -193,6 +216,7 @@ int cudaEventDestroy(void* e) {
   return 0;
 }
 int cudaEventRecord(void* e, void* s) {
+  tally(&g_calls[kCallRecord], 1);
   FakeEvent* fe = (FakeEvent*)e;
   if (fe->magic != EVENT_MAGIC) {
     misuse("cudaEventRecord of %p, not an event", e);
@@ -247,14 +271,18 @@ int cudaFreeHost(void* p) {
   return 0;
 }
 int cudaMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* s) {
+  tally(&g_calls[kCallCopy], 1);
   if (check_current(s, "cudaMemcpyAsync")) return 400;
   if (kind < 1 || kind > 4) misuse("cudaMemcpyAsync kind %d", kind);
+  if (fake_timing_mode()) return 0;
   order_on_stream(agent(s), "cudaMemcpyAsync", src, n, dst, n);
   memmove(dst, src, n);
   return 0;
 }
 int cudaMemsetAsync(void* p, int value, size_t n, void* s) {
+  tally(&g_calls[kCallCopy], 1);
   if (check_current(s, "cudaMemsetAsync")) return 400;
+  if (fake_timing_mode()) return 0;
   order_on_stream(agent(s), "cudaMemsetAsync", NULL, 0, p, n);
   memset(p, value, n);
   return 0;
@@ -432,6 +460,7 @@ static int check_comm(FakeComm* c, void* stream, const char* what) {
     return 4;
   }
   tally(&g_nccl_calls, 1);
+  tally(&g_calls[kCallNccl], 1);
   int d = stream_device(stream);
   if (d != c->device) {
     misuse("%s: stream of device %d, communicator of device %d", what, d, c->device);
@@ -561,6 +590,7 @@ int ncclRedOpDestroy(int op, void* comm) {
 int ncclAllReduce(const void* send, void* recv, size_t count, int t, int op, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclAllReduce")) return 4;
+  if (fake_timing_mode()) return 0;
   int fail_after = env_int("FAKE_NCCL_FAIL_ALLREDUCE_AFTER", -1);
   pthread_mutex_lock(&g_mu);
   long nth = ++g_allreduces;
@@ -591,6 +621,7 @@ int ncclReduce(const void* send, void* recv, size_t count, int t, int op, int ro
                void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclReduce")) return 4;
+  if (fake_timing_mode()) return 0;
   size_t n = count * type_size(t);
   order_on_stream(agent(s), "ncclReduce", send, n, c->rank == root ? recv : NULL, n);
   if (c->rank != root) {
@@ -619,6 +650,7 @@ int ncclReduceScatter(const void* send, void* recv, size_t recvcount, int t, int
                       void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclReduceScatter")) return 4;
+  if (fake_timing_mode()) return 0;
   size_t es = type_size(t), total = recvcount * c->nranks;
   order_on_stream(agent(s), "ncclReduceScatter", send, total * es, recv, recvcount * es);
   char* full = (char*)malloc(total * es + 1);
@@ -645,6 +677,7 @@ int ncclReduceScatter(const void* send, void* recv, size_t recvcount, int t, int
 int ncclBroadcast(const void* send, void* recv, size_t count, int t, int root, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclBroadcast")) return 4;
+  if (fake_timing_mode()) return 0;
   size_t n = count * type_size(t);
   order_on_stream(agent(s), "ncclBroadcast", c->rank == root ? send : NULL, n, recv, n);
   if (c->rank == root) {
@@ -661,6 +694,7 @@ int ncclBroadcast(const void* send, void* recv, size_t count, int t, int root, v
 int ncclAllGather(const void* send, void* recv, size_t count, int t, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclAllGather")) return 4;
+  if (fake_timing_mode()) return 0;
   size_t n = count * type_size(t);
   order_on_stream(agent(s), "ncclAllGather", send, n, recv, n * c->nranks);
   for (int r = 0; r < c->nranks; ++r) {
@@ -676,6 +710,7 @@ int ncclAllGather(const void* send, void* recv, size_t count, int t, void* comm,
 int ncclSend(const void* buf, size_t count, int t, int peer, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclSend")) return 4;
+  if (fake_timing_mode()) return 0;
   order_on_stream(agent(s), "ncclSend", buf, count * type_size(t), NULL, 0);
   isend(c, peer, buf, count * type_size(t));
   complete_unless_grouped();
@@ -685,6 +720,7 @@ int ncclSend(const void* buf, size_t count, int t, int peer, void* comm, void* s
 int ncclRecv(void* buf, size_t count, int t, int peer, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclRecv")) return 4;
+  if (fake_timing_mode()) return 0;
   order_on_stream(agent(s), "ncclRecv", NULL, 0, buf, count * type_size(t));
   irecv(c, peer, buf, count * type_size(t));
   complete_unless_grouped();

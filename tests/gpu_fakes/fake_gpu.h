@@ -7,6 +7,8 @@
 
 /* Counts a misuse of the fake (a bug in its caller) and prints it. */
 void fake_misuse(const char* fmt, ...);
+/* FAKE_GPU_TIMING=1: no data moves, no ordering checks (fake_gpu.c's header). */
+int fake_timing_mode(void);
 
 /* ---------------------------------------------------------------- ordering checker
  * Vector clocks, as PyTorch's CUDA sanitizer keeps them: every stream and every host
@@ -21,7 +23,8 @@ void fake_misuse(const char* fmt, ...);
  * checker judges the order the program asked for, not the order things happened in,
  * so a missing wait fails every time.
  *
- * FAKE_GPU_ORDER_CHECK=0 turns it off (then every function below does nothing). */
+ * FAKE_GPU_ORDER_CHECK=0, or the timing mode, turns it off (then every function below
+ * does nothing). */
 typedef struct OrderAgent OrderAgent;
 typedef struct OrderSnapshot OrderSnapshot;
 
