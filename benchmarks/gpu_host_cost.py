@@ -18,6 +18,10 @@ one table; under mpirun it measures and rank 0 prints its rows. Rows, in µs per
 (medians over --iters iterations of all 161, the paths interleaved per iteration):
 
   torch, whole        hvd.allreduce_async_ of each tensor, then hvd.synchronize of each
+  torch, gathered     DistributedOptimizer's path: each tensor's packed request reused
+                      (adapter.InplaceAllreduce), gathered up to the core's hold (1 MiB
+                      on a GPU, the fusion threshold on the CPU) per enqueue, one
+                      synchronize_all
   C ABI, per tensor   one perseus_enqueue per tensor (requests packed beforehand), then
                       perseus_wait_all: the core alone
     of which enqueue  the time inside those perseus_enqueue calls
@@ -25,7 +29,7 @@ one table; under mpirun it measures and rank 0 prints its rows. Rows, in µs per
   C ABI, one enqueue  all 161 in one perseus_enqueue (what a gathering front end does)
   torch front end     "torch, whole" minus "C ABI, per tensor"
 
-Then, counted by the fake for one pass of "torch, whole" on the GPU path, the calls that
+Then, counted by the fake for one pass of the torch rows on the GPU path, the calls that
 cost host time on a real GPU, per tensor: event records, stream waits, copies,
 kernel launches, NCCL calls, device switches (on an H100 each costs about 1-5 µs).
 
@@ -54,8 +58,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from resnet50_shapes import RESNET50_SHAPES  # noqa: E402
 
-ROWS = ["torch, whole", "C ABI, per tensor", "  of which enqueue", "  of which after",
-        "C ABI, one enqueue", "torch front end"]
+ROWS = ["torch, whole", "torch, gathered", "C ABI, per tensor", "  of which enqueue",
+        "  of which after", "C ABI, one enqueue", "torch front end"]
 PATHS = ("gpu", "cpu")
 
 
@@ -108,11 +112,13 @@ def drive(args):
     for row in ROWS:
         cells = "".join(" %.1f | %.1f |" % (r[row]["gpu"], r[row]["cpu"]) for r in results.values())
         print("| %s |%s" % (row.strip(), cells))
-    print("\nGPU calls per tensor, one pass of 'torch, whole' (counted by the fake)\n")
-    print("| call |" + "".join(" np=%d |" % np for np in results))
-    print("|---|" + "---:|" * len(results))
+    print("\nGPU calls per tensor, one pass of 'torch, whole' and of 'torch, gathered' "
+          "(counted by the fake)\n")
+    print("| call |" + "".join(" np=%d whole | np=%d gathered |" % (np, np) for np in results))
+    print("|---|" + "---:|---:|" * len(results))
     for kind in next(iter(results.values()))["calls"]:
-        print("| %s |%s" % (kind, "".join(" %.2f |" % r["calls"][kind] for r in results.values())))
+        print("| %s |%s" % (kind, "".join(" %.2f | %.2f |" % (r["calls"][kind], r["calls, gathered"][kind])
+                                         for r in results.values())))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -150,6 +156,8 @@ def measure(args):
     from perseus.common import builder, ops
     from perseus.common import library as lib
     from perseus.common import requests
+    from perseus.common.requests import synchronize_all
+    from perseus.torch import adapter
     from perseus.torch import device as torch_device
     import fake_gpu
 
@@ -198,6 +206,25 @@ def measure(args):
             release(h)
         return total, inside
 
+    inplace = {path: [adapter.InplaceAllreduce("%s.opt.%s" % (path, n), hvd.Sum, 1.0, 1.0,
+                                               hvd.global_process_set) for n in names]
+               for path in PATHS}
+    hold = {path: hvd.global_process_set.hold(gpu=path == "gpu")[0] for path in PATHS}
+
+    def gathered(path):
+        t0 = time.perf_counter()
+        handles, batch, size = [], [], 0
+        for request, tensor, held in zip(inplace[path], tensors[path], data[path]):
+            batch.append((request.prepared(tensor), tensor))
+            size += held.numel() * 4
+            if size >= hold[path]:
+                handles.append(adapter.submit_prepared(batch))
+                batch, size = [], 0
+        if batch:
+            handles.append(adapter.submit_prepared(batch, drive=True))
+        synchronize_all(handles)
+        return time.perf_counter() - t0
+
     def torch_path(path):
         t0 = time.perf_counter()
         hs = [hvd.allreduce_async_(t, name="%s.torch.%s" % (path, n), op=hvd.Sum)
@@ -211,20 +238,23 @@ def measure(args):
     for it in range(args.warmup + args.iters):
         for path in PATHS:
             whole = torch_path(path)
+            gather = gathered(path)
             per, inside = capi(path, True)
             one, _ = capi(path, False)
             if it < args.warmup:
                 continue
             us = 1e6 / count
-            for row, value in ((ROWS[0], whole), (ROWS[1], per), (ROWS[2], inside),
-                               (ROWS[3], per - inside), (ROWS[4], one), (ROWS[5], whole - per)):
+            for row, value in ((ROWS[0], whole), (ROWS[1], gather), (ROWS[2], per),
+                               (ROWS[3], inside), (ROWS[4], per - inside), (ROWS[5], one),
+                               (ROWS[6], whole - per)):
                 samples[row][path].append(value * us)
     medians = {row: {p: statistics.median(v) for p, v in by_path.items()}
                for row, by_path in samples.items()}
-    before = fake_gpu.calls()
-    torch_path("gpu")
-    after = fake_gpu.calls()
-    medians["calls"] = {k: (after[k] - before[k]) / count for k in after}
+    for label, run in (("calls", torch_path), ("calls, gathered", gathered)):
+        before = fake_gpu.calls()
+        run("gpu")
+        after = fake_gpu.calls()
+        medians[label] = {k: (after[k] - before[k]) / count for k in after}
     if hvd.rank() == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(medians, f)

@@ -299,6 +299,14 @@ def test_stream_ordering_on_fake_gpu(run_mpi, fake_gpu, case):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_gpu_calls_per_request_on_fake_gpu(run_mpi, fake_gpu, nprocs):
+    """Shared ready events, one lane wait per producer stream, one consumer wait per
+    batch (tests/mpi/gpu_calls.py)."""
+    run_mpi("gpu_calls", nprocs, env=dict(fake_gpu, GPU_MODE="nccl"), timeout=120)
+
+
+@pytest.mark.mpi
 def test_unloadable_nccl_falls_back_to_host_staging_with_one_warning(fake_gpu):
     from conftest import clean_env, find_mpirun
     env = clean_env(dict(fake_gpu, GPU_MODE="staged", PERSEUS_NCCL_LIB="/nonexistent/nccl",

@@ -3,6 +3,7 @@ tensor becomes (device ordinal, the caller's stream), the stream wait synchroniz
 adds for them (and only for them), the CUDA array interface of core outputs, and the
 arguments join() and DDP take. The GPU work itself: tests/test_gpu.py."""
 import collections
+import ctypes
 
 import pytest
 import torch
@@ -81,7 +82,9 @@ def test_synchronize_waits_on_the_consumer_stream(monkeypatch):
     monkeypatch.setattr(requests, "enqueue", lambda reqs, drive: ((41, 42), None))
     monkeypatch.setattr(requests, "_wait", lambda h, t: 0)
     monkeypatch.setattr(requests, "_release", lambda h: 0)
-    monkeypatch.setattr(requests, "_stream_wait", lambda h, s: waits.append((h, s)) or 0)
+    monkeypatch.setattr(requests, "_stream_wait", lambda h, s: waits.append(((h,), s)) or 0)
+    monkeypatch.setattr(requests, "_stream_wait_many", lambda address, n, s: waits.append(
+        (tuple((ctypes.c_int64 * n).from_address(address)), s)) or 0)
 
     def finish(state, handles):
         waits.append("finish")
@@ -89,10 +92,28 @@ def test_synchronize_waits_on_the_consumer_stream(monkeypatch):
 
     h = requests.submit([None, None], finish, "gpu", consumer_stream=lambda: 0x77)
     assert requests.synchronize(h) == "gpu"
-    assert waits == [(41, 0x77), (42, 0x77), "finish"]  # before the results are touched
+    # One call for both, before the results are touched.
+    assert waits == [((41, 42), 0x77), "finish"]
     waits.clear()
     assert requests.synchronize(requests.submit([None], finish, "cpu")) == "cpu"
     assert waits == ["finish"]  # CPU requests: no stream wait
+
+
+def test_synchronize_all_waits_once_per_consumer_stream(monkeypatch):
+    waits = []
+    handles = iter([(61, 62), (63,), (64,)])
+    monkeypatch.setattr(requests, "enqueue", lambda reqs, drive: (next(handles), None))
+    monkeypatch.setattr(requests, "_wait_many", lambda address, n, timeout, index: 0)
+    monkeypatch.setattr(requests, "_release", lambda h: 0)
+    monkeypatch.setattr(requests, "_stream_wait", lambda h, s: waits.append(((h,), s)) or 0)
+    monkeypatch.setattr(requests, "_stream_wait_many", lambda address, n, s: waits.append(
+        (tuple((ctypes.c_int64 * n).from_address(address)), s)) or 0)
+    finish = lambda state, hs: waits.append(state) or state  # noqa: E731
+    a = requests.submit([None, None], finish, "a", consumer_stream=lambda: 5)
+    b = requests.submit([None], finish, "b", consumer_stream=lambda: 5)
+    c = requests.submit([None], finish, "c")  # CPU: no wait
+    assert requests.synchronize_all([a, b, c]) == ["a", "b", "c"]
+    assert waits == [((61, 62, 63), 5), "a", "b", "c"]
 
 
 def test_failed_gpu_request_is_still_stream_waited(monkeypatch):

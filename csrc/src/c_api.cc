@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/logging.h"
 #include "common/timeline.h"
@@ -377,11 +378,12 @@ perseus_status_t perseus_process_set_size(int32_t id, int32_t* size_out) {
   return s;
 }
 
-perseus_status_t perseus_process_set_cpu_hold(int32_t id, int64_t* bytes_out, double* ms_out) {
+perseus_status_t perseus_process_set_hold(int32_t id, int32_t gpu, int64_t* bytes_out,
+                                          double* ms_out) {
   auto engine = Current();
   if (!engine) return Report(NotInitialized());
-  perseus::CpuHold hold;
-  Status status = engine->ProcessSetCpuHold(id, &hold);
+  perseus::Hold hold;
+  Status status = engine->ProcessSetHold(id, gpu != 0, &hold);
   if (!status.ok()) return Report(status);
   *bytes_out = hold.bytes;
   *ms_out = hold.ms;
@@ -560,6 +562,26 @@ perseus_status_t perseus_stream_wait(int64_t handle, void* stream) {
   Status status = g_handles.DoneEvent(handle, &event);
   if (status.ok()) status = StreamWaitEvent(stream, event);
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_stream_wait_all(const int64_t* handles, int32_t n, void* stream) {
+  Status first;
+  std::vector<std::shared_ptr<void>> events;  // held: a concurrent release cannot recycle them
+  for (int32_t i = 0; i < n; ++i) {
+    std::shared_ptr<void> event;
+    Status status = g_handles.DoneEvent(handles[i], &event);
+    if (!status.ok()) {
+      if (first.ok()) first = status;
+      continue;
+    }
+    if (event && std::find(events.begin(), events.end(), event) == events.end())
+      events.push_back(std::move(event));
+  }
+  for (const auto& event : events) {
+    Status status = StreamWaitEvent(stream, event);
+    if (!status.ok() && first.ok()) first = status;
+  }
+  return first.ok() ? PERSEUS_SUCCESS : Report(first);
 }
 
 perseus_status_t perseus_free_device_buffer(void* data, void* stream) {

@@ -345,9 +345,11 @@ def pack(requests):
 
 
 # Where pack_prebuilt() patches a packed one-request batch: the record's shape,
-# input and output pointers (adjacent in perseus_request_t).
+# input and output pointers (adjacent in perseus_request_t), and its stream.
 _ADDRESSES_AT = 8 + _lib.Request.shape.offset
 _pack_addresses = struct.Struct("@PPP").pack_into
+_STREAM_AT = 8 + _lib.Request.stream.offset
+_pack_stream = struct.Struct("@P").pack_into
 if not (_lib.Request.input.offset == _lib.Request.shape.offset + 8
         and _lib.Request.output.offset == _lib.Request.input.offset + 8):
     raise ImportError("perseus_request_t: shape, input and output are not adjacent")
@@ -359,9 +361,10 @@ class Prebuilt:
     of a gradient, every step). Its name and shape stay in the Prebuilt's own
     buffer; pack_prebuilt() copies only the record and fills in the addresses,
     skipping names, struct layouts and checks. Keep the Prebuilt alive until the
-    requests packed from it complete."""
+    requests packed from it complete. `device` is the request's (ops.CPU_DEVICE or a
+    GPU ordinal)."""
 
-    __slots__ = ("_buf", "_record", "_shape_address")
+    __slots__ = ("_buf", "_record", "_shape_address", "device")
 
     def __init__(self, request):
         if request.name is None:
@@ -370,18 +373,24 @@ class Prebuilt:
         self._buf, _ = pack([request])
         self._record = self._buf[8:8 + _STRIDE].tobytes()
         self._shape_address = struct.unpack_from("@P", self._buf, _ADDRESSES_AT)[0]
+        self.device = request.device
 
 
 def pack_prebuilt(items):
     """(buf, n) as pack() returns it, for a batch of (Prebuilt, input address, output
-    address): one perseus_enqueue for many gradients."""
+    address, stream): one perseus_enqueue for many gradients. stream: the GPU stream
+    that produced the input (0 on CPU, or for the legacy default stream)."""
     n = len(items)
     buf = array.array("B", bytes(8 * n))
     buf.frombytes(b"".join([item[0]._record for item in items]))
     at = _ADDRESSES_AT + (n - 1) * 8  # the first record's shape pointer
-    for prebuilt, input, output in items:
+    stream_at = _STREAM_AT + (n - 1) * 8
+    for prebuilt, input, output, stream in items:
         _pack_addresses(buf, at, prebuilt._shape_address, input, output)
+        if stream:
+            _pack_stream(buf, stream_at, stream)
         at += _STRIDE
+        stream_at += _STRIDE
     return buf, n
 
 

@@ -129,8 +129,8 @@ _SIGNATURES = {
     "perseus_remove_process_set": (_status, [ctypes.c_int32]),
     "perseus_process_set_rank": (_status, [ctypes.c_int32, _i32p]),
     "perseus_process_set_size": (_status, [ctypes.c_int32, _i32p]),
-    "perseus_process_set_cpu_hold": (_status, [ctypes.c_int32, _i64p,
-                                               ctypes.POINTER(ctypes.c_double)]),
+    "perseus_process_set_hold": (_status, [ctypes.c_int32, ctypes.c_int32, _i64p,
+                                           ctypes.POINTER(ctypes.c_double)]),
     "perseus_process_set_ranks": (_status, [ctypes.c_int32, _i32p, ctypes.c_int32, _i32p]),
     # requests. perseus_enqueue's pointers are declared c_void_p (same ABI as
     # const perseus_request_t* / int64_t*) so requests.py can pass the plain integer
@@ -151,6 +151,7 @@ _SIGNATURES = {
     "perseus_gpu_load": (_status, [_i32p, _i32p]),
     "perseus_gpu_describe": (ctypes.c_char_p, []),
     "perseus_stream_wait": (_status, [ctypes.c_int64, ctypes.c_void_p]),
+    "perseus_stream_wait_all": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "perseus_free_device_buffer": (_status, [ctypes.c_void_p, ctypes.c_void_p]),
 }
 
@@ -187,7 +188,7 @@ perseus_add_process_set = _bind("perseus_add_process_set")
 perseus_remove_process_set = _bind("perseus_remove_process_set")
 perseus_process_set_rank = _bind("perseus_process_set_rank")
 perseus_process_set_size = _bind("perseus_process_set_size")
-perseus_process_set_cpu_hold = _bind("perseus_process_set_cpu_hold")
+perseus_process_set_hold = _bind("perseus_process_set_hold")
 perseus_process_set_ranks = _bind("perseus_process_set_ranks")
 perseus_enqueue = _bind("perseus_enqueue")
 perseus_enqueue_and_drive = _bind("perseus_enqueue_and_drive")
@@ -202,6 +203,7 @@ perseus_set_gpu_library_dirs = _bind("perseus_set_gpu_library_dirs")
 perseus_gpu_load = _bind("perseus_gpu_load")
 perseus_gpu_describe = _bind("perseus_gpu_describe")
 perseus_stream_wait = _bind("perseus_stream_wait")
+perseus_stream_wait_all = _bind("perseus_stream_wait_all")
 perseus_free_device_buffer = _bind("perseus_free_device_buffer")
 
 

@@ -73,13 +73,13 @@ class ProcessSet:
             return None
         return self._query(_lib.perseus_process_set_rank)  # raises before init()
 
-    def cpu_hold(self):
-        """(bytes, ms): the core holds this set's CPU requests, while no thread waits,
-        until `bytes` are pending or the oldest is `ms` old (bytes 0: it does not
-        hold). Autotuning changes it."""
+    def hold(self, gpu=False):
+        """(bytes, ms): the core holds this set's CPU requests (GPU ones with gpu=True),
+        while no thread waits, until `bytes` are pending or the oldest is `ms` old
+        (bytes 0: it does not hold). Autotuning changes it."""
         limit, ms = ctypes.c_int64(), ctypes.c_double()
-        _lib.check(_lib.perseus_process_set_cpu_hold(self.process_set_id, ctypes.byref(limit),
-                                                     ctypes.byref(ms)))
+        _lib.check(_lib.perseus_process_set_hold(self.process_set_id, 1 if gpu else 0,
+                                                 ctypes.byref(limit), ctypes.byref(ms)))
         return limit.value, ms.value
 
     def included(self):

@@ -159,13 +159,14 @@ def synchronize(handle):
         entry = None  # see _complete
 
 
-def _complete(entry, failure):
+def _complete(entry, failure, stream_waited=False):
     """The rest of synchronize() once every request of `entry` has completed:
     raises `failure` (or a GPU stream wait's), else returns finish's result; releases
-    the core handles either way."""
+    the core handles either way. stream_waited: the consumer stream has waited for
+    the GPU requests already (synchronize_all waits for all at once)."""
     handles, _, finish, state, consumer_stream = entry
     try:
-        if consumer_stream is not None:  # GPU requests: one check on the CPU path
+        if consumer_stream is not None and not stream_waited:  # GPU requests
             stream_failure = _stream_wait_all(handles, consumer_stream())
             failure = failure or stream_failure
         if failure is not None:
@@ -214,6 +215,7 @@ def synchronize_all(handles):
     failed_at = index.value if failure is not None else len(core)
     if failure is not None and failed_at < 0:
         raise failure  # not a request's failure (bad arguments): nothing consumed
+    stream_failure = _stream_wait_entries(entries, failed_at)
     results = []
     start = 0  # index in `core` of the first request of `entry`
     for k, (handle, entry) in enumerate(entries):
@@ -221,7 +223,8 @@ def synchronize_all(handles):
         count = len(entry[0])
         try:
             if start + count <= failed_at:
-                results.append(_complete(entry, None))
+                gpu_failure = stream_failure if entry[4] is not None else None
+                results.append(_complete(entry, gpu_failure, stream_waited=True))
             else:
                 # The failed request's batch: its later requests are waited for as
                 # synchronize() waits for a whole batch.
@@ -242,14 +245,35 @@ def synchronize_all(handles):
 _stream_wait = _lib.perseus_stream_wait
 
 
+_stream_wait_many = _lib.perseus_stream_wait_all
+
+
 def _stream_wait_all(handles, stream):
     """Makes `stream` wait on the device for every handle's device work (no host
-    wait; a no-op for CPU handles); returns the first failure, or None."""
+    wait; a no-op for CPU handles): one wait per batch the handles ran in. Returns
+    the first failure, or None."""
+    if len(handles) == 1:
+        status = _stream_wait(handles[0], stream)
+    else:
+        core = array.array("q", handles)
+        status = _stream_wait_many(core.buffer_info()[0], len(core), stream)
+    return _lib.error(status) if status else None
+
+
+def _stream_wait_entries(entries, failed_at):
+    """synchronize_all's stream waits for the GPU entries that completed before the
+    failure at index `failed_at` of the flattened handles: one call per consumer
+    stream. Returns the first failure, or None."""
+    by_stream = {}
+    start = 0
+    for _, entry in entries:
+        count = len(entry[0])
+        if entry[4] is not None and start + count <= failed_at:
+            by_stream.setdefault(entry[4](), []).extend(entry[0])
+        start += count
     failure = None
-    for h in handles:
-        status = _stream_wait(h, stream)
-        if status and failure is None:
-            failure = _lib.error(status)
+    for stream, handles in by_stream.items():
+        failure = failure or _stream_wait_all(handles, stream)
     return failure
 
 

@@ -206,11 +206,12 @@ class InplaceAllreduce:
     again and again (DistributedOptimizer: a parameter's gradient, every step).
 
     submit(tensor) reuses the request packed for the previous tensor while the new
-    one has its dtype, shape and device and is a contiguous CPU tensor, refreshing
-    only its address (the per-gradient cost of a training step); otherwise it takes
-    the general path. prepared() and submit_prepared() do the same for many tensors
-    in one enqueue. The tensor is held, not pinned (pin=False above): its owner must
-    not resize it before synchronize()."""
+    one has its dtype, shape and device and is contiguous, refreshing only its
+    address (and, on a GPU, the caller's current stream): the per-gradient cost of a
+    training step; otherwise it takes the general path. prepared() and
+    submit_prepared() do the same for many tensors in one enqueue. The tensor is
+    held, not pinned (pin=False above): its owner must not resize it before
+    synchronize()."""
 
     __slots__ = ("_name", "_op", "_prescale", "_postscale", "_process_set", "_key",
                  "_prebuilt")
@@ -249,15 +250,16 @@ class InplaceAllreduce:
 
     def _prepare(self, tensor, key):
         """Packs the request for tensors like `tensor`; False where the general path
-        must take it (a GPU tensor: its stream is per call; non-contiguous)."""
+        must take it (non-contiguous)."""
         self._key = self._prebuilt = None
         source, code, device = prepare(tensor)  # raises for what the core cannot take
-        if source is not tensor or device != _CPU:
+        if source is not tensor:
             return False
         _check_code(_ALLREDUCE, self._op, code)
         wire = _names(_ALLREDUCE, self._name)[0]
         request = _Request(_ALLREDUCE, _set_id(self._process_set), code, tuple(tensor.shape),
-                           0, 0, wire, self._op, self._prescale, self._postscale)
+                           0, 0, wire, self._op, self._prescale, self._postscale,
+                           device=device)
         self._prebuilt = _builder.Prebuilt(request)
         self._key = key
         return True
@@ -267,16 +269,22 @@ def submit_prepared(items, grouped=True, drive=False):
     """Starts the in-place allreduces of (InplaceAllreduce.prepared(tensor), tensor)
     pairs in one enqueue; returns one handle for all (synchronize() gives the
     tensors as a list, or the tensor when grouped is False). drive=True: the caller
-    waits at once, so this thread runs the engine (requests.enqueue)."""
+    waits at once, so this thread runs the engine (requests.enqueue). GPU tensors go
+    with the caller's current stream, which synchronize() then makes wait."""
     packed, held, placed = [], [], []
+    consumer = None
     for prebuilt, tensor in items:
         address = tensor.data_ptr()
-        packed.append((prebuilt, address, address))
+        stream = 0
+        if prebuilt.device != _CPU:
+            stream = _device.current_stream(prebuilt.device)
+            consumer = _device.consumer(prebuilt.device)
+        packed.append((prebuilt, address, address, stream))
         held.append((prebuilt, tensor, tensor.untyped_storage()))  # what set_() would free
         placed.append((tensor, address))
     return _requests.submit_packed(_builder.pack_prebuilt(packed), _finish_outputs,
                                    (held, [item[1] for item in items], (), grouped, placed),
-                                   drive)
+                                   drive, consumer)
 
 
 # Packed requests of named synchronous allreduce_ calls, by name, op, scales, set,
@@ -292,7 +300,8 @@ def allreduce_now_(tensor, name, op, prescale, postscale, process_set):
     """allreduce_ of one tensor that the caller waits for at once (mpi_ops.allreduce_):
     a contiguous CPU tensor under a name used before with the same settings reuses
     the request packed for it (InplaceAllreduce), about 10 us less a call at 4 KiB;
-    anything else takes the general path."""
+    anything else (GPU tensors too: their first call is rarely repeated in a loop
+    that would gain) takes the general path."""
     if name is not None and tensor.is_cpu and tensor.is_contiguous():
         key = (name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
                tensor.shape)

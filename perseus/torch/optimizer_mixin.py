@@ -4,7 +4,7 @@ _DistributedMixin is placed before the wrapped optimizer's class; it
 - registers a post-accumulate-grad hook on every parameter it updates; the hook
   starts the gradient's in-place allreduce (named after the parameter) as soon as
   autograd has accumulated it, so communication overlaps the rest of backward();
-  CPU gradients are gathered first and enqueued together for as long as the core
+  gradients are gathered first and enqueued together for as long as the core
   would hold them anyway (_gather);
 - with backward_passes_per_step=k, lets k backward passes accumulate locally and
   starts the reduction on the k-th;
@@ -96,7 +96,7 @@ class _DistributedMixin:
         self._handles = {}
         # id(param) -> (scales, its gradient's request packed once: adapter.InplaceAllreduce).
         self._requests = {}
-        # Ungrouped CPU gradients ready but not enqueued yet (_gather): their
+        # Ungrouped gradients ready but not enqueued yet (_gather): their
         # parameters, bytes, and until when and up to how many bytes to gather.
         self._gathered = []
         self._gathered_bytes = 0
@@ -240,18 +240,16 @@ class _DistributedMixin:
             p.grad.copy_(grad)
 
     def _gather(self, p):
-        """Starts p's reduction, or, for a CPU gradient, gathers it to start with the
-        next ones in one enqueue: inside backward(), caches are cold and one
-        enqueue from Python costs 50-80 µs a gradient on a 2-core machine, and the
-        core would hold the requests until then anyway (PERSEUS_HOLD_BYTES and
-        PERSEUS_HOLD_TIME as they stand now, autotuned or not). synchronize()
-        starts what is still gathered."""
-        if not p.is_cpu:
-            self._submit_all([p])
-            return
+        """Starts p's reduction, or gathers it to start with the next ones in one
+        enqueue: inside backward(), caches are cold and one enqueue from Python
+        costs 50-80 µs a gradient on a 2-core machine (a GPU one also records an
+        event per enqueue), and the core would hold the requests until then anyway
+        (PERSEUS_HOLD_BYTES and PERSEUS_HOLD_TIME as they stand now, autotuned or
+        not; for GPU requests 1 MiB by default). synchronize() starts what is still
+        gathered."""
         now = time.perf_counter()
         if not self._gathered:
-            limit, ms = self._process_set.cpu_hold()
+            limit, ms = self._process_set.hold(gpu=not p.is_cpu)
             if limit == 0:
                 self._submit_all([p])
                 return
@@ -290,7 +288,7 @@ class _DistributedMixin:
                 cached = self._requests[id(p)] = (scales, _adapter.InplaceAllreduce(
                     self._parameter_names[id(p)], *scales, self._process_set))
             prebuilt = cached[1].prepared(wire)
-            if prebuilt is None:  # e.g. a GPU gradient: the general path
+            if prebuilt is None:  # e.g. a non-contiguous gradient: the general path
                 self._handles[id(p)] = (p, cached[1].submit_unprepared(wire), (wire, ctx))
             else:
                 packed.append((prebuilt, wire))

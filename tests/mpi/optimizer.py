@@ -130,12 +130,12 @@ def distributed(rank, size, make_opt=sgd, passes=1, clip=None, loss_scale=1.0,
                             k + 1, passes, sum(pending), len(used))
                     # CPU gradients outside groups are gathered exactly while the
                     # core holds (these models are far below its default bytes).
-                    holds = opt._process_set.cpu_hold()[0] > 0
+                    holds = opt._process_set.hold()[0] > 0
                     expect = [p for p in used if p.is_cpu and holds
                               and id(p) not in opt._group_of]
                     assert sorted(map(id, expect)) == sorted(gathered), \
                         "%d gradients gathered, expected %d (hold %s)" % (
-                            len(gathered), len(expect), opt._process_set.cpu_hold())
+                            len(gathered), len(expect), opt._process_set.hold())
                 else:
                     assert not any(pending), "a reduction started before the last pass"
         if clip is not None:

@@ -1,6 +1,6 @@
 """DistributedOptimizer gathers ungrouped CPU gradients and enqueues them together
 exactly while the core would hold them (its PERSEUS_HOLD_BYTES / PERSEUS_HOLD_TIME,
-read with ProcessSet.cpu_hold()). The test runs this script under several holds.
+read with ProcessSet.hold()). The test runs this script under several holds.
 
 The hooks' order is recorded by hooks registered before the optimizer's; the same
 rule is replayed on it (gather; once the gathered bytes reach the hold, enqueue them
@@ -61,7 +61,7 @@ def body():
     x, y = data()
     rows = BATCH // size
     xs, ys = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
-    limit, _ = opt._process_set.cpu_hold()
+    limit, _ = opt._process_set.hold()
     for step in range(STEPS):
         opt.zero_grad()
         order.clear()

@@ -141,11 +141,13 @@ perseus_status_t perseus_remove_process_set(int32_t id);
 /* rank_out = -1 when this process is not a member. */
 perseus_status_t perseus_process_set_rank(int32_t id, int32_t* rank_out);
 perseus_status_t perseus_process_set_size(int32_t id, int32_t* size_out);
-/* While no thread waits, the engine holds the set's CPU requests until bytes_out
- * bytes are pending or the oldest is ms_out old (bytes_out = 0: it does not hold).
- * A front end that gathers requests before enqueueing them (DistributedOptimizer's
- * CPU gradients) gathers no longer than that, so it schedules as the engine would. */
-perseus_status_t perseus_process_set_cpu_hold(int32_t id, int64_t* bytes_out, double* ms_out);
+/* While no thread waits, the engine holds the set's CPU requests (gpu = 0) or GPU
+ * requests (gpu = 1) until bytes_out bytes are pending or the oldest is ms_out old
+ * (bytes_out = 0: it does not hold). A front end that gathers requests before
+ * enqueueing them (DistributedOptimizer's gradients) gathers no longer than that, so
+ * it schedules as the engine would. */
+perseus_status_t perseus_process_set_hold(int32_t id, int32_t gpu, int64_t* bytes_out,
+                                          double* ms_out);
 /* Writes up to `capacity` global ranks of the set; size_out gets the full count. */
 perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* ranks, int32_t capacity,
                                            int32_t* size_out);
@@ -260,6 +262,10 @@ const char* perseus_gpu_describe(void);
  * that failed before is a no-op, as are CPU handles. PERSEUS_INVALID_ARGUMENT while
  * pending or for an unknown handle. */
 perseus_status_t perseus_stream_wait(int64_t handle, void* stream);
+/* perseus_stream_wait for n handles, one cudaStreamWaitEvent per distinct completion
+ * event (the requests of one batch share one). Every handle is looked at; the status
+ * is the first failing handle's (in list order). */
+perseus_status_t perseus_stream_wait_all(const int64_t* handles, int32_t n, void* stream);
 /* Frees a core-allocated device output (GPU allgather/alltoall, from
  * perseus_handle_output) stream-ordered on `stream` (cudaFreeAsync), so a framework
  * tensor viewing it may be dropped while kernels reading it are still queued there.

@@ -34,22 +34,28 @@ void WarmGpu(const GpuSettings& settings) {
   if (LoadCuda(settings.cuda_lib).ok()) DeviceCount(&count);  // the driver starts here, unlocked
 }
 
-Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings) {
+Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings, ReadyEvents* call) {
   int count = 0;
   if (!LoadCuda(settings.cuda_lib).ok() || !DeviceCount(&count).ok())
     return Status::OK();  // no GPU here at all: the lane reports it on every rank
-  const std::string who = "request '" + entry->meta.name + "': ";
   const int device = entry->meta.device;
+  auto who = [&] { return "request '" + entry->meta.name + "': "; };
   if (device >= count)
     return Status::Error(PERSEUS_INVALID_ARGUMENT,
-                         who + "device cuda:" + std::to_string(device) + " does not exist; this " +
-                             "process sees " + std::to_string(count) + " CUDA device(s)");
+                         who() + "device cuda:" + std::to_string(device) + " does not exist; " +
+                             "this process sees " + std::to_string(count) + " CUDA device(s)");
   const int bound = BindDevice(device);
   if (bound != device)
     return Status::Error(PERSEUS_INVALID_ARGUMENT,
-                         who + "the tensor is on cuda:" + std::to_string(device) +
+                         who() + "the tensor is on cuda:" + std::to_string(device) +
                              " but this process already uses cuda:" + std::to_string(bound) +
                              "; Perseus drives one GPU per process");
+  for (const ReadyEvents::Recorded& r : call->recorded) {
+    if (r.device == device && r.stream == entry->stream) {
+      entry->ready_event = r.event;
+      return Status::OK();
+    }
+  }
   Status status;
   DeviceGuard guard(device, &status);
   std::shared_ptr<void> event;
@@ -57,7 +63,8 @@ Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings) {
   if (status.ok())
     status = CudaStatus(Cuda()->EventRecord(AsEvent(event), static_cast<cudaStream_t>(entry->stream)),
                         "cudaEventRecord on the request's stream");
-  if (!status.ok()) return Status::Error(status.code, who + status.message);
+  if (!status.ok()) return Status::Error(status.code, who() + status.message);
+  call->recorded.push_back({device, entry->stream, event});
   entry->ready_event = std::move(event);
   return Status::OK();
 }

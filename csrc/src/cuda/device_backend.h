@@ -29,14 +29,26 @@ struct GpuSettings {
 // Loads the CUDA runtime and asks the device count if not yet (both may take a
 // while the first time: call outside engine locks; the outcomes are kept).
 void WarmGpu(const GpuSettings& settings);
+// The ready events recorded for one enqueue call, by device and stream: the requests
+// of one call on one stream share one event, since it stands for everything queued
+// on that stream so far (161 gradients enqueued together: one cudaEventRecord).
+struct ReadyEvents {
+  struct Recorded {
+    int device;
+    void* stream;
+    std::shared_ptr<void> event;
+  };
+  std::vector<Recorded> recorded;
+};
 // For a GPU request: makes its device current for the call, records a pooled event
 // on its stream (entry->stream; NULL = the legacy default stream) into
-// entry->ready_event, and restores the caller's device. When no GPU can be used at
-// all (runtime missing, no device) it returns OK with no event: the device lane then
-// fails the batch on every rank, naming the cause, instead of this rank failing alone
-// while its peers wait. Errors it returns belong to this request only (a device that
-// does not exist, a second device in one process, a failing cudaEventRecord).
-Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings);
+// entry->ready_event, or reuses the one `call` recorded there already, and restores
+// the caller's device. When no GPU can be used at all (runtime missing, no device) it
+// returns OK with no event: the device lane then fails the batch on every rank,
+// naming the cause, instead of this rank failing alone while its peers wait. Errors
+// it returns belong to this request only (a device that does not exist, a second
+// device in one process, a failing cudaEventRecord).
+Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings, ReadyEvents* call);
 
 // ---- lanes ---------------------------------------------------------------------
 struct DeviceLaneArgs {

@@ -42,6 +42,34 @@ Status ChooseDevice(int count, int* device) {
   return Status::OK();
 }
 
+// The entries whose ready events the lane must wait for: one per producer stream, the
+// one recorded last there. A stream runs in order, so that event covers the earlier
+// ones; handles are made in the order events are recorded (both under the engine's
+// lock at enqueue). cudaStreamPerThread names another stream on each thread: its
+// events are each waited for (once per event: requests of one call share one).
+constexpr uintptr_t kPerThreadStream = 0x2;
+
+Status LastReadyPerStream(const Batch& batch, std::vector<const Entry*>* out) {
+  for (const BatchItem& item : batch.items) {
+    const Entry* entry = item.entry.get();
+    if (entry == nullptr) continue;  // a joined rank's slot
+    if (!entry->ready_event)
+      return Status::Error(PERSEUS_INTERNAL_ERROR, "request '" + item.meta.name + "' has no ready event");
+    const bool per_thread = reinterpret_cast<uintptr_t>(entry->stream) == kPerThreadStream;
+    bool covered = false;
+    for (const Entry*& seen : *out) {
+      if (seen->ready_event == entry->ready_event ||
+          (!per_thread && seen->stream == entry->stream)) {
+        if (entry->handle > seen->handle) seen = entry;
+        covered = true;
+        break;
+      }
+    }
+    if (!covered) out->push_back(entry);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 DeviceLane::DeviceLane(DeviceLaneArgs args)
@@ -190,17 +218,13 @@ Status DeviceLane::Run(const Batch& batch, std::vector<Result>* results) {
       return broken_;
     }
   }
-  // The lane's stream waits on the device for each input's producer.
-  for (const BatchItem& item : batch.items) {
-    if (!item.entry) continue;
-    if (!item.entry->ready_event) {
-      status = Status::Error(PERSEUS_INTERNAL_ERROR,
-                             "request '" + item.meta.name + "' has no ready event");
-      break;
-    }
-    status = ctx.Cu(ctx.cuda.StreamWaitEvent(stream_, AsEvent(item.entry->ready_event), 0),
-                    "cudaStreamWaitEvent (input ready)");
+  // The lane's stream waits on the device for the inputs' producers.
+  std::vector<const Entry*> producers;
+  status = LastReadyPerStream(batch, &producers);
+  for (const Entry* entry : producers) {
     if (!status.ok()) break;
+    status = ctx.Cu(ctx.cuda.StreamWaitEvent(stream_, AsEvent(entry->ready_event), 0),
+                    "cudaStreamWaitEvent (input ready)");
   }
   if (status.ok()) {
     const bool staged = mode_ == Mode::kStaged || !NcclServes(batch.items.front().meta);

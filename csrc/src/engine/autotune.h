@@ -47,13 +47,13 @@ Knobs InitialKnobs(const Config& config, int lanes_made);
 // set with GPU requests pending or not: PERSEUS_HOLD_BYTES with auto resolved.
 int64_t HoldLimit(const Knobs& knobs, bool gpu);
 
-// How CPU requests are held: up to `bytes` (0: not held) for at most `ms`.
-struct CpuHold {
+// How CPU or GPU requests are held: up to `bytes` (0: not held) for at most `ms`.
+struct Hold {
   int64_t bytes = 0;
   double ms = 0;
-  CpuHold() = default;
-  explicit CpuHold(const Knobs& knobs)
-      : bytes(HoldLimit(knobs, false)), ms(bytes ? knobs.hold_time_ms : 0) {}
+  Hold() = default;
+  Hold(const Knobs& knobs, bool gpu)
+      : bytes(HoldLimit(knobs, gpu)), ms(bytes ? knobs.hold_time_ms : 0) {}
 };
 
 // Whether the lane count is tuned (PERSEUS_ALLREDUCE_STREAMS=auto, or autotuning

@@ -153,6 +153,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_requested_) return Status::Error(PERSEUS_SHUT_DOWN, "Perseus is shutting down");
     std::set<std::pair<int, std::string>> batch_names;
+    ReadyEvents ready;  // GPU: one event per stream for the whole call
     for (int i = 0; i < n; ++i) {
       const perseus_request_t& r = requests[i];
       auto it = sets_.find(r.process_set);
@@ -169,7 +170,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       Status status = MakeEntry(r, set->rank, set->size(), &entry);
       // GPU: an event on the caller's stream, which the device lane will wait for.
       if (status.ok() && entry->meta.device != PERSEUS_CPU_DEVICE)
-        status = PrepareGpuEntry(entry.get(), gpu_);
+        status = PrepareGpuEntry(entry.get(), gpu_, &ready);
       if (!status.ok()) return status;
       if (set->in_flight.count(entry->meta.name) ||
           !batch_names.emplace(set->id, entry->meta.name).second)
@@ -430,7 +431,8 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       }
       set->knobs = set->tuner->knobs();
       std::lock_guard<std::mutex> lock(mu_);
-      set->cpu_hold = CpuHold(set->knobs);
+      set->holds[0] = Hold(set->knobs, false);
+      set->holds[1] = Hold(set->knobs, true);
       if (!set->tuner->tuning()) autotune_state_ = set->tuner->State();
     }
     const Knobs& knobs = set->knobs;
@@ -668,12 +670,12 @@ std::string Engine::autotune_state() {
   return autotune_state_;
 }
 
-Status Engine::ProcessSetCpuHold(int id, CpuHold* out) {
+Status Engine::ProcessSetHold(int id, bool gpu, Hold* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);
   if (it == sets_.end())
     return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
-  *out = it->second->cpu_hold;
+  *out = it->second->holds[gpu ? 1 : 0];
   return Status::OK();
 }
 

@@ -54,7 +54,7 @@ class Engine {
   // Copies the set's global ranks and this process's rank in it (-1: not a member).
   Status DescribeProcessSet(int id, std::vector<int>* ranks, int* rank);
   // The set's hold of CPU requests as its knobs stand now (autotuning changes them).
-  Status ProcessSetCpuHold(int id, CpuHold* out);
+  Status ProcessSetHold(int id, bool gpu, Hold* out);
 
   const Topology& topology() const { return topo_; }
   int lanes() const { return lanes_; }

@@ -13,7 +13,8 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
   set->id = id;
   set->ranks = std::move(ranks);
   set->knobs = InitialKnobs(config, lanes);
-  set->cpu_hold = CpuHold(set->knobs);
+  set->holds[0] = Hold(set->knobs, false);
+  set->holds[1] = Hold(set->knobs, true);
   if (comm != MPI_COMM_NULL) {
     MPI_Comm_rank(comm, &set->rank);
     Status status = MpiStatus(MPI_Comm_dup(comm, &set->negotiation_comm), "MPI_Comm_dup");

@@ -46,7 +46,7 @@ struct ProcessSet {
 
   // Guarded by the engine mutex.
   std::unordered_set<std::string> in_flight;  // names submitted and not yet completed
-  CpuHold cpu_hold;  // knobs' hold of CPU requests, for front ends that gather them too
+  Hold holds[2];  // knobs' hold of CPU [0] and GPU [1] requests, for front ends that gather
   bool stopped = false;                       // no more rounds: shut down here or by a peer
   Status stop_status;
 
