@@ -2,8 +2,9 @@
 training on the whole batch (tests/mpi/optimizer.py), and the broadcast helpers
 restoring identical model and optimizer state (tests/mpi/broadcast_state.py), and
 DistributedOptimizer(op=Adasum) against a simulation (tests/mpi/adasum_optimizer.py), and
-DistributedOptimizer's per-parameter request cache (tests/mpi/optimizer_cache.py), and
-its gathering of CPU gradients while the core holds (tests/mpi/optimizer_gather.py). Each
+DistributedOptimizer's per-parameter request cache (tests/mpi/optimizer_cache.py), its
+gradients as bucket views against one request per gradient (tests/mpi/optimizer_views.py),
+and its gathering of CPU gradients while the core holds (tests/mpi/optimizer_gather.py). Each
 script computes its reference on every rank with plain torch; see their docstrings."""
 import pytest
 import torch
@@ -13,7 +14,7 @@ from perseus.torch.compression import Compression
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 NPROCS = [2, 4]
-SCRIPTS = ["optimizer", "optimizer_cache", "broadcast_state", "adasum_optimizer"]
+SCRIPTS = ["optimizer", "optimizer_cache", "optimizer_views", "broadcast_state", "adasum_optimizer"]
 
 
 @pytest.mark.parametrize("nprocs", NPROCS)

@@ -29,6 +29,9 @@ class _AdasumMixin(_DistributedMixin):
         self._starts = {}  # id(p) -> p's value before this step's local update
         self._deltas = {}  # id(p) -> buffer reduced in place
 
+    def _make_buckets(self, wanted):
+        return None  # deltas, not gradients, are reduced: there is no .grad to view
+
     def _scales(self):
         return Adasum, 1.0, 1.0
 

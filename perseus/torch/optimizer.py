@@ -18,11 +18,14 @@ from perseus.torch.optimizer_mixin import _DistributedMixin
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set):
+                         process_set=global_process_set, gradient_as_bucket_view=None):
     """Wraps `optimizer` so that gradients are averaged (op) over the process set.
 
     Returns an instance of a subclass of optimizer's class sharing its param_groups
-    (hyperparameters included) and its state.
+    (hyperparameters included) and its state. gradient_as_bucket_view (a Perseus
+    addition; None: PERSEUS_GRADIENT_AS_BUCKET_VIEW, on by default): gradients
+    reduced one by one become views into bucket buffers reduced in place
+    (grad_buckets.py); False keeps Horovod's one request per gradient.
     """
     check_predivide(op, gradient_predivide_factor)
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
@@ -43,7 +46,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
                   backward_passes_per_step, op, gradient_predivide_factor, groups,
-                  sparse_as_dense, process_set)
+                  sparse_as_dense, process_set, gradient_as_bucket_view)
     # The base __init__ saw only param_groups (which carry the hyperparameters): keep
     # the original's defaults (for add_param_group) and any state it already has.
     wrapped.defaults = optimizer.defaults

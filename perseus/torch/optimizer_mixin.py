@@ -10,6 +10,9 @@ _DistributedMixin is placed before the wrapped optimizer's class; it
   starts the reduction on the k-th;
 - with groups / num_groups, submits a group's gradients together (one grouped
   allreduce) once every gradient of the group is ready;
+- with gradient_as_bucket_view (PERSEUS_GRADIENT_AS_BUCKET_VIEW, on by default),
+  makes the other gradients views into bucket buffers and reduces each bucket in
+  place with one request, so nothing is packed or unpacked (grad_buckets.py);
 - reduces a sparse gradient (nn.Embedding(sparse=True)) as Horovod does, by
   allgathering its indices and values (mpi_ops.sparse_allreduce_async), unless
   sparse_as_dense converts it to a dense one first;
@@ -26,9 +29,11 @@ import warnings
 
 import torch
 
+from perseus.common import basics as _basics
 from perseus.common.requests import synchronize_all
 from perseus.torch import adapter as _adapter
 from perseus.torch.compression import Compression
+from perseus.torch.grad_buckets import GradBuckets
 from perseus.torch.mpi_ops import Sum, sparse_allreduce_async
 
 
@@ -62,7 +67,8 @@ class _DistributedMixin:
     DistributedOptimizer(); overrides step/zero_grad and adds synchronize."""
 
     def __init__(self, param_groups, named_parameters, compression, backward_passes_per_step,
-                 op, gradient_predivide_factor, groups, sparse_as_dense, process_set):
+                 op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
+                 gradient_as_bucket_view=None):
         super().__init__(param_groups)
 
         self._compression = compression if compression is not None else Compression.none
@@ -105,6 +111,8 @@ class _DistributedMixin:
         self._hook_handles = []
         self._synchronized = False
         self._should_synchronize = True
+        self._buckets = self._make_buckets(gradient_as_bucket_view)
+        self._bucket_handles = []  # this step's bucket reductions
         if process_set.size() > 1:
             self._register_hooks()
 
@@ -169,6 +177,17 @@ class _DistributedMixin:
                 result.append(members)
         return result
 
+    def _make_buckets(self, wanted):
+        """GradBuckets for the parameters reduced one by one, or None: with another
+        compression (the wire tensor is a converted copy, so there is no copy to
+        save), or when switched off (wanted False; None: the configuration)."""
+        if wanted is None:
+            wanted = _basics.config().get("PERSEUS_GRADIENT_AS_BUCKET_VIEW", "1") == "1"
+        if not wanted or self._compression is not Compression.none:
+            return None
+        alone = [p for p in self._requires_update if id(p) not in self._group_of]
+        return GradBuckets(alone, self._parameter_names) if alone else None
+
     def _register_hooks(self):
         for p in self._requires_update:
             self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
@@ -187,8 +206,17 @@ class _DistributedMixin:
                     % (self._parameter_names[key], self.backward_passes_per_step))
             self._allreduce_delay[key] -= 1
             if entry is None:
+                if not self._handles and self._buckets is not None:
+                    self._buckets.refresh()  # the step's first gradient: nothing in flight
                 self._handles[key] = (p, None, None)
-            if self._allreduce_delay[key] == 0:
+            if self._buckets is not None and self._buckets.covers(p):
+                # Bound at every pass: later passes accumulate into the view.
+                dense = self._buckets.bind(p)
+                if self._allreduce_delay[key] == 0:
+                    self._bucket_ready(p)
+                    if not dense:
+                        self._gather(p)  # a sparse gradient is reduced alone, as Horovod does
+            elif self._allreduce_delay[key] == 0:
                 self._submit_ready(p)
 
         return hook
@@ -298,6 +326,18 @@ class _DistributedMixin:
             for i, (p, wire_ctx) in enumerate(covered):
                 self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, wire_ctx)
 
+    def _bucket_ready(self, p):
+        """p's slot is final (its gradient, bound to the view, or zeros for a sparse
+        one): starts the bucket once every slot is. The bucket's handle is kept apart;
+        its members are marked as covered (a sparse member has its own handle)."""
+        bucket = self._buckets.mark_ready(p)
+        if bucket is None:
+            return
+        self._bucket_handles.append(self._buckets.submit(bucket, self._scales(), self._process_set))
+        for member, view in zip(bucket.params, bucket.views):
+            if not self._buckets.left(member):
+                self._handles[id(member)] = (member, _IN_GROUP, (view, None))
+
     def _submit_group(self, index):
         members = self._groups[index]
         op, prescale, postscale = self._scales()
@@ -327,15 +367,23 @@ class _DistributedMixin:
         this step, or passes short of backward_passes_per_step), waits for all, and
         writes the reduced gradients into p.grad."""
         ungrouped = []  # gathered ones too (their entries have no handle yet)
+        if self._buckets is not None and not self._handles:
+            self._buckets.refresh()  # no hook ran this step (size 1): lay out now
         for p in self._requires_update:
             entry = self._handles.get(id(p))
             if entry is not None and entry[1] is not None:
                 continue
             index = self._group_of.get(id(p))
-            if index is None:
-                ungrouped.append(p)
-            else:
+            if index is not None:
                 self._submit_group(index)
+            elif self._buckets is not None and self._buckets.covers(p):
+                if self._buckets.is_ready(p):
+                    continue  # its hook ran; the bucket waits for others
+                if not self._buckets.bind(p):
+                    ungrouped.append(p)  # sparse: reduced alone
+                self._bucket_ready(p)
+            else:
+                ungrouped.append(p)
         self._gathered, self._gathered_bytes = [], 0
         if ungrouped:
             self._submit_all(ungrouped, drive=True)
@@ -347,6 +395,7 @@ class _DistributedMixin:
                     sparse[key] = handle
                 elif handle is not _IN_GROUP:
                     dense.append(handle)
+            dense += self._bucket_handles
             # One wait for all dense reductions (a failure raises as synchronize()
             # of its handle would), then the sparse ones, as before.
             synchronize_all(dense)
@@ -360,8 +409,11 @@ class _DistributedMixin:
                     self._apply(p, wire, ctx)
         finally:
             self._handles.clear()
+            self._bucket_handles = []
             self._gathered, self._gathered_bytes = [], 0
             self._group_ready = [set() for _ in self._groups]
+            if self._buckets is not None:
+                self._buckets.reset()
             for key in self._allreduce_delay:
                 self._allreduce_delay[key] = self.backward_passes_per_step
         self._synchronized = True

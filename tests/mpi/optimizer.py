@@ -121,18 +121,23 @@ def distributed(rank, size, make_opt=sgd, passes=1, clip=None, loss_scale=1.0,
                 # The hooks started every reduction during backward() (on the last
                 # pass), or gathered it to start with others while the core holds.
                 gathered = {id(p) for p in opt._gathered}
-                pending = [entry[1] is not None or key in gathered
+                buckets = opt._buckets
+                in_buckets = set() if buckets is None else {
+                    key for b in buckets.buckets for key in b.ready}  # a bucket not yet full
+                pending = [entry[1] is not None or key in gathered or key in in_buckets
                            for key, entry in opt._handles.items()]
                 used = [p for p in model.parameters() if p.grad is not None]
                 if k == passes - 1:
                     assert len(pending) == len(used) and all(pending), \
                         "after backward %d of %d: %d of %d reductions started" % (
                             k + 1, passes, sum(pending), len(used))
-                    # CPU gradients outside groups are gathered exactly while the
-                    # core holds (these models are far below its default bytes).
+                    # CPU gradients outside groups and buckets (gradient views)
+                    # are gathered exactly while the core holds (these models are
+                    # far below its default bytes).
                     holds = opt._process_set.hold()[0] > 0
                     expect = [p for p in used if p.is_cpu and holds
-                              and id(p) not in opt._group_of]
+                              and id(p) not in opt._group_of
+                              and not (buckets and buckets.covers(p) and not buckets.left(p))]
                     assert sorted(map(id, expect)) == sorted(gathered), \
                         "%d gradients gathered, expected %d (hold %s)" % (
                             len(gathered), len(expect), opt._process_set.hold())

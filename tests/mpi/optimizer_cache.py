@@ -9,6 +9,7 @@ whole batch) and compares the weights after every phase:
 - the model moved to float32 mid-training (new dtype: rebuilt);
 - a parameter reshaped mid-training, (3,) -> (1, 3) (new shape: rebuilt);
 - fp16 compression (a new wire tensor every step), backward_passes_per_step=2.
+The phases run with gradients as bucket views (grad_buckets.py) and without.
 Then an in-flight gradient given other memory with `.data =` raises the adapter's
 clear error at synchronize() (the gradient is held, so its old memory is still
 valid while the core writes into it), on every rank.
@@ -80,10 +81,11 @@ def compare(model, ref, tol, what):
         assert worst <= tol, "%s: %s differs from plain torch by %.3g" % (what, name, worst)
 
 
-def phases(rank, size):
+def phases(rank, size, views):
     model, ref = Net(), Net()
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters())
+                               named_parameters=model.named_parameters(),
+                               gradient_as_bucket_view=views)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     rows = BATCH // size
     assert not model.w2.is_contiguous()
@@ -95,7 +97,8 @@ def phases(rank, size):
         train(model, opt, x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows],
               set_to_none)
         train(ref, ref_opt, x, y, set_to_none)
-        compare(model, ref, 1e-12 if dtype == torch.float64 else 1e-5, what)
+        compare(model, ref, 1e-12 if dtype == torch.float64 else 1e-5,
+                "%s (gradient views %s)" % (what, views))
 
 
 def compressed(rank, size):
@@ -115,7 +118,8 @@ def compressed(rank, size):
 def moved_in_flight(rank, size):
     model = Net()
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters())
+                               named_parameters=model.named_parameters(),
+                               gradient_as_bucket_view=False)  # the gathering path
     x, y = data(torch.float64)
     # Gathered by the hooks, not yet enqueued (the core holds CPU requests by
     # default): a gradient moved now is reduced where it is at synchronize().
@@ -141,7 +145,8 @@ def moved_in_flight(rank, size):
 
 def body():
     rank, size = init()
-    phases(rank, size)
+    for views in (False, True):
+        phases(rank, size, views)
     compressed(rank, size)
     moved_in_flight(rank, size)
     hvd.shutdown()

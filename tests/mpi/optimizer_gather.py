@@ -56,7 +56,8 @@ def body():
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(order.append)
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters())
+                               named_parameters=model.named_parameters(),
+                               gradient_as_bucket_view=False)  # gathering is what is tested
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     x, y = data()
     rows = BATCH // size

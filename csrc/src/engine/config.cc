@@ -281,6 +281,10 @@ const std::vector<Variable>& Table() {
        NumberIn(&Config::stall_shutdown_seconds, 0, 1e6)},
       {"PERSEUS_ALLREDUCE_NANCHECK", nullptr, "NaN/Inf check of allreduce inputs", kAgreed,
        Flag(&Config::nan_check)},
+      {"PERSEUS_GRADIENT_AS_BUCKET_VIEW", nullptr,
+       "DistributedOptimizer: gradients are views into per-bucket buffers reduced in place "
+       "(no packing or unpacking in steady state)",
+       kAgreed, Flag(&Config::gradient_as_bucket_view)},
       {"PERSEUS_ALLREDUCE_DTYPE", nullptr, "the dtype float32/float64 allreduce buffers travel and are summed in", kAgreed,
        OneOf(&Config::allreduce_dtype, {"none", "fp16", "bf16"}, {})},
       {"PERSEUS_ALLREDUCE_MODE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "flat or hierarchical allreduce",

@@ -32,6 +32,7 @@ struct Config {
   double stall_check_seconds = 60.0;      // warn about requests waiting this long; 0 = off
   double stall_shutdown_seconds = 0.0;    // stop the process set after this long; 0 = off
   bool nan_check = false;                 // look for NaN/Inf in allreduce inputs
+  bool gradient_as_bucket_view = true;    // DistributedOptimizer: gradients view bucket buffers
   std::string allreduce_dtype = "none";   // on-the-wire compression of float gradients
   std::string allreduce_mode = "flat";    // flat or hierarchical allreduce
   int64_t ranks_per_node = 0;             // simulated nodes of this many ranks; 0 = real nodes

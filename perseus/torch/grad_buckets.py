@@ -1,0 +1,147 @@
+"""Gradients as views into bucket buffers: DistributedOptimizer without packing.
+
+The parameters that DistributedOptimizer reduces one by one (not in `groups`, dense,
+with Compression.none) are laid out in buckets: flat tensors of one dtype and
+device, in reverse order of the parameters (roughly the order backward produces
+their gradients), the first of each kind about 1 MiB and the others about 25 MiB,
+as torch's DDP lays out its own (nn/parallel/reducer.assign_buckets). Each
+parameter's .grad is made a view of its slice of the bucket, and a bucket whose
+gradients are all in is reduced in place with ONE request, so nothing is copied into
+a fusion buffer or back: a bucket of 4 MiB or more runs alone and in place in the
+core (engine/fusion.h). This is PyTorch DDP's gradient_as_bucket_view.
+
+When a gradient is not the view (the first backward; after zero_grad(set_to_none=
+True), torch's default, or after a script assigned .grad) it is copied into the
+view once, and .grad is bound to the view again; with zero_grad(set_to_none=False)
+gradients stay views and nothing is copied at all. Autograd accumulates into an
+existing .grad in place, so backward_passes_per_step > 1 accumulates in the bucket.
+Results are those of reducing each gradient alone: the same elements, the same
+operation and scale factors, element by element.
+
+A parameter whose gradient turns out to be sparse leaves the buckets for good
+(they are laid out again, the same way on every rank, after the step). The layout
+is made at the first gradient and again when a parameter's dtype, device or shape
+changes; PERSEUS_GRADIENT_AS_BUCKET_VIEW=0 (or DistributedOptimizer(...,
+gradient_as_bucket_view=False)) turns the whole mode off.
+"""
+
+import torch
+
+from perseus.torch import adapter as _adapter
+from perseus.torch.nn.parallel.reducer import assign_buckets
+
+BUCKET_BYTES = 25 << 20
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+class _Bucket:
+    __slots__ = ("index", "name", "params", "flat", "views", "ready", "request")
+
+    def __init__(self, index, name, params):
+        self.index = index
+        self.name = name
+        self.params = params
+        numel = sum(p.numel() for p in params)
+        self.flat = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
+        self.views = []
+        offset = 0
+        for p in params:
+            self.views.append(self.flat[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        self.ready = set()
+        self.request = None  # (scales, adapter.InplaceAllreduce) for self.flat
+
+
+class GradBuckets:
+    """The buckets of one optimizer. `params`: the candidates, in the optimizer's
+    order; `names`: id(param) -> name (requests are named after a bucket's first and
+    last parameters, the same on every rank)."""
+
+    def __init__(self, params, names):
+        self._candidates = list(params)
+        self._names = names
+        self._excluded = set()  # ids of parameters whose gradients were sparse
+        self._stale = True
+        self.buckets = []
+        self._slot = {}  # id(param) -> (bucket, view)
+        self._layout = None
+
+    # ---- layout -----------------------------------------------------------------
+
+    def _layout_of(self, params):
+        return [(p.dtype, p.device, tuple(p.shape)) for p in params]
+
+    def _lay_out(self):
+        params = [p for p in self._candidates if id(p) not in self._excluded]
+        self.buckets, self._slot = [], {}
+        for k, members in enumerate(assign_buckets(params, BUCKET_BYTES, FIRST_BUCKET_BYTES)):
+            chosen = [params[i] for i in members]
+            name = "bucket%d[%s..%s]" % (k, self._names[id(chosen[0])], self._names[id(chosen[-1])])
+            bucket = _Bucket(k, name, chosen)
+            self.buckets.append(bucket)
+            for p, view in zip(chosen, bucket.views):
+                self._slot[id(p)] = (bucket, view)
+        self._layout = self._layout_of(self._candidates)
+        self._stale = False
+
+    def refresh(self):
+        """Lays the buckets out again if they are stale or a parameter changed. Call
+        only when no bucket is in flight (between steps)."""
+        if self._stale or self._layout != self._layout_of(self._candidates):
+            self._lay_out()
+
+    def covers(self, p):
+        return id(p) in self._slot
+
+    # ---- one step ---------------------------------------------------------------
+
+    def bind(self, p):
+        """Makes p.grad its view, copying a gradient that is not (zeros for none).
+        False when the gradient is sparse: p then leaves the buckets at the next
+        refresh() and its slot reduces zeros this step."""
+        bucket, view = self._slot[id(p)]
+        grad = p.grad
+        if grad is None:
+            view.zero_()
+        elif grad.layout is not torch.strided:
+            self._excluded.add(id(p))
+            self._stale = True
+            view.zero_()
+            return False
+        elif grad.data_ptr() != view.data_ptr() or grad.shape != view.shape:
+            view.copy_(grad)
+        else:
+            return True  # already the view: nothing to do
+        p.grad = view
+        return True
+
+    def is_ready(self, p):
+        bucket, _ = self._slot[id(p)]
+        return id(p) in bucket.ready
+
+    def mark_ready(self, p):
+        """p's gradient is final for this step; returns its bucket once all of the
+        bucket's gradients are."""
+        bucket, _ = self._slot[id(p)]
+        bucket.ready.add(id(p))
+        return bucket if len(bucket.ready) == len(bucket.params) else None
+
+    def submit(self, bucket, scales, process_set, drive=False):
+        """Starts the bucket's in-place allreduce; returns its handle."""
+        if bucket.request is None or bucket.request[0] != scales:
+            bucket.request = (scales, _adapter.InplaceAllreduce(bucket.name, *scales, process_set))
+        request = bucket.request[1]
+        prebuilt = request.prepared(bucket.flat)
+        bucket.ready = set()
+        if prebuilt is None:
+            return request.submit_unprepared(bucket.flat)
+        return _adapter.submit_prepared(((prebuilt, bucket.flat),), grouped=False, drive=drive)
+
+    def left(self, p):
+        """Whether p's gradient turned out sparse (it leaves at the next refresh())."""
+        return id(p) in self._excluded
+
+    def reset(self):
+        """Forgets the readiness of an aborted step."""
+        for bucket in self.buckets:
+            bucket.ready = set()
