@@ -20,6 +20,12 @@ def _touch(path):
     open(path, "w").close()
 
 
+def _write_program(path, body):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
 @pytest.fixture
 def site(tmp_path):
     """A fake site-packages with torch and the nvidia wheels of CUDA 12 and 13."""
@@ -233,6 +239,32 @@ def test_gpu_check_dry_run_shows_the_plan(tmp_path):
         assert "would run (test_%s," % config in out, config
     assert "would run (gpu_bench," in out and "dry run done" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wheels"], "the dry run created files"
+
+
+# ---------------------------------------------------------------- the test harness
+
+def test_clean_env_passes_on_the_chosen_mpi_settings(monkeypatch):
+    chosen = {"OMPI_MCA_plm_rsh_agent": "/usr/bin/false", "MPI4PY_LIBMPI": "/usr/lib/libmpi.so.40"}
+    leaks = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_MCA_orte_hnp_uri": "x", "PMI_RANK": "1", "PMIX_RANK": "1",
+             "HYDRA_CONTROL_FD": "3", "PERSEUS_FUSION_THRESHOLD": "0"}
+    for name, value in dict(chosen, **leaks).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("PERSEUS_KEEP_ENV", raising=False)
+    assert "OMPI_MCA_plm_rsh_agent" not in clean_env()  # only what is named passes
+    monkeypatch.setenv("PERSEUS_KEEP_ENV", " ".join(chosen))
+    env = clean_env()
+    assert {name: env.get(name) for name in chosen} == chosen
+    assert not set(leaks) & set(env)
+
+
+def test_find_mpirun_follows_perseus_mpirun(tmp_path, monkeypatch):
+    from conftest import find_mpirun
+    chosen = tmp_path / "usr" / "bin" / "mpirun"
+    _write_program(chosen, "exit 1")
+    monkeypatch.setenv("PERSEUS_MPIRUN", str(chosen))
+    assert find_mpirun() == str(chosen)
+    monkeypatch.delenv("PERSEUS_MPIRUN")
+    assert find_mpirun() != str(chosen)
 
 
 @needs_no_cuda
