@@ -234,11 +234,7 @@ step check_build 60 "$VENV/bin/perseusrun" --check-build
 [ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log")" '```' ""
 
 PYTEST=("$VPY" -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py)
-if [ "$DRY_RUN" = 1 ]; then
-  CONFIGS=$("$VPY" scripts/gpu_check_info.py configs 2>/dev/null || echo "(tests/test_gpu.py CONFIGS)")
-else
-  CONFIGS=$("$VPY" scripts/gpu_check_info.py configs)
-fi
+CONFIGS=$("$VPY" scripts/gpu_check_info.py configs)
 report "## tests/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
 RESERVE_S=100  # the benchmark runs after the tests
 for config in inproc $CONFIGS; do
