@@ -22,7 +22,7 @@
 #      numpy, setuptools, mpi4py, the MPICH wheel if chosen) from wheels/ only: the wheels
 #      are fetched beforehand on a machine with a registry (--print-download);
 #   4. builds Perseus with the chosen mpicxx (pip install --no-build-isolation -e .) and
-#      checks that libperseus and mpi4py load one libmpi;
+#      checks that libperseus and mpi4py load one libmpi, the one that mpicxx links;
 #   5. runs perseusrun --check-build, tests/test_gpu.py once per configuration (in this
 #      process; NCCL np=1 with 1, 2, 4 lanes; host-staged np=2 sharing the GPU; NCCL np=2
 #      if two GPUs), and benchmarks/gpu_bench.py under perseusrun -np 1;
@@ -233,15 +233,15 @@ step build 300 "$VPY" -m pip install -v --disable-pip-version-check \
   --no-build-isolation --no-deps --no-index -e . || {
   report "## Build failed" "" '```text' "$(tail -40 "$LOGS/build.log")" '```'
   say "build failed: see $LOGS/build.log and $REPORT"; exit "$EXIT_FAILED"; }
-if [ "$DRY_RUN" = 0 ] && ! "$VPY" scripts/gpu_check_info.py same-mpi >/dev/null 2>&1 \
+if [ "$DRY_RUN" = 0 ] && ! "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX" >/dev/null 2>&1 \
     && compgen -G "$WHEELS/mpi4py-*.whl" >/dev/null; then
   # An mpi4py older than 4 is built for one MPI; the wheel's loads $MPI4PY_LIBMPI.
   say "not one MPI yet: installing the mpi4py wheel into $VENV, in case the machine's mpi4py is built for another"
   "$VPY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
     --force-reinstall --no-deps mpi4py
 fi
-step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi
-[ "$DRY_RUN" = 1 ] || report "## Same MPI for mpi4py and libperseus" "" '```text' "$(cat "$LOGS/same_mpi.log")" '```' ""
+step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX"
+[ "$DRY_RUN" = 1 ] || report "## One MPI: libperseus, mpi4py and $MPICXX" "" '```text' "$(cat "$LOGS/same_mpi.log")" '```' ""
 
 # ---------------------------------------------------------------- 5. check-build, tests, benchmark
 step check_build 60 "$VENV/bin/perseusrun" --check-build

@@ -392,6 +392,7 @@ def test_gpu_check_dry_run_shows_the_steps(machine, tmp_path):
     assert "has what the build and the tests need" in out
     assert not [line for line in out.splitlines() if "would run" in line and "mpich" in line]  # no MPICH
     assert "-m pip install -v --disable-pip-version-check --no-build-isolation --no-deps --no-index -e ." in out
+    assert "scripts/gpu_check_info.py same-mpi %s" % (machine.usr / "bin" / "mpicxx") in out
     from test_gpu import CONFIGS
     for config in ["inproc"] + list(CONFIGS):
         assert "would run (test_%s," % config in out, config
@@ -420,7 +421,7 @@ def test_make_venv_sees_the_base_venvs_packages(machine, tmp_path):
     assert subprocess.run([venv_python, "-m", "pip", "--version"], capture_output=True).returncode == 0
 
 
-# ---------------------------------------------------------------- the test harness
+# ---------------------------------------------------------------- the test harness and same-mpi
 
 def test_clean_env_passes_on_the_chosen_mpi_settings(monkeypatch):
     chosen = {"OMPI_MCA_plm_rsh_agent": "/usr/bin/false", "MPI4PY_LIBMPI": "/usr/lib/libmpi.so.40"}
@@ -444,6 +445,45 @@ def test_find_mpirun_follows_perseus_mpirun(tmp_path, monkeypatch):
     assert find_mpirun() == str(chosen)
     monkeypatch.delenv("PERSEUS_MPIRUN")
     assert find_mpirun() != str(chosen)
+
+
+def _same_mpi(mpicxx):
+    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "gpu_check_info.py"), "same-mpi",
+                           str(mpicxx)], cwd=str(REPO_ROOT), env=clean_env(), capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_same_mpi_fails_on_headers_of_another_mpi(machine, tmp_path):
+    """libperseus (built here with the venv's MPICH) against the wrapper of another MPI:
+    one libmpi file is mapped, and still it is a mix, as on the GPU machine."""
+    ours = os.path.join(os.path.dirname(sys.executable), "mpicxx")
+    res = _same_mpi(ours)
+    assert res.returncode == 0 and res.stdout.strip().endswith("PASS"), res.stdout + res.stderr
+    # A real ELF with Open MPI's soname behind the fake Open MPI's libmpi.so.
+    stub = tmp_path / "stub.c"
+    stub.write_text("int MPI_Init(void) { return 0; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libmpi.so.40", "-o", str(machine.libmpi), str(stub)],
+                   check=True)
+    res = _same_mpi(machine.usr / "bin" / "mpicxx")
+    assert res.returncode == 1, res.stdout + res.stderr
+    needed = [line for line in res.stdout.splitlines() if line.startswith("FAIL: libperseus needs")]
+    assert needed == ["FAIL: libperseus needs libmpi.so.12, but the wrapper it is built with, %s, links "
+                      "libmpi.so.40 (%s): its MPI headers and the libmpi it loads are of two MPIs"
+                      % (machine.usr / "bin" / "mpicxx", machine.libmpi)], res.stdout
+
+
+def test_same_mpi_reports_check_mpi_library(monkeypatch, capsys):
+    """Where libperseus can tell its headers from its library (check_mpi_library), a
+    mismatch it raises is a FAIL, in its words."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    import gpu_check_info
+    from perseus.common import library
+
+    def mismatch():
+        raise RuntimeError("compiled against MPICH 5.0.2, loaded Open MPI v4.1.6")
+    monkeypatch.setattr(library, "check_mpi_library", mismatch, raising=False)
+    assert gpu_check_info.same_mpi(os.path.join(os.path.dirname(sys.executable), "mpicxx")) == 1
+    assert "FAIL: check_mpi_library: compiled against MPICH 5.0.2, loaded Open MPI v4.1.6" in capsys.readouterr().out
 
 
 @needs_no_cuda
