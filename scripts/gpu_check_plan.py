@@ -84,23 +84,25 @@ def venv_lines():
 
 
 def make_venv(path):
+    import importlib.util
     import venv
     system = not base_is_venv()
-    try:
-        venv.EnvBuilder(system_site_packages=system, with_pip=True).create(path)
-    except subprocess.CalledProcessError:  # no ensurepip (e.g. Debian without python3-venv)
-        print("ensurepip failed: %s made without pip (the base's pip, if any, serves it)" % path)
-        venv.EnvBuilder(system_site_packages=system, with_pip=False, clear=True).create(path)
-    python = os.path.join(path, "bin", "python")
+    # Where this Python has pip, the venv sees it and uses it (pip installs into the
+    # Python that runs it). ensurepip would add a pip, and on Python < 3.12 a setuptools
+    # older than this Python's, which the venv's own copy would then shadow.
+    with_pip = importlib.util.find_spec("pip") is None
+    venv.EnvBuilder(system_site_packages=system, with_pip=with_pip).create(path)
+    print("made %s%s; pip: %s" % (path, " with --system-site-packages" if system else "",
+                                  "its own (ensurepip)" if with_pip else "%s's" % sys.executable))
     if system:
-        print("made %s with --system-site-packages" % path)
         return 0
+    python = os.path.join(path, "bin", "python")
     purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     dirs = site_dirs()
     with open(os.path.join(purelib, PTH_NAME), "w") as f:
         f.write("".join(d + "\n" for d in dirs))
-    print("made %s; %s names %s" % (path, os.path.join(purelib, PTH_NAME), ", ".join(dirs)))
+    print("%s names %s" % (os.path.join(purelib, PTH_NAME), ", ".join(dirs)))
     return 0
 
 

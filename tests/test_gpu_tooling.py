@@ -418,7 +418,10 @@ def test_make_venv_sees_the_base_venvs_packages(machine, tmp_path):
     code = "import torch, shadowed; print(torch.cuda.get_device_name(0)); print(shadowed.WHERE)"
     out = subprocess.run([venv_python, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[:2] == ["NVIDIA H100 80GB HBM3", _purelib(venv_python)]  # the venv's own copy wins
-    assert subprocess.run([venv_python, "-m", "pip", "--version"], capture_output=True).returncode == 0
+    # pip and setuptools are the base's: no older copies of its own (ensurepip) shadow them.
+    code = "import pip, setuptools; print(pip.__file__); print(setuptools.__file__)"
+    out = subprocess.run([venv_python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert [path.startswith(_purelib(sys.executable)) for path in out] == [True, True], out
 
 
 # ---------------------------------------------------------------- the test harness and same-mpi
