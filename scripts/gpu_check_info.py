@@ -64,10 +64,16 @@ def versions():
     return 0
 
 
+def is_libmpi(name):
+    """libmpi.so.40 (Open MPI), libmpi.so.12 or libmpich.so.12 (Debian's MPICH); not the
+    C++ bindings (libmpi_cxx) nor MPICH's ABI library (libmpi_abi)."""
+    return re.match(r"libmpi(ch)?\.so(\.\d+)*$", os.path.basename(name)) is not None
+
+
 def mapped_mpi_libraries():
     with open("/proc/self/maps") as f:
         paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
-    return sorted({os.path.realpath(p) for p in paths if os.path.basename(p).startswith("libmpi.so")})
+    return sorted({os.path.realpath(p) for p in paths if is_libmpi(p)})
 
 
 def dynamic_entries(path, tag):
@@ -111,7 +117,7 @@ def same_mpi(mpicxx):
     except PlanError as e:
         problems.append(str(e))
     else:
-        needed = [n for n in dynamic_entries(library.LIBRARY_PATH, "NEEDED") if n.startswith("libmpi")]
+        needed = [n for n in dynamic_entries(library.LIBRARY_PATH, "NEEDED") if is_libmpi(n)]
         print("%s links %s (%s); libperseus needs %s" % (mpicxx, expected, soname(expected), ", ".join(needed)))
         if needed != [soname(expected)]:
             problems.append("libperseus needs %s, but the wrapper it is built with, %s, links %s (%s): its "

@@ -475,6 +475,15 @@ def test_same_mpi_fails_on_headers_of_another_mpi(machine, tmp_path):
                       % (machine.usr / "bin" / "mpicxx", machine.libmpi)], res.stdout
 
 
+def test_same_mpi_counts_libmpi_not_its_bindings(monkeypatch):
+    # Open MPI's mpicxx links libmpi_cxx.so.40 too (seen running gpu_check against it).
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    from gpu_check_info import is_libmpi
+    names = ["libmpi.so.40", "/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4", "libmpi.so.12", "libmpich.so.12",
+             "libmpi.so", "libmpi_cxx.so.40", "libmpi_abi.so.1", "libmpi_mpifh.so.40", "libmpix.so"]
+    assert [is_libmpi(n) for n in names] == [True] * 5 + [False] * 4
+
+
 def test_same_mpi_reports_check_mpi_library(monkeypatch, capsys):
     """Where libperseus can tell its headers from its library (check_mpi_library), a
     mismatch it raises is a FAIL, in its words."""
