@@ -144,7 +144,8 @@ export PATH="$VENV/bin:$PATH"
 
 if [ "$REMOVE_VENV_MPICH" = 1 ]; then
   say "removing the MPICH wheel from $VENV: $MPI_FLAVOUR from $MPICXX is the one MPI here"
-  act "$VPY" -m pip uninstall -y -q --disable-pip-version-check mpich || stop "$EXIT_SETUP" "could not remove mpich from $VENV"
+  act "$VPY" -m pip uninstall -y -q --disable-pip-version-check mpich \
+    || stop "$EXIT_SETUP" "could not remove mpich from $VENV"
 fi
 if [ "$INSTALL_MPICH" = 1 ]; then
   # --ignore-installed: a copy in the venv even where the base Python has one, so that

@@ -253,7 +253,7 @@ def plan(venv, wheels, environ):
         ("MPI_SOURCE", mpi["source"]), ("MPI_FLAVOUR", mpi["flavour"]), ("MPICXX", mpi["mpicxx"]),
         ("MPIRUN", mpi["mpirun"]), ("INSTALL_MPICH", int(mpi["install"])))]
     venv_mpicxx = os.path.join(venv, "bin", "mpicxx")
-    if mpi["source"] not in ("venv", "wheel") and os.path.exists(venv_mpicxx):
+    if os.path.exists(venv_mpicxx) and not os.path.samefile(venv_mpicxx, mpi["mpicxx"]):
         lines += ["# the venv holds the MPICH wheel of an earlier run: removed, so no second MPI is found",
                   "REMOVE_VENV_MPICH=1"]
     else:

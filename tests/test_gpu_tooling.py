@@ -256,6 +256,11 @@ printf 'mpirun (Open MPI) 4.1.6\\n\\nReport bugs to http://www.open-mpi.org/comm
 }
 
 
+def _fake_openmpi(bin_dir, lib_dir):
+    for name, body in FAKE_OPENMPI.items():
+        _write_program(bin_dir / name, body.replace("{lib}", str(lib_dir)))
+
+
 def _purelib(python):
     return subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
@@ -280,8 +285,7 @@ def machine(tmp_path):
     _touch(str(m.libmpi))
     os.makedirs(str(m.usr / "lib" / "openmpi" / "lib"))
     os.symlink("../../libmpi.so.40.30.6", str(m.usr / "lib" / "openmpi" / "lib" / "libmpi.so"))
-    for name, body in FAKE_OPENMPI.items():
-        _write_program(m.usr / "bin" / name, body.replace("{lib}", str(m.usr / "lib" / "openmpi" / "lib")))
+    _fake_openmpi(m.usr / "bin", m.usr / "lib" / "openmpi" / "lib")
     m.tools = tmp_path / "tools"
     m.tools.mkdir()
     for folder in os.environ["PATH"].split(os.pathsep):
@@ -374,6 +378,19 @@ def test_gpu_check_plan_names_no_mpi_it_cannot_use(machine, tmp_path):
     assert (plan["MPI_SOURCE"], plan["MPIRUN"]) == ("PERSEUS_MPICXX", str(machine.usr / "bin" / "mpirun.openmpi"))
 
 
+def test_gpu_check_plan_removes_an_mpich_it_did_not_choose(machine, tmp_path):
+    # The venv of an earlier run holds MPICH (mpicxx, mpirun and libmpi in VENV): with a
+    # system MPI chosen, it goes, or mpi4py and PATH would find a second MPI.
+    _fake_openmpi(machine.venv / "bin", machine.usr / "lib" / "openmpi" / "lib")  # stand-ins: they are there
+    python = machine.base / "bin" / "python"
+    plan = _plan(_gpu_check(tmp_path, "--plan", python=python, env={"PATH": machine.path}).stdout)
+    assert (plan["MPI_SOURCE"], plan["REMOVE_VENV_MPICH"]) == ("system", "1")
+    # Chosen by name, the venv's own MPI stays.
+    plan = _plan(_gpu_check(tmp_path, "--plan", python=python, env={
+        "PATH": machine.path, "PERSEUS_MPICXX": str(machine.venv / "bin" / "mpicxx")}).stdout)
+    assert (plan["MPI_SOURCE"], plan["REMOVE_VENV_MPICH"]) == ("PERSEUS_MPICXX", "0")
+
+
 def test_gpu_check_plan_for_a_python_that_is_no_venv(machine, tmp_path):
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     res = _gpu_check(tmp_path, "--plan", python=base,
@@ -408,8 +425,8 @@ def test_make_venv_sees_the_base_venvs_packages(machine, tmp_path):
     old = tmp_path / "system-site-packages"
     subprocess.run([python, "-m", "venv", "--without-pip", "--system-site-packages", str(old)], check=True)
     assert subprocess.run([str(old / "bin" / "python"), "-c", "import torch"], capture_output=True).returncode != 0
-    res = subprocess.run([python, str(REPO_ROOT / "scripts" / "gpu_check_plan.py"), "make-venv", str(machine.venv)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run([python, str(REPO_ROOT / "scripts" / "gpu_check_plan.py"), "make-venv",
+                          str(machine.venv)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     venv_python = str(machine.venv / "bin" / "python")
     for name, where in (("shadowed", machine.base_site), ("shadowed", _purelib(venv_python))):
@@ -495,7 +512,8 @@ def test_same_mpi_reports_check_mpi_library(monkeypatch, capsys):
         raise RuntimeError("compiled against MPICH 5.0.2, loaded Open MPI v4.1.6")
     monkeypatch.setattr(library, "check_mpi_library", mismatch, raising=False)
     assert gpu_check_info.same_mpi(os.path.join(os.path.dirname(sys.executable), "mpicxx")) == 1
-    assert "FAIL: check_mpi_library: compiled against MPICH 5.0.2, loaded Open MPI v4.1.6" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAIL: check_mpi_library: compiled against MPICH 5.0.2, loaded Open MPI v4.1.6" in out
 
 
 @needs_no_cuda
