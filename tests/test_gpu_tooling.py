@@ -1,6 +1,7 @@
 """The GPU tooling that runs on a CPU-only machine: library folder discovery and the
 once-only hand-over to the core (perseus.common.gpu), Horovod's *_built answers,
-benchmarks/gpu_bench.py and scripts/gpu_check.sh without a CUDA device.
+benchmarks/gpu_bench.py and scripts/gpu_check.sh without a CUDA device, and
+gpu_check's set-up (venv, MPI, settings, same-mpi) on a mock of the lent GPU machine.
 
 The GPU work itself is in tests/test_gpu.py (skipped here)."""
 import ctypes
