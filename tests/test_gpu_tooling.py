@@ -276,7 +276,7 @@ def machine(tmp_path):
     m.base = tmp_path / "opt-torch-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(m.base)], check=True)
     m.base_site = _purelib(m.base / "bin" / "python")
-    _touch(os.path.join(m.base_site, "torch", "__init__.py"))
+    os.makedirs(os.path.join(m.base_site, "torch"))
     with open(os.path.join(m.base_site, "torch", "__init__.py"), "w") as f:
         f.write(FAKE_TORCH)
     with open(os.path.join(m.base_site, "this_venv.pth"), "w") as f:  # numpy, pytest, mpi4py, ...
