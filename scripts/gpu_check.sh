@@ -1,27 +1,35 @@
 #!/usr/bin/env bash
-# GPU verification in one command, from the repository root (issue 14):
+# GPU verification in one command, from the repository root (issues 14 and 32):
 #
 #   bash scripts/gpu_check.sh             # about 5-8 minutes; writes gpu_check_report.md
-#   bash scripts/gpu_check.sh --dry-run   # what it would do here, changing nothing
+#   bash scripts/gpu_check.sh --plan      # the set-up it would make here (venv, MPI, settings)
+#   bash scripts/gpu_check.sh --dry-run   # that plan and every command it would run
 #   bash scripts/gpu_check.sh --print-download
+# --plan and --dry-run change nothing.
 #
-# For a machine without network that has Python 3.12, PyTorch with CUDA, the NVIDIA
-# NCCL wheel, mpi4py, nvcc and CMake, but maybe no MPI library or mpicxx. In order:
-#   1. finds a Python whose torch sees a CUDA device; without one it says so and
-#      exits 3 before touching anything;
-#   2. creates (or reuses) .venv-gpu with --system-site-packages, so the machine's
-#      torch is used, and installs what is missing (mpich, pytest, pytest-timeout,
-#      numpy, setuptools, mpi4py if needed) from wheels/ only: the wheels are fetched
-#      beforehand on a machine with a registry (--print-download shows the command);
-#   3. builds Perseus with the venv's mpicxx (pip install --no-build-isolation -e .)
-#      and checks that mpi4py and libperseus load the same libmpi;
-#   4. runs perseusrun --check-build, tests/test_gpu.py once per configuration
-#      (in this process; NCCL np=1 with 1, 2, 4 lanes; host-staged np=2 sharing the
-#      GPU; NCCL np=2 if two GPUs), and benchmarks/gpu_bench.py;
-#   5. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md) and exits
+# For a machine without network that has Python 3.12 with PyTorch (CUDA, NCCL), possibly
+# a venv itself, and possibly a system MPI (../shared/gpu-machine.md describes the lent
+# one). In order:
+#   1. finds a Python whose torch sees a CUDA device; without one it says so and exits 3
+#      before touching anything;
+#   2. plans the set-up (scripts/gpu_check_plan.py, which says why): a venv that sees that
+#      Python's packages, and ONE MPI to build with, launch with and for mpi4py to load:
+#      $PERSEUS_MPICXX, else the system's (mpicxx on PATH, its mpirun beside it), else the
+#      MPICH wheel; for Open MPI also root permission, oversubscription and, where no ssh
+#      exists, an rsh agent; the tests get the choice through PERSEUS_MPIRUN and
+#      PERSEUS_KEEP_ENV (tests/conftest.py);
+#   3. creates (or reuses) .venv-gpu and installs what is missing (pytest, pytest-timeout,
+#      numpy, setuptools, mpi4py, the MPICH wheel if chosen) from wheels/ only: the wheels
+#      are fetched beforehand on a machine with a registry (--print-download);
+#   4. builds Perseus with the chosen mpicxx (pip install --no-build-isolation -e .) and
+#      checks that libperseus and mpi4py load one libmpi, the one that mpicxx links;
+#   5. runs perseusrun --check-build, tests/test_gpu.py once per configuration (in this
+#      process; NCCL np=1 with 1, 2, 4 lanes; host-staged np=2 sharing the GPU; NCCL np=2
+#      if two GPUs), and benchmarks/gpu_bench.py under perseusrun -np 1;
+#   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md) and exits
 #      0 if every step passed, 1 if one failed, 2 if the machine could not be set up,
 #      3 without a CUDA device. Logs of every step: gpu_check_logs/.
-# Settings: PYTHON, PERSEUS_WHEELS (wheels/), PERSEUS_GPU_VENV (.venv-gpu),
+# Settings: PYTHON, PERSEUS_MPICXX, PERSEUS_WHEELS (wheels/), PERSEUS_GPU_VENV (.venv-gpu),
 # PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (450: the steps share this many seconds),
 # PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 (test this script on a CPU machine: all steps run,
 # the GPU tests skip, exit code 3).
@@ -35,7 +43,7 @@ REPORT=${PERSEUS_GPU_REPORT:-$ROOT/gpu_check_report.md}
 LOGS=${PERSEUS_GPU_LOGS:-$ROOT/gpu_check_logs}
 BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-450}
 EXIT_FAILED=1 EXIT_SETUP=2 EXIT_NO_CUDA=3
-DRY_RUN=0
+DRY_RUN=0 PLAN_ONLY=0
 START=$(date +%s)
 
 # The wheels a machine without network needs, fetched on one with a registry. Pinned to
@@ -58,6 +66,7 @@ remaining() { echo $(( BUDGET_S - $(elapsed) )); }
 
 case "${1:-}" in
   --dry-run) DRY_RUN=1 ;;
+  --plan) DRY_RUN=1 PLAN_ONLY=1 ;;
   --print-download) download_command; exit 0 ;;
   -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   "") ;;
@@ -112,16 +121,39 @@ fi
 PY_VERSION=$("$BASE_PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$PY_VERSION" = 3.12 ] || say "note: Python $PY_VERSION, not 3.12: the wheels in $WHEELS are for cp312"
 
-# ---------------------------------------------------------------- 2. venv and what is missing
+# ---------------------------------------------------------------- 2. the plan
+say "planning the set-up (scripts/gpu_check_plan.py):"
+PLAN=$("$BASE_PY" scripts/gpu_check_plan.py plan "$VENV" "$WHEELS") || exit "$EXIT_SETUP"  # it said why
+printf '%s\n' "$PLAN" | sed 's/^/    /'
+eval "$PLAN"  # VENV_MODE, MPI_SOURCE, MPI_FLAVOUR, MPICXX, MPIRUN, INSTALL_MPICH, REMOVE_VENV_MPICH, exports
+if [ "$PLAN_ONLY" = 1 ]; then
+  say "plan done: nothing was changed"
+  exit 0
+fi
+
+# ---------------------------------------------------------------- 3. venv and what is missing
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
-  say "reusing $VENV"
+  say "reusing $VENV (it sees torch)"
 else
-  say "creating $VENV (--system-site-packages: the machine's torch, NCCL and mpi4py stay visible)"
-  act "$BASE_PY" -m venv --system-site-packages "$VENV" || stop "$EXIT_SETUP" "could not create $VENV"
+  say "creating $VENV ($VENV_MODE: it must see the torch of $BASE_PY)"
+  act "$BASE_PY" scripts/gpu_check_plan.py make-venv "$VENV" || stop "$EXIT_SETUP" "could not create $VENV"
 fi
 VPY=$VENV/bin/python
 [ -x "$VPY" ] || VPY=$BASE_PY  # dry run without a venv yet: ask the base Python instead
 export PATH="$VENV/bin:$PATH"
+
+if [ "$REMOVE_VENV_MPICH" = 1 ]; then
+  say "removing the MPICH wheel from $VENV: $MPI_FLAVOUR from $MPICXX is the one MPI here"
+  act "$VPY" -m pip uninstall -y -q --disable-pip-version-check mpich \
+    || stop "$EXIT_SETUP" "could not remove mpich from $VENV"
+fi
+if [ "$INSTALL_MPICH" = 1 ]; then
+  # --ignore-installed: a copy in the venv even where the base Python has one, so that
+  # bin/mpicxx, bin/mpirun and lib/libmpi sit where the plan says.
+  say "installing MPICH into $VENV from $WHEELS"
+  act "$VPY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
+    --ignore-installed --no-deps mpich || stop "$EXIT_SETUP" "could not install MPICH from $WHEELS"
+fi
 
 # What the build and the tests need, each as: distribution, then a Python check of it.
 # setuptools >= 70.1 builds editable wheels by itself; older ones need `wheel` too.
@@ -140,21 +172,6 @@ missing=()
 for dist in pytest pytest-timeout numpy setuptools wheel mpi4py; do
   "$VPY" -c "$(needs "$dist")" >/dev/null 2>&1 || missing+=("$dist")
 done
-# MPI: the venv's own MPICH, from the wheel (--ignore-installed: a copy in the venv
-# even where the machine's Python has one, so that bin/mpicxx and lib/libmpi sit in
-# the venv, where mpi4py looks first); a system mpicxx only as the last resort.
-MPICXX=""
-if [ -x "$VENV/bin/mpicxx" ]; then
-  MPICXX=$VENV/bin/mpicxx
-elif compgen -G "$WHEELS/mpich-*.whl" >/dev/null; then
-  say "installing MPICH into $VENV from $WHEELS"
-  act "$VPY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
-    --ignore-installed --no-deps mpich || stop "$EXIT_SETUP" "could not install MPICH from $WHEELS"
-  MPICXX=$VENV/bin/mpicxx
-elif command -v mpicxx >/dev/null 2>&1; then
-  MPICXX=$(command -v mpicxx)
-  say "no mpich wheel in $WHEELS: building with the system's $MPICXX"
-fi
 if [ ${#missing[@]} -gt 0 ]; then
   say "missing from $VENV: ${missing[*]}"
   for dist in "${missing[@]}"; do
@@ -163,14 +180,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   done
   act "$VPY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
     --ignore-installed "${missing[@]}" || stop "$EXIT_SETUP" "could not install ${missing[*]} from $WHEELS"
+else
+  say "$VENV has what the build and the tests need"
 fi
-if [ -z "$MPICXX" ] || { [ "$DRY_RUN" = 0 ] && [ ! -x "$MPICXX" ]; }; then
-  stop "$EXIT_SETUP" "no MPI: no mpicxx in $VENV or on PATH and no mpich wheel in $WHEELS (command above)"
-fi
-say "MPI compiler: ${MPICXX:-none}"
-# Open MPI refuses root without these; harmless for MPICH (conftest.py passes them on).
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export PATH="$(dirname "$MPICXX"):$PATH"
+say "MPI: $MPI_FLAVOUR ($MPI_SOURCE): build with $MPICXX, launch with $MPIRUN"
 
 # ---------------------------------------------------------------- report and steps
 [ "$DRY_RUN" = 1 ] && REPORT=/dev/null || mkdir -p "$LOGS"
@@ -213,32 +226,30 @@ else
   report "nvidia-smi: not found" ""
 fi
 [ "$DRY_RUN" = 1 ] || report "$("$VPY" scripts/gpu_check_info.py versions 2>&1)" ""
+report "## Set-up (scripts/gpu_check_plan.py)" "" '```sh' "$PLAN" '```' ""
 
-# ---------------------------------------------------------------- 3. build, same MPI
-step build 300 env PERSEUS_MPICXX="$MPICXX" "$VPY" -m pip install -v --disable-pip-version-check \
+# ---------------------------------------------------------------- 4. build, same MPI
+# PERSEUS_MPICXX (exported by the plan) is the wrapper setup.py builds with.
+step build 300 "$VPY" -m pip install -v --disable-pip-version-check \
   --no-build-isolation --no-deps --no-index -e . || {
   report "## Build failed" "" '```text' "$(tail -40 "$LOGS/build.log")" '```'
   say "build failed: see $LOGS/build.log and $REPORT"; exit "$EXIT_FAILED"; }
-if [ "$DRY_RUN" = 0 ] && ! "$VPY" scripts/gpu_check_info.py same-mpi >/dev/null 2>&1 \
+if [ "$DRY_RUN" = 0 ] && ! "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX" >/dev/null 2>&1 \
     && compgen -G "$WHEELS/mpi4py-*.whl" >/dev/null; then
-  # The machine's mpi4py was built for another MPI; the wheel's finds the venv's libmpi first.
-  say "mpi4py loads another MPI than libperseus: installing the mpi4py wheel into $VENV"
+  # An mpi4py older than 4 is built for one MPI; the wheel's loads $MPI4PY_LIBMPI.
+  say "not one MPI yet: installing the mpi4py wheel into $VENV, in case the machine's mpi4py is built for another"
   "$VPY" -m pip install -q --disable-pip-version-check --no-index --find-links "$WHEELS" \
     --force-reinstall --no-deps mpi4py
 fi
-step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi
-[ "$DRY_RUN" = 1 ] || report "## Same MPI for mpi4py and libperseus" "" '```text' "$(cat "$LOGS/same_mpi.log")" '```' ""
+step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX"
+[ "$DRY_RUN" = 1 ] || report "## One MPI: libperseus, mpi4py and $MPICXX" "" '```text' "$(cat "$LOGS/same_mpi.log")" '```' ""
 
-# ---------------------------------------------------------------- 4. check-build, tests, benchmark
+# ---------------------------------------------------------------- 5. check-build, tests, benchmark
 step check_build 60 "$VENV/bin/perseusrun" --check-build
 [ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log")" '```' ""
 
 PYTEST=("$VPY" -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py)
-if [ "$DRY_RUN" = 1 ]; then
-  CONFIGS=$("$VPY" scripts/gpu_check_info.py configs 2>/dev/null || echo "(tests/test_gpu.py CONFIGS)")
-else
-  CONFIGS=$("$VPY" scripts/gpu_check_info.py configs)
-fi
+CONFIGS=$("$VPY" scripts/gpu_check_info.py configs)
 report "## tests/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
 RESERVE_S=100  # the benchmark runs after the tests
 for config in inproc $CONFIGS; do
@@ -260,7 +271,9 @@ for config in inproc $CONFIGS; do
 done
 
 RESERVE_S=0
-step gpu_bench 150 "$VPY" benchmarks/gpu_bench.py --json "$LOGS/gpu_bench.json"
+# Under perseusrun -np 1 (the chosen mpirun, with the flags its MPI needs, e.g. Open MPI's
+# --bind-to none): how users launch; the in-process step already covers a plain python.
+step gpu_bench 150 "$VENV/bin/perseusrun" -np 1 "$VPY" benchmarks/gpu_bench.py --json "$LOGS/gpu_bench.json"
 [ "$DRY_RUN" = 1 ] || report "## Benchmark (benchmarks/gpu_bench.py)" "" "$(cat "$LOGS/gpu_bench.log")" ""
 
 if [ "$DRY_RUN" = 1 ]; then

@@ -3,10 +3,15 @@
 
   cuda       what torch sees; exit 0 with a CUDA device, 3 without one, 4 without torch
   versions   a Markdown list for the report: Python, torch, CUDA, NCCL, devices, MPI
-  same-mpi   exit 0 when mpi4py and libperseus load the same MPI library file, 1 if not
+  same-mpi MPICXX
+             exit 0 when libperseus and mpi4py load one libmpi file, the one the wrapper
+             MPICXX links, and libperseus's MPI headers match it; 1 if not, naming both
   configs    the GPU test configurations of tests/test_gpu.py, one per line
 """
+import ast
 import os
+import re
+import subprocess
 import sys
 
 NO_CUDA, NO_TORCH = 3, 4
@@ -59,34 +64,85 @@ def versions():
     return 0
 
 
+def is_libmpi(name):
+    """libmpi.so.40 (Open MPI), libmpi.so.12 or libmpich.so.12 (Debian's MPICH); not the
+    C++ bindings (libmpi_cxx) nor MPICH's ABI library (libmpi_abi)."""
+    return re.match(r"libmpi(ch)?\.so(\.\d+)*$", os.path.basename(name)) is not None
+
+
 def mapped_mpi_libraries():
     with open("/proc/self/maps") as f:
         paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
-    return sorted({os.path.realpath(p) for p in paths if os.path.basename(p).startswith("libmpi.so")})
+    return sorted({os.path.realpath(p) for p in paths if is_libmpi(p)})
 
 
-def same_mpi():
+def dynamic_entries(path, tag):
+    """NEEDED or SONAME entries of an ELF file, read with readelf -d."""
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, timeout=60).stdout
+    return re.findall(r"\(%s\)\s+[^\[]*\[([^\]]+)\]" % tag, out)
+
+
+def soname(path):
+    names = dynamic_entries(path, "SONAME")
+    return names[0] if names else os.path.basename(path)
+
+
+def same_mpi(mpicxx):
     sys.path.insert(0, REPO)
     from perseus.common import library  # loads libperseus and the MPI it links
     import mpi4py
     mpi4py.rc.initialize = mpi4py.rc.finalize = False
     from mpi4py import MPI
+    from gpu_check_plan import PlanError, wrapper_libmpi
     found = mapped_mpi_libraries()
     print("libperseus: %s" % (library.mpi_library_version() or "?"))
     print("mpi4py:     %s" % " ".join(MPI.Get_library_version().split()[:3]))
     print("libmpi files mapped: %s" % (", ".join(found) or "none"))
-    return 0 if len(found) == 1 else 1
+    problems = []
+    if len(found) != 1:
+        problems.append("%d libmpi files mapped, not 1" % len(found))
+    # Headers against library: libperseus's own check where it has one; the wrapper's
+    # libmpi below stands in for the headers (they come from that wrapper's MPI).
+    check = getattr(library, "check_mpi_library", None)
+    if check is None:
+        print("check_mpi_library: not in this libperseus; its headers are judged by the wrapper's libmpi")
+    else:
+        try:
+            check()
+            print("check_mpi_library: headers and library of one MPI")
+        except Exception as e:
+            problems.append("check_mpi_library: %s" % e)
+    try:
+        expected = wrapper_libmpi(mpicxx)
+    except PlanError as e:
+        problems.append(str(e))
+    else:
+        needed = [n for n in dynamic_entries(library.LIBRARY_PATH, "NEEDED") if is_libmpi(n)]
+        print("%s links %s (%s); libperseus needs %s" % (mpicxx, expected, soname(expected), ", ".join(needed)))
+        if needed != [soname(expected)]:
+            problems.append("libperseus needs %s, but the wrapper it is built with, %s, links %s (%s): its "
+                            "MPI headers and the libmpi it loads are of two MPIs"
+                            % (" and ".join(needed) or "no libmpi", mpicxx, soname(expected), expected))
+        elif found and found != [expected]:
+            problems.append("the libmpi mapped is %s, not %s's %s" % (", ".join(found), mpicxx, expected))
+    for problem in problems:
+        print("FAIL: %s" % problem)
+    print("PASS" if not problems else "FAIL")
+    return 1 if problems else 0
 
 
 def configs():
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    import test_gpu
-    print("\n".join(test_gpu.CONFIGS))
+    # Read, not imported: importing the test module needs a real torch (a dry run has none).
+    with open(os.path.join(REPO, "tests", "test_gpu.py")) as f:
+        tree = ast.parse(f.read())
+    found = [node.value for node in tree.body if isinstance(node, ast.Assign)
+             and [getattr(t, "id", None) for t in node.targets] == ["CONFIGS"]]
+    print("\n".join(ast.literal_eval(key) for key in found[0].keys))
     return 0
 
 
 if __name__ == "__main__":
     commands = {"cuda": cuda, "versions": versions, "same-mpi": same_mpi, "configs": configs}
-    if len(sys.argv) != 2 or sys.argv[1] not in commands:
-        sys.exit("usage: gpu_check_info.py {%s}" % ",".join(commands))
-    sys.exit(commands[sys.argv[1]]())
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        sys.exit("usage: gpu_check_info.py {%s} [MPICXX]" % ",".join(commands))
+    sys.exit(commands[sys.argv[1]](*sys.argv[2:]))

@@ -7,7 +7,6 @@ hang fails one test and never stalls the suite.
 """
 import importlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,23 +22,25 @@ MPI_SCRIPTS = TESTS_DIR / "mpi"
 DEFAULT_TIMEOUT_S = 150
 
 # Variables that would leak a launcher's or a developer's setup into the job. The tests
-# set the PERSEUS_* / HOROVOD_* knobs they exercise explicitly; logging may pass through.
+# set the PERSEUS_* / HOROVOD_* knobs they exercise explicitly; logging may pass through,
+# and so may Open MPI's permission to run as root and to oversubscribe (never a
+# launcher's state).
 _DROPPED_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PERSEUS_", "HOROVOD_")
-# Open MPI's permission to run as root (and to oversubscribe) also pass: scripts/gpu_check.sh
-# sets them where the only MPI is a system Open MPI.
 _KEPT = {"PERSEUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "OMPI_ALLOW_RUN_AS_ROOT",
          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "OMPI_MCA_rmaps_base_oversubscribe"}
+# Names of further variables to pass on, space-separated: the settings an MPI was chosen
+# with (scripts/gpu_check.sh lists there the ones it sets, e.g. OMPI_MCA_plm_rsh_agent).
+KEEP_ENV = "PERSEUS_KEEP_ENV"
 
 
 def find_mpirun():
-    """The mpirun next to this interpreter (the venv's mpich wheel), else the one on PATH."""
-    candidate = Path(sys.executable).parent / "mpirun"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("mpirun")
-    if found is None:
-        pytest.fail("mpirun not found next to %s nor on PATH" % sys.executable)
-    return found
+    """The mpirun perseusrun would use: $PERSEUS_MPIRUN, else the one next to this
+    interpreter (the venv's mpich wheel), else the first on PATH."""
+    from perseus import launcher
+    try:
+        return launcher.find_mpirun()
+    except launcher.LauncherError as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 def framework_python(label, tag, setup_script):
@@ -60,10 +61,11 @@ def framework_python(label, tag, setup_script):
 
 def clean_env(extra=None):
     """A copy of os.environ fit for a child job: no launcher state, one thread per rank."""
+    kept = _KEPT | set(os.environ.get(KEEP_ENV, "").split())
     env = {
         k: v
         for k, v in os.environ.items()
-        if k in _KEPT or not k.startswith(_DROPPED_PREFIXES)
+        if k in kept or not k.startswith(_DROPPED_PREFIXES)
     }
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
