@@ -35,12 +35,13 @@ FIRST_BUCKET_BYTES = 1 << 20
 
 
 class _Bucket:
-    __slots__ = ("index", "name", "params", "flat", "views", "ready", "request")
+    __slots__ = ("index", "name", "params", "ids", "flat", "views", "ready", "submitted", "request")
 
     def __init__(self, index, name, params):
         self.index = index
         self.name = name
         self.params = params
+        self.ids = frozenset(id(p) for p in params)
         numel = sum(p.numel() for p in params)
         self.flat = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
         self.views = []
@@ -48,8 +49,9 @@ class _Bucket:
         for p in params:
             self.views.append(self.flat[offset:offset + p.numel()].view(p.shape))
             offset += p.numel()
-        self.ready = set()
-        self.request = None  # (scales, adapter.InplaceAllreduce) for self.flat
+        self.ready = set()       # ids of the members whose slot is final this step
+        self.submitted = False   # this step's reduction started
+        self.request = None      # (scales, adapter.InplaceAllreduce) for self.flat
 
 
 class GradBuckets:
@@ -65,6 +67,7 @@ class GradBuckets:
         self.buckets = []
         self._slot = {}  # id(param) -> (bucket, view)
         self._layout = None
+        self.version = 0  # counts layouts, for callers that cache what is covered
 
     # ---- layout -----------------------------------------------------------------
 
@@ -83,6 +86,7 @@ class GradBuckets:
                 self._slot[id(p)] = (bucket, view)
         self._layout = self._layout_of(self._candidates)
         self._stale = False
+        self.version += 1
 
     def refresh(self):
         """Lays the buckets out again if they are stale or a parameter changed. Call
@@ -93,6 +97,14 @@ class GradBuckets:
     def covers(self, p):
         return id(p) in self._slot
 
+    def left(self, p):
+        """Whether p's gradient turned out sparse (it leaves at the next refresh())."""
+        return id(p) in self._excluded
+
+    def leaving(self):
+        """The parameters still in a bucket whose gradients turned out sparse."""
+        return [p for p in self._candidates if id(p) in self._excluded and id(p) in self._slot]
+
     # ---- one step ---------------------------------------------------------------
 
     def bind(self, p):
@@ -101,6 +113,8 @@ class GradBuckets:
         refresh() and its slot reduces zeros this step."""
         bucket, view = self._slot[id(p)]
         grad = p.grad
+        if grad is view:
+            return True
         if grad is None:
             view.zero_()
         elif grad.layout is not torch.strided:
@@ -110,38 +124,56 @@ class GradBuckets:
             return False
         elif grad.data_ptr() != view.data_ptr() or grad.shape != view.shape:
             view.copy_(grad)
-        else:
-            return True  # already the view: nothing to do
         p.grad = view
         return True
 
-    def is_ready(self, p):
-        bucket, _ = self._slot[id(p)]
-        return id(p) in bucket.ready
-
     def mark_ready(self, p):
-        """p's gradient is final for this step; returns its bucket once all of the
-        bucket's gradients are."""
+        """p's slot is final for this step; returns its bucket once all slots are."""
         bucket, _ = self._slot[id(p)]
         bucket.ready.add(id(p))
         return bucket if len(bucket.ready) == len(bucket.params) else None
 
-    def submit(self, bucket, scales, process_set, drive=False):
+    def unfinished(self):
+        """The buckets whose reduction has not started this step."""
+        return [b for b in self.buckets if not b.submitted]
+
+    def complete(self, bucket):
+        """Binds the members whose hooks did not run (zeros for no gradient) and marks
+        every slot final. Returns the members whose gradients are sparse."""
+        sparse = []
+        ready = bucket.ready
+        for p, view in zip(bucket.params, bucket.views):
+            if p.grad is not view and id(p) not in ready and not self.bind(p):
+                sparse.append(p)
+        bucket.ready = set(bucket.ids)
+        return sparse
+
+    def submit(self, bucket, scales, process_set):
         """Starts the bucket's in-place allreduce; returns its handle."""
         if bucket.request is None or bucket.request[0] != scales:
             bucket.request = (scales, _adapter.InplaceAllreduce(bucket.name, *scales, process_set))
         request = bucket.request[1]
+        bucket.submitted = True
         prebuilt = request.prepared(bucket.flat)
-        bucket.ready = set()
         if prebuilt is None:
             return request.submit_unprepared(bucket.flat)
-        return _adapter.submit_prepared(((prebuilt, bucket.flat),), grouped=False, drive=drive)
+        return _adapter.submit_prepared(((prebuilt, bucket.flat),), grouped=False)
 
-    def left(self, p):
-        """Whether p's gradient turned out sparse (it leaves at the next refresh())."""
-        return id(p) in self._excluded
+    def deliver(self):
+        """After the reductions: a .grad the script replaced meanwhile gets the result
+        (the others are the views already)."""
+        for bucket in self.buckets:
+            for p, view in zip(bucket.params, bucket.views):
+                grad = p.grad
+                if grad is not view and grad is not None and id(p) not in self._excluded:
+                    grad.copy_(view)
+
+    def busy(self):
+        """Whether a slot was marked this step (a reduction may be pending)."""
+        return any(b.ready or b.submitted for b in self.buckets)
 
     def reset(self):
-        """Forgets the readiness of an aborted step."""
+        """The step is over (or was abandoned): no slot is final, nothing submitted."""
         for bucket in self.buckets:
             bucket.ready = set()
+            bucket.submitted = False

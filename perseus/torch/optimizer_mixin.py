@@ -39,6 +39,9 @@ from perseus.torch.mpi_ops import Sum, sparse_allreduce_async
 
 # Marks a group member whose reduction the group's first member's handle covers.
 _IN_GROUP = object()
+# Marks a parameter whose gradient is a bucket view (grad_buckets.py): its bucket's
+# reduction covers it.
+_IN_BUCKET = object()
 
 
 def _duplicates(names):
@@ -113,6 +116,7 @@ class _DistributedMixin:
         self._should_synchronize = True
         self._buckets = self._make_buckets(gradient_as_bucket_view)
         self._bucket_handles = []  # this step's bucket reductions
+        self._outside = (None, self._requires_update)  # (layout version, parameters not in buckets)
         if process_set.size() > 1:
             self._register_hooks()
 
@@ -205,17 +209,21 @@ class _DistributedMixin:
                     "locally. (parameter %s, backward_passes_per_step=%d)"
                     % (self._parameter_names[key], self.backward_passes_per_step))
             self._allreduce_delay[key] -= 1
+            buckets = self._buckets
             if entry is None:
-                if not self._handles and self._buckets is not None:
-                    self._buckets.refresh()  # the step's first gradient: nothing in flight
-                self._handles[key] = (p, None, None)
-            if self._buckets is not None and self._buckets.covers(p):
+                if buckets is not None and not self._handles and not buckets.busy():
+                    buckets.refresh()  # the step's first gradient: nothing in flight
+                self._handles[key] = (p, _IN_BUCKET if buckets and buckets.covers(p) else None,
+                                      None)
+            if buckets is not None and buckets.covers(p):
                 # Bound at every pass: later passes accumulate into the view.
-                dense = self._buckets.bind(p)
+                dense = buckets.bind(p)
+                if not dense:
+                    self._handles[key] = (p, None, None)  # reduced alone, as Horovod does
                 if self._allreduce_delay[key] == 0:
                     self._bucket_ready(p)
                     if not dense:
-                        self._gather(p)  # a sparse gradient is reduced alone, as Horovod does
+                        self._gather(p)
             elif self._allreduce_delay[key] == 0:
                 self._submit_ready(p)
 
@@ -328,15 +336,23 @@ class _DistributedMixin:
 
     def _bucket_ready(self, p):
         """p's slot is final (its gradient, bound to the view, or zeros for a sparse
-        one): starts the bucket once every slot is. The bucket's handle is kept apart;
-        its members are marked as covered (a sparse member has its own handle)."""
+        one): starts the bucket once every slot is."""
         bucket = self._buckets.mark_ready(p)
-        if bucket is None:
-            return
+        if bucket is not None:
+            self._submit_bucket(bucket)
+
+    def _submit_bucket(self, bucket):
         self._bucket_handles.append(self._buckets.submit(bucket, self._scales(), self._process_set))
-        for member, view in zip(bucket.params, bucket.views):
-            if not self._buckets.left(member):
-                self._handles[id(member)] = (member, _IN_GROUP, (view, None))
+
+    def _not_in_buckets(self):
+        """The parameters the buckets do not cover (cached per layout)."""
+        version, params = self._outside
+        if self._buckets is None:
+            return self._requires_update
+        if version != self._buckets.version:
+            params = [p for p in self._requires_update if not self._buckets.covers(p)]
+            self._outside = (self._buckets.version, params)
+        return params
 
     def _submit_group(self, index):
         members = self._groups[index]
@@ -367,21 +383,20 @@ class _DistributedMixin:
         this step, or passes short of backward_passes_per_step), waits for all, and
         writes the reduced gradients into p.grad."""
         ungrouped = []  # gathered ones too (their entries have no handle yet)
-        if self._buckets is not None and not self._handles:
-            self._buckets.refresh()  # no hook ran this step (size 1): lay out now
-        for p in self._requires_update:
+        buckets = self._buckets
+        if buckets is not None:
+            if not self._handles and not buckets.busy():
+                buckets.refresh()  # no hook ran this step (size 1): lay out now
+            for bucket in buckets.unfinished():
+                ungrouped += buckets.complete(bucket)  # sparse members are reduced alone
+                self._submit_bucket(bucket)
+        for p in self._not_in_buckets() + (buckets.leaving() if buckets else []):
             entry = self._handles.get(id(p))
             if entry is not None and entry[1] is not None:
                 continue
             index = self._group_of.get(id(p))
             if index is not None:
                 self._submit_group(index)
-            elif self._buckets is not None and self._buckets.covers(p):
-                if self._buckets.is_ready(p):
-                    continue  # its hook ran; the bucket waits for others
-                if not self._buckets.bind(p):
-                    ungrouped.append(p)  # sparse: reduced alone
-                self._bucket_ready(p)
             else:
                 ungrouped.append(p)
         self._gathered, self._gathered_bytes = [], 0
@@ -393,7 +408,7 @@ class _DistributedMixin:
             for key, (p, handle, _) in self._handles.items():
                 if callable(handle):  # sparse_allreduce_async's
                     sparse[key] = handle
-                elif handle is not _IN_GROUP:
+                elif handle is not _IN_GROUP and handle is not _IN_BUCKET:
                     dense.append(handle)
             dense += self._bucket_handles
             # One wait for all dense reductions (a failure raises as synchronize()
@@ -401,12 +416,14 @@ class _DistributedMixin:
             synchronize_all(dense)
             for key, handle in sparse.items():
                 sparse[key] = handle()
-            for key, (p, handle, (wire, ctx)) in self._handles.items():
+            for key, (p, handle, wire_ctx) in self._handles.items():
                 if key in sparse:
                     # Into the same gradient tensor, as Horovod (sparse tensors lack set_).
                     p.grad.zero_().add_(sparse[key])
-                else:
-                    self._apply(p, wire, ctx)
+                elif handle is not _IN_BUCKET:
+                    self._apply(p, *wire_ctx)
+            if buckets is not None:
+                buckets.deliver()
         finally:
             self._handles.clear()
             self._bucket_handles = []

@@ -23,6 +23,7 @@ from common import expect_raises, hvd, init, log, main
 
 from perseus.torch.compression import Compression
 from perseus.torch.optimizer import DistributedOptimizer
+from perseus.torch.optimizer_mixin import _IN_BUCKET
 
 STEPS = 30
 BATCH = 24  # divisible by 2 and 4 ranks, and by 2 micro-batches per rank
@@ -122,10 +123,10 @@ def distributed(rank, size, make_opt=sgd, passes=1, clip=None, loss_scale=1.0,
                 # pass), or gathered it to start with others while the core holds.
                 gathered = {id(p) for p in opt._gathered}
                 buckets = opt._buckets
-                in_buckets = set() if buckets is None else {
-                    key for b in buckets.buckets for key in b.ready}  # a bucket not yet full
-                pending = [entry[1] is not None or key in gathered or key in in_buckets
-                           for key, entry in opt._handles.items()]
+                in_buckets = set() if buckets is None else {  # slots final this step
+                    key for b in buckets.buckets for key in b.ready}
+                pending = [entry[1] not in (None, _IN_BUCKET) or key in gathered
+                           or key in in_buckets for key, entry in opt._handles.items()]
                 used = [p for p in model.parameters() if p.grad is not None]
                 if k == passes - 1:
                     assert len(pending) == len(used) and all(pending), \
