@@ -59,15 +59,11 @@ NO_NCCL = ("the real NCCL library is not installed: `pip install nvidia-nccl-cu1
 def fake_gpu(tmp_path_factory):
     """The fake CUDA runtime and NCCL: one library, linked as libcudart.so.12 and
     libnccl.so.2 in one folder (point PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB at it)."""
+    import fake_gpu as fake
     folder = tmp_path_factory.mktemp("fake_gpu")
-    library = folder / "libfakegpu.so"
-    sources = [str(TESTS_DIR / "gpu_fakes" / name) for name in ("fake_gpu.c", "fake_order.c")]
-    subprocess.run([find_mpi_compiler("mpicc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
-                    "-o", str(library)] + sources, check=True)
-    for name in ("libcudart.so.12", "libnccl.so.2"):
-        (folder / name).symlink_to(library.name)
+    library = fake.build(find_mpi_compiler("mpicc"), folder)
     return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
-            "FAKE_GPU_LIB": str(library)}
+            "FAKE_GPU_LIB": library}
 
 
 # ---------------------------------------------------------------- the loader
