@@ -6,6 +6,7 @@
 
 #include "common/logging.h"
 #include "cuda/copy_kernel.h"
+#include "cuda/device_guard.h"
 
 namespace perseus {
 namespace gpu {
@@ -40,9 +41,22 @@ bool HasBatchedCopy(const CudaApi& cuda) {
   return cuda.MemcpyBatchAsync12 != nullptr || cuda.MemcpyBatchAsync13 != nullptr;
 }
 
-void Choose(const CudaApi& cuda) {
+// Launches the kernel once with one empty entry: it touches no memory.
+Status Probe(const CudaApi& cuda, cudaKernel_t kernel, cudaStream_t stream) {
+  PerseusCopyTable table{};
+  table.count = 1;  // one entry of 0 bytes: its one block returns at once
+  void* args[] = {&table};
+  const cudaError_t rc = cuda.LaunchKernel(reinterpret_cast<const void*>(kernel), Dim3{1, 1, 1},
+                                           Dim3{PERSEUS_COPY_THREADS, 1, 1}, args, 0, stream);
+  if (rc == kCudaSuccess) return Status::OK();
+  cuda.GetLastError();  // not sticky: cleared, so that no later call reports it
+  return CudaStatus(rc, "cudaLaunchKernel (the pack kernel, first launch)");
+}
+
+void Choose(const CudaApi& cuda, cudaStream_t stream) {
   Choice& choice = TheChoice();
   Status kernel = LoadCopyKernel(cuda, &choice.kernel);
+  if (kernel.ok()) kernel = Probe(cuda, choice.kernel, stream);
   std::string why;
   int way = kKernel;
   if (!kernel.ok()) {
@@ -54,38 +68,23 @@ void Choose(const CudaApi& cuda) {
   PERSEUS_LOG(kDebug) << "GPU fusion buffers are packed with " << WayText(way) << why;
 }
 
-// Failures that queue nothing and would recur at every call: the driver cannot compile
-// or run the kernel's PTX here (reported by the first launch under lazy loading), or is
-// too old for a call the runtime has.
+constexpr cudaError_t kErrorStreamCaptureUnsupported = 900;
+
+// cudaMemcpyBatchAsync failures that queue nothing and would recur at every call: a
+// driver older than the runtime.
 bool Recurring(cudaError_t rc) {
-  switch (rc) {
-    case 35:   // cudaErrorInsufficientDriver
-    case 36:   // cudaErrorCallRequiresNewerDriver
-    case 98:   // cudaErrorInvalidDeviceFunction
-    case 200:  // cudaErrorInvalidKernelImage
-    case 209:  // cudaErrorNoKernelImageForDevice
-    case 218:  // cudaErrorInvalidPtx
-    case 221:  // cudaErrorJitCompilerNotFound
-    case 222:  // cudaErrorUnsupportedPtxVersion
-    case 223:  // cudaErrorJitCompilationDisabled
-    case 303:  // cudaErrorSharedObjectInitFailed
-    case 801:  // cudaErrorNotSupported
-      return true;
-    default:
-      return false;
-  }
+  return rc == 35 /* cudaErrorInsufficientDriver */ || rc == 36 /* cudaErrorCallRequiresNewerDriver */ ||
+         rc == 801 /* cudaErrorNotSupported */;
 }
 
-// Way `from` failed with `rc` (Recurring) at `call`: the next way, for good.
-int HandOver(const CudaApi& cuda, int from, cudaError_t rc, const char* call) {
+// Batched copies failed for good (Recurring): one copy per tensor from now on.
+void HandOver(const CudaApi& cuda, cudaError_t rc) {
   cuda.GetLastError();  // not sticky: cleared, so that no later call reports it
-  const int to = from == kKernel && HasBatchedCopy(cuda) ? kBatchedCopy : kCopyEach;
-  int expected = from;
-  if (TheChoice().way.compare_exchange_strong(expected, to)) {
-    PERSEUS_LOG(kDebug) << "GPU fusion buffers are packed with " << WayText(to) << " from now on: "
-                        << CudaStatus(rc, call).message;
+  int expected = kBatchedCopy;
+  if (TheChoice().way.compare_exchange_strong(expected, kCopyEach)) {
+    PERSEUS_LOG(kDebug) << "GPU fusion buffers are packed with " << WayText(kCopyEach)
+                        << " from now on: " << CudaStatus(rc, "cudaMemcpyBatchAsync").message;
   }
-  return TheChoice().way.load(std::memory_order_acquire);
 }
 
 Status ZeroAsync(const DeviceContext& ctx, void* dst, int64_t bytes) {
@@ -139,26 +138,33 @@ cudaError_t BatchedCopy(const DeviceContext& ctx, const std::vector<DeviceCopy>&
 
 }  // namespace
 
+void PreparePacking(const DeviceContext& ctx) {
+  Status current;
+  DeviceGuard guard(ctx.device, &current);
+  if (current.ok()) std::call_once(TheChoice().once, [&] { Choose(ctx.cuda, ctx.stream); });
+}
+
 Status CopyBatch(const DeviceContext& ctx, const std::vector<DeviceCopy>& copies) {
   Choice& choice = TheChoice();
-  std::call_once(choice.once, [&] { Choose(ctx.cuda); });
-  int way = choice.way.load(std::memory_order_acquire);
-  if (way == kKernel) {
-    int launched = 0;
-    const cudaError_t rc =
-        LaunchCopyKernel(ctx.cuda, choice.kernel, ctx.stream, copies.data(), copies.size(), &launched);
-    if (rc == kCudaSuccess) return Status::OK();
-    if (launched > 0 || !Recurring(rc)) return ctx.Cu(rc, "cudaLaunchKernel (the pack kernel)");
-    way = HandOver(ctx.cuda, kKernel, rc, "cudaLaunchKernel (the pack kernel)");
-  }
+  std::call_once(choice.once, [&] { Choose(ctx.cuda, ctx.stream); });
+  const int way = choice.way.load(std::memory_order_acquire);
+  if (way == kKernel)
+    return ctx.Cu(LaunchCopyKernel(ctx.cuda, choice.kernel, ctx.stream, copies.data(), copies.size()),
+                  "cudaLaunchKernel (the pack kernel)");
   // cudaMemcpyBatchAsync refuses the legacy stream (NULL, or cudaStreamLegacy).
   const bool legacy = ctx.stream == nullptr || ctx.stream == reinterpret_cast<cudaStream_t>(1);
   if (way == kBatchedCopy && !legacy) {
     Status zeros;
     const cudaError_t rc = BatchedCopy(ctx, copies, &zeros);
     if (rc == kCudaSuccess) return zeros;
+    if (rc == kErrorStreamCaptureUnsupported) {
+      // The stream is being captured into a CUDA graph, which cannot hold batched copies
+      // (the capture goes on): this batch copies each tensor, later ones try again.
+      ctx.cuda.GetLastError();
+      return CopyEach(ctx, copies);
+    }
     if (!Recurring(rc)) return ctx.Cu(rc, "cudaMemcpyBatchAsync");
-    way = HandOver(ctx.cuda, kBatchedCopy, rc, "cudaMemcpyBatchAsync");
+    HandOver(ctx.cuda, rc);
   }
   return CopyEach(ctx, copies);
 }

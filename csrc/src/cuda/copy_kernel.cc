@@ -36,16 +36,14 @@ Status LoadCopyKernel(const CudaApi& cuda, cudaKernel_t* kernel) {
 }
 
 cudaError_t LaunchCopyKernel(const CudaApi& cuda, cudaKernel_t kernel, cudaStream_t stream,
-                             const DeviceCopy* copies, size_t count, int* launched) {
+                             const DeviceCopy* copies, size_t count) {
   PerseusCopyTable table;
   CopyCursor cursor;
-  *launched = 0;
   while (const unsigned blocks = FillCopyTable(copies, count, &cursor, &table)) {
     void* args[] = {&table};  // copied by the launch: the table may be refilled at once
     const cudaError_t rc = cuda.LaunchKernel(reinterpret_cast<const void*>(kernel), Dim3{blocks, 1, 1},
                                              Dim3{PERSEUS_COPY_THREADS, 1, 1}, args, 0, stream);
     if (rc != kCudaSuccess) return rc;
-    ++*launched;
   }
   return kCudaSuccess;
 }

@@ -17,9 +17,9 @@ namespace gpu {
 Status LoadCopyKernel(const CudaApi& cuda, cudaKernel_t* kernel);
 
 // Queues `copies` on `stream`: one launch per table (copy_table.h). Returns the first
-// launch's failure, with `*launched` the launches queued before it.
+// launch's failure.
 cudaError_t LaunchCopyKernel(const CudaApi& cuda, cudaKernel_t kernel, cudaStream_t stream,
-                             const DeviceCopy* copies, size_t count, int* launched);
+                             const DeviceCopy* copies, size_t count);
 
 }  // namespace gpu
 }  // namespace perseus
