@@ -68,6 +68,14 @@ def libraries():
     return lib().fake_gpu_libraries()
 
 
+def kernel_entries():
+    """(entries, narrow): pack kernel table entries run, and copies among them whose
+    source and destination differ modulo 16 (no 16-byte vectors for those)."""
+    out = (ctypes.c_long * 2)()
+    lib().fake_gpu_kernel_entries(out)
+    return out[0], out[1]
+
+
 def check_no_misuse(what):
     """Raises naming the fake's last misuse (a race, say) if there was any."""
     fake = lib()

@@ -233,9 +233,16 @@ int cudaEventRecord(void* e, void* s) {
   order_event_record(&fe->recorded, agent(s));
   return 0;
 }
-int cudaMalloc(void** p, size_t n) {
+/* New memory holds garbage, as a GPU's may (fresh pages from malloc would be zeros,
+ * hiding a zero fill that was never made). */
+static void* fake_alloc(size_t n) {
   void* memory = malloc(n ? n : 1);
+  if (!fake_timing_mode()) memset(memory, 0xCD, n);
   order_allocated(memory, n);
+  return memory;
+}
+int cudaMalloc(void** p, size_t n) {
+  void* memory = fake_alloc(n);
   *p = memory;
   tally(&g_live_device, 1);
   return 0;
@@ -261,8 +268,7 @@ int cudaFreeAsync(void* p, void* s) {
   return cudaFree(p);
 }
 int cudaMallocHost(void** p, size_t n) {
-  void* memory = malloc(n ? n : 1);
-  order_allocated(memory, n);
+  void* memory = fake_alloc(n);
   *p = memory;
   tally(&g_live_host, 1);
   return 0;

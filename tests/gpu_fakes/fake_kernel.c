@@ -15,8 +15,9 @@
  * cannot compile the PTX does (cudaErrorUnsupportedPtxVersion); =launch makes every
  * launch fail so instead, as lazy loading reports it. FAKE_CUDA_NO_BATCH_COPY=1 makes
  * cudaMemcpyBatchAsync fail as on a driver older than the runtime
- * (cudaErrorCallRequiresNewerDriver); a runtime version below 12080 hides it (calling
- * it anyway is a misuse).
+ * (cudaErrorCallRequiresNewerDriver); =capture as on a stream being captured into a
+ * CUDA graph (cudaErrorStreamCaptureUnsupported); a runtime version below 12080 hides
+ * it (calling it anyway is a misuse).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -37,12 +38,20 @@ typedef struct { int order; struct { int type, id; } src_hint, dst_hint; unsigne
 
 enum {
   kErrInvalidValue = 1, kErrRequiresNewerDriver = 36, kErrInvalidDeviceFunction = 98,
-  kErrInvalidConfiguration = 9, kErrUnsupportedPtxVersion = 222, kErrSymbolNotFound = 500
+  kErrInvalidConfiguration = 9, kErrUnsupportedPtxVersion = 222, kErrSymbolNotFound = 500,
+  kErrStreamCaptureUnsupported = 900
 };
 
 static long g_libraries; /* loaded and not unloaded (fake_gpu_libraries) */
+/* Table entries run, and those copies among them whose source and destination are not
+ * congruent modulo 16, which the kernel cannot move as 16-byte vectors. */
+static long g_entries, g_narrow;
 
 long fake_gpu_libraries(void) { return g_libraries; }
+void fake_gpu_kernel_entries(long* out) {
+  out[0] = __sync_fetch_and_add(&g_entries, 0);
+  out[1] = __sync_fetch_and_add(&g_narrow, 0);
+}
 
 static int no_library(const char* when) {
   const char* v = getenv("FAKE_CUDA_NO_LIBRARY");
@@ -137,6 +146,11 @@ static void run_table(const PerseusCopyTable* t, unsigned blocks, OrderAgent* st
     fake_misuse("the pack kernel's table: %u entries, first block %u", t->count, t->first_block[0]);
     return;
   }
+  for (unsigned i = 0; i < t->count; ++i) {
+    __sync_fetch_and_add(&g_entries, 1);
+    if (t->src[i] != NULL && (((uintptr_t)t->src[i] ^ (uintptr_t)t->dst[i]) & 15) != 0)
+      __sync_fetch_and_add(&g_narrow, 1);
+  }
   Run* runs = (Run*)malloc(((size_t)blocks + 1) * sizeof(Run));
   size_t n = 0;
   for (unsigned b = 0; b < blocks; ++b) {
@@ -204,7 +218,9 @@ int cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_
     return kErrInvalidValue;
   }
   if (fake_check_stream(stream, "cudaMemcpyBatchAsync")) return 400;
-  if (fake_env_int("FAKE_CUDA_NO_BATCH_COPY", 0) == 1) return kErrRequiresNewerDriver;
+  const char* no_batch = getenv("FAKE_CUDA_NO_BATCH_COPY");
+  if (no_batch && strcmp(no_batch, "1") == 0) return kErrRequiresNewerDriver;
+  if (no_batch && strcmp(no_batch, "capture") == 0) return kErrStreamCaptureUnsupported;
   if (count == 0 || num_attrs == 0 || num_attrs > count || attr_indices[0] != 0) {
     fake_misuse("cudaMemcpyBatchAsync: %zu copies, %zu attributes", count, num_attrs);
     return kErrInvalidValue;
