@@ -15,13 +15,15 @@ SOURCES = ["fake_gpu.c", "fake_order.c", "fake_kernel.c"]
 TABLE_DIR = os.path.join(os.path.dirname(HERE), "csrc", "src", "cuda", "kernels")
 
 
-def build(mpicc, folder, flags=("-O1", "-Wall", "-Werror")):
+def build(mpicc, folder, flags=("-O1", "-Wall", "-Werror"), kernels=True):
     """Builds the fake into folder/libfakegpu.so, linked there as libcudart.so.12 and
     libnccl.so.2 (point PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB at the folder); returns
-    the library's path."""
+    the library's path. kernels=False leaves out fake_kernel.c: a runtime without
+    cudaLibraryLoadData, cudaLaunchKernel and cudaMemcpyBatchAsync, as before CUDA 12."""
     library = os.path.join(str(folder), "libfakegpu.so")
+    sources = SOURCES if kernels else [s for s in SOURCES if s != "fake_kernel.c"]
     subprocess.run([mpicc, "-shared", "-fPIC"] + list(flags) + ["-I" + TABLE_DIR, "-o", library]
-                   + [os.path.join(HERE, "gpu_fakes", name) for name in SOURCES], check=True)
+                   + [os.path.join(HERE, "gpu_fakes", name) for name in sources], check=True)
     for name in ("libcudart.so.12", "libnccl.so.2"):
         os.symlink("libfakegpu.so", os.path.join(str(folder), name))
     return library
@@ -63,7 +65,10 @@ def calls():
 
 
 def libraries():
-    """Kernel libraries loaded (cudaLibraryLoadData) and not unloaded."""
+    """Kernel libraries loaded (cudaLibraryLoadData) and not unloaded (0 where the fake
+    was built without them)."""
+    if not hasattr(lib(), "fake_gpu_libraries"):
+        return 0
     lib().fake_gpu_libraries.restype = ctypes.c_long
     return lib().fake_gpu_libraries()
 
@@ -71,6 +76,8 @@ def libraries():
 def kernel_entries():
     """(entries, narrow): pack kernel table entries run, and copies among them whose
     source and destination differ modulo 16 (no 16-byte vectors for those)."""
+    if not hasattr(lib(), "fake_gpu_kernel_entries"):
+        return 0, 0
     out = (ctypes.c_long * 2)()
     lib().fake_gpu_kernel_entries(out)
     return out[0], out[1]

@@ -329,6 +329,18 @@ def test_packing_on_fake_gpu(run_mpi, fake_gpu, case):
 
 
 @pytest.mark.mpi
+def test_packing_on_fake_gpu_runtime_without_kernel_calls(run_mpi, tmp_path):
+    """A runtime that lacks cudaLibraryLoadData, cudaLaunchKernel and
+    cudaMemcpyBatchAsync (the fake without fake_kernel.c) still loads: one copy per tensor."""
+    import fake_gpu as fake
+    library = fake.build(find_mpi_compiler("mpicc"), tmp_path, kernels=False)
+    env = {"PERSEUS_CUDA_LIB": str(tmp_path), "PERSEUS_NCCL_LIB": str(tmp_path),
+           "FAKE_GPU_LIB": library, "GPU_PACK": "each", "PERSEUS_ALLREDUCE_STREAMS": "1",
+           "FAKE_CUDA_NO_LIBRARY": "1"}  # (tells gpu_packing.py that no library loads)
+    run_mpi("gpu_packing", 2, env=env, timeout=120)
+
+
+@pytest.mark.mpi
 def test_unloadable_nccl_falls_back_to_host_staging_with_one_warning(fake_gpu):
     from conftest import clean_env, find_mpirun
     env = clean_env(dict(fake_gpu, GPU_MODE="staged", PERSEUS_NCCL_LIB="/nonexistent/nccl",

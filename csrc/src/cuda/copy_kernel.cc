@@ -29,7 +29,7 @@ Status LoadCopyKernel(const CudaApi& cuda, cudaKernel_t* kernel) {
   rc = cuda.LibraryGetKernel(kernel, library, kKernelName);
   if (rc != kCudaSuccess) {
     cuda.GetLastError();
-    cuda.LibraryUnload(library);
+    if (cuda.LibraryUnload) cuda.LibraryUnload(library);
     return CudaStatus(rc, "cudaLibraryGetKernel (perseus_batched_copy)");
   }
   return Status::OK();
@@ -37,7 +37,7 @@ Status LoadCopyKernel(const CudaApi& cuda, cudaKernel_t* kernel) {
 
 cudaError_t LaunchCopyKernel(const CudaApi& cuda, cudaKernel_t kernel, cudaStream_t stream,
                              const DeviceCopy* copies, size_t count) {
-  PerseusCopyTable table;
+  PerseusCopyTable table{};  // unused entries zero: a launch's parameter is all defined bytes
   CopyCursor cursor;
   while (const unsigned blocks = FillCopyTable(copies, count, &cursor, &table)) {
     void* args[] = {&table};  // copied by the launch: the table may be refilled at once
