@@ -75,16 +75,12 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------- the driver
 
 def build_fake(folder):
-    """The fake CUDA runtime and NCCL, as tests/test_gpu_core.py builds it."""
+    """The fake CUDA runtime and NCCL (tests/fake_gpu.py builds it), optimised."""
+    import fake_gpu
     mpicc = os.path.join(os.path.dirname(sys.executable), "mpicc")
     if not os.path.exists(mpicc):
         mpicc = shutil.which("mpicc")
-    library = os.path.join(folder, "libfakegpu.so")
-    sources = [os.path.join(REPO, "tests", "gpu_fakes", f) for f in ("fake_gpu.c", "fake_order.c")]
-    subprocess.run([mpicc, "-shared", "-fPIC", "-O2", "-o", library] + sources, check=True)
-    for name in ("libcudart.so.12", "libnccl.so.2"):
-        os.symlink("libfakegpu.so", os.path.join(folder, name))
-    return library
+    return fake_gpu.build(mpicc, folder, flags=("-O2",))
 
 
 def drive(args):

@@ -6,8 +6,27 @@ back that same copy); elsewhere lib() is None and every call here does nothing.
 """
 import ctypes
 import os
+import subprocess
 
 _lib = None
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = ["fake_gpu.c", "fake_order.c", "fake_kernel.c"]
+# The pack kernel's table (its layout is shared with the core and the kernel).
+TABLE_DIR = os.path.join(os.path.dirname(HERE), "csrc", "src", "cuda", "kernels")
+
+
+def build(mpicc, folder, flags=("-O1", "-Wall", "-Werror"), kernels=True):
+    """Builds the fake into folder/libfakegpu.so, linked there as libcudart.so.12 and
+    libnccl.so.2 (point PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB at the folder); returns
+    the library's path. kernels=False leaves out fake_kernel.c: a runtime without
+    cudaLibraryLoadData, cudaLaunchKernel and cudaMemcpyBatchAsync, as before CUDA 12."""
+    library = os.path.join(str(folder), "libfakegpu.so")
+    sources = SOURCES if kernels else [s for s in SOURCES if s != "fake_kernel.c"]
+    subprocess.run([mpicc, "-shared", "-fPIC"] + list(flags) + ["-I" + TABLE_DIR, "-o", library]
+                   + [os.path.join(HERE, "gpu_fakes", name) for name in sources], check=True)
+    for name in ("libcudart.so.12", "libnccl.so.2"):
+        os.symlink("libfakegpu.so", os.path.join(str(folder), name))
+    return library
 STAT_KEYS = ["device_buffers", "pinned_buffers", "streams", "events", "comms", "misuses",
              "comms_created", "nccl_calls"]
 
@@ -43,6 +62,25 @@ def calls():
     out = (ctypes.c_long * len(CALL_KEYS))()
     lib().fake_gpu_calls(out)
     return dict(zip(CALL_KEYS, out))
+
+
+def libraries():
+    """Kernel libraries loaded (cudaLibraryLoadData) and not unloaded (0 where the fake
+    was built without them)."""
+    if not hasattr(lib(), "fake_gpu_libraries"):
+        return 0
+    lib().fake_gpu_libraries.restype = ctypes.c_long
+    return lib().fake_gpu_libraries()
+
+
+def kernel_entries():
+    """(entries, narrow): pack kernel table entries run, and copies among them whose
+    source and destination differ modulo 16 (no 16-byte vectors for those)."""
+    if not hasattr(lib(), "fake_gpu_kernel_entries"):
+        return 0, 0
+    out = (ctypes.c_long * 2)()
+    lib().fake_gpu_kernel_entries(out)
+    return out[0], out[1]
 
 
 def check_no_misuse(what):

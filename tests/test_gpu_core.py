@@ -8,8 +8,8 @@ the C ABI (tests/capi.py, ctypes).
 - GPU requests on a machine where CUDA cannot be used fail on every rank, and the
   engine goes on serving CPU requests; a CPU/GPU mismatch is an error on every rank.
 - The device lanes' logic (NCCL and host-staged paths, fusion, uneven splits, scale
-  factors, failures, shutdown) on a fake CUDA runtime and NCCL (tests/gpu_fakes),
-  built here with mpicc.
+  factors, failures, shutdown; packing fusion buffers by each way there is) on a fake
+  CUDA runtime and NCCL (tests/gpu_fakes), built here with mpicc.
 - Fusion planning with CPU and GPU requests of different ordinals (a C++ test).
 - The configuration values PERSEUS_GPU_OPERATIONS / HOROVOD_GPU_OPERATIONS,
   PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB.
@@ -59,15 +59,11 @@ NO_NCCL = ("the real NCCL library is not installed: `pip install nvidia-nccl-cu1
 def fake_gpu(tmp_path_factory):
     """The fake CUDA runtime and NCCL: one library, linked as libcudart.so.12 and
     libnccl.so.2 in one folder (point PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB at it)."""
+    import fake_gpu as fake
     folder = tmp_path_factory.mktemp("fake_gpu")
-    library = folder / "libfakegpu.so"
-    sources = [str(TESTS_DIR / "gpu_fakes" / name) for name in ("fake_gpu.c", "fake_order.c")]
-    subprocess.run([find_mpi_compiler("mpicc"), "-shared", "-fPIC", "-O1", "-Wall", "-Werror",
-                    "-o", str(library)] + sources, check=True)
-    for name in ("libcudart.so.12", "libnccl.so.2"):
-        (folder / name).symlink_to(library.name)
+    library = fake.build(find_mpi_compiler("mpicc"), folder)
     return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
-            "FAKE_GPU_LIB": str(library)}
+            "FAKE_GPU_LIB": library}
 
 
 # ---------------------------------------------------------------- the loader
@@ -296,6 +292,52 @@ ORDER_CASES = {
 def test_stream_ordering_on_fake_gpu(run_mpi, fake_gpu, case):
     nprocs, env = ORDER_CASES[case]
     run_mpi("gpu_ordering", nprocs, env=dict(fake_gpu, **env), timeout=120)
+
+
+# Packing fused batches (tests/mpi/gpu_packing.py), each way the core may take
+# (csrc/src/cuda/batched_copy.h), reached through the fake's switches: the pack kernel;
+# cudaMemcpyBatchAsync of CUDA 12.8 (9 arguments) and 13 (8), also after the kernel's
+# first launch fails as lazy loading reports a PTX the driver cannot compile; one copy
+# per tensor where the runtime predates batched copies, the driver refuses them, or the
+# stream is being captured into a CUDA graph.
+# Every other device-lane test runs on the kernel; FAKE_CUDA_NO_LIBRARY=1 (with
+# FAKE_CUDA_RUNTIME_VERSION=12040 for copies) in the environment runs them on another.
+PACK_CASES = {
+    "kernel-np1": (1, {"GPU_PACK": "kernel"}),
+    "kernel-np3": (3, {"GPU_PACK": "kernel"}),
+    "kernel_cuda13-np2": (2, {"GPU_PACK": "kernel", "FAKE_CUDA_RUNTIME_VERSION": "13000"}),
+    "batched-np2": (2, {"GPU_PACK": "batched", "FAKE_CUDA_NO_LIBRARY": "1"}),
+    "batched_cuda13-np2": (2, {"GPU_PACK": "batched", "FAKE_CUDA_NO_LIBRARY": "1",
+                               "FAKE_CUDA_RUNTIME_VERSION": "13000"}),
+    "batched_after_lazy_jit_failure-np2": (2, {"GPU_PACK": "batched",
+                                               "FAKE_CUDA_NO_LIBRARY": "launch"}),
+    "each_cuda12.4-np2": (2, {"GPU_PACK": "each", "FAKE_CUDA_NO_LIBRARY": "1",
+                              "FAKE_CUDA_RUNTIME_VERSION": "12040"}),
+    "each_after_old_driver-np2": (2, {"GPU_PACK": "each", "FAKE_CUDA_NO_LIBRARY": "1",
+                                      "FAKE_CUDA_NO_BATCH_COPY": "1"}),
+    "each_while_capturing-np2": (2, {"GPU_PACK": "each", "FAKE_CUDA_NO_LIBRARY": "1",
+                                     "FAKE_CUDA_NO_BATCH_COPY": "capture"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(PACK_CASES))
+def test_packing_on_fake_gpu(run_mpi, fake_gpu, case):
+    nprocs, env = PACK_CASES[case]
+    run_mpi("gpu_packing", nprocs, env=dict(fake_gpu, PERSEUS_ALLREDUCE_STREAMS="1", **env),
+            timeout=120)
+
+
+@pytest.mark.mpi
+def test_packing_on_fake_gpu_runtime_without_kernel_calls(run_mpi, tmp_path):
+    """A runtime that lacks cudaLibraryLoadData, cudaLaunchKernel and
+    cudaMemcpyBatchAsync (the fake without fake_kernel.c) still loads: one copy per tensor."""
+    import fake_gpu as fake
+    library = fake.build(find_mpi_compiler("mpicc"), tmp_path, kernels=False)
+    env = {"PERSEUS_CUDA_LIB": str(tmp_path), "PERSEUS_NCCL_LIB": str(tmp_path),
+           "FAKE_GPU_LIB": library, "GPU_PACK": "each", "PERSEUS_ALLREDUCE_STREAMS": "1",
+           "FAKE_CUDA_NO_LIBRARY": "1"}  # (tells gpu_packing.py that no library loads)
+    run_mpi("gpu_packing", 2, env=env, timeout=120)
 
 
 @pytest.mark.mpi

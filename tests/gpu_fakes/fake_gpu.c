@@ -25,6 +25,10 @@
  * (benchmarks/gpu_host_cost.py): copies, memsets and NCCL calls move no data and return
  * at once, and the ordering checker is off; results are meaningless.
  *
+ * The pack kernel's library (cudaLibrary*, cudaLaunchKernel) and cudaMemcpyBatchAsync
+ * are in fake_kernel.c. FAKE_CUDA_RUNTIME_VERSION (default 12080, i.e. 12.8) sets the
+ * runtime and driver versions reported, and so which cudaMemcpyBatchAsync there is.
+ *
  * Failure injection (environment): FAKE_CUDA_DEVICES (device count, default 1; 0 = no
  * device); FAKE_NCCL_FAIL_INIT_RANK=<world rank> makes ncclCommInitRank fail there
  * (after the exchange, so nobody hangs); FAKE_NCCL_FAIL_ALLREDUCE_AFTER=<n> makes
@@ -58,9 +62,7 @@ typedef struct { char internal[128]; } ncclUniqueId;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static long g_live_device, g_live_host, g_live_streams, g_live_events, g_live_comms, g_misuse;
 static long g_allreduces, g_comms_created, g_nccl_calls;
-/* Calls that cost host time on a real GPU, by kind (fake_gpu_calls). */
-enum { kCallRecord, kCallWait, kCallCopy, kCallLaunch, kCallNccl, kCallSetDevice, kCallKinds };
-static long g_calls[kCallKinds];
+static long g_calls[kCallKinds]; /* by kind (fake_gpu.h) */
 static char g_misuse_text[512];
 static __thread int t_device = 0;
 static __thread int t_group_depth = 0;
@@ -152,8 +154,9 @@ static int check_current(void* s, const char* what) {
   return 0;
 }
 
-int cudaRuntimeGetVersion(int* v) { *v = 12080; return 0; }
-int cudaDriverGetVersion(int* v) { *v = 12080; return 0; }
+int fake_runtime_version(void) { return env_int("FAKE_CUDA_RUNTIME_VERSION", 12080); }
+int cudaRuntimeGetVersion(int* v) { *v = fake_runtime_version(); return 0; }
+int cudaDriverGetVersion(int* v) { *v = fake_runtime_version(); return 0; }
 int cudaGetDeviceCount(int* n) {
   *n = device_count();
   return *n > 0 ? 0 : 100; /* cudaErrorNoDevice */
@@ -230,9 +233,16 @@ int cudaEventRecord(void* e, void* s) {
   order_event_record(&fe->recorded, agent(s));
   return 0;
 }
-int cudaMalloc(void** p, size_t n) {
+/* New memory holds garbage, as a GPU's may (fresh pages from malloc would be zeros,
+ * hiding a zero fill that was never made). */
+static void* fake_alloc(size_t n) {
   void* memory = malloc(n ? n : 1);
+  if (!fake_timing_mode()) memset(memory, 0xCD, n);
   order_allocated(memory, n);
+  return memory;
+}
+int cudaMalloc(void** p, size_t n) {
+  void* memory = fake_alloc(n);
   *p = memory;
   tally(&g_live_device, 1);
   return 0;
@@ -258,8 +268,7 @@ int cudaFreeAsync(void* p, void* s) {
   return cudaFree(p);
 }
 int cudaMallocHost(void** p, size_t n) {
-  void* memory = malloc(n ? n : 1);
-  order_allocated(memory, n);
+  void* memory = fake_alloc(n);
   *p = memory;
   tally(&g_live_host, 1);
   return 0;
@@ -287,6 +296,13 @@ int cudaMemsetAsync(void* p, int value, size_t n, void* s) {
   memset(p, value, n);
   return 0;
 }
+
+/* ---------------------------------------------------------------- for fake_kernel.c */
+void fake_count_call(int kind) { tally(&g_calls[kind], 1); }
+int fake_env_int(const char* name, int fallback) { return env_int(name, fallback); }
+int fake_check_stream(void* stream, const char* what) { return check_current(stream, what); }
+OrderAgent* fake_stream_agent(void* stream) { return agent(stream); }
+int fake_is_legacy_stream(void* stream) { return stream == NULL || stream == (void*)1; }
 
 /* ---------------------------------------------------------------- for tests
  * A framework's kernel on `stream` (a producer writing an input, a consumer reading an

@@ -10,6 +10,19 @@ void fake_misuse(const char* fmt, ...);
 /* FAKE_GPU_TIMING=1: no data moves, no ordering checks (fake_gpu.c's header). */
 int fake_timing_mode(void);
 
+/* ---------------------------------------------------------------- fake_gpu.c's streams
+ * and counters, for the kernel and batched copies of fake_kernel.c. */
+typedef struct OrderAgent OrderAgent;
+/* Calls that cost host time on a real GPU, by kind (fake_gpu_calls). */
+enum { kCallRecord, kCallWait, kCallCopy, kCallLaunch, kCallNccl, kCallSetDevice, kCallKinds };
+void fake_count_call(int kind);
+int fake_env_int(const char* name, int fallback);
+int fake_runtime_version(void); /* FAKE_CUDA_RUNTIME_VERSION, default 12080 (12.8) */
+/* Nonzero (and a misuse counted) unless `stream` is live and its device is current. */
+int fake_check_stream(void* stream, const char* what);
+OrderAgent* fake_stream_agent(void* stream); /* the checker's agent; NULL when it is off */
+int fake_is_legacy_stream(void* stream);
+
 /* ---------------------------------------------------------------- ordering checker
  * Vector clocks, as PyTorch's CUDA sanitizer keeps them: every stream and every host
  * thread is an agent with a clock; an operation on a stream ticks the stream's own
@@ -25,7 +38,6 @@ int fake_timing_mode(void);
  *
  * FAKE_GPU_ORDER_CHECK=0, or the timing mode, turns it off (then every function below
  * does nothing). */
-typedef struct OrderAgent OrderAgent;
 typedef struct OrderSnapshot OrderSnapshot;
 
 OrderAgent* order_new_stream(int device);

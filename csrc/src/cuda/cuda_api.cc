@@ -46,6 +46,20 @@ void Bind(void* handle, const char* name, Fn* slot, std::string* missing) {
   *slot = reinterpret_cast<Fn>(symbol);
 }
 
+// What older runtimes lack: the pack kernel's loader (CUDA 12.0) and batched copies
+// (12.8; their arity follows the version). Missing ones stay null.
+void BindOptional(void* h, int version, CudaApi* api) {
+  std::string absent;  // not an error: cuda/batched_copy.cc chooses what there is
+  Bind(h, "cudaLibraryLoadData", &api->LibraryLoadData, &absent);
+  Bind(h, "cudaLibraryGetKernel", &api->LibraryGetKernel, &absent);
+  Bind(h, "cudaLibraryUnload", &api->LibraryUnload, &absent);
+  Bind(h, "cudaLaunchKernel", &api->LaunchKernel, &absent);
+  if (version >= 13000)
+    Bind(h, "cudaMemcpyBatchAsync", &api->MemcpyBatchAsync13, &absent);
+  else if (version >= 12080)
+    Bind(h, "cudaMemcpyBatchAsync", &api->MemcpyBatchAsync12, &absent);
+}
+
 Status Unsupported(const std::string& message) {
   return Status::Error(PERSEUS_UNSUPPORTED, message);
 }
@@ -92,6 +106,7 @@ Status OpenCuda(const std::string& configured, const std::vector<std::string>& d
     return Unsupported(path + " is CUDA runtime " + std::to_string(version / 1000) + "." +
                        std::to_string(version % 1000 / 10) + "; Perseus needs 11.2 or newer");
   }
+  BindOptional(h, version, api);
   api->path = path;
   api->runtime_version = version;
   return Status::OK();

@@ -20,11 +20,25 @@ namespace gpu {
 using cudaError_t = int;
 using cudaStream_t = struct CUstream_st*;
 using cudaEvent_t = struct CUevent_st*;
+using cudaLibrary_t = struct CUlib_st*;
+using cudaKernel_t = struct CUkern_st*;
 constexpr cudaError_t kCudaSuccess = 0;
 constexpr cudaError_t kCudaErrorNotReady = 600;
 enum MemcpyKind : int { kHostToDevice = 1, kDeviceToHost = 2, kDeviceToDevice = 3 };
 constexpr unsigned kStreamNonBlocking = 0x01;   // cudaStreamNonBlocking
 constexpr unsigned kEventDisableTiming = 0x02;  // cudaEventDisableTiming
+struct Dim3 {  // dim3, passed by value
+  unsigned x, y, z;
+};
+struct MemLocation {  // cudaMemLocation
+  int type, id;
+};
+struct MemcpyAttributes {  // cudaMemcpyAttributes (the same in CUDA 12.8 and 13)
+  int src_access_order;    // cudaMemcpySrcAccessOrder
+  MemLocation src_loc_hint, dst_loc_hint;
+  unsigned flags;
+};
+constexpr int kMemcpySrcAccessOrderStream = 1;  // sources read in stream order
 
 struct CudaApi {
   cudaError_t (*RuntimeGetVersion)(int*);
@@ -50,6 +64,24 @@ struct CudaApi {
   cudaError_t (*FreeHost)(void*);
   cudaError_t (*MemcpyAsync)(void*, const void*, size_t, int /* MemcpyKind */, cudaStream_t);
   cudaError_t (*MemsetAsync)(void*, int, size_t, cudaStream_t);
+  // Optional: null where the runtime lacks them (cuda/batched_copy.h then falls back).
+  // CUDA 12.0: a kernel loaded from PTX text; a cudaKernel_t is launched as the `func`
+  // of cudaLaunchKernel, cast to const void*.
+  cudaError_t (*LibraryLoadData)(cudaLibrary_t*, const void* code, int* jit_options,
+                                 void** jit_values, unsigned num_jit_options, int* library_options,
+                                 void** library_values, unsigned num_library_options);
+  cudaError_t (*LibraryGetKernel)(cudaKernel_t*, cudaLibrary_t, const char* name);
+  cudaError_t (*LibraryUnload)(cudaLibrary_t);
+  cudaError_t (*LaunchKernel)(const void* func, Dim3 grid, Dim3 block, void** args,
+                              size_t shared_bytes, cudaStream_t);
+  // cudaMemcpyBatchAsync: CUDA 12.8 and 12.9 have a failIdx argument, which CUDA 13
+  // dropped. At most one of the two is set, after cudaRuntimeGetVersion.
+  cudaError_t (*MemcpyBatchAsync12)(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                    size_t count, MemcpyAttributes* attrs, size_t* attr_indices,
+                                    size_t num_attrs, size_t* fail_index, cudaStream_t);
+  cudaError_t (*MemcpyBatchAsync13)(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                    size_t count, MemcpyAttributes* attrs, size_t* attr_indices,
+                                    size_t num_attrs, cudaStream_t);
 
   std::string path;     // the file it came from
   int runtime_version;  // e.g. 12080 for 12.8

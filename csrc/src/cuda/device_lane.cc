@@ -7,6 +7,7 @@
 #include "common/list_string.h"
 #include "common/logging.h"
 #include "common/timeline.h"
+#include "cuda/batched_copy.h"
 #include "cuda/device_guard.h"
 #include "cuda/event_pool.h"
 #include "cuda/nccl_ops.h"
@@ -163,6 +164,7 @@ Status DeviceLane::Open() {
     DropStream();
     return opened;
   }
+  PreparePacking(Context());  // before this lane's first NCCL kernel (batched_copy.h)
   mode_ = Mode::kNccl;
   return Status::OK();
 }

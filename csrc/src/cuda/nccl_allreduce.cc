@@ -1,7 +1,11 @@
 // Allreduce with NCCL. One tensor is reduced straight from its input into its output
 // (which may differ: ncclAllReduce(in, out)); several are packed into the lane's
-// fusion buffer, reduced by one call, and unpacked. A joined rank's slots are zeros.
+// fusion buffer, reduced by one call, and unpacked (batched_copy.h: one kernel launch
+// each way). A joined rank's slots are zeros.
+#include <vector>
+
 #include "common/dtype.h"
+#include "cuda/batched_copy.h"
 #include "cuda/nccl_ops.h"
 #include "cuda/staged_ops.h"
 
@@ -24,31 +28,34 @@ Status NcclAllreduce(const Batch& batch, DeviceContext& ctx) {
                           "ncclAllReduce");
   }
 
-  int64_t total = 0;
-  for (const BatchItem& item : batch.items) total += item.meta.NumElements();
+  // Slots start on 16-byte boundaries (batched_copy.h); `total` ends at the last one's end.
+  int64_t total = 0, offset = 0;
+  for (const BatchItem& item : batch.items) {
+    const int64_t bytes = item.meta.NumElements() * esize;
+    total = offset + bytes;
+    offset = NextFusionSlot(offset, bytes);
+  }
   if (total == 0) return Status::OK();
-  PERSEUS_RETURN_IF_ERROR(ctx.fusion->Reserve(total * esize, ctx.stream));
+  PERSEUS_RETURN_IF_ERROR(ctx.fusion->Reserve(total, ctx.stream));
   char* buffer = ctx.fusion->data();
-  int64_t offset = 0;
-  for (const BatchItem& item : batch.items) {  // pack
+  std::vector<DeviceCopy> pack, unpack;
+  pack.reserve(batch.items.size());
+  unpack.reserve(batch.items.size());
+  offset = 0;
+  for (const BatchItem& item : batch.items) {
     const int64_t bytes = item.meta.NumElements() * esize;
     if (item.entry) {
-      PERSEUS_RETURN_IF_ERROR(CopyAsync(ctx, buffer + offset, item.entry->input, bytes, kDeviceToDevice));
-    } else if (bytes > 0) {
-      PERSEUS_RETURN_IF_ERROR(ctx.Cu(ctx.cuda.MemsetAsync(buffer + offset, 0, bytes, ctx.stream),
-                                     "cudaMemsetAsync (joined rank's zeros)"));
+      pack.push_back({item.entry->input, buffer + offset, bytes});
+      unpack.push_back({buffer + offset, item.entry->output, bytes});
+    } else {
+      pack.push_back({nullptr, buffer + offset, bytes});  // a joined rank adds zeros
     }
-    offset += bytes;
+    offset = NextFusionSlot(offset, bytes);
   }
-  PERSEUS_RETURN_IF_ERROR(
-      AllReduceWhole(ctx, buffer, buffer, total, head.dtype, op, "ncclAllReduce (fused)"));
-  offset = 0;
-  for (const BatchItem& item : batch.items) {  // unpack
-    const int64_t bytes = item.meta.NumElements() * esize;
-    if (item.entry)
-      PERSEUS_RETURN_IF_ERROR(CopyAsync(ctx, item.entry->output, buffer + offset, bytes, kDeviceToDevice));
-    offset += bytes;
-  }
+  PERSEUS_RETURN_IF_ERROR(CopyBatch(ctx, pack));
+  PERSEUS_RETURN_IF_ERROR(AllReduceWhole(ctx, buffer, buffer, total / esize, head.dtype, op,
+                                         "ncclAllReduce (fused)"));
+  PERSEUS_RETURN_IF_ERROR(CopyBatch(ctx, unpack));
   return Status::OK();
 }
 

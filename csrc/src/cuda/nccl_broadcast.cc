@@ -1,6 +1,10 @@
 // Broadcast with NCCL, as bytes (so tensors of any dtype fuse): one tensor straight
-// from the root's input into every output; several packed into the fusion buffer.
+// from the root's input into every output; several packed into the fusion buffer
+// (batched_copy.h) by the root, broadcast by one call, and unpacked.
+#include <vector>
+
 #include "common/dtype.h"
+#include "cuda/batched_copy.h"
 #include "cuda/nccl_ops.h"
 
 namespace perseus {
@@ -21,29 +25,29 @@ Status NcclBroadcast(const Batch& batch, DeviceContext& ctx) {
                   "ncclBroadcast");
   }
 
-  int64_t total = 0;
-  for (const BatchItem& item : batch.items) total += bytes_of(item);
+  // Slots start on 16-byte boundaries (batched_copy.h); `total` ends at the last one's end.
+  int64_t total = 0, offset = 0;
+  for (const BatchItem& item : batch.items) {
+    total = offset + bytes_of(item);
+    offset = NextFusionSlot(offset, bytes_of(item));
+  }
   if (total == 0) return Status::OK();
   PERSEUS_RETURN_IF_ERROR(ctx.fusion->Reserve(total, ctx.stream));
   char* buffer = ctx.fusion->data();
-  int64_t offset = 0;
-  if (is_root) {
-    for (const BatchItem& item : batch.items) {
-      PERSEUS_RETURN_IF_ERROR(CopyAsync(ctx, buffer + offset, item.entry->input, bytes_of(item),
-                                        kDeviceToDevice));
-      offset += bytes_of(item);
-    }
+  std::vector<DeviceCopy> pack, unpack;
+  offset = 0;
+  for (const BatchItem& item : batch.items) {
+    const Entry& entry = *item.entry;
+    if (is_root) pack.push_back({entry.input, buffer + offset, bytes_of(item)});
+    if (!is_root || entry.output != entry.input)  // the root's in-place tensors hold it already
+      unpack.push_back({buffer + offset, entry.output, bytes_of(item)});
+    offset = NextFusionSlot(offset, bytes_of(item));
   }
+  PERSEUS_RETURN_IF_ERROR(CopyBatch(ctx, pack));
   PERSEUS_RETURN_IF_ERROR(ctx.Nc(
       ctx.nccl->Broadcast(buffer, buffer, total, kNcclUint8, root, ctx.comm, ctx.stream),
       "ncclBroadcast (fused)"));
-  offset = 0;
-  for (const BatchItem& item : batch.items) {
-    const int64_t n = bytes_of(item);
-    if (!is_root || item.entry->output != item.entry->input)
-      PERSEUS_RETURN_IF_ERROR(CopyAsync(ctx, item.entry->output, buffer + offset, n, kDeviceToDevice));
-    offset += n;
-  }
+  PERSEUS_RETURN_IF_ERROR(CopyBatch(ctx, unpack));
   return Status::OK();
 }
 

@@ -1,0 +1,56 @@
+"""The pack kernel of the GPU lanes (csrc/src/cuda/kernels/batched_copy.cu) where no GPU is:
+
+- the PTX the core embeds (batched_copy_ptx.inc) is what scripts/gen_pack_ptx.sh makes
+  from the source (skipped, saying why, without nvcc or with an nvcc release other than
+  the one that made it);
+- the kernel's device code runs on the CPU over tables the core fills
+  (tests/cpp/pack_kernel_test.cc), under UBSan's alignment check.
+
+How the lanes use it, and its fallbacks, on the fake CUDA runtime: test_gpu_core.py
+(test_packing_on_fake_gpu).
+"""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO_ROOT, TESTS_DIR
+
+KERNELS = REPO_ROOT / "csrc" / "src" / "cuda" / "kernels"
+RELEASE = re.compile(r"release (\d+\.\d+), V([\d.]+)")
+
+
+def test_committed_ptx_is_what_the_script_makes(tmp_path):
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH (nor $NVCC): cannot regenerate the pack kernel's PTX")
+    committed = (KERNELS / "batched_copy_ptx.inc").read_text()
+    made_by = RELEASE.search(committed)
+    assert made_by, "the committed PTX does not name the nvcc that made it"
+    here = RELEASE.search(subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                                         check=True).stdout)
+    if here.group(2) != made_by.group(2):
+        pytest.skip("the committed PTX was made by nvcc V%s and this one is V%s, whose output may "
+                    "differ; compare with the same release" % (made_by.group(2), here.group(2)))
+    out = tmp_path / "batched_copy_ptx.inc"
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "gen_pack_ptx.sh"), str(out)],
+                            env=dict(os.environ, NVCC=nvcc), capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert out.read_text() == committed, (
+        "csrc/src/cuda/kernels/batched_copy_ptx.inc is stale: run scripts/gen_pack_ptx.sh")
+
+
+def test_kernel_device_code_on_cpu_cpp(tmp_path):
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler on PATH")
+    binary = tmp_path / "pack_kernel_test"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-fsanitize=alignment,undefined",
+                    "-fno-sanitize-recover=all", "-I%s" % (REPO_ROOT / "csrc" / "src"),
+                    str(TESTS_DIR / "cpp" / "pack_kernel_test.cc"),
+                    str(REPO_ROOT / "csrc" / "src" / "cuda" / "copy_table.cc"), "-o", str(binary)],
+                   check=True)
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
