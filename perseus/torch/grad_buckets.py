@@ -28,7 +28,7 @@ gradient_as_bucket_view=False)) turns the whole mode off.
 import torch
 
 from perseus.torch import adapter as _adapter
-from perseus.torch.nn.parallel.reducer import assign_buckets
+from perseus.torch.nn.parallel.reducer import assign_buckets, flat_with_views
 
 BUCKET_BYTES = 25 << 20
 FIRST_BUCKET_BYTES = 1 << 20
@@ -42,13 +42,7 @@ class _Bucket:
         self.name = name
         self.params = params
         self.ids = frozenset(id(p) for p in params)
-        numel = sum(p.numel() for p in params)
-        self.flat = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
-        self.views = []
-        offset = 0
-        for p in params:
-            self.views.append(self.flat[offset:offset + p.numel()].view(p.shape))
-            offset += p.numel()
+        self.flat, self.views = flat_with_views(params)
         self.ready = set()       # ids of the members whose slot is final this step
         self.submitted = False   # this step's reduction started
         self.request = None      # (scales, adapter.InplaceAllreduce) for self.flat

@@ -77,17 +77,23 @@ class _Bucket:
         self.name = name
         self.members = members  # parameter indices
         self.params = params
-        numel = sum(p.numel() for p in params)
-        self.flat = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
-        self.views = []
-        offset = 0
-        for p in params:
-            self.views.append(self.flat[offset:offset + p.numel()].view(p.shape))
-            offset += p.numel()
+        self.flat, self.views = flat_with_views(params)
         self.pending = len(members)
         self.handle = None
         self.future = None
         self.poisoned = False
+
+
+def flat_with_views(params):
+    """A zeroed flat tensor for `params` (one dtype and device) and one view of it per
+    parameter, shaped like it, in order."""
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
+                       device=params[0].device)
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset:offset + p.numel()].view(p.shape))
+        offset += p.numel()
+    return flat, views
 
 
 def assign_buckets(params, cap_bytes, first_cap_bytes=_FIRST_BUCKET_BYTES):
