@@ -58,7 +58,7 @@ def test_import_perseus_then_attribute_access():
 
 
 def test_bucket_assignment():
-    from perseus.torch.nn.parallel.reducer import assign_buckets
+    from perseus.torch.buckets import assign_buckets
     params = [torch.zeros(256), torch.zeros(256, dtype=torch.float64), torch.zeros(256),
               torch.zeros(256), torch.zeros(256)]
     # 1 KiB per float32 tensor: first bucket capped at 1 KiB, then 2 KiB; reverse order.

@@ -4,7 +4,7 @@ The parameters that DistributedOptimizer reduces one by one (not in `groups`, de
 with Compression.none) are laid out in buckets: flat tensors of one dtype and
 device, in reverse order of the parameters (roughly the order backward produces
 their gradients), the first of each kind about 1 MiB and the others about 25 MiB,
-as torch's DDP lays out its own (nn/parallel/reducer.assign_buckets). Each
+as torch's DDP lays out its own (buckets.assign_buckets). Each
 parameter's .grad is made a view of its slice of the bucket, and a bucket whose
 gradients are all in is reduced in place with ONE request, so nothing is copied into
 a fusion buffer or back: a bucket of 4 MiB or more runs alone and in place in the
@@ -28,10 +28,9 @@ gradient_as_bucket_view=False)) turns the whole mode off.
 import torch
 
 from perseus.torch import adapter as _adapter
-from perseus.torch.nn.parallel.reducer import assign_buckets, flat_with_views
+from perseus.torch.buckets import FIRST_BUCKET_BYTES, assign_buckets, flat_with_views
 
 BUCKET_BYTES = 25 << 20
-FIRST_BUCKET_BYTES = 1 << 20
 
 
 class _Bucket:
