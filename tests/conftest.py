@@ -7,6 +7,7 @@ hang fails one test and never stalls the suite.
 """
 import importlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -232,6 +233,27 @@ def run_python():
                         % (timeout, env, code, e.stdout, e.stderr), pytrace=False)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def shim(tmp_path_factory):
+    """Returns shim(name) -> the path of tests/shims/<name>.c built as a shared library
+    (once per session), to LD_PRELOAD in a child process: a stand-in for an MPI
+    function that makes a rare or machine-specific behaviour happen on every run."""
+    built = {}
+
+    def build(name):
+        if name not in built:
+            compiler = shutil.which("cc") or shutil.which("gcc")
+            if compiler is None:
+                pytest.fail("no C compiler (cc, gcc) on PATH to build tests/shims/%s.c" % name)
+            out = tmp_path_factory.mktemp("shim") / ("%s.so" % name)
+            subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(out),
+                            str(TESTS_DIR / "shims" / ("%s.c" % name)), "-ldl"], check=True)
+            built[name] = str(out)
+        return built[name]
+
+    return build
 
 
 _SETTINGS_AT_INIT = """
