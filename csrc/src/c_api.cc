@@ -21,6 +21,7 @@
 #include "cuda/device_backend.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "mpi/mpi_library.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
 #include "mpi/wait_policy.h"
@@ -189,13 +190,17 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   if (g_forked_from) return Report(ForkedChild());
   if (!g_atfork_registered)
     g_atfork_registered = pthread_atfork(nullptr, nullptr, AfterForkInChild) == 0;
+  // Before any other MPI call (MPI_Initialized included): with a mixed build those
+  // hang or crash. MPI initialised by mpi4py is checked the same way.
+  Status status = CheckMpiLibrary();
+  if (!status.ok()) return Report(status);
   g_started = true;  // before MPI_Init_thread, which may fork
   MpiCallerScope mpi_caller;  // an exit() inside MPI_Init must not wait for g_mu
   Config config;
   Status config_status = LoadConfig(&config);
   if (config_status.ok()) SetLogLevel(config.log_level);
   bool thread_multiple = false;
-  Status status = StartMpi(&thread_multiple);
+  status = StartMpi(&thread_multiple);
   if (!status.ok()) return Report(status);
   MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
   MPI_Comm world;
@@ -295,6 +300,13 @@ perseus_status_t perseus_stop_timeline(void) {
   Timeline::Get().Stop();
   return PERSEUS_SUCCESS;
 }
+
+perseus_status_t perseus_check_mpi_library(void) {
+  Status status = CheckMpiLibrary();
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+const char* perseus_mpi_header_version(void) { return HeaderMpi(); }
 
 int perseus_is_initialized(void) { return Current() ? 1 : 0; }
 const char* perseus_last_error(void) { return g_last_error.c_str(); }
