@@ -21,6 +21,8 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "build_support"))
 import mpi_link  # noqa: E402 - build helpers, not part of the package
+from parallel_compile import compile_in_parallel  # noqa: E402
+
 SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "src").rglob("*.cc"))
 
 MISSING_MPI = """
@@ -84,6 +86,9 @@ class BuildCore(build_ext):
             self.check_mpi_probe(wrapper, ext)
         if self.mpi_check_only:
             return
+        # build_ext -j N sets the number of compiler processes; else one per core.
+        jobs = self.parallel if type(self.parallel) is int and self.parallel >= 1 else None
+        compile_in_parallel(self.compiler, jobs or os.cpu_count() or 1)
         super().build_extensions()
         for ext in self.extensions:
             problem = mpi_link.check_library(wrapper, self.get_ext_fullpath(ext.name))
