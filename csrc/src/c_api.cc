@@ -600,6 +600,7 @@ perseus_status_t perseus_stream_wait(int64_t handle, void* stream) {
 }
 
 perseus_status_t perseus_stream_wait_all(const int64_t* handles, int32_t n, void* stream) {
+  if (g_forked_from) return Report(ForkedChild());
   Status first;
   std::vector<std::shared_ptr<void>> events;  // held: a concurrent release cannot recycle them
   for (int32_t i = 0; i < n; ++i) {
