@@ -5,6 +5,10 @@ The core is compiled with the MPI C++ wrapper found as $PERSEUS_MPICXX, else
 PATH. To build against a system MPI, put its bin/ first on PATH or set
 PERSEUS_MPICXX=/path/to/mpicxx. Nothing from PyTorch, TensorFlow, MXNet or CUDA
 is needed at build time.
+
+The build links the wrapper's own libmpi or stops (build_support/mpi_link.py): a
+one-function probe is linked first, with the core's exact command line, so a mixed
+setup stops in seconds. `python setup.py build_ext --mpi-check-only` runs just that.
 """
 import os
 import shutil
@@ -15,6 +19,10 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "build_support"))
+import mpi_link  # noqa: E402 - build helpers, not part of the package
+from parallel_compile import compile_in_parallel  # noqa: E402
+
 SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "src").rglob("*.cc"))
 
 MISSING_MPI = """
@@ -40,6 +48,15 @@ def find_mpicxx():
 class BuildCore(build_ext):
     """Compiles libperseus.so with mpicxx; it is a plain shared library loaded by ctypes."""
 
+    user_options = build_ext.user_options + [
+        ("mpi-check-only", None, "link the MPI probe as the core would be linked, say which "
+                                 "libmpi it took, and stop")]
+    boolean_options = build_ext.boolean_options + ["mpi-check-only"]
+
+    def initialize_options(self):
+        super().initialize_options()
+        self.mpi_check_only = False
+
     def get_ext_filename(self, ext_name):
         return os.path.join(*ext_name.split(".")) + ".so"
 
@@ -47,15 +64,58 @@ class BuildCore(build_ext):
         mpicxx = find_mpicxx()
         if mpicxx is None:
             sys.exit(MISSING_MPI)
+        wrapper = mpi_link.Wrapper.query(mpicxx)
+        if wrapper is None:
+            print("warning: %s answers neither -show nor -showme, so the build cannot check "
+                  "which libmpi it links; init() still refuses a mixed build" % mpicxx)
+            wrapper = mpi_link.Wrapper(mpicxx, [])
+        # The wrapper's own folders first: setuptools adds Python's (for Debian's python
+        # /usr/lib/x86_64-linux-gnu, where a system Open MPI's libmpi.so lives) before
+        # the wrapper's flags, and -lmpi took the first libmpi.so found.
         # Newer setuptools keep separate C++ commands (compiler_so_cxx, linker_so_cxx)
         # that would otherwise stay $CXX without MPI's flags: set every one there is.
-        for name in ("compiler_so", "compiler_so_cxx", "compiler_cxx"):
+        for name in ("compiler_so", "compiler_so_cxx"):
             if name in self.compiler.executables:
-                self.compiler.set_executable(name, [mpicxx])
+                self.compiler.set_executable(name, [mpicxx] + wrapper.first_compile_flags())
+        if "compiler_cxx" in self.compiler.executables:
+            self.compiler.set_executable("compiler_cxx", [mpicxx])
         for name in ("linker_so", "linker_so_cxx"):
             if name in self.compiler.executables:
-                self.compiler.set_executable(name, [mpicxx, "-shared"])
+                self.compiler.set_executable(name, [mpicxx, "-shared"] + wrapper.first_link_flags())
+        for ext in self.extensions:
+            self.check_mpi_probe(wrapper, ext)
+        if self.mpi_check_only:
+            return
+        # build_ext -j N sets the number of compiler processes; else one per core.
+        jobs = self.parallel if type(self.parallel) is int and self.parallel >= 1 else None
+        compile_in_parallel(self.compiler, jobs or os.cpu_count() or 1)
         super().build_extensions()
+        for ext in self.extensions:
+            problem = mpi_link.check_library(wrapper, self.get_ext_fullpath(ext.name))
+            if problem:
+                sys.exit(problem)
+
+    def check_mpi_probe(self, wrapper, ext):
+        """Links mpi_link.PROBE_SOURCE exactly as build_extension() will link `ext`, with
+        a link map naming the files the linker read, and stops on another MPI's libmpi."""
+        folder = Path(self.build_temp) / "mpi_probe"
+        folder.mkdir(parents=True, exist_ok=True)
+        source, link_map = folder / "mpi_probe.cc", folder / "mpi_probe.map"
+        source.write_text(mpi_link.PROBE_SOURCE)
+        objects = self.compiler.compile([str(source)], output_dir=str(folder),
+                                        include_dirs=ext.include_dirs,
+                                        extra_postargs=ext.extra_compile_args)
+        self.compiler.link_shared_object(
+            objects, str(folder / "libmpi_probe.so"), libraries=self.get_libraries(ext),
+            library_dirs=ext.library_dirs, runtime_library_dirs=ext.runtime_library_dirs,
+            extra_postargs=ext.extra_link_args + ["-Wl,-Map," + str(link_map)],
+            target_lang=ext.language)
+        problem = mpi_link.check_probe(wrapper, link_map.read_text(errors="replace"))
+        if problem:
+            sys.exit(problem)
+        own = wrapper.own_library()
+        print("MPI: %s links %s" % (wrapper.path, own or "the libmpi of the linker's default "
+                                    "folders (the wrapper names no library folder)"))
 
 
 core = Extension(

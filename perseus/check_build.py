@@ -4,7 +4,10 @@ Frameworks are looked up without importing them (a TensorFlow import alone takes
 seconds): a package counts as available when this Python can find it. MPI and NCCL
 come from the core: MPI is built in, NCCL and the CUDA runtime count when they load
 in this process now (perseus.common.gpu). After horovodrun's sections, Perseus adds
-the paths and versions behind each answer, or why a library did not load.
+the paths and versions behind each answer, or why a library did not load, and the
+MPI whose headers the core was compiled with: if the MPI library loaded is of another
+kind (a mixed build, in which init() would refuse to start), the report says FAIL and
+the command exits 1.
 """
 
 import importlib.metadata
@@ -54,7 +57,8 @@ def _gpu_operations():
 
 
 def report():
-    """(text, ok): the report, and whether the core library loads."""
+    """(text, ok): the report, and whether the core library loads with the MPI it was
+    compiled for."""
     library, why_not = _core()
     nccl = 0
     if library is not None:
@@ -80,14 +84,23 @@ def report():
     if library is None:
         detail("core", "NOT LOADED: %s" % why_not)
         return "\n".join(lines), False
-    from perseus.common import gpu
+    from perseus.common import exceptions, gpu
+    ok = True
     detail("core", library.LIBRARY_PATH)
+    detail("MPI headers", library.mpi_header_version())
     detail("MPI library", library.mpi_library_version() or "version unknown")
+    try:
+        library.check_mpi_library()
+    except exceptions.HorovodInternalError as e:
+        detail("MPI check", "FAIL: %s" % e)
+        ok = False
+    else:
+        detail("MPI check", "ok (the library can serve the headers' MPI)")
     described = gpu.describe() or "(no description)"
     detail("GPU libraries", described)
     if "GPU operations" not in described:  # the core names the mode it would use, where it can
         detail("GPU operations", _gpu_operations())
-    return "\n".join(lines), True
+    return "\n".join(lines), ok
 
 
 def main():

@@ -11,6 +11,21 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout scikit-learn h5py \
   "nvidia-nccl-cu13==2.32.3"
+# Debian's Open MPI as a second MPI, for tests/test_open_mpi.py (the core built against
+# it: a plain python and mpirun -np 2) and tests/test_build_mpi.py (its libmpi.so in
+# Debian python's library folder, which once got linked into the MPICH build). As root,
+# ~10 s from the machine's apt cache. It puts Open MPI's mpicxx and mpirun on PATH;
+# setup.py, the tests and perseusrun still take the venv's MPICH first.
+# PERSEUS_SKIP_OPEN_MPI=1 leaves it out, and those tests then skip, saying why.
+if [ "${PERSEUS_SKIP_OPEN_MPI:-0}" != 1 ] && ! command -v mpicxx.openmpi >/dev/null; then
+  SUDO=
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  install_open_mpi() {
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      libopenmpi-dev openmpi-bin >/dev/null
+  }
+  install_open_mpi || { $SUDO apt-get update -q >/dev/null && install_open_mpi; }
+fi
 # -e: the core library is built in place (perseus/lib/libperseus.so).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 echo "Perseus is installed in $(pwd)/.venv"

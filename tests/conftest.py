@@ -7,6 +7,7 @@ hang fails one test and never stalls the suite.
 """
 import importlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,16 +170,17 @@ def _report(what, cmd, env_extra, out, err):
 @pytest.fixture
 def run_mpi(tmp_path):
     """Returns run_mpi(script, np, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
-    scripts_dir=MPI_SCRIPTS) -> stdout.
+    scripts_dir=MPI_SCRIPTS, launcher=None) -> stdout.
 
     Each job gets an empty scratch directory in $PTEST_TMPDIR, which ranks use to
     signal one another through files without going through the library under test.
     python: the interpreter the ranks run (default: this one); the TensorFlow tests
-    pass .venv-tf's.
+    pass .venv-tf's. launcher: the mpirun command and its options, before `-np N`
+    (default: find_mpirun()); tests/test_open_mpi.py passes Open MPI's.
     """
 
     def run(script, np, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
-            scripts_dir=MPI_SCRIPTS):
+            scripts_dir=MPI_SCRIPTS, launcher=None):
         path = Path(scripts_dir) / ("%s.py" % script)
         assert path.exists(), path
         scratch = tmp_path / ("%s-np%d-%d" % (script, np, time.monotonic_ns()))
@@ -187,7 +189,8 @@ def run_mpi(tmp_path):
         # Ranks dump every thread's stack shortly before the kill (see tests/mpi/common.py).
         child_env = clean_env(dict(extra, PTEST_TMPDIR=str(scratch),
                                    PTEST_HANG_DUMP_S=str(max(1, timeout - 15))))
-        cmd = [find_mpirun(), "-np", str(np), str(python or sys.executable), str(path)]
+        cmd = list(launcher or [find_mpirun()]) + ["-np", str(np), str(python or sys.executable),
+                                                   str(path)]
         start = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=child_env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -232,6 +235,27 @@ def run_python():
                         % (timeout, env, code, e.stdout, e.stderr), pytrace=False)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def shim(tmp_path_factory):
+    """Returns shim(name) -> the path of tests/shims/<name>.c built as a shared library
+    (once per session), to LD_PRELOAD in a child process: a stand-in for an MPI
+    function that makes a rare or machine-specific behaviour happen on every run."""
+    built = {}
+
+    def build(name):
+        if name not in built:
+            compiler = shutil.which("cc") or shutil.which("gcc")
+            if compiler is None:
+                pytest.fail("no C compiler (cc, gcc) on PATH to build tests/shims/%s.c" % name)
+            out = tmp_path_factory.mktemp("shim") / ("%s.so" % name)
+            subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(out),
+                            str(TESTS_DIR / "shims" / ("%s.c" % name)), "-ldl"], check=True)
+            built[name] = str(out)
+        return built[name]
+
+    return build
 
 
 _SETTINGS_AT_INIT = """

@@ -2,9 +2,10 @@
 
 Parses csrc/include/perseus/perseus.h and checks the enums and defines against
 perseus/common/ops.py (dtypes, op types, reduce ops, CPU_DEVICE,
-GLOBAL_PROCESS_SET) and perseus/common/exceptions.py (status codes), and
+GLOBAL_PROCESS_SET) and perseus/common/exceptions.py (status codes),
 perseus_request_t against library.Request (the ctypes mirror) and
-builder.Request (every field but the derived counts).
+builder.Request (every field but the derived counts), and the header's functions
+against library's declarations of them.
 """
 import ctypes
 import os
@@ -145,3 +146,9 @@ def test_request_struct():
             assert ctypes.sizeof(mirror) == ctypes.sizeof(ctypes.c_void_p), name
     # builder.Request has every field; ndim and nsplits follow from shape and splits.
     assert set(builder.Request.__slots__) == {name for _, name in fields} - {"ndim", "nsplits"}
+
+
+def test_every_function_is_declared_in_header_order():
+    library = pytest.importorskip("perseus.common.library")
+    functions = re.findall(r"\b(perseus_\w+)\s*\(", _source())
+    assert functions and list(library._SIGNATURES) == functions

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "cuda/device_backend.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "mpi/mpi_library.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
 #include "mpi/wait_policy.h"
@@ -31,13 +33,18 @@ namespace {
 
 // Never destroyed: exit() may come from inside an MPI call on one of the engine's
 // threads, and a destructor that stopped the engine would wait for that thread.
-std::timed_mutex& g_mu = *new std::timed_mutex;  // serialises init and shutdown
-std::shared_ptr<Engine>& g_engine = *new std::shared_ptr<Engine>;  // null while not initialised
+// Pointers, because a forked child replaces them (AfterForkInChild).
+std::timed_mutex* g_mu = new std::timed_mutex;  // serialises init and shutdown
+std::shared_ptr<Engine>* g_engine = new std::shared_ptr<Engine>;  // null while not initialised
 // Outlives engines, so late waiters still get an answer.
 HandleTable& g_handles = *new HandleTable;
 bool g_finalize_at_exit = false;
 bool g_atfork_registered = false;
-// In a child forked after init(): the pid of the parent that owns MPI and the engine.
+// Set by perseus_init before it starts MPI, never cleared: from then on MPI and the
+// engine belong to this process, so a child forked from it must not use them. Atomic:
+// the fork may come from any thread, init's own included (MPI_Init_thread may fork).
+std::atomic<bool> g_started{false};
+// In a child forked after init() started: the pid of the parent that owns MPI and the engine.
 pid_t g_forked_from = 0;
 // How long an exit path waits for the engine to stop before leaving it to the exit.
 constexpr double kExitShutdownS = 10.0;
@@ -50,6 +57,9 @@ perseus_status_t Report(const Status& s) {
   return s.code;
 }
 
+// In a forked child every call that would touch the parent's state (the engine, the
+// handle table, the timeline, whose mutexes a parent thread may have held at the
+// fork) refuses with this instead; shutdown is a no-op.
 Status ForkedChild() {
   return Status::Error(PERSEUS_NOT_INITIALIZED,
                        "Perseus cannot be used in a process forked after init(): MPI and the "
@@ -64,24 +74,24 @@ Status NotInitialized() {
 }
 
 std::shared_ptr<Engine> Current() {
-  std::lock_guard<std::timed_mutex> lock(g_mu);
-  return g_engine;
+  std::lock_guard<std::timed_mutex> lock(*g_mu);
+  return *g_engine;
 }
 
-// fork() after init(): the child has a copy of the engine but none of its threads,
-// and MPI is the parent's. The child forgets the engine without stopping it (that
-// would join threads that do not exist), so it exits cleanly and refuses every call.
-void BeforeFork() { g_mu.lock(); }
-void AfterForkInParent() { g_mu.unlock(); }
+// fork() after init() started. There is no prefork handler on purpose: the fork may
+// come from a thread that holds g_mu (MPI_Init_thread inside perseus_init forks to
+// start Open MPI's singleton daemon; another library may spawn a process while we
+// hold it), so waiting for g_mu there would deadlock. The child therefore may find
+// g_mu locked and g_engine half-changed by a thread it does not have. It reads
+// neither: it takes a fresh mutex and an empty engine slot and leaks the old ones
+// (destroying them could join threads that do not exist). A lock_guard that the
+// forking thread still holds refers to the old mutex, which stays valid. The child
+// exits cleanly and refuses every call (ForkedChild); only this thread runs here,
+// and glibc's fork leaves malloc usable in the child.
 void AfterForkInChild() {
-  int mpi_up = 0;
-  MPI_Initialized(&mpi_up);
-  if (g_engine || mpi_up) {
-    g_forked_from = getppid();
-    new std::shared_ptr<Engine>(std::move(g_engine));  // leaked on purpose
-    g_finalize_at_exit = false;
-  }
-  g_mu.unlock();
+  g_mu = new std::timed_mutex;
+  g_engine = new std::shared_ptr<Engine>;
+  if (g_started.load()) g_forked_from = getppid();
 }
 
 void FinalizeAtExit() {
@@ -172,17 +182,25 @@ extern "C" {
 
 
 perseus_status_t perseus_init(int64_t comm_f2c) {
-  std::lock_guard<std::timed_mutex> lock(g_mu);
-  if (g_engine) return PERSEUS_SUCCESS;
+  // Bound once: should MPI_Init_thread fork and return in the child too, the child's
+  // fresh engine slot stays empty, so the child still refuses every call.
+  std::shared_ptr<Engine>& slot = *g_engine;
+  std::lock_guard<std::timed_mutex> lock(*g_mu);
+  if (slot) return PERSEUS_SUCCESS;
   if (g_forked_from) return Report(ForkedChild());
   if (!g_atfork_registered)
-    g_atfork_registered = pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild) == 0;
+    g_atfork_registered = pthread_atfork(nullptr, nullptr, AfterForkInChild) == 0;
+  // Before any other MPI call (MPI_Initialized included): with a mixed build those
+  // hang or crash. MPI initialised by mpi4py is checked the same way.
+  Status status = CheckMpiLibrary();
+  if (!status.ok()) return Report(status);
+  g_started = true;  // before MPI_Init_thread, which may fork
   MpiCallerScope mpi_caller;  // an exit() inside MPI_Init must not wait for g_mu
   Config config;
   Status config_status = LoadConfig(&config);
   if (config_status.ok()) SetLogLevel(config.log_level);
   bool thread_multiple = false;
-  Status status = StartMpi(&thread_multiple);
+  status = StartMpi(&thread_multiple);
   if (!status.ok()) return Report(status);
   MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
   MPI_Comm world;
@@ -204,7 +222,7 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
     MPI_Comm_free(&world);
     return Report(status);
   }
-  g_engine = std::move(engine);
+  slot = std::move(engine);
   // Rank 0 only: every rank normally has the same environment (the launcher exports
   // it), and one copy of each warning is easier to see than one per rank.
   if (rank == 0) WarnUnknownVariables();
@@ -212,10 +230,11 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
 }
 
 perseus_status_t perseus_shutdown(void) {
+  if (g_forked_from) return PERSEUS_SUCCESS;  // the parent's engine and timeline are not ours
   std::shared_ptr<Engine> engine;
   {
-    std::lock_guard<std::timed_mutex> lock(g_mu);
-    engine.swap(g_engine);
+    std::lock_guard<std::timed_mutex> lock(*g_mu);
+    engine.swap(*g_engine);
   }
   if (engine) engine->Shutdown();
   Timeline::Get().Stop();  // after the engine: its last events are in
@@ -226,12 +245,13 @@ perseus_status_t perseus_shutdown_within(double timeout_s) {
   const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(std::max(0.0, timeout_s)));
   const auto give_up = std::chrono::steady_clock::now() + limit;
+  if (g_forked_from) return PERSEUS_SUCCESS;
   std::shared_ptr<Engine> engine;
   {
-    std::unique_lock<std::timed_mutex> lock(g_mu, std::defer_lock);
+    std::unique_lock<std::timed_mutex> lock(*g_mu, std::defer_lock);
     if (!lock.try_lock_until(give_up))
       return Report(Status::Error(PERSEUS_TIMEOUT, "shutdown: init() or shutdown() is still running"));
-    engine.swap(g_engine);
+    engine.swap(*g_engine);
   }
   if (!engine) return PERSEUS_SUCCESS;
   // The engine stops on a helper thread, so the wait is bounded: a thread stuck in
@@ -276,9 +296,17 @@ perseus_status_t perseus_start_timeline(const char* path, int32_t mark_cycles) {
 }
 
 perseus_status_t perseus_stop_timeline(void) {
+  if (g_forked_from) return PERSEUS_SUCCESS;  // the parent's file, and maybe its locked mutex
   Timeline::Get().Stop();
   return PERSEUS_SUCCESS;
 }
+
+perseus_status_t perseus_check_mpi_library(void) {
+  Status status = CheckMpiLibrary();
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+const char* perseus_mpi_header_version(void) { return HeaderMpi(); }
 
 int perseus_is_initialized(void) { return Current() ? 1 : 0; }
 const char* perseus_last_error(void) { return g_last_error.c_str(); }
@@ -422,6 +450,7 @@ perseus_status_t perseus_enqueue_and_drive(const perseus_request_t* requests, in
 }
 
 perseus_status_t perseus_poll(int64_t handle, int32_t* done_out) {
+  if (g_forked_from) return Report(ForkedChild());
   bool done = false;
   Status status = g_handles.Poll(handle, &done);
   if (!status.ok()) return Report(status);
@@ -432,6 +461,7 @@ perseus_status_t perseus_poll(int64_t handle, int32_t* done_out) {
 }
 
 perseus_status_t perseus_wait(int64_t handle, double timeout_s) {
+  if (g_forked_from) return Report(ForkedChild());
   WaiterScope waiting;
   bool done = false;
   Status status = g_handles.Poll(handle, &done);
@@ -455,6 +485,7 @@ perseus_status_t perseus_wait_all(const int64_t* handles, int32_t n, double time
   if (n < 0 || (n > 0 && handles == nullptr) || index_out == nullptr)
     return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_wait_all: bad arguments"));
   *index_out = -1;
+  if (g_forked_from) return Report(ForkedChild());
   WaiterScope waiting;
   bool all_done = true;
   for (int32_t i = 0; i < n; ++i) {
@@ -489,6 +520,7 @@ perseus_status_t perseus_on_complete(const int64_t* handles, int32_t n, perseus_
                                      void* arg) {
   if (n < 0 || (n > 0 && handles == nullptr) || cb == nullptr)
     return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_on_complete: bad arguments"));
+  if (g_forked_from) return Report(ForkedChild());
   // A pending callback counts as a waiter (MPI waits spin, requests are not held),
   // as the thread blocked in perseus_wait it replaces would.
   AddWaiter();
@@ -511,6 +543,7 @@ perseus_status_t perseus_on_complete(const int64_t* handles, int32_t n, perseus_
 
 perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* shape, int32_t* ndim,
                                        const int64_t** recv_splits, int32_t* nsplits) {
+  if (g_forked_from) return Report(ForkedChild());
   Result* result = nullptr;
   Status status = g_handles.TakeResult(handle, &result);
   if (!status.ok()) return Report(status);
@@ -528,6 +561,7 @@ perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* sha
 }
 
 perseus_status_t perseus_release(int64_t handle) {
+  if (g_forked_from) return Report(ForkedChild());
   Status status = g_handles.Release(handle);
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
@@ -558,6 +592,7 @@ const char* perseus_gpu_describe(void) {
 }
 
 perseus_status_t perseus_stream_wait(int64_t handle, void* stream) {
+  if (g_forked_from) return Report(ForkedChild());
   std::shared_ptr<void> event;  // held: a concurrent release cannot recycle it meanwhile
   Status status = g_handles.DoneEvent(handle, &event);
   if (status.ok()) status = StreamWaitEvent(stream, event);
@@ -565,6 +600,7 @@ perseus_status_t perseus_stream_wait(int64_t handle, void* stream) {
 }
 
 perseus_status_t perseus_stream_wait_all(const int64_t* handles, int32_t n, void* stream) {
+  if (g_forked_from) return Report(ForkedChild());
   Status first;
   std::vector<std::shared_ptr<void>> events;  // held: a concurrent release cannot recycle them
   for (int32_t i = 0; i < n; ++i) {

@@ -106,6 +106,8 @@ CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
 _SIGNATURES = {
     # lifecycle
     "perseus_init": (_status, [ctypes.c_int64]),
+    "perseus_check_mpi_library": (_status, []),
+    "perseus_mpi_header_version": (ctypes.c_char_p, []),
     "perseus_shutdown": (_status, []),
     "perseus_shutdown_within": (_status, [ctypes.c_double]),
     "perseus_is_initialized": (ctypes.c_int, []),
@@ -168,6 +170,8 @@ def _bind(name):
 
 
 perseus_init = _bind("perseus_init")
+perseus_check_mpi_library = _bind("perseus_check_mpi_library")
+perseus_mpi_header_version = _bind("perseus_mpi_header_version")
 perseus_shutdown = _bind("perseus_shutdown")
 perseus_shutdown_within = _bind("perseus_shutdown_within")
 perseus_is_initialized = _bind("perseus_is_initialized")
@@ -225,6 +229,20 @@ def check(status):
     """Raises the matching exception when a core call returned a non-zero status."""
     if status:
         raise error(status)
+
+
+def check_mpi_library():
+    """Raises HorovodInternalError when the MPI library loaded in this process is not
+    the kind whose mpi.h libperseus was compiled with (a mixed build, in which init()
+    would hang or crash); the message names both and how to rebuild. Returns None when
+    they agree. Callable before init(); touches no MPI state. init() runs the same
+    check first."""
+    check(perseus_check_mpi_library())
+
+
+def mpi_header_version():
+    """The MPI whose mpi.h libperseus was compiled with, e.g. "MPICH 4.3.0"."""
+    return perseus_mpi_header_version().decode("utf-8", "replace")
 
 
 def mpi_library_version():

@@ -101,8 +101,20 @@ typedef struct {
 
 /* ---- lifecycle ---------------------------------------------------------- */
 /* comm_f2c: a Fortran handle of an MPI communicator (mpi4py: comm.py2f()), or -1 for
- * MPI_COMM_WORLD. MPI is initialised here unless the application already did it. */
+ * MPI_COMM_WORLD. MPI is initialised here unless the application already did it.
+ * Runs perseus_check_mpi_library() first and fails as it does, touching no MPI. */
 perseus_status_t perseus_init(int64_t comm_f2c);
+/* Compares the MPI whose mpi.h libperseus was compiled with against the MPI library
+ * loaded in this process (MPI_Get_library_version, callable before MPI_Init).
+ * PERSEUS_MPI_ERROR, with a message naming both and how to rebuild, when they are of
+ * incompatible kinds (e.g. MPICH's header, Open MPI's libmpi: MPI would hang or
+ * crash); PERSEUS_SUCCESS when they match, are of one ABI family (MPICH, Intel MPI,
+ * MVAPICH2, Cray MPICH), or either is of a kind it does not know. Never initialises
+ * MPI; works before perseus_init. */
+perseus_status_t perseus_check_mpi_library(void);
+/* The MPI whose mpi.h libperseus was compiled with, e.g. "MPICH 4.3.0" or
+ * "Open MPI 4.1.4". Static storage. */
+const char* perseus_mpi_header_version(void);
 perseus_status_t perseus_shutdown(void);
 /* perseus_shutdown for exit paths (atexit, signal handlers): gives up after timeout_s
  * (PERSEUS_TIMEOUT), e.g. when a thread is stuck in a failed MPI call, leaving the
