@@ -31,7 +31,6 @@ What it decides (the facts behind it: ../shared/gpu-machine.md):
 """
 import glob
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -39,6 +38,8 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "build_support"))
+import mpi_link  # noqa: E402  (the build's own reading of libraries and linker scripts)
 from perseus import launcher  # noqa: E402  (pure Python: needs no built library)
 
 SETUP_ERROR = 2
@@ -157,20 +158,6 @@ def compiler_dirs(mpicxx):
     return []
 
 
-def real_library(path):
-    """The ELF file behind a library path: symlinks resolved, and a linker script
-    followed (the mpich wheel's libmpi.so is the text `INPUT(libmpi.so.12)`)."""
-    path = os.path.realpath(path)
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    if head.startswith(b"\x7fELF"):
-        return path
-    m = re.search(rb"(?:INPUT|GROUP)\s*\(\s*([^\s)]+)", head)
-    if m is None:
-        return path  # neither: say what there is
-    return real_library(os.path.join(os.path.dirname(path), m.group(1).decode()))
-
-
 def wrapper_libmpi(mpicxx, args=None):
     """The libmpi file an MPI wrapper links: lib<name>.so for its -lmpi (or -lmpich,
     Debian's MPICH), in its -L folders, else in the compiler's."""
@@ -182,7 +169,7 @@ def wrapper_libmpi(mpicxx, args=None):
         for folder in folders:
             path = os.path.join(folder, "lib%s.so" % name)
             if os.path.exists(path):
-                return real_library(path)
+                return mpi_link.library_file(path)
     raise PlanError("cannot find the libmpi that %s links (-l %s in %s)" % (mpicxx, names, folders))
 
 
