@@ -18,10 +18,14 @@ one table; under mpirun it measures and rank 0 prints its rows. Rows, in µs per
 (medians over --iters iterations of all 161, the paths interleaved per iteration):
 
   torch, whole        hvd.allreduce_async_ of each tensor, then hvd.synchronize of each
-  torch, gathered     DistributedOptimizer's path: each tensor's packed request reused
-                      (adapter.InplaceAllreduce), gathered up to the core's hold (1 MiB
-                      on a GPU, the fusion threshold on the CPU) per enqueue, one
+  torch, gathered     DistributedOptimizer's path without gradient views: each tensor's
+                      packed request reused (adapter.InplaceAllreduce), gathered up to
+                      the core's hold (1 MiB on a GPU, the fusion threshold on the CPU,
+                      counting the set's real bytes on both) per enqueue, one
                       synchronize_all
+  torch, bucket views DistributedOptimizer's default path (grad_buckets.py): the set laid
+                      out in buckets as it lays them out (by the real bytes), one check
+                      per tensor that its .grad is the view, one request per bucket
   C ABI, per tensor   one perseus_enqueue per tensor (requests packed beforehand), then
                       perseus_wait_all: the core alone
     of which enqueue  the time inside those perseus_enqueue calls
@@ -58,8 +62,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from resnet50_shapes import RESNET50_SHAPES  # noqa: E402
 
-ROWS = ["torch, whole", "torch, gathered", "C ABI, per tensor", "  of which enqueue",
-        "  of which after", "C ABI, one enqueue", "torch front end"]
+ROWS = ["torch, whole", "torch, gathered", "torch, bucket views", "C ABI, per tensor",
+        "  of which enqueue", "  of which after", "C ABI, one enqueue", "torch front end"]
 PATHS = ("gpu", "cpu")
 
 
@@ -108,12 +112,12 @@ def drive(args):
     for row in ROWS:
         cells = "".join(" %.1f | %.1f |" % (r[row]["gpu"], r[row]["cpu"]) for r in results.values())
         print("| %s |%s" % (row.strip(), cells))
-    print("\nGPU calls per tensor, one pass of 'torch, whole' and of 'torch, gathered' "
-          "(counted by the fake)\n")
-    print("| call |" + "".join(" np=%d whole | np=%d gathered |" % (np, np) for np in results))
-    print("|---|" + "---:|---:|" * len(results))
+    print("\nGPU calls per tensor, one pass of each torch row (counted by the fake)\n")
+    labels = ("calls", "calls, gathered", "calls, bucket views")
+    print("| call |" + "".join(" np=%d whole | gathered | bucket views |" % np for np in results))
+    print("|---|" + "---:|---:|---:|" * len(results))
     for kind in next(iter(results.values()))["calls"]:
-        print("| %s |%s" % (kind, "".join(" %.2f | %.2f |" % (r["calls"][kind], r["calls, gathered"][kind])
+        print("| %s |%s" % (kind, "".join("".join(" %.2f |" % r[label][kind] for label in labels)
                                          for r in results.values())))
     if args.json:
         with open(args.json, "w") as f:
@@ -155,6 +159,8 @@ def measure(args):
     from perseus.common.requests import synchronize_all
     from perseus.torch import adapter
     from perseus.torch import device as torch_device
+    from perseus.torch.buckets import FIRST_BUCKET_BYTES, assign_buckets
+    from perseus.torch.grad_buckets import BUCKET_BYTES
     import fake_gpu
 
     hvd.init()
@@ -206,18 +212,40 @@ def measure(args):
                                                hvd.global_process_set) for n in names]
                for path in PATHS}
     hold = {path: hvd.global_process_set.hold(gpu=path == "gpu")[0] for path in PATHS}
+    nbytes = [t.numel() * 4 for t in data["gpu"]]  # the set's real bytes, for both paths
 
     def gathered(path):
         t0 = time.perf_counter()
         handles, batch, size = [], [], 0
-        for request, tensor, held in zip(inplace[path], tensors[path], data[path]):
+        for request, tensor, tensor_bytes in zip(inplace[path], tensors[path], nbytes):
             batch.append((request.prepared(tensor), tensor))
-            size += held.numel() * 4
+            size += tensor_bytes
             if size >= hold[path]:
                 handles.append(adapter.submit_prepared(batch))
                 batch, size = [], 0
         if batch:
             handles.append(adapter.submit_prepared(batch, drive=True))
+        synchronize_all(handles)
+        return time.perf_counter() - t0
+
+    layout = assign_buckets(data["gpu"], BUCKET_BYTES, FIRST_BUCKET_BYTES)
+    flats = {"gpu": [StandInCudaTensor(torch.zeros(sum(data["gpu"][i].numel() for i in members)))
+                     for members in layout],
+             "cpu": [torch.zeros(len(members)) for members in layout]}
+    bucket_requests = {path: [adapter.InplaceAllreduce("%s.bucket%d" % (path, k), hvd.Sum, 1.0, 1.0,
+                                                       hvd.global_process_set)
+                              for k in range(len(layout))] for path in PATHS}
+    views = [object() for _ in names]
+    grads = list(views)  # steady state: every .grad is its view
+
+    def bucketed(path):
+        t0 = time.perf_counter()
+        handles = []
+        for members, flat, request in zip(layout, flats[path], bucket_requests[path]):
+            for i in members:  # GradBuckets.complete's look at each member
+                if grads[i] is not views[i]:
+                    raise AssertionError("not a view")
+            handles.append(adapter.submit_prepared(((request.prepared(flat), flat),), grouped=False))
         synchronize_all(handles)
         return time.perf_counter() - t0
 
@@ -235,18 +263,20 @@ def measure(args):
         for path in PATHS:
             whole = torch_path(path)
             gather = gathered(path)
+            views_time = bucketed(path)
             per, inside = capi(path, True)
             one, _ = capi(path, False)
             if it < args.warmup:
                 continue
             us = 1e6 / count
-            for row, value in ((ROWS[0], whole), (ROWS[1], gather), (ROWS[2], per),
-                               (ROWS[3], inside), (ROWS[4], per - inside), (ROWS[5], one),
-                               (ROWS[6], whole - per)):
+            for row, value in ((ROWS[0], whole), (ROWS[1], gather), (ROWS[2], views_time),
+                               (ROWS[3], per), (ROWS[4], inside), (ROWS[5], per - inside),
+                               (ROWS[6], one), (ROWS[7], whole - per)):
                 samples[row][path].append(value * us)
     medians = {row: {p: statistics.median(v) for p, v in by_path.items()}
                for row, by_path in samples.items()}
-    for label, run in (("calls", torch_path), ("calls, gathered", gathered)):
+    for label, run in (("calls", torch_path), ("calls, gathered", gathered),
+                       ("calls, bucket views", bucketed)):
         before = fake_gpu.calls()
         run("gpu")
         after = fake_gpu.calls()
