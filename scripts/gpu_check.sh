@@ -24,13 +24,14 @@
 #   4. builds Perseus with the chosen mpicxx (pip install --no-build-isolation -e .) and
 #      checks that libperseus and mpi4py load one libmpi, the one that mpicxx links;
 #   5. runs perseusrun --check-build, tests/test_gpu.py once per configuration (in this
-#      process; NCCL np=1 with 1, 2, 4 lanes; host-staged np=2 sharing the GPU; NCCL np=2
-#      if two GPUs), and benchmarks/gpu_bench.py under perseusrun -np 1;
+#      process first; then NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU
+#      and NCCL np=2 if two GPUs, all at once), and benchmarks/gpu_bench.py under perseusrun -np 1;
 #   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md) and exits
 #      0 if every step passed, 1 if one failed, 2 if the machine could not be set up,
 #      3 without a CUDA device. Logs of every step: gpu_check_logs/.
 # Settings: PYTHON, PERSEUS_MPICXX, PERSEUS_WHEELS (wheels/), PERSEUS_GPU_VENV (.venv-gpu),
 # PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (450: the steps share this many seconds),
+# PERSEUS_GPU_CHECK_CONFIGS (the test_gpu.py configurations to run, all by default),
 # PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 (test this script on a CPU machine: all steps run,
 # the GPU tests skip, exit code 3).
 set -uo pipefail  # not -e: a failing step is recorded, the others still run
@@ -195,24 +196,39 @@ RESERVE_S=0  # seconds of the budget a step must leave for later ones
 # step NAME LIMIT_S CMD...: runs CMD within min(LIMIT_S, what is left of the budget
 # beyond RESERVE_S), its output in $LOGS/NAME.log; records PASS / FAIL / NOT RUN.
 step() {
+  run_step "$@"
+  record_step "$1"
+}
+
+# run_step NAME LIMIT_S CMD...: the running half of step, safe in a background job: its
+# result goes to $LOGS/NAME.result ("RESULT<tab>SECONDS"), for record_step to read.
+run_step() {
   local name=$1 limit=$2; shift 2
   local left=$(( $(remaining) - RESERVE_S ))
   if [ "$DRY_RUN" = 1 ]; then say "would run ($name, up to ${limit}s): $*"; return 0; fi
   if [ "$left" -lt 20 ]; then
-    SUMMARY+=("| $name | NOT RUN (time budget spent) | |"); FAILED=1; return 1
+    printf 'NOT RUN (time budget spent)\t\n' >"$LOGS/$name.result"; return 1
   fi
   [ "$left" -lt "$limit" ] && limit=$left
   say "$name (up to ${limit}s): $*"
   local t0 rc; t0=$(date +%s)
   timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1; rc=$?
-  local took=$(( $(date +%s) - t0 ))
   local result=PASS
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then result="FAIL (timed out after ${limit}s)";
   elif [ "$rc" != 0 ]; then result="FAIL (exit $rc)"; fi
-  [ "$result" = PASS ] || FAILED=1
-  SUMMARY+=("| $name | $result | ${took}s |")
-  say "$name: $result in ${took}s"
+  printf '%s\t%ss\n' "$result" "$(( $(date +%s) - t0 ))" >"$LOGS/$name.result"
   return "$rc"
+}
+
+# record_step NAME: adds the step's result to the summary; returns 0 if it passed.
+record_step() {
+  [ "$DRY_RUN" = 1 ] && return 0
+  local result took
+  IFS=$'\t' read -r result took <"$LOGS/$1.result"
+  [ "$result" = PASS ] || FAILED=1
+  SUMMARY+=("| $1 | $result | $took |")
+  say "$1: $result${took:+ in $took}"
+  [ "$result" = PASS ]
 }
 
 REVISION="$(git rev-parse --short HEAD 2>/dev/null)$([ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && echo ' + local changes')"
@@ -249,17 +265,21 @@ step check_build 60 "$VENV/bin/perseusrun" --check-build
 [ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log")" '```' ""
 
 PYTEST=("$VPY" -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py)
-CONFIGS=$("$VPY" scripts/gpu_check_info.py configs)
+CONFIGS=${PERSEUS_GPU_CHECK_CONFIGS:-$("$VPY" scripts/gpu_check_info.py configs)}
 report "## tests/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
 RESERVE_S=100  # the benchmark runs after the tests
+step test_inproc 120 "${PYTEST[@]}" -m "not mpi"
+# The MPI configurations at once, each its own mpirun per script (NCCL at np=1 is one
+# communicator per process, so they share the GPU; the host-staged ranks share it anyway):
+# the device time of a lent machine is short, and its 16 cores sit idle otherwise.
+for config in $CONFIGS; do
+  run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config" &
+done
+wait
 for config in inproc $CONFIGS; do
-  if [ "$config" = inproc ]; then
-    step "test_$config" 120 "${PYTEST[@]}" -m "not mpi"
-  else
-    step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config"
-  fi
+  [ "$config" = inproc ] || record_step "test_$config"
   [ "$DRY_RUN" = 1 ] && continue
-  line=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)' "$LOGS/test_$config.log" | tail -1)
+  line=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)' "$LOGS/test_$config.log" 2>/dev/null | tail -1)
   report "| $config | ${line:-no summary line (see gpu_check_logs/test_$config.log)} |"
 done
 report ""
