@@ -218,7 +218,10 @@ def choose_mpi(venv, wheels, environ):
 def openmpi_env(environ):
     """-> [(name, value, why)]: what Open MPI's mpirun needs on a bare machine."""
     path = environ.get("PATH", "")
-    env = [("OMPI_MCA_rmaps_base_oversubscribe", "1", "two ranks may share fewer cores")]
+    env = [("OMPI_MCA_rmaps_base_oversubscribe", "1", "two ranks may share fewer cores"),
+           ("OMPI_MCA_hwloc_base_binding_policy", "none",
+            "no binding (mpirun's --bind-to none): the test configurations run at once, and bound "
+            "to cores every job's rank 0 would share core 0")]
     if os.geteuid() == 0:
         env += [("OMPI_ALLOW_RUN_AS_ROOT", "1", "running as root, which mpirun refuses without these"),
                 ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", "")]

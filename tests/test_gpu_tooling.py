@@ -337,11 +337,13 @@ def test_gpu_check_plan_on_the_gpu_machine(machine, tmp_path):
     # No ssh: an agent that exists, and what root needs; the tests' harness keeps them.
     assert plan["OMPI_MCA_plm_rsh_agent"] == str(machine.tools / "false")
     assert plan["OMPI_MCA_rmaps_base_oversubscribe"] == "1"
+    assert plan["OMPI_MCA_hwloc_base_binding_policy"] == "none"
     root = os.geteuid() == 0
     assert (plan.get("OMPI_ALLOW_RUN_AS_ROOT"), plan.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")) == \
         (("1", "1") if root else (None, None))
     assert set(plan["PERSEUS_KEEP_ENV"].split()) == (
-        {"MPI4PY_LIBMPI", "OMPI_MCA_plm_rsh_agent", "OMPI_MCA_rmaps_base_oversubscribe"}
+        {"MPI4PY_LIBMPI", "OMPI_MCA_plm_rsh_agent", "OMPI_MCA_rmaps_base_oversubscribe",
+         "OMPI_MCA_hwloc_base_binding_policy"}
         | ({"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"} if root else set()))
     assert "plan done: nothing was changed" in out
     assert not machine.venv.exists() and not (tmp_path / "logs").exists()
