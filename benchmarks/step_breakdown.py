@@ -136,7 +136,7 @@ TIMELINE_ROWS = (
     ("memcpy_out", "MEMCPY_OUT_FUSION_BUFFER (ms)"),
     ("window", "first negotiation to last ALLREDUCE end (ms)"),
     ("batches", "fused batches"),
-    ("tensors", "tensors (DDP: buckets)"),
+    ("tensors", "tensors reduced (buckets, with DDP or gradient views)"),
 )
 
 

@@ -132,11 +132,12 @@ def distributed(rank, size, make_opt=sgd, passes=1, clip=None, loss_scale=1.0,
                     assert len(pending) == len(used) and all(pending), \
                         "after backward %d of %d: %d of %d reductions started" % (
                             k + 1, passes, sum(pending), len(used))
-                    # CPU gradients outside groups and buckets (gradient views)
-                    # are gathered exactly while the core holds (these models are
-                    # far below its default bytes).
-                    holds = opt._process_set.hold()[0] > 0
-                    expect = [p for p in used if p.is_cpu and holds
+                    # Gradients outside groups and buckets (gradient views) are
+                    # gathered exactly while the core holds their device's requests
+                    # (these models are far below its default bytes, CPU and GPU).
+                    def holds(p):
+                        return opt._process_set.hold(gpu=not p.is_cpu)[0] > 0
+                    expect = [p for p in used if holds(p)
                               and id(p) not in opt._group_of
                               and not (buckets and buckets.covers(p) and not buckets.left(p))]
                     assert sorted(map(id, expect)) == sorted(gathered), \
