@@ -19,12 +19,14 @@ What each row measures (samples interleaved A/B iteration by iteration, medians)
     the set as DistributedOptimizer reduces it: 161 parameters whose .grad is set,
     reduced by its synchronize() (at np=1 no hook runs, so synchronize does all of
     it), with gradient views (buckets reduced in place, nothing packed) and without
-    (one request per gradient, gathered into one enqueue and packed).
+    (one request per gradient, gathered into one enqueue and packed). And once in one
+    grouped_allreduce_ (one enqueue, packed into fusion buffers).
   * fusion pack + unpack: not visible from Python directly, so derived from device
     time (CUDA events) with the host kept ahead: a ~50 ms busy kernel is queued
     first, the events bracket everything queued behind it, and the host finishes
     enqueuing long before the GPU gets there (checked; else the row says so).
-      A = the 161-tensor set in ONE fusion buffer (threshold raised), 1 lane
+      A = the 161-tensor set in ONE fusion buffer (threshold raised), 1 lane, as one
+          grouped_allreduce_ (per-tensor calls would make many small batches at np=1)
       D = one NCCL allreduce of the same bytes in one flat buffer (torch.distributed)
       C = one device-to-device copy of the same bytes (tensor.copy_)
     Packing and unpacking each copy every byte once, so pack + unpack = A - D and
@@ -180,6 +182,9 @@ class Bench:
             for h in handles:
                 hvd.synchronize(h)
 
+        def grouped():
+            hvd.grouped_allreduce_(grads, name="bench.rn.grouped", op=hvd.Sum)
+
         for lanes in (1, 2, 4):
             self.restart(PERSEUS_ALLREDUCE_STREAMS=lanes)
             used = hvd.lane_count()
@@ -193,6 +198,13 @@ class Bench:
                      % (len(RESNET50_SHAPES), RESNET50_NUMEL * 4 / MiB, lanes, "" if lanes == 1 else "s"),
                      median(sa), median(sb), ratio, "%.3fx" % ratio,
                      "<= %.2fx" % goal, ratio <= goal, "resnet_set_lanes%d" % lanes)
+        # The same set in one enqueue: the fused path without per-tensor calls (packed).
+        sa, sb = interleaved(grouped, lambda: dist.all_reduce(flat), max(10, self.args.iters // 5), torch)
+        self.check(grads + [flat], 1.0, "ResNet-50 set, grouped")
+        ratio = median(sa) / median(sb)
+        self.row("ResNet-50 set in one grouped_allreduce_ (packed, %d lanes) vs 1 flat NCCL allreduce"
+                 % hvd.lane_count(), median(sa), median(sb), ratio, "%.3fx" % ratio,
+                 "<= %.2fx" % GOALS["resnet_set"], ratio <= GOALS["resnet_set"], "resnet_set_grouped")
 
     def optimizer_set(self):
         """The ResNet-50 set through DistributedOptimizer.synchronize(), with and
@@ -240,9 +252,10 @@ class Bench:
         src, dst = torch.ones(RESNET50_NUMEL, device="cuda"), torch.empty(RESNET50_NUMEL, device="cuda")
 
         def fused():
-            handles = [hvd.allreduce_async_(g, name="bench.pk.%d" % i, op=hvd.Sum) for i, g in enumerate(grads)]
-            for h in handles:
-                hvd.synchronize(h)
+            # One enqueue, so one batch: per-tensor calls at np=1 give the engine a
+            # round every few tensors (the GPU hold is 1 MiB), and then A would time
+            # dozens of small packs, not how fast the kernel packs a fusion buffer.
+            hvd.grouped_allreduce_(grads, name="bench.pk", op=hvd.Sum)
 
         def single():
             hvd.allreduce_(flat, name="bench.pk.flat", op=hvd.Sum)

@@ -15,13 +15,18 @@
  * every driver and device (CUDA 12.1 allows 32 KiB, but only with a 12.1 driver on
  * Volta or newer); more copies take more launches. */
 #define PERSEUS_COPY_MAX_ENTRIES 160
-/* Bytes of one entry that one thread block copies: 2,048 16-byte units, 8 per thread. */
+/* Bytes of one entry that one thread block copies: 2,048 16-byte units, 8 per thread.
+ * (Overridable only for benchmarks/pack_kernel_sweep.cu, which times other values.) */
+#ifndef PERSEUS_COPY_CHUNK_BYTES
 #define PERSEUS_COPY_CHUNK_BYTES 32768u
+#endif
 /* The longest entry (sizes are 32-bit); a longer copy is split into several, at
  * multiples of the chunk, so that every piece keeps the alignment of the whole. */
 #define PERSEUS_COPY_MAX_ENTRY_BYTES 0x80000000u
 /* Threads per block (the kernel works with any block size; this is what is launched). */
+#ifndef PERSEUS_COPY_THREADS
 #define PERSEUS_COPY_THREADS 256
+#endif
 
 typedef struct PerseusCopyTable {
   const void* src[PERSEUS_COPY_MAX_ENTRIES]; /* NULL: write zeros (a joined rank's slot) */
