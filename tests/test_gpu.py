@@ -8,7 +8,9 @@ Configurations (CONFIGS):
                          lanes (PERSEUS_ALLREDUCE_STREAMS);
   mpi_np2_shared         host-staged (PERSEUS_GPU_OPERATIONS=mpi), two ranks sharing GPU 0
                          (NCCL refuses two ranks on one GPU);
-  nccl_np2               NCCL across two GPUs, only where torch sees at least two.
+  nccl_np2               NCCL across two GPUs, only where torch sees at least two;
+  auto_np2_shared        two ranks on GPU 0 with nothing set: the lanes see the shared
+                         GPU and run host-staged (one warning) instead of failing in NCCL.
 Scripts: the CPU collective scripts of tests/mpi rerun on CUDA tensors (PTEST_DEVICE,
 see tests/mpi/common.py), and the torch CUDA ones (tests/mpi/gpu_torch_*.py, PTEST_GPU).
 """
@@ -47,6 +49,7 @@ CONFIGS = {
     "nccl_np1_lanes4": (1, {"PERSEUS_ALLREDUCE_STREAMS": "4"}, "cuda", LANE_SCRIPTS, 1),
     "mpi_np2_shared": (2, {"PERSEUS_GPU_OPERATIONS": "mpi"}, "cuda:0", REUSED + GPU_ONLY, 1),
     "nccl_np2": (2, {"PERSEUS_GPU_OPERATIONS": "nccl"}, "cuda", REUSED + GPU_ONLY, 2),
+    "auto_np2_shared": (2, {}, "cuda:0", ["allreduce", "gpu_torch_collectives", "gpu_torch_training"], 1),
 }
 
 

@@ -362,6 +362,27 @@ def test_unloadable_nccl_falls_back_to_host_staging_with_one_warning(fake_gpu):
     assert all("PERSEUS_NCCL_LIB=/nonexistent/nccl" in w for w in warnings), warnings
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_ranks_sharing_a_gpu_run_host_staged_with_one_warning(fake_gpu, nprocs):
+    """NCCL refuses two ranks on one GPU: the lanes see the shared device (the fake names
+    it alike in every process) and run every GPU collective host-staged instead, right,
+    with one warning per process. Without the variable the fake gives each process its
+    own GPU, and the GPU_MODE=nccl tests check that NCCL is used."""
+    from conftest import clean_env, find_mpirun
+    env = clean_env(dict(fake_gpu, GPU_MODE="staged", FAKE_GPU_PCI_BUS_ID="0000:1b:00.0",
+                         PERSEUS_ALLREDUCE_STREAMS="2"))
+    result = subprocess.run([find_mpirun(), "-np", str(nprocs), sys.executable,
+                             str(TESTS_DIR / "mpi" / "gpu_collectives.py")],
+                            cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "share one GPU" in line]
+    assert len(warnings) == nprocs, result.stderr  # one per process, though two lanes opened
+    ranks = "[%s]" % ", ".join(str(r) for r in range(nprocs))
+    assert all("ranks %s share one GPU" % ranks in w and "/0000:1b:00.0.0)" in w
+               and "PERSEUS_GPU_OPERATIONS=mpi" in w for w in warnings), warnings
+
+
 FAILURE_CASES = {
     "nccl_init_fails_on_rank_1": (2, {"GPU_FAILURE": "init", "FAKE_NCCL_FAIL_INIT_RANK": "1"}),
     "nccl_fails_midway": (1, {"GPU_FAILURE": "midway", "FAKE_NCCL_FAIL_ALLREDUCE_AFTER": "1"}),

@@ -13,8 +13,15 @@ computed over the whole test set (each rank scores a slice; the counts are summe
 Rank 0 alone prints and writes the checkpoint; --resume restores it on rank 0 and
 broadcasts it to the others.
 
+Where torch sees CUDA devices, rank r trains on GPU local_rank % device count (one
+process per GPU: `mpirun -np <GPUs> ./train.sh`) and the gradients go over NCCL;
+ranks that share a GPU are reduced host-staged through MPI, with one warning. Else,
+or with --device cpu, it trains on the CPU. Each epoch prints the samples per second
+over all ranks; the end prints the run's.
+
 Settings: command-line options, or environment variables EPOCHS, BATCH_SIZE, LR,
-MOMENTUM, WEIGHT_DECAY, SEED, CHECKPOINT, HIDDEN (an option given on the command line wins).
+MOMENTUM, WEIGHT_DECAY, SEED, CHECKPOINT, HIDDEN, DEVICE (an option given on the command
+line wins).
 """
 
 import argparse
@@ -57,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="start from --checkpoint if it exists")
     p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 on the wire")
     p.add_argument("--progress", action="store_true", help="a progress bar per epoch on rank 0")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default=env("DEVICE", "auto", str),
+                   help="auto: a GPU per rank where torch sees CUDA devices, else the CPU")
     return p.parse_args(argv)
 
 
@@ -89,12 +98,29 @@ class MLP(nn.Module):
         return self.fc3(x)
 
 
-def evaluate(model, test_set):
+def choose_device(wanted):
+    """This rank's device: GPU local_rank % device count (or the CPU), announced by rank
+    0 for every rank."""
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch %s sees no CUDA device" % torch.__version__)
+    if wanted != "cpu" and torch.cuda.is_available():
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        what = "%s (%s)" % (device, torch.cuda.get_device_name(device))
+    else:
+        device, what = torch.device("cpu"), "cpu"
+    where = hvd.allgather_object("%s: %s" % (hvd.rank(), what), name="train.devices")
+    if hvd.rank() == 0:
+        print("Devices, rank: device\n  " + "\n  ".join(where), flush=True)
+    return device
+
+
+def evaluate(model, test_set, device):
     """(mean loss, accuracy) over the whole test set: rank r scores items r, r+size, ...
     and the sums are allreduced."""
     model.eval()
     x, y = test_set.tensors
-    x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    x, y = x[hvd.rank()::hvd.size()].to(device), y[hvd.rank()::hvd.size()].to(device)
     with torch.no_grad():
         out = model(x)
         loss = F.cross_entropy(out, y, reduction="sum")
@@ -119,13 +145,14 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     say = print if rank == 0 else (lambda *a, **k: None)
+    device = choose_device(args.device)
 
     train_set, test_set = load_digits_split(args.test_fraction, args.seed)
     # Each rank draws a disjoint 1/size of the (reshuffled every epoch) training set.
     sampler = DistributedSampler(train_set, num_replicas=size, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
-    model = MLP(args.hidden)
+    model = MLP(args.hidden).to(device)
     # Scale the learning rate by the number of ranks: the global batch is size x batch_size.
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
@@ -155,12 +182,14 @@ def main(argv=None):
     say("Training an MLP on digits: %d train / %d test samples, %d rank(s), batch %d per rank, "
         "lr %.4g" % (len(train_set), len(test_set), size, args.batch_size, args.lr * size))
     began = time.monotonic()
-    accuracy = 0.0
+    accuracy, trained, training_s = 0.0, 0.0, 0.0
     for epoch in range(start_epoch, args.epochs):
         model.train()
         sampler.set_epoch(epoch)
         loss_sum, seen = 0.0, 0
+        epoch_began = time.monotonic()
         for i, (x, y) in enumerate(loader):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -170,17 +199,24 @@ def main(argv=None):
             if args.progress and rank == 0:
                 progress(i + 1, len(loader))
         scheduler.step()
+        # loss.item() above waited for each step, so the GPU is done with the epoch here.
+        epoch_s = time.monotonic() - epoch_began
         totals = hvd.allreduce(torch.tensor([loss_sum, float(seen)], dtype=torch.float64),
                                op=hvd.Sum, name="train.loss")
         train_loss = (totals[0] / totals[1]).item()
-        test_loss, accuracy = evaluate(model, test_set)
-        say("Epoch %2d/%d: train loss %.4f  test loss %.4f  test accuracy %.2f%%"
-            % (epoch + 1, args.epochs, train_loss, test_loss, 100 * accuracy), flush=True)
+        slowest_s = hvd.allreduce(torch.tensor([epoch_s]), op=hvd.Max, name="train.epoch_s").item()  # the pace
+        trained, training_s = trained + totals[1].item(), training_s + slowest_s
+        test_loss, accuracy = evaluate(model, test_set, device)
+        say("Epoch %2d/%d: %.0f samples/s  train loss %.4f  test loss %.4f  test accuracy %.2f%%"
+            % (epoch + 1, args.epochs, totals[1].item() / slowest_s, train_loss, test_loss,
+               100 * accuracy), flush=True)
 
     if start_epoch >= args.epochs:  # resumed a finished run: just score it
-        _, accuracy = evaluate(model, test_set)
-    say("Final test accuracy: %.2f%% on %d rank(s) in %.1f s"
-        % (100 * accuracy, size, time.monotonic() - began))
+        _, accuracy = evaluate(model, test_set, device)
+    say("Final test accuracy: %.2f%% on %d rank(s) in %.1f s" % (100 * accuracy, size, time.monotonic() - began))
+    if training_s > 0:
+        say("Throughput: %.0f samples/s over %d epoch(s), %d rank(s) on %s"
+            % (trained / training_s, args.epochs - start_epoch, size, device.type.upper()))
     if args.checkpoint and rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),

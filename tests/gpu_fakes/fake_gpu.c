@@ -29,6 +29,10 @@
  * are in fake_kernel.c. FAKE_CUDA_RUNTIME_VERSION (default 12080, i.e. 12.8) sets the
  * runtime and driver versions reported, and so which cudaMemcpyBatchAsync there is.
  *
+ * cudaDeviceGetPCIBusId names each process's devices apart ("fake-<pid>.<device>"): the
+ * fake models one GPU per rank. FAKE_GPU_PCI_BUS_ID=<id> names device d "<id>.<d>" in
+ * every process instead, as where ranks share a GPU.
+ *
  * Failure injection (environment): FAKE_CUDA_DEVICES (device count, default 1; 0 = no
  * device); FAKE_NCCL_FAIL_INIT_RANK=<world rank> makes ncclCommInitRank fail there
  * (after the exchange, so nobody hangs); FAKE_NCCL_FAIL_ALLREDUCE_AFTER=<n> makes
@@ -41,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fake_gpu.h"
 
@@ -166,6 +171,13 @@ int cudaSetDevice(int d) {
   tally(&g_calls[kCallSetDevice], 1);
   if (d < 0 || d >= device_count()) return 101; /* cudaErrorInvalidDevice */
   t_device = d;
+  return 0;
+}
+int cudaDeviceGetPCIBusId(char* id, int length, int d) {
+  if (d < 0 || d >= device_count()) return 101; /* cudaErrorInvalidDevice */
+  const char* shared = getenv("FAKE_GPU_PCI_BUS_ID");
+  if (shared != NULL && shared[0] != '\0') snprintf(id, (size_t)length, "%s.%d", shared, d);
+  else snprintf(id, (size_t)length, "fake-%ld.%d", (long)getpid(), d);
   return 0;
 }
 const char* cudaGetErrorString(int e) { return e == 0 ? "no error" : "fake CUDA error"; }

@@ -46,10 +46,12 @@ void Bind(void* handle, const char* name, Fn* slot, std::string* missing) {
   *slot = reinterpret_cast<Fn>(symbol);
 }
 
-// What older runtimes lack: the pack kernel's loader (CUDA 12.0) and batched copies
-// (12.8; their arity follows the version). Missing ones stay null.
+// What older runtimes (or a stand-in) may lack: the pack kernel's loader (CUDA 12.0),
+// batched copies (12.8; their arity follows the version), the PCI bus id. Missing
+// ones stay null.
 void BindOptional(void* h, int version, CudaApi* api) {
-  std::string absent;  // not an error: cuda/batched_copy.cc chooses what there is
+  std::string absent;  // not an error: the callers choose what there is
+  Bind(h, "cudaDeviceGetPCIBusId", &api->DeviceGetPCIBusId, &absent);
   Bind(h, "cudaLibraryLoadData", &api->LibraryLoadData, &absent);
   Bind(h, "cudaLibraryGetKernel", &api->LibraryGetKernel, &absent);
   Bind(h, "cudaLibraryUnload", &api->LibraryUnload, &absent);

@@ -64,6 +64,9 @@ struct CudaApi {
   cudaError_t (*FreeHost)(void*);
   cudaError_t (*MemcpyAsync)(void*, const void*, size_t, int /* MemcpyKind */, cudaStream_t);
   cudaError_t (*MemsetAsync)(void*, int, size_t, cudaStream_t);
+  // Optional: null where the runtime lacks it (cuda/shared_device.h then names the
+  // device by its ordinal).
+  cudaError_t (*DeviceGetPCIBusId)(char* bus_id, int length, int device);
   // Optional: null where the runtime lacks them (cuda/batched_copy.h then falls back).
   // CUDA 12.0: a kernel loaded from PTX text; a cudaKernel_t is launched as the `func`
   // of cudaLaunchKernel, cast to const void*.

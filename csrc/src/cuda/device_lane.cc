@@ -12,6 +12,7 @@
 #include "cuda/event_pool.h"
 #include "cuda/nccl_ops.h"
 #include "cuda/process_device.h"
+#include "cuda/shared_device.h"
 #include "cuda/staged_ops.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
@@ -129,23 +130,47 @@ Status DeviceLane::Open() {
   Status nccl = settings.use_nccl && local.ok() ? LoadNccl(settings.nccl_lib) : Status::OK();
   // 2. What every rank can do, and so which path the set takes, the same on every rank
   // (PERSEUS_GPU_OPERATIONS itself is agreed at init: the config table marks it so).
-  int mine = settings.use_nccl && nccl.ok() ? 1 : 0;
-  std::vector<int> all(args_.size);
+  // Each rank's byte 0: whether it can use NCCL; then its GPU's identity (NCCL needs
+  // one GPU per rank).
+  std::vector<char> mine(1 + kDeviceIdentityBytes, 0);
+  mine[0] = settings.use_nccl && nccl.ok() ? 1 : 0;
+  if (local.ok()) DeviceIdentity(*Cuda(), device_).copy(&mine[1], kDeviceIdentityBytes - 1);
+  std::vector<char> all(mine.size() * args_.size);
   Status agreed;
   {
     auto mpi = LockMpi();
-    agreed = MpiStatus(MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, args_.comm),
+    agreed = MpiStatus(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(),
+                                     static_cast<int>(mine.size()), MPI_CHAR, args_.comm),
                        "MPI_Allgather (GPU lane setup)");
     if (agreed.ok()) agreed = AgreeOnStatus(args_.comm, local);
   }
-  std::vector<int> lack_nccl;
-  for (int r = 0; r < args_.size; ++r)
-    if (!all[r]) lack_nccl.push_back((*args_.global_ranks)[r]);
   if (!agreed.ok()) {
     DropStream();
     return agreed;
   }
+  std::vector<int> lack_nccl;
+  std::vector<std::string> identities;
+  for (int r = 0; r < args_.size; ++r) {
+    const char* theirs = &all[r * mine.size()];
+    if (!theirs[0]) lack_nccl.push_back((*args_.global_ranks)[r]);
+    identities.emplace_back(theirs + 1);
+  }
   if (!settings.use_nccl) {
+    mode_ = Mode::kStaged;
+    return Status::OK();
+  }
+  const std::vector<std::vector<int>> shared = SharedDevices(identities);
+  if (lack_nccl.empty() && !shared.empty()) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      std::vector<int> ranks;
+      for (int r : shared[0]) ranks.push_back((*args_.global_ranks)[r]);
+      PERSEUS_LOG(kWarning) << "ranks " << ListString(ranks) << " share one GPU (" << identities[shared[0][0]]
+                            << ") and NCCL needs a GPU per rank, so GPU collectives run host-staged "
+                               "through MPI instead (slower). Give each rank its own GPU "
+                               "(torch.cuda.set_device(hvd.local_rank())), or set "
+                               "PERSEUS_GPU_OPERATIONS=mpi to choose this mode without this warning";
+    }
     mode_ = Mode::kStaged;
     return Status::OK();
   }
