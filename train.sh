@@ -19,12 +19,20 @@
 #   CHECKPOINT (digits: ${TMPDIR:-/tmp}/perseus-checkpoints/train_digits.pt;
 #               imagenet_ddp: none; empty: none)
 #   THREADS (1: torch threads per rank)  PYTHON (interpreter to use)
+#   DEVICE (digits: auto = GPU local_rank where torch sees CUDA, cuda, or cpu)
 # Extra arguments go to the example, e.g. ./train.sh --fp16-allreduce --resume
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$HERE/.venv/bin/python" ]; then PYTHON="$HERE/.venv/bin/python"; else PYTHON=python3; fi
+fi
+# A check that imports nothing: Open MPI's mpirun, called by its full path, may put its
+# own bin folder first on PATH, and then python3 is not the Python that has torch.
+if ! "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
+  echo "train.sh: $PYTHON ($(command -v "$PYTHON" || echo 'not found')) cannot import torch;" \
+       "set PYTHON=/path/to/python (mpirun passes it to every rank) or create ./.venv" >&2
+  exit 2
 fi
 export OMP_NUM_THREADS="${THREADS:-${OMP_NUM_THREADS:-1}}"
 export PYTHONUNBUFFERED=1

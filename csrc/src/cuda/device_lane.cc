@@ -161,8 +161,8 @@ Status DeviceLane::Open() {
   }
   const std::vector<std::vector<int>> shared = SharedDevices(identities);
   if (lack_nccl.empty() && !shared.empty()) {
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true)) {
+    static std::atomic<bool> warned{false};  // every rank knows it: the set's rank 0 says it
+    if (args_.rank == 0 && !warned.exchange(true)) {
       std::vector<int> ranks;
       for (int r : shared[0]) ranks.push_back((*args_.global_ranks)[r]);
       PERSEUS_LOG(kWarning) << "ranks " << ListString(ranks) << " share one GPU (" << identities[shared[0][0]]
