@@ -4,7 +4,7 @@ Issue 19: Perseus's DistributedOptimizer, Perseus's drop-in DDP and torch DDP ov
 gloo against the ceiling, in one run.
 
     python benchmarks/training_scaling.py [--models mlp512 resnet_small] [--repeat 5]
-        [--iters 30] [--warmup 5] [--nps 2] [--perseus-env K=V ...] [--json PATH]
+        [--iters 30] [--warmup 5] [--nps 2] [--perseus-env K=V ...] [--json PATH] [--plot PNG]
 
 Each (model, backend, np) run is one `mpirun -np N python this_file --worker ...`,
 one torch thread per rank, SGD with momentum on synthetic data. Backends:
@@ -428,6 +428,8 @@ def driver(args):
                     record(r, model, backend, n, [x["steps"] for x in ranks],
                            [x["faults"] for x in ranks])
     summaries = {m: print_table(m, step, faults, args) for m in args.models}
+    if args.plot:
+        plot(args.plot, summaries, args)
     print("total wall time %.0f s" % (time.perf_counter() - start))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": samples,
@@ -487,6 +489,41 @@ def print_table(model, step, faults, args):
             print("%s fraction of the ceiling at np=2: %.3f, goal >= %.2f  %s" % (
                 backend, fraction, goal, "PASS" if fraction >= goal else "MISS"))
     return summary
+
+
+PLOTTED = (("perseus", "Perseus DistributedOptimizer", "o-"), ("perseus_ddp", "Perseus DDP", "s-"),
+           ("ddp", "torch DDP (gloo)", "^--"), ("mpi", "raw MPI allreduce", "x:"),
+           (CEILING, "no communication (ceiling)", "k-."))
+
+
+def plot(path, summaries, args):
+    """--plot: samples per second against ranks, one panel per model, from the medians
+    print_table computed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot: matplotlib is not installed; not writing %s (pip install matplotlib)" % path)
+        return
+    models = list(summaries)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for backend, label, style in PLOTTED:
+            points = [(n, summaries[model]["%s.np%d" % (backend, n)]["samples_per_s"])
+                      for n in args.nps if "%s.np%d" % (backend, n) in summaries[model]]
+            if points:
+                ax.plot([n for n, _ in points], [v for _, v in points], style, label=label)
+        ax.set_xticks(args.nps)
+        ax.set_xlabel("ranks (mpirun -np)")
+        ax.set_ylabel("samples per second (all ranks)")
+        ax.set_title("%s, batch %d per rank" % (model, batch_size(model, args)))
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print("wrote %s" % path)
 
 
 # ---- the driver: --breakdown ------------------------------------------------------
@@ -609,6 +646,7 @@ def main():
                    help="leave glibc's heap trimming on (by default every backend runs "
                         "without it, so that page faults do not decide the comparison)")
     p.add_argument("--json", help="write every sample here")
+    p.add_argument("--plot", metavar="PNG", help="also draw samples/s against ranks (needs matplotlib)")
     p.add_argument("--breakdown", action="store_true",
                    help="where a step's time goes, per rank (plain, mpi, perseus, perseus_ddp)")
     p.add_argument("--timeline", help="with --breakdown: Perseus timelines to PATH's stem."

@@ -1,48 +1,93 @@
 #!/usr/bin/env bash
-# Creates .venv beside this repo with everything Perseus needs on a fresh machine
-# (MPI from the mpich wheel, PyTorch CPU, test tools) and installs Perseus into it.
-# Safe to re-run: it only adds what is missing and rebuilds the core.
+# Sets up this checkout on a fresh machine. Safe to re-run: it only adds what is
+# missing and rebuilds the core.
+#
+#   bash scripts/setup.sh          # the main job: .venv with PyTorch, MPI and Perseus
+#   bash scripts/setup.sh --all    # and everything the tests need
+#
+# The main job (./train.sh) needs only .venv: PyTorch, numpy, scikit-learn (the digits),
+# MPI from the mpich wheel (mpirun, mpicc, mpi.h), mpi4py, and Perseus built in place.
+# --all adds the test tools, NCCL's library, Debian's Open MPI, the TensorFlow and MXNet
+# venvs and the patched Caffe; PERSEUS_SKIP_TF=1, PERSEUS_SKIP_MX=1, PERSEUS_SKIP_CAFFE=1
+# and PERSEUS_SKIP_OPEN_MPI=1 leave those out (their tests then say so).
+# Each step prints what it does and about how long it took on the 2-core CI machine
+# with a warm download cache, then how long it took here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ALL=0
+case "${1:-}" in
+  --all) ALL=1 ;;
+  "") ;;
+  -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "setup.sh: unknown argument $1 (use --all, or nothing)" >&2; exit 2 ;;
+esac
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-# nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on this CPU-only
-# machine (~305 MB download, ~345 MB installed, ~20 s); nothing else uses it here.
-.venv/bin/python -m pip install -q --disable-pip-version-check \
-  "torch==2.13.0" numpy mpich mpi4py pytest pytest-timeout scikit-learn h5py \
-  "nvidia-nccl-cu13==2.32.3"
+SETUP_START=$(date +%s)
+
+# step "what it does" "about how long" command...: says both, runs it, says how long it took.
+step() {
+  local what=$1 about=$2 t0
+  shift 2
+  t0=$(date +%s)
+  printf '[setup] %s (about %s) ...\n' "$what" "$about"
+  "$@"
+  printf '[setup]   done in %ss\n' "$(( $(date +%s) - t0 ))"
+}
+pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
+
+[ -x .venv/bin/python ] || step "creating .venv with $PYTHON" "5 s" "$PYTHON" -m venv .venv
+# torch pinned: unpinned, pip may take a multi-GB CUDA build where a CPU one was meant.
+# On a GPU machine with PyPI, torch==2.13.0 is the CUDA build (PyPI's Linux default).
+step "installing PyTorch 2.13.0, numpy, scikit-learn, MPICH and mpi4py into .venv" "30 s" \
+  pip_install "torch==2.13.0" numpy scikit-learn mpich mpi4py
+# -e: the core library is built in place (perseus/lib/libperseus.so), compiled in parallel.
+step "building Perseus's core with .venv's mpicxx and installing it (pip install -e .)" "25 s" \
+  pip_install -e .
+if [ "$ALL" = 0 ]; then
+  echo "[setup] Perseus is installed in $(pwd)/.venv ($(( $(date +%s) - SETUP_START ))s);" \
+       "run: .venv/bin/mpirun -np 2 ./train.sh"
+  exit 0
+fi
+
+# ---------------------------------------------------------------- --all: the tests' needs
+# nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on a CPU-only
+# machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot.
+step "installing the test tools, h5py, matplotlib and NCCL's library into .venv" "25 s" \
+  pip_install pytest pytest-timeout h5py matplotlib "nvidia-nccl-cu13==2.32.3"
 # Debian's Open MPI as a second MPI, for tests/test_open_mpi.py (the core built against
 # it: a plain python and mpirun -np 2) and tests/test_build_mpi.py (its libmpi.so in
-# Debian python's library folder, which once got linked into the MPICH build). As root,
-# ~10 s from the machine's apt cache. It puts Open MPI's mpicxx and mpirun on PATH;
-# setup.py, the tests and perseusrun still take the venv's MPICH first.
-# PERSEUS_SKIP_OPEN_MPI=1 leaves it out, and those tests then skip, saying why.
-if [ "${PERSEUS_SKIP_OPEN_MPI:-0}" != 1 ] && ! command -v mpicxx.openmpi >/dev/null; then
-  SUDO=
-  [ "$(id -u)" = 0 ] || SUDO=sudo
-  install_open_mpi() {
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+# Debian python's library folder, which once got linked into the MPICH build). It puts
+# Open MPI's mpicxx and mpirun on PATH; setup.py, the tests and perseusrun still take
+# the venv's MPICH first.
+install_open_mpi() {
+  local sudo=
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  apt_open_mpi() {
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       libopenmpi-dev openmpi-bin >/dev/null
   }
-  install_open_mpi || { $SUDO apt-get update -q >/dev/null && install_open_mpi; }
+  apt_open_mpi || { $sudo apt-get update -q >/dev/null && apt_open_mpi; }
+}
+if [ "${PERSEUS_SKIP_OPEN_MPI:-0}" != 1 ] && ! command -v mpicxx.openmpi >/dev/null; then
+  step "installing Debian's Open MPI (apt, root or sudo)" "15 s" install_open_mpi
 fi
-# -e: the core library is built in place (perseus/lib/libperseus.so).
-.venv/bin/python -m pip install -q --disable-pip-version-check -e .
-echo "Perseus is installed in $(pwd)/.venv"
-# The TensorFlow front end lives in a venv of its own (tests/test_tensorflow.py
-# runs it); PERSEUS_SKIP_TF=1 leaves it out.
+# The TensorFlow and MXNet front ends live in venvs of their own (mxnet 1.9.1 needs
+# numpy 1.23.5); tests/test_tensorflow.py and tests/test_mxnet.py run them.
 if [ "${PERSEUS_SKIP_TF:-0}" != 1 ]; then
-  bash scripts/setup_tf.sh
+  step "creating .venv-tf: TensorFlow 2.21 (1.6 GB) and Perseus's TensorFlow op" "2-3 min" \
+    bash scripts/setup_tf.sh
 fi
-# The MXNet front end too (mxnet 1.9.1 needs numpy 1.23.5): .venv-mx, tested by
-# tests/test_mxnet.py; PERSEUS_SKIP_MX=1 leaves it out.
 if [ "${PERSEUS_SKIP_MX:-0}" != 1 ]; then
-  bash scripts/setup_mxnet.sh
+  step "creating .venv-mx: MXNet 1.9.1 and Perseus's MXNet engine library" "1 min" \
+    bash scripts/setup_mxnet.sh
 fi
-# BVLC Caffe with the Perseus patch (patches/bvlc_caffe/; tests/test_caffe.py): apt
-# build dependencies (root), then a CPU-only build cached in .cache/bvlc_caffe (~10
-# CPU-minutes cold, seconds once cached). PERSEUS_SKIP_CAFFE=1 leaves it out.
+# BVLC Caffe with the Perseus patch (tests/test_caffe.py): apt build dependencies, then
+# a CPU-only build cached outside the checkout (patches/bvlc_caffe/build.sh says where).
 if [ "${PERSEUS_SKIP_CAFFE:-0}" != 1 ]; then
-  bash patches/bvlc_caffe/install_deps.sh
-  bash patches/bvlc_caffe/build.sh
+  step "installing Caffe's build dependencies (apt, root or sudo)" "45 s" \
+    bash patches/bvlc_caffe/install_deps.sh
+  step "building the patched BVLC Caffe, or finding it in the cache" \
+    "5 min cold on 2 cores, seconds cached" bash patches/bvlc_caffe/build.sh
 fi
+echo "[setup] everything for the tests is ready ($(( $(date +%s) - SETUP_START ))s);" \
+     "run: .venv/bin/python -m pytest -q"

@@ -6,8 +6,9 @@ mpicxx and runs the two things that differ most between the two:
   MPI_Init_thread: init() used to deadlock there in Perseus's fork handler;
 - `mpirun -np 2` of Open MPI runs a collective script (tests/mpi/allreduce.py).
 
-The build (about a minute on 2 cores) is cached in .cache/open_mpi_core/ under a hash
-of the core's sources and build files, so it is redone only when they change. The
+The build (about a minute on 2 cores) is cached in ~/.cache/perseus/open_mpi_core/
+under a hash of the core's sources and build files, so it is redone only when they
+change, and clones share it. The
 copy runs from a package folder of its own on PYTHONPATH: this checkout's Python
 files with the Open MPI core in lib/. Skipped, saying so, where Open MPI is not
 installed (`apt-get install libopenmpi-dev openmpi-bin`; scripts/setup.sh does it).
@@ -17,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +26,9 @@ from conftest import REPO_ROOT, clean_env, run_bounded
 
 pytestmark = pytest.mark.timeout(600)
 
-CACHE = REPO_ROOT / ".cache" / "open_mpi_core"
+# Outside the checkout, so that every clone on the machine shares it (the key is the
+# content of the inputs, not where they are).
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "perseus" / "open_mpi_core"
 BUILD_INPUTS = ["setup.py", "csrc", "build_support"]
 
 

@@ -114,8 +114,10 @@ def test_table_of_the_five_backends(tmp_path):
     env_timeline = tmp_path / "env.json"  # --perseus-env reaches the Perseus runs
     out = run_script(["--models", "mlp512", "--iters", "2", "--warmup", "1", "--repeat", "1",
                       "--batch-size", "4", "--perseus-env", "PERSEUS_TIMELINE=%s" % env_timeline,
-                      "--json", tmp_path / "runs.json"], timeout=150)
+                      "--json", tmp_path / "runs.json", "--plot", tmp_path / "scaling.png"], timeout=150)
     assert "model mlp512: 5.52 M parameters in 44 tensors" in out, out
+    assert "wrote %s" % (tmp_path / "scaling.png") in out, out
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for backend in training_scaling.BACKENDS:
         np_, step_ms, rate, fraction, faults = row(out, backend)
         assert np_ == 2 and step_ms > 0 and fraction > 0 and faults >= 0, out

@@ -2,21 +2,31 @@
 # Builds BVLC Caffe 99bd997 with the Perseus patch (CPU_ONLY) against this checkout's
 # libperseus.so, and prints the path of the `caffe` tool.
 #
-#   bash patches/bvlc_caffe/build.sh            # -> .cache/bvlc_caffe/build/tools/caffe
+#   bash patches/bvlc_caffe/build.sh              # -> <cache>/build/tools/caffe
+#   bash patches/bvlc_caffe/build.sh --cache-dir  # prints <cache> and stops
 #
 # The source is Debian's package caffe 1.0.0+git20180821.99bd997-8 (bullseye), whose
 # orig tarball is exactly BVLC commit 99bd997; it is fetched with `apt-get source`
 # through a private apt configuration under the cache (the system's sources are left
-# alone). Everything lives in $PERSEUS_CAFFE_CACHE (default .cache/bvlc_caffe, ignored
-# by git); a second run with the same patch only checks and returns.
+# alone). Everything lives in $PERSEUS_CAFFE_CACHE, by default outside the checkout so
+# that every clone on a machine shares one build: ${XDG_CACHE_HOME:-~/.cache}/perseus/
+# bvlc_caffe-<key>, the key a hash of the patches, this script and Perseus's C headers
+# (what the build compiles against). A run that finds the build only checks and
+# returns (seconds); a cold one takes about 5 minutes on 2 cores. The tool links
+# libperseus.so through its RUNPATH, which LD_LIBRARY_PATH overrides: run it with
+# LD_LIBRARY_PATH=<checkout>/perseus/lib (tests/caffe/caffe_job.py does), so that each
+# clone's tool uses that clone's core.
 # Needs the build dependencies: patches/bvlc_caffe/install_deps.sh installs them.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-CACHE=${PERSEUS_CAFFE_CACHE:-$REPO/.cache/bvlc_caffe}
 # 0_*: builds 99bd997 against Debian 12's libraries; 1_*: the Perseus patch.
 PATCHES=("$HERE"/[0-9]_*.patch)
 JOBS=${JOBS:-2}
+KEY=$(cat "${PATCHES[@]}" "$HERE/build.sh" "$REPO"/csrc/include/perseus/*.h | sha256sum | cut -c1-16)
+SHARED=${XDG_CACHE_HOME:-$HOME/.cache}/perseus
+CACHE=${PERSEUS_CAFFE_CACHE:-$SHARED/bvlc_caffe-$KEY}
+[ "${1:-}" = --cache-dir ] && { echo "$CACHE"; exit 0; }
 
 VERSION=1.0.0+git20180821.99bd997-8
 ORIG=caffe_1.0.0+git20180821.99bd997.orig.tar.gz
@@ -33,6 +43,8 @@ INCLUDE_DIR=$REPO/csrc/include
        "(python setup.py build_ext --inplace, or scripts/setup.sh)" >&2; exit 1; }
 
 mkdir -p "$CACHE"
+exec 9>"$CACHE.lock"
+flock 9  # clones that set up at once build once: the second finds the first's build
 cd "$CACHE"
 
 # ---- 1. the pristine source, verified -------------------------------------------

@@ -3,6 +3,7 @@ jobs on scikit-learn's digits, `mpirun ... caffe train` with a hard timeout, and
 weights a job snapshots."""
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import h5py
@@ -10,8 +11,14 @@ import numpy as np
 
 from conftest import REPO_ROOT, clean_env, find_mpirun, run_bounded
 
-CACHE = Path(os.environ.get("PERSEUS_CAFFE_CACHE", REPO_ROOT / ".cache" / "bvlc_caffe"))
 BUILD_SH = REPO_ROOT / "patches" / "bvlc_caffe" / "build.sh"
+# Where build.sh builds (PERSEUS_CAFFE_CACHE, else a folder outside the checkout keyed by
+# the patches and Perseus's headers): build.sh says, so that one script knows the rule.
+CACHE = Path(subprocess.run(["bash", str(BUILD_SH), "--cache-dir"], check=True, capture_output=True,
+                            text=True, env=clean_env()).stdout.strip())
+# The tool finds libperseus.so through its RUNPATH, made by whichever clone built the
+# cached tool; LD_LIBRARY_PATH comes first, so each clone's jobs use this clone's core.
+LIBRARY_PATH = str(REPO_ROOT / "perseus" / "lib")
 PATCH = REPO_ROOT / "patches" / "bvlc_caffe" / "1_perseus_distribute_train.patch"
 ORIG_TARBALL = CACHE / "dl" / "caffe_1.0.0+git20180821.99bd997.orig.tar.gz"
 LENET = REPO_ROOT / "examples" / "caffe" / "lenet_digits.prototxt"
@@ -103,7 +110,8 @@ def run_caffe(caffe, np_or_blocks, args=(), env=None, timeout=120, check=True):
             cmd += ["-env", key, value]
         cmd += [str(caffe), "train"] + [str(a) for a in block_args]
     # glog to stderr, so each rank's messages are in the job's output.
-    job_env = clean_env(dict({"GLOG_logtostderr": "1", "GLOG_minloglevel": "0"}, **(env or {})))
+    job_env = clean_env(dict({"GLOG_logtostderr": "1", "GLOG_minloglevel": "0",
+                              "LD_LIBRARY_PATH": LIBRARY_PATH}, **(env or {})))
     code, out, err, seconds = run_bounded(cmd, job_env, timeout)
     if check and code != 0:
         raise AssertionError("caffe job exited %d after %.0f s\ncommand: %s\n----- stdout -----\n"
