@@ -348,17 +348,23 @@ def test_gpu_calls_per_request_on_fake_gpu(run_mpi, fake_gpu, nprocs):
     run_mpi("gpu_calls", nprocs, env=dict(fake_gpu, GPU_MODE="nccl"), timeout=120)
 
 
+def staged_collectives(nprocs, env, says):
+    """Runs gpu_collectives.py, whose every GPU batch must be host-staged (two lanes each),
+    and returns the lines of its stderr that contain `says`."""
+    from conftest import clean_env, find_mpirun
+    result = subprocess.run([find_mpirun(), "-np", str(nprocs), sys.executable,
+                             str(TESTS_DIR / "mpi" / "gpu_collectives.py")],
+                            cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=180,
+                            env=clean_env(dict(env, GPU_MODE="staged", PERSEUS_ALLREDUCE_STREAMS="2")))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line for line in result.stderr.splitlines() if says in line]
+
+
 @pytest.mark.mpi
 def test_unloadable_nccl_falls_back_to_host_staging_with_one_warning(fake_gpu):
-    from conftest import clean_env, find_mpirun
-    env = clean_env(dict(fake_gpu, GPU_MODE="staged", PERSEUS_NCCL_LIB="/nonexistent/nccl",
-                         PERSEUS_ALLREDUCE_STREAMS="2"))
-    result = subprocess.run([find_mpirun(), "-np", "2", sys.executable,
-                             str(TESTS_DIR / "mpi" / "gpu_collectives.py")],
-                            cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
-    warnings = [line for line in result.stderr.splitlines() if "host-staged through MPI" in line]
-    assert len(warnings) == 2, result.stderr  # one per process, though two lanes opened twice
+    warnings = staged_collectives(2, dict(fake_gpu, PERSEUS_NCCL_LIB="/nonexistent/nccl"),
+                                  "host-staged through MPI")
+    assert len(warnings) == 2, warnings  # one per process, though two lanes opened twice
     assert all("PERSEUS_NCCL_LIB=/nonexistent/nccl" in w for w in warnings), warnings
 
 
@@ -369,15 +375,9 @@ def test_ranks_sharing_a_gpu_run_host_staged_with_one_warning(fake_gpu, nprocs):
     it alike in every process) and run every GPU collective host-staged instead, right,
     with one warning in the job. Without the variable the fake gives each process its
     own GPU, and the GPU_MODE=nccl tests check that NCCL is used."""
-    from conftest import clean_env, find_mpirun
-    env = clean_env(dict(fake_gpu, GPU_MODE="staged", FAKE_GPU_PCI_BUS_ID="0000:1b:00.0",
-                         PERSEUS_ALLREDUCE_STREAMS="2"))
-    result = subprocess.run([find_mpirun(), "-np", str(nprocs), sys.executable,
-                             str(TESTS_DIR / "mpi" / "gpu_collectives.py")],
-                            cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
-    warnings = [line for line in result.stderr.splitlines() if "share one GPU" in line]
-    assert len(warnings) == 1, result.stderr  # from rank 0 alone, though two lanes opened
+    warnings = staged_collectives(nprocs, dict(fake_gpu, FAKE_GPU_PCI_BUS_ID="0000:1b:00.0"),
+                                  "share one GPU")
+    assert len(warnings) == 1, warnings  # from rank 0 alone, though two lanes opened
     ranks = "[%s]" % ", ".join(str(r) for r in range(nprocs))
     assert all("ranks %s share one GPU" % ranks in w and "/0000:1b:00.0.0)" in w
                and "PERSEUS_GPU_OPERATIONS=mpi" in w for w in warnings), warnings
