@@ -29,6 +29,7 @@ SCRIPTS = [
     "late_peer",                # a peer later than the driving window: no hang
     "on_complete",              # completion callbacks: once, first failure, shutdown
     "wait_all",                 # perseus_wait_all, synchronize_all: values, first failure
+    "horovod_modules",          # Horovod's submodule paths, _basics, gpu_available
 ]
 
 

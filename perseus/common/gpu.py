@@ -206,3 +206,32 @@ def nccl_built(verbose=False):
     if not (cuda_ok and nccl_ok):
         return 0
     return nccl_version_code(describe()) or 1
+
+
+# The front ends whose GPU tensors Perseus reduces (TensorFlow's and MXNet's raise
+# NotImplementedError), by Horovod's extension names.
+GPU_TENSOR_FRONT_ENDS = ("torch",)
+_FRONT_ENDS = ("torch", "tensorflow", "mxnet", "keras")
+_DEVICES = re.compile(r"devices: (\d+)")
+
+
+def gpu_available(ext_base_name, verbose=False):
+    """Horovod's gpu_available(): whether the front end `ext_base_name` ('torch',
+    'tensorflow', 'mxnet', 'keras'; 'horovod.torch' and the like too) reduces GPU
+    tensors in this process: it supports them, the CUDA runtime loads and it sees a
+    device. verbose=True prints why not."""
+    name = str(ext_base_name).rsplit(".", 1)[-1]
+    if name not in _FRONT_ENDS:
+        raise ValueError("gpu_available: unknown extension %r (one of %s)" % (ext_base_name, ", ".join(_FRONT_ENDS)))
+    why = None
+    if name not in GPU_TENSOR_FRONT_ENDS:
+        why = "Perseus's %s front end reduces CPU tensors only" % name
+    elif not cuda_built():
+        why = "the CUDA runtime does not load in this process"
+    else:
+        found = _DEVICES.search(describe())
+        if not (found and int(found.group(1)) > 0):
+            why = "the CUDA runtime loads but sees no usable device"
+    if why and verbose:
+        print("gpu_available(%r): False: %s" % (ext_base_name, why))
+    return why is None

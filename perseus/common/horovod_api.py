@@ -28,6 +28,7 @@ from perseus.common.basics import (
     stop_timeline,
 )
 from perseus.common.exceptions import HorovodInternalError
+from perseus.common.gpu import gpu_available
 from perseus.common.process_sets import (
     ProcessSet,
     add_process_set,
@@ -40,5 +41,5 @@ __all__ = [
     "gloo_enabled", "init", "is_initialized", "lane_count", "local_rank", "local_size",
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built",
     "shutdown", "size", "start_timeline", "stop_timeline", "HorovodInternalError",
-    "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
+    "ProcessSet", "add_process_set", "global_process_set", "remove_process_set", "gpu_available",
 ]

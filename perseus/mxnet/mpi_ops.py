@@ -28,6 +28,11 @@ from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: 
 from perseus.common.process_sets import global_process_set
 from perseus.mxnet import engine as _engine
 from perseus.common.ops import resolve_op as _resolve_op
+# Horovod's mpi_ops holds the basics too (size, rank, ... and `_basics`): the same
+# objects as the package's (shutdown is the engine's, which waits for MXNet first).
+from perseus.common.horovod_api import *  # noqa: F401,F403,E402
+from perseus.common.horovod_modules import BASICS as _basics  # noqa: F401,E402
+from perseus.mxnet.engine import shutdown  # noqa: F401,E402
 
 # The one numpy/MXNet dtype <-> core dtype table.
 _DTYPE_CODES = {

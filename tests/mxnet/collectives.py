@@ -359,12 +359,25 @@ def check_objects(rank, size):
     assert hvd.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
 
 
+def check_horovod_modules(rank, size):
+    """horovod.mxnet.mpi_ops and the rest hold the package's objects (the basics too);
+    _basics lists the sets; gpu_available is False (CPU arrays only)."""
+    from perseus.mxnet import compression, functions, mpi_ops
+    for attr in ("allreduce", "Average", "size", "rank", "shutdown", "init", "ProcessSet"):
+        assert getattr(mpi_ops, attr) is getattr(hvd, attr), attr
+    assert compression.Compression is hvd.Compression
+    assert functions.broadcast_parameters is hvd.broadcast_parameters
+    ids = mpi_ops._basics._get_process_set_ids_and_ranks
+    assert ids() == {0: list(range(size))}, ids()
+    assert hvd.gpu_available("mxnet") is False
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     assert (hvd.local_rank(), hvd.local_size()) == (rank, size)
     assert hvd.is_initialized() and hvd.cross_size() == 1
-    for check in (check_allreduce, check_adasum, check_grouped, check_allgather, check_broadcast,
+    for check in (check_horovod_modules, check_allreduce, check_adasum, check_grouped, check_allgather, check_broadcast,
                   check_alltoall, check_reducescatter, check_grouped_allgather,
                   check_grouped_reducescatter, check_horovod_error_types, check_objects,
                   check_same_name, check_process_set, check_asynchronous, check_errors):

@@ -1,7 +1,7 @@
 """Horovod parity of the TensorFlow front end (issue 15), against numpy references:
 names that agree when ranks trace differently (a retrace on some ranks only, TF1
 graph gradients: these hung before), Horovod's gradient conventions, alltoall's
-return value, uint16, broadcast_, the *_op topology ops, tf.IndexedSlices."""
+return value, uint16, broadcast_, the *_op topology ops, tf.IndexedSlices; Horovod's submodule paths."""
 import numpy as np
 import tensorflow as tf
 
@@ -281,9 +281,31 @@ def run_group_sizes(rank, size):
         assert_equal(out, want, tf.float32, "group after the mismatch")
 
 
+def run_horovod_modules(rank, size):
+    """Horovod's submodule paths (horovod.tensorflow.mpi_ops, ...) hold the package's
+    objects; _basics lists the sets; gpu_available is False (CPU tensors only)."""
+    import importlib
+    for name in ("mpi_ops", "compression", "functions", "gradient_aggregation",
+                 "gradient_aggregation_eager", "sync_batch_norm", "util"):
+        module = importlib.import_module("perseus.tensorflow.horovod." + name)
+        for attr in ("allreduce", "Average", "DistributedGradientTape", "Compression", "size"):
+            assert getattr(module, attr) is getattr(hvd, attr), (name, attr)
+    from perseus.tensorflow.horovod.elastic import TensorFlowKerasState  # noqa: F401
+    from perseus.tensorflow.horovod.mpi_ops import Sum, allreduce
+    assert allreduce is hvd.allreduce and Sum is hvd.Sum
+    ids = hvd.mpi_ops._basics._get_process_set_ids_and_ranks
+    evens = hvd.add_process_set(list(range(0, size, 2)))
+    assert ids() == {0: list(range(size)), evens.process_set_id: list(range(0, size, 2))}, ids()
+    hvd.remove_process_set(evens)
+    assert ids() == {0: list(range(size))}
+    assert hvd.gpu_available("tensorflow") is False
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    run_horovod_modules(rank, size)
+    log("horovod modules ok")
     run_retrace(rank, size)
     log("retrace ok")
     run_group_sizes(rank, size)

@@ -49,3 +49,11 @@ from perseus.tensorflow.mpi_ops import (
 def is_homogeneous():
     """Whether every node runs the same number of ranks."""
     return size() == local_size() * cross_size()
+
+
+# Horovod's submodule paths (horovod.tensorflow.mpi_ops, ...), holding these same objects.
+from perseus.common.horovod_modules import add_submodules as _add_submodules  # noqa: E402
+
+_add_submodules(__name__, ["mpi_ops", "compression", "functions", "gradient_aggregation",
+                           "gradient_aggregation_eager", "sync_batch_norm", "util"],
+                {"elastic": elastic})

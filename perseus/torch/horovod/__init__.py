@@ -86,6 +86,7 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "gpu_available",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -123,3 +124,9 @@ __all__ = [
     "synchronize",
     "SyncBatchNorm",
 ]
+
+# Horovod's submodule paths (horovod.torch.mpi_ops, ...), holding these same objects.
+from perseus.common.horovod_modules import add_submodules as _add_submodules  # noqa: E402
+
+_add_submodules(__name__, ["mpi_ops", "compression", "functions", "optimizer", "sync_batch_norm"],
+                {"elastic": elastic, "elastic.sampler": elastic, "elastic.state": elastic})
