@@ -30,6 +30,7 @@ SCRIPTS = [
     "on_complete",              # completion callbacks: once, first failure, shutdown
     "wait_all",                 # perseus_wait_all, synchronize_all: values, first failure
     "horovod_modules",          # Horovod's submodule paths, _basics, gpu_available
+    "process_sets_static",      # init(process_sets=...) all or nothing, ids in order; forged ids
 ]
 
 

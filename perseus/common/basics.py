@@ -23,7 +23,9 @@ def init(comm=None, process_sets=None):
         rank (for a subset, pass an mpi4py communicator, e.g. from
         MPI.COMM_WORLD.Split).
     process_sets: ProcessSet objects (or rank lists) to register right after init,
-        in the same order on every rank. Horovod's "dynamic" mode is not supported.
+        in the same order on every rank: ids 1, 2, ... as given; all or none (a
+        duplicate raises ValueError with none registered). Horovod's "dynamic" mode
+        is not supported.
 
     Calling init() again while initialized only registers the given process sets.
     """
@@ -56,9 +58,7 @@ def init(comm=None, process_sets=None):
                 "init(comm=<list of ranks>) supports only the list of all ranks; to run "
                 "on a subset, pass an mpi4py communicator (e.g. MPI.COMM_WORLD.Split(...)), "
                 "or register a ProcessSet after init()")
-    for process_set in process_sets or ():
-        if getattr(process_set, "process_set_id", None) is None:
-            _process_sets.add_process_set(process_set)
+    _process_sets.add_process_sets(process_sets or (), size())
 
 
 def shutdown():

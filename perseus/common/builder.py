@@ -18,6 +18,7 @@ import itertools
 import struct
 
 from perseus.common import library as _lib
+from perseus.common import process_sets as _process_sets
 from perseus.common.compression import NoneCompressor
 from perseus.common.exceptions import CollectiveArgumentError
 from perseus.common.ops import (ALLREDUCE, BOOL, CPU_DEVICE, DTYPE_NAMES, GLOBAL_PROCESS_SET,
@@ -76,12 +77,18 @@ class Request:
 # ---- process sets ---------------------------------------------------------------
 
 def set_id(process_set):
-    """The id requests carry for `process_set`; ValueError when it is not registered.
-    Membership is the core's check at enqueue (member_rank() checks it here)."""
+    """The id requests carry for `process_set`; ValueError when it is not registered
+    (no id, or an id that names no registered set of these ranks, e.g. one set by
+    hand), before anything is sent, on every front end, as Horovod. Membership is the
+    core's check at enqueue (member_rank() checks it here)."""
     sid = process_set.process_set_id
     if sid is None:
         raise ValueError("%r is not registered: call hvd.add_process_set() on every rank first"
                          % (process_set,))
+    registered = _process_sets.registered(sid)
+    if registered is not process_set and (registered is None or registered.ranks != process_set.ranks):
+        raise ValueError("%r is not registered: no process set with id %s and these ranks is "
+                         "(call hvd.add_process_set() on every rank first)" % (process_set, sid))
     return sid
 
 

@@ -136,6 +136,29 @@ def add_process_set(process_set):
     return process_set
 
 
+def add_process_sets(process_sets, world_size):
+    """init(process_sets=...): all or nothing. The whole list is checked first (ranks
+    within the world, no set twice, none with the ranks of a registered set), so that
+    an error registers none and a later init(process_sets=...) starts clean; then the
+    sets are registered in the order given: ids 1, 2, ... on every rank. Sets already
+    registered are left as they are (init() again)."""
+    sets = [s if isinstance(s, ProcessSet) else ProcessSet(s) for s in process_sets]
+    sets = [s for s in sets if s.process_set_id is None]
+    seen = set()
+    for s in sets:
+        if not s.ranks:
+            raise ValueError("a process set needs at least one rank")
+        if s.ranks[-1] >= world_size:
+            raise ValueError("%r names rank %d, but there are %d ranks" % (s, s.ranks[-1], world_size))
+        if tuple(s.ranks) in seen or find_process_set(s.ranks) is not None:
+            raise ValueError("Attempted to add a duplicate process set: %r; init(process_sets=...) "
+                             "registered none of the sets" % (s,))
+        seen.add(tuple(s.ranks))
+    for s in sets:
+        add_process_set(s)
+    return sets
+
+
 def _find(ranks):
     for existing in [global_process_set] + list(_registered.values()):
         if existing.ranks == ranks:
@@ -160,6 +183,13 @@ def by_id(process_set_id):
     if process_set is None:
         raise ValueError("no process set with id %s is registered" % (process_set_id,))
     return process_set
+
+
+def registered(process_set_id):
+    """The registered set (the global one included) with this id, or None."""
+    if process_set_id == GLOBAL_PROCESS_SET:
+        return global_process_set
+    return _registered.get(process_set_id)
 
 
 def remove_process_set(process_set):

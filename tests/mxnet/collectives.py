@@ -370,6 +370,14 @@ def check_horovod_modules(rank, size):
     ids = mpi_ops._basics._get_process_set_ids_and_ranks
     assert ids() == {0: list(range(size))}, ids()
     assert hvd.gpu_available("mxnet") is False
+    forged = hvd.ProcessSet([0])
+    forged.process_set_id = 10  # names no registered set: ValueError before anything runs
+    try:
+        hvd.allreduce(mx.nd.ones((2,)), process_set=forged, name="forged")
+    except ValueError as e:
+        assert "is not registered" in str(e), e
+    else:
+        raise AssertionError("an allreduce on a set with a forged id ran")
 
 
 def body():

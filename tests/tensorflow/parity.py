@@ -299,6 +299,25 @@ def run_horovod_modules(rank, size):
     hvd.remove_process_set(evens)
     assert ids() == {0: list(range(size))}
     assert hvd.gpu_available("tensorflow") is False
+    # A set whose id names no registered set: ValueError before anything runs, as
+    # Horovod; a registered set this rank is not in: InvalidArgumentError, as Horovod.
+    forged = hvd.ProcessSet([0])
+    forged.process_set_id = 10
+    try:
+        hvd.allreduce(tf.ones([2]), process_set=forged, name="forged")
+    except ValueError as e:
+        assert "is not registered" in str(e), e
+    else:
+        raise AssertionError("an allreduce on a set with a forged id ran")
+    first = hvd.add_process_set([0])
+    if rank != 0:
+        try:
+            hvd.allreduce(tf.ones([2]), process_set=first, name="not_mine")
+        except tf.errors.InvalidArgumentError:
+            pass
+        else:
+            raise AssertionError("an allreduce on a set without this rank ran")
+    hvd.remove_process_set(first)
 
 
 def body():
