@@ -76,6 +76,9 @@ class _DistributedMixin:
 
         self._compression = compression if compression is not None else Compression.none
         self._sparse_as_dense = sparse_as_dense
+        # id(p) -> (p, sparse dims): sparse gradients reduced dense (sparse_as_dense),
+        # made sparse again for the optimizer, as Horovod (SparseAdam takes no other).
+        self._made_dense = {}
         self._process_set = process_set
         self._op = op
         self._predivide = float(gradient_predivide_factor)
@@ -246,6 +249,7 @@ class _DistributedMixin:
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         elif p.grad.layout is not torch.strided:
             if self._sparse_as_dense:
+                self._made_dense[id(p)] = (p, p.grad.sparse_dim())
                 p.grad = p.grad.to_dense()
             elif not sparse_ok:
                 raise NotImplementedError(
@@ -424,7 +428,10 @@ class _DistributedMixin:
                     self._apply(p, *wire_ctx)
             if buckets is not None:
                 buckets.deliver()
+            for p, sparse_dims in self._made_dense.values():
+                p.grad = p.grad.to_sparse(sparse_dims)
         finally:
+            self._made_dense.clear()
             self._handles.clear()
             self._bucket_handles = []
             self._gathered, self._gathered_bytes = [], 0

@@ -75,6 +75,11 @@ def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
+def sparse_adam(model):
+    # SparseAdam takes sparse gradients only: the embedding's (fc stays as it is).
+    return torch.optim.SparseAdam(list(model.emb.parameters()), lr=0.05)
+
+
 def adam(model):
     return torch.optim.Adam(model.parameters(), lr=0.01)
 
@@ -203,6 +208,17 @@ def body():
                             "data": embed_batch, "passes": 2},
          reference(model_cls=EmbedNet, model_kwargs={"sparse": True}, data=embed_batch), TOL),
     ]
+    # sparse_as_dense reduces dense and gives the optimizer the gradient's own layout
+    # back: SparseAdam would refuse a dense one. (fc is outside the optimizer, so its
+    # reductions never start: no pending check.)
+    embed_sparse = {"model_cls": EmbedNet, "model_kwargs": {"sparse": True}, "data": embed_batch,
+                    "make_opt": sparse_adam, "check_pending": False}
+    ref_sparse_adam = reference(sparse_adam, model_cls=EmbedNet, model_kwargs={"sparse": True},
+                                data=embed_batch)
+    cases += [("sparse_adam", embed_sparse, ref_sparse_adam, TOL),
+              ("sparse_adam_as_dense", dict(embed_sparse, sparse_as_dense=True), ref_sparse_adam, TOL),
+              ("sparse_adam_as_dense_passes2", dict(embed_sparse, sparse_as_dense=True, passes=2),
+               ref_sparse_adam, TOL)]
     for what, kwargs, expected, tol in cases:
         got = distributed(rank, size, **kwargs)
         worst = compare(got, expected, tol, what)
