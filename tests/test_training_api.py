@@ -14,7 +14,8 @@ from perseus.torch.compression import Compression
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 NPROCS = [2, 4]
-SCRIPTS = ["optimizer", "optimizer_cache", "optimizer_views", "broadcast_state", "adasum_optimizer"]
+SCRIPTS = ["optimizer", "optimizer_cache", "optimizer_views", "optimizer_process_set", "broadcast_state",
+           "adasum_optimizer"]
 
 
 @pytest.mark.parametrize("nprocs", NPROCS)

@@ -80,6 +80,9 @@ class _DistributedMixin:
         # made sparse again for the optimizer, as Horovod (SparseAdam takes no other).
         self._made_dense = {}
         self._process_set = process_set
+        # As Horovod: a rank outside the optimizer's process set trains on its own
+        # gradients, with no communication for them (the members average among them).
+        self._trains_locally = process_set.included() is False
         self._op = op
         self._predivide = float(gradient_predivide_factor)
 
@@ -120,7 +123,7 @@ class _DistributedMixin:
         self._buckets = self._make_buckets(gradient_as_bucket_view)
         self._bucket_handles = []  # this step's bucket reductions
         self._outside = (None, self._requires_update)  # (layout version, parameters not in buckets)
-        if process_set.size() > 1:
+        if process_set.size() > 1 and not self._trains_locally:
             self._register_hooks()
 
     # ---- setup ----------------------------------------------------------------
@@ -190,7 +193,7 @@ class _DistributedMixin:
         save), or when switched off (wanted False; None: the configuration)."""
         if wanted is None:
             wanted = _basics.config().get("PERSEUS_GRADIENT_AS_BUCKET_VIEW", "1") == "1"
-        if not wanted or self._compression is not Compression.none:
+        if not wanted or self._compression is not Compression.none or self._trains_locally:
             return None
         alone = [p for p in self._requires_update if id(p) not in self._group_of]
         return GradBuckets(alone, self._parameter_names) if alone else None
@@ -385,7 +388,11 @@ class _DistributedMixin:
     def synchronize(self):
         """Starts the reductions not yet started (gradients of parameters that got none
         this step, or passes short of backward_passes_per_step), waits for all, and
-        writes the reduced gradients into p.grad."""
+        writes the reduced gradients into p.grad. Outside the optimizer's process set:
+        nothing (the gradients stay this rank's)."""
+        if self._trains_locally:
+            self._synchronized = True
+            return
         ungrouped = []  # gathered ones too (their entries have no handle yet)
         buckets = self._buckets
         if buckets is not None:
