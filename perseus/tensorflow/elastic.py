@@ -106,6 +106,7 @@ class TensorFlowKerasState(ObjectState):
         broadcast_variables(model_vars, root_rank=0)
         if opt_vars:
             broadcast_variables(opt_vars, root_rank=0)
+        self._save_model()  # the synced values are the committed ones: restore() returns to them
         super().sync()
 
 
@@ -134,4 +135,5 @@ class TensorFlowState(ObjectState):
     def sync(self):
         if self.variables:
             broadcast_variables(self.variables, root_rank=0)
+        self._values = _snapshot(self.variables)  # restore() returns to rank 0's values
         super().sync()

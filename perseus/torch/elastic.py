@@ -34,16 +34,20 @@ class _ModelHandler:
         self.value.load_state_dict(self._saved)
 
     def sync(self):
+        self._broadcast()
+        self.save()  # the synced values are the committed ones: restore() returns to them
+
+    def _broadcast(self):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
 class _OptimizerHandler(_ModelHandler):
-    def sync(self):
+    def _broadcast(self):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
 class _SamplerHandler(_ModelHandler):
-    def sync(self):
+    def _broadcast(self):
         # Every rank's processed samples count as processed, then rank 0's epoch.
         state = self.value.state_dict()
         state["processed_indices"] = set().union(*allgather_object(state["processed_indices"]))

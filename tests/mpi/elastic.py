@@ -61,6 +61,15 @@ def check_sync_commit_restore(rank, size):
     state.sync()  # rank 0's model, optimizer and values on every rank
     assert_same(params(model), params(build(0)[0]), "sync: rank 0's model")
     assert (state.epoch, state.batch, state.note) == (0, 0, [0]), vars(state)
+    # The synced values are the committed ones: restore() returns to rank 0's, not to
+    # this rank's from before the sync.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(rank + 1)
+    state.epoch = 7
+    state.restore()
+    assert_same(params(model), params(build(0)[0]), "restore after sync: rank 0's model")
+    assert state.epoch == 0, vars(state)
 
     step(model, opt, 0, rank, size)
     state.epoch, state.batch = 1, 5

@@ -60,6 +60,11 @@ def check_keras_state(rank, size):
     state.sync()
     assert_same(weights(model), weights(build(0)), "sync: rank 0's weights")
     assert (state.epoch, state.note) == (0, [0]), (state.epoch, state.note)
+    # The synced values are the committed ones: restore() returns to rank 0's.
+    for v in model.variables:
+        v.assign_add(tf.fill(v.shape, float(rank + 1)))
+    state.restore()
+    assert_same(weights(model), weights(build(0)), "restore after sync: rank 0's weights")
 
     step(model, opt, 0, rank)
     state.epoch = 1
@@ -81,6 +86,9 @@ def check_keras_state(rank, size):
     tstate.sync()
     assert_same([v.numpy()], [make_array("v", 0, (4,))], "TensorFlowState sync")
     assert tstate.step_no == 0
+    v.assign(tf.fill([4], tf.constant(rank + 2, tf.float64)))
+    tstate.restore()  # to rank 0's synced values, not this rank's from before the sync
+    assert_same([v.numpy()], [make_array("v", 0, (4,))], "TensorFlowState restore after sync")
     v.assign_add(tf.ones(4, tf.float64))
     tstate.commit()
     v.assign(tf.zeros(4, tf.float64))
