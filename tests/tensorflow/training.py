@@ -171,7 +171,16 @@ def check_sync_batch_norm(rank, size):
     rng = np.random.default_rng(11)
     x = rng.normal(size=(3 * size, 4)) * 2 + 1
     part = slice(3 * rank, 3 * rank + 3)
-    sync = hvd_keras.SyncBatchNormalization(momentum=0.5, dtype="float64")
+    # One layer under both names, as Horovod's; fused=False accepted (Keras 3 has no such
+    # argument: it is not passed on), fused=True refused.
+    assert hvd.SyncBatchNormalization is hvd_keras.SyncBatchNormalization
+    try:
+        hvd.SyncBatchNormalization(fused=True)
+    except ValueError as e:
+        assert "fused=True" in str(e), e
+    else:
+        raise AssertionError("SyncBatchNormalization(fused=True) was accepted")
+    sync = hvd.SyncBatchNormalization(fused=False, momentum=0.5, dtype="float64")
     plain = tf.keras.layers.BatchNormalization(momentum=0.5, dtype="float64")
     sync.build((None, 4))
     plain.build((None, 4))

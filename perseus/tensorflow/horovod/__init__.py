@@ -20,6 +20,7 @@ from perseus.tensorflow.gradient_tape import (
     DistributedGradientTape,
     PartialDistributedGradientTape,
 )
+from perseus.tensorflow.sync_batch_norm import SyncBatchNormalization
 from perseus.tensorflow.mpi_ops import (
     Adasum,
     Average,
