@@ -7,6 +7,17 @@ from perseus.common.process_sets import global_process_set
 from perseus.tensorflow import mpi_ops
 
 
+def variable_key(variable):
+    """One key for a variable however a caller names it: a tf.Variable, its .ref(), a
+    Keras 3 variable (which has no .ref()) or the .ref() of the tf.Variable inside one.
+    Wherever a set of variables is taken (local variables, local sources), both forms
+    match."""
+    if hasattr(variable, "deref"):
+        variable = variable.deref()
+    inner = getattr(variable, "value", None)  # Keras 3: the backend tf.Variable
+    return id(inner) if isinstance(inner, tf.Variable) else id(variable)
+
+
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
     """Assigns root_rank's values to `variables` on every rank, as one grouped
     broadcast. Returns the assignment op (graph mode) or None (eager)."""

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
+from perseus.tensorflow.functions import variable_key
 from perseus.tensorflow.gradients import reduce_gradients
 
 
@@ -18,18 +19,18 @@ class _DistributedGradientTape(tf.GradientTape):
                              gradient_predivide_factor=gradient_predivide_factor,
                              num_groups=num_groups, groups=groups, process_set=process_set,
                              scale_local_gradients=scale_local_gradients)
-        self._local_sources = {id(v) for v in local_sources}
+        self._local_sources = {variable_key(v) for v in local_sources}
 
     def register_local_source(self, source):
         """Leaves `source`'s gradient local (not reduced, divided by the set's size
         under scale_local_gradients), e.g. a per-rank layer's variable."""
-        self._local_sources.add(id(source))
+        self._local_sources.add(variable_key(source))
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = super().gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        skip = {i for i, s in enumerate(flat_sources) if id(s) in self._local_sources}
+        skip = {i for i, s in enumerate(flat_sources) if variable_key(s) in self._local_sources}
         reduced = reduce_gradients(flat_grads, flat_sources, skip=skip, **self._perseus)
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
 

@@ -25,14 +25,21 @@ def model_of(rank):
     return model, layers
 
 
-def check_broadcast_callback(rank, size):
+def as_ref(v):
+    """How Horovod's callers name a variable in a set: its .ref(); a Keras 3 variable
+    has none, so the .ref() of the tf.Variable inside it."""
+    return v.ref() if hasattr(v, "ref") else v.value.ref()
+
+
+def check_broadcast_callback(rank, size, refs=False):
     root = size - 1
     model, layers = model_of(rank)
     before = [v.numpy() for v in model.variables]
     roots = [make_array("w%d" % i, root, b.shape, tf.float32) for i, b in enumerate(before)]
     model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.0)), loss="mse")
     local = list(layers[0].trainable_weights)
-    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(root, local_variables=local)
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(
+        root, local_variables=[as_ref(v) for v in local] if refs else local)
     model.fit(np.ones((2, 4)), np.ones((2, 1)), batch_size=2, epochs=1, verbose=0,
               callbacks=[callback])
     for i, v in enumerate(model.variables):  # lr 0: only the broadcast changed them
@@ -45,7 +52,7 @@ def check_partial_optimizer(rank, size):
     gs = [[make_array("pg%d" % i, r, shape, tf.float32) for r in range(size)]
           for i, shape in enumerate([(4, 3), (3,), (3, 1), (1,)])]
     for scale_local, local_factor in ((True, 1.0 / size), (False, 1.0)):
-        for via in ("partial", "register"):
+        for via in ("partial", "register", "register_ref"):
             model, layers = model_of(rank)
             start = [v.numpy() for v in model.trainable_variables]
             sgd = tf.keras.optimizers.SGD(1.0)
@@ -55,7 +62,7 @@ def check_partial_optimizer(rank, size):
             else:
                 opt = hvd.DistributedOptimizer(sgd, scale_local_gradients=scale_local)
                 for v in layers[0].trainable_weights:
-                    opt.register_local_var(v)
+                    opt.register_local_var(as_ref(v) if via == "register_ref" else v)
             opt.apply_gradients([(tf.constant(g[rank], tf.float32), v)
                                  for g, v in zip(gs, model.trainable_variables)])
             for i, v in enumerate(model.trainable_variables):
@@ -68,6 +75,33 @@ def check_partial_optimizer(rank, size):
         assert "local_layers" in str(e), e
     else:
         raise AssertionError("a non-layer in local_layers was accepted")
+
+
+def check_partial_tape(rank, size):
+    """PartialDistributedGradientTape and register_local_source take variables or their
+    .ref() alike: the local ones keep this rank's gradient / size, the rest the mean."""
+    model, layers = model_of(rank)
+    x = tf.constant(make_array("tx", rank, (2, 4), tf.float32))
+    for how in ("layers", "source", "source_ref"):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        plain = tape.gradient(loss, model.trainable_variables)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        if how == "layers":
+            tape = tfhvd.PartialDistributedGradientTape(tape, local_layers=layers[0])
+        else:
+            tape = tfhvd.DistributedGradientTape(tape)
+            for v in layers[0].trainable_weights:
+                tape.register_local_source(as_ref(v) if how == "source_ref" else v)
+        grads = tape.gradient(loss, model.trainable_variables)
+        for i, (g, p) in enumerate(zip(grads, plain)):
+            if i < 2:
+                expected = p.numpy() / size
+            else:
+                expected = tfhvd.allreduce(p, op=tfhvd.Average, name="tape.%s.%d" % (how, i)).numpy()
+            np.testing.assert_allclose(g.numpy(), expected, rtol=1e-6, atol=1e-6,
+                                       err_msg="%s: variable %d" % (how, i))
 
 
 def check_legacy_optimizers(rank, size):
@@ -108,7 +142,10 @@ def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     check_broadcast_callback(rank, size)
+    check_broadcast_callback(rank, size, refs=True)  # local_variables given as .ref()
     log("broadcast callback ok")
+    check_partial_tape(rank, size)
+    log("partial tape ok")
     check_partial_optimizer(rank, size)
     log("partial optimizer ok")
     if LEGACY:

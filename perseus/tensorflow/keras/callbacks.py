@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from perseus.common import basics
 from perseus.tensorflow import mpi_ops
-from perseus.tensorflow.functions import broadcast_variables
+from perseus.tensorflow.functions import broadcast_variables, variable_key
 
 
 class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
@@ -21,7 +21,7 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
             local_variables = []
         elif not isinstance(local_variables, (list, tuple, set)):
             local_variables = [local_variables]
-        self._local_ids = {id(v) for v in local_variables}
+        self._local_ids = {variable_key(v) for v in local_variables}  # variables or their .ref()
         self.broadcast_done = False
 
     def _broadcast(self):
@@ -30,7 +30,7 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         if optimizer is not None:
             variables += list(optimizer.variables() if callable(optimizer.variables)
                               else optimizer.variables)
-        broadcast_variables([v for v in variables if id(v) not in self._local_ids],
+        broadcast_variables([v for v in variables if variable_key(v) not in self._local_ids],
                             self.root_rank)
         self.broadcast_done = True
 

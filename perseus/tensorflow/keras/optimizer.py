@@ -17,6 +17,7 @@ from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.gradient_accumulation import (GradientAccumulator, check_passes,
                                                       run_every_k)
+from perseus.tensorflow.functions import variable_key
 from perseus.tensorflow.gradient_tape import local_layer_variables
 from perseus.tensorflow.gradients import reduce_gradients
 
@@ -25,7 +26,7 @@ def _reduced(optimizer, grads, variables):
     """reduce_gradients with the optimizer's options; the gradients of its
     registered local variables (register_local_var) stay local."""
     local = optimizer.__dict__.get("_perseus_local_vars")
-    skip = [i for i, v in enumerate(variables or ()) if id(v) in local] if local else ()
+    skip = [i for i, v in enumerate(variables or ()) if variable_key(v) in local] if local else ()
     return reduce_gradients(grads, variables, skip=skip, **optimizer._perseus_reduce_args)
 
 
@@ -53,7 +54,7 @@ class _LocalVarsMixin:
         """Leaves `var`'s gradient local to this rank (not reduced; divided by the
         set's size under scale_local_gradients), as Horovod's register_local_var."""
         # Through __dict__: Keras would track (and wrap) a set assigned as attribute.
-        self.__dict__.setdefault("_perseus_local_vars", set()).add(id(var))
+        self.__dict__.setdefault("_perseus_local_vars", set()).add(variable_key(var))
 
 
 class _Keras3Mixin(_LocalVarsMixin):
