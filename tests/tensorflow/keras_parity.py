@@ -3,7 +3,7 @@ BroadcastGlobalVariablesCallback(local_variables=...), PartialDistributedOptimiz
 and register_local_var (local gradients divided by the size unless
 scale_local_gradients=False), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
 DistributedOptimizer over tf.keras.optimizers.legacy optimizers, `lr=` spelling
-included. Runs under Keras 3 and, from tests/test_tensorflow.py, Keras 2."""
+included, and Horovod's _compute_gradients / _agg_helper hooks. Runs under Keras 3 and, from tests/test_tensorflow.py, Keras 2."""
 import os
 
 import numpy as np
@@ -138,6 +138,46 @@ def check_legacy_optimizers(rank, size):
             np.testing.assert_array_equal(a, b, err_msg="ranks diverged under fit")
 
 
+def check_compute_gradients(rank, size):
+    """Horovod's _compute_gradients hook on a tf-keras optimizer: reduced (gradient,
+    variable) pairs that apply_gradients applies as they are (op=Sum shows a second
+    reduction); with backward_passes_per_step=2, _agg_helper.counter counts the calls
+    since the last reduction, and an inf gradient of one cycle does not reach the next."""
+    weight = float(rank + 1)
+    total = sum(range(1, size + 1))
+    var = tf.Variable([0.0, 0.0])
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(1.0), op=tfhvd.Sum)
+    assert opt._agg_helper is None
+    pairs = opt._compute_gradients(lambda: tf.reduce_sum(var * weight), var_list=[var])
+    np.testing.assert_allclose(pairs[0][0].numpy(), [total, total], err_msg="reduced gradient")
+    assert pairs[0][1] is var
+    opt.apply_gradients(pairs)
+    np.testing.assert_allclose(var.numpy(), [-total, -total], err_msg="applied once")
+    with tf.GradientTape() as tape:  # the tape form
+        loss = tf.reduce_sum(var * weight)
+    pairs = opt._compute_gradients(loss, var_list=[var], tape=tape)
+    np.testing.assert_allclose(pairs[0][0].numpy(), [total, total], err_msg="tape form")
+    opt.apply_gradients(pairs)
+    np.testing.assert_allclose(var.numpy(), [-2 * total, -2 * total], err_msg="applied once, tape")
+
+    # Aggregation over 2 calls; the first cycle's gradient is inf.
+    x = tf.Variable(0.0)
+    calls = tf.Variable(0)
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(1.0),
+                                   backward_passes_per_step=2, sparse_as_dense=True)
+
+    def loss():
+        calls.assign_add(1)
+        return tf.cond(calls > 2, lambda: x, lambda: x * float("inf"))
+
+    for step in range(3):
+        pairs = opt._compute_gradients(loss, var_list=[x])
+        opt.apply_gradients(pairs)
+        assert int(opt._agg_helper.counter.numpy()) == (step + 1) % 2, step
+    assert np.isfinite(pairs[0][0].numpy()), pairs  # the third call's: a new cycle
+    assert int(opt.iterations.numpy()) == 3
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -151,6 +191,8 @@ def body():
     if LEGACY:
         check_legacy_optimizers(rank, size)
         log("legacy optimizers ok")
+        check_compute_gradients(rank, size)
+        log("_compute_gradients ok")
     hvd.shutdown()
 
 

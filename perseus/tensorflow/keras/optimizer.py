@@ -50,6 +50,14 @@ def _every_k(optimizer, accumulator, grads, variables, apply):
 
 
 class _LocalVarsMixin:
+    @property
+    def _agg_helper(self):
+        """Horovod's gradient-aggregation helper, which scripts and tests read
+        (`_agg_helper.counter`: calls since the last reduction): the accumulator, or
+        None when backward_passes_per_step is 1. Its counter exists from the first
+        update on."""
+        return _accumulator(self)
+
     def register_local_var(self, var):
         """Leaves `var`'s gradient local to this rank (not reduced; divided by the
         set's size under scale_local_gradients), as Horovod's register_local_var."""
@@ -80,12 +88,37 @@ class _Keras3Mixin(_LocalVarsMixin):
 
 
 class _Keras2Mixin(_LocalVarsMixin):
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Horovod's hook on tf-keras optimizers: the gradients of `loss` (a tensor
+        recorded on `tape`, or a callable) for `var_list`, as (gradient, variable)
+        pairs, reduced over the ranks; the apply_gradients() that follows applies
+        them as they are. With backward_passes_per_step > 1 they are this rank's:
+        apply_gradients() sums them and reduces every k-th call."""
+        if callable(var_list):
+            var_list = var_list()
+        var_list = list(tf.nest.flatten(var_list))
+        if tape is None:
+            if not callable(loss):
+                raise ValueError("_compute_gradients: a tensor loss needs the `tape` that recorded it")
+            with tf.GradientTape() as tape:
+                tape.watch(var_list)
+                loss = loss()
+        elif callable(loss):
+            with tape:
+                loss = loss()
+        grads = tape.gradient(loss, var_list, grad_loss)
+        if _accumulator(self) is None:
+            grads = _reduced(self, list(grads), var_list)
+            self.__dict__["_perseus_reduced"] = True  # (a Python flag: read where traced)
+        return list(zip(grads, var_list))
+
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         accumulator = _accumulator(self)
         if accumulator is None:
-            grads = _reduced(self, grads, variables)
+            if not self.__dict__.pop("_perseus_reduced", False):  # else _compute_gradients did
+                grads = _reduced(self, grads, variables)
             return super().apply_gradients(list(zip(grads, variables)), *args, **kwargs)
         with tf.init_scope():  # slots must exist before the tf.cond below
             if hasattr(self, "_create_all_weights"):  # tf-keras' legacy optimizers
