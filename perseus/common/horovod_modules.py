@@ -15,19 +15,10 @@ import types
 from perseus.common import basics, process_sets
 
 
-def _get_process_set_ids_and_ranks():
-    """{id: global ranks} of every registered process set, the global one (id 0)
-    included, as Horovod's ``_basics._get_process_set_ids_and_ranks()``."""
-    with process_sets._lock:
-        found = {process_sets.GLOBAL_PROCESS_SET: list(process_sets.global_process_set.ranks)}
-        found.update({i: list(s.ranks) for i, s in process_sets._registered.items()})
-    return found
-
-
 # Horovod's mpi_ops modules hold `_basics`, the object behind init, size, rank, ...;
 # tests and tools call it directly.
 BASICS = types.SimpleNamespace(
-    _get_process_set_ids_and_ranks=_get_process_set_ids_and_ranks,
+    _get_process_set_ids_and_ranks=process_sets.ids_and_ranks,  # Horovod's name, same answer
     **{name: getattr(basics, name) for name in (
         "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
         "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",

@@ -174,22 +174,28 @@ def find_process_set(ranks):
         return _find(ranks)
 
 
-def by_id(process_set_id):
-    """The registered set (the global one included) with this id; ValueError when
-    none is (e.g. a graph op of a set removed since)."""
-    if process_set_id == GLOBAL_PROCESS_SET:
-        return global_process_set
-    process_set = _registered.get(process_set_id)
-    if process_set is None:
-        raise ValueError("no process set with id %s is registered" % (process_set_id,))
-    return process_set
-
-
 def registered(process_set_id):
     """The registered set (the global one included) with this id, or None."""
     if process_set_id == GLOBAL_PROCESS_SET:
         return global_process_set
     return _registered.get(process_set_id)
+
+
+def by_id(process_set_id):
+    """The registered set (the global one included) with this id; ValueError when
+    none is (e.g. a graph op of a set removed since)."""
+    process_set = registered(process_set_id)
+    if process_set is None:
+        raise ValueError("no process set with id %s is registered" % (process_set_id,))
+    return process_set
+
+
+def ids_and_ranks():
+    """{id: global ranks} of every registered set, the global one (id 0) included."""
+    with _lock:
+        found = {GLOBAL_PROCESS_SET: list(global_process_set.ranks)}
+        found.update({i: list(s.ranks) for i, s in _registered.items()})
+    return found
 
 
 def remove_process_set(process_set):
