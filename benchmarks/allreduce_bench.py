@@ -42,8 +42,8 @@ discarded. Every iteration checks the first and last element of every
 result, and the first and last iteration check every element, so a broken
 implementation cannot produce a fast wrong number.
 
-Why the interleaved column: on the shared 2-vCPU VM the raw MPI time of the
-same call drifts by up to 2x between runs and even within a run. The
+Why the interleaved column: on a shared machine the raw MPI time of the
+same call drifts between runs and even within a run. The
 pre-init floor is the number the issue asks for; the raw call interleaved
 with perseus (perseus idle between its own calls) sees the same drift as
 perseus, so perseus/interleaved is the ratio that noise cannot fake.
@@ -553,9 +553,10 @@ def phase_gloo(b, sizes, do_resnet):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method="env://",
                             rank=b.rank, world_size=b.size)
-    # The barrier before each timed gloo iteration. On the 2-vCPU dev VM gloo
-    # after an MPI barrier is bimodal (~0.3 ms or ~4 ms, a scheduler slice);
-    # after its own barrier it is mostly steady, so that is the default.
+    # The barrier before each timed gloo iteration. On an oversubscribed machine
+    # gloo after an MPI barrier can be bimodal (a scheduler slice or not:
+    # benchmarks/README.md); after its own barrier it is mostly steady, so that is
+    # the default.
     barrier = dist.barrier if b.args.gloo_barrier == "gloo" else None
     try:
         b.log("torch.distributed gloo all_reduce (float32, SUM):")

@@ -35,12 +35,7 @@ one table; under mpirun it measures and rank 0 prints its rows. Rows, in µs per
 
 Then, counted by the fake for one pass of the torch rows on the GPU path, the calls that
 cost host time on a real GPU, per tensor: event records, stream waits, copies,
-kernel launches, NCCL calls, device switches (on an H100 each costs about 1-5 µs).
-
-The timeline breakdown (--breakdown) runs a few more iterations of "C ABI, per tensor"
-with the timeline on and splits "after" by its spans: negotiation (enqueue to agreed),
-queued for the lane, and the lane's batch (its CUDA/NCCL calls), per tensor; what is
-left of "after" is the completion (handles, events, waking the waiter).
+kernel launches, NCCL calls, device switches (each a runtime call on a real GPU).
 """
 
 import argparse

@@ -195,9 +195,8 @@ def timed_steps(train_model, opt, data, target, n):
 def same_process_worker(args, rank, size):
     """--same-process: every backend in this one process, each training its own copy
     of the model (same seed), in blocks of --iters steps taken in turn, the order
-    rotated each repeat. Separate processes differ by up to 20 % here (memory layout,
-    which core), which hides a few per cent between backends; blocks in one process
-    do not."""
+    rotated each repeat. Separate processes differ (memory layout, which core) by
+    more than backends do; blocks in one process do not."""
     import torch
     backends = args.backends
     trainers = {}
@@ -245,8 +244,8 @@ def check_same_training(trainers):
 
 
 def minor_faults():
-    """This process's minor page faults so far. Faults cost about 3 us each on these
-    VMs, and whether glibc gives freed heap memory back to the kernel (so that the
+    """This process's minor page faults so far. Faults slow the step that takes them, and
+    whether glibc gives freed heap memory back to the kernel (so that the
     next step faults it in again) depends on the process's allocation history: the
     tables show faults per step, so a run that faults is recognised."""
     import resource

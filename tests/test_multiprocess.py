@@ -1,6 +1,9 @@
-"""Multi-process tests: each script in tests/mpi/ runs on every rank under
-`mpirun -np 2` and `-np 4` (oversubscribed on small machines) and checks its results
-against a reference computed independently on each rank. See each script's docstring."""
+"""Multi-process tests of the core's collectives and lifecycle: each script in SCRIPTS
+(tests/mpi/) runs on every rank under `mpirun -np 2` and `-np 4` (oversubscribed on
+small machines) and checks its results against a reference computed independently on
+each rank. See each script's docstring. The other scripts of tests/mpi/ are run by the
+test file of their subject (training API, DDP, failures, GPU, ...);
+tests/test_rank_scripts_covered.py fails if any script is run by none."""
 import pytest
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]

@@ -16,11 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/wire_dtype.h"
 #include "common/logging.h"
 #include "common/timeline.h"
 #include "cuda/device_backend.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "lanes/core_lanes.h"
 #include "mpi/mpi_library.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
@@ -152,6 +154,11 @@ Status StartConfiguredTimeline(const Config& config, MPI_Comm world) {
   return status;
 }
 
+GpuSettings GpuSettingsOf(const Config& config) {
+  return GpuSettings{config.cuda_lib, config.nccl_lib, config.gpu_use_nccl, config.nan_check,
+                     config.chunk_bytes};
+}
+
 // The GPU settings of the running engine, else of the environment (the GPU calls
 // work before init, for perseusrun --check-build).
 Status CurrentGpuSettings(GpuSettings* out) {
@@ -162,10 +169,19 @@ Status CurrentGpuSettings(GpuSettings* out) {
     Status status = LoadConfig(&config);
     if (!status.ok()) return status;
   }
-  out->cuda_lib = config.cuda_lib;
-  out->nccl_lib = config.nccl_lib;
-  out->use_nccl = config.gpu_use_nccl;
+  *out = GpuSettingsOf(config);
   return Status::OK();
+}
+
+// The lanes the engine runs batches on, as the configuration sets them.
+std::unique_ptr<LaneFactory> MakeLanes(const Config& config, bool thread_multiple) {
+  MpiLaneSettings mpi;
+  mpi.chunk_bytes = config.chunk_bytes;
+  mpi.nan_check = config.nan_check;
+  mpi.wire_dtype = WireDtypeSetting(config.allreduce_dtype);
+  mpi.hierarchical = config.allreduce_mode == "hierarchical";
+  mpi.ranks_per_node = config.ranks_per_node;
+  return MakeCoreLanes(mpi, GpuSettingsOf(config), thread_multiple);
 }
 
 template <typename Getter>
@@ -216,7 +232,9 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   status = AgreeOnStatus(world, config_status.ok() ? StartConfiguredTimeline(config, world)
                                                    : config_status);
   std::unique_ptr<Engine> engine;
-  if (status.ok()) status = Engine::Start(config, world, thread_multiple, &g_handles, &engine);
+  if (status.ok())
+    status = Engine::Start(config, world, thread_multiple, MakeLanes(config, thread_multiple),
+                           &g_handles, &engine);
   if (!status.ok()) {
     Timeline::Get().Stop();
     MPI_Comm_free(&world);

@@ -58,12 +58,12 @@ def _graph_name(op_type):
 
 
 # How long a graph op's thread (one of TensorFlow's inter-op threads) may run the
-# engine itself. Handing the request to the engine thread instead costs two thread
+# engine itself. Handing the request to the engine thread instead puts two thread
 # wake-ups on the latency path, and its done() then runs TensorFlow's executor on the
-# engine thread: about 0.5 ms per small collective on two busy cores
-# (benchmarks/README.md). The bound keeps an inter-op thread from being held while
-# peers are late: after it, the engine thread takes over. Only one thread drives at
-# a time; other ops just enqueue.
+# engine thread, each a wait for a core when the cores are busy
+# (docs/investigations/tensorflow-traced-allreduce.md). The bound keeps an inter-op
+# thread from being held while peers are late: after it, the engine thread takes over.
+# Only one thread drives at a time; other ops just enqueue.
 GRAPH_DRIVE_S = 0.01
 
 

@@ -58,7 +58,7 @@ def pin(kept, drive):
     drive: the caller waits for the request at once (a synchronous call). Then no
     code of the caller's thread runs while it is in flight, and a resize_() from
     another thread would race with it as with any torch op on the tensor: nothing
-    to pin against, and a 4 KiB allreduce_ stays a few microseconds faster."""
+    to pin against, and a small allreduce_ does not pay for pinning."""
     if drive or not _CAN_PIN:
         return None
     pins = Pins()

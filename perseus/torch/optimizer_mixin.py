@@ -285,7 +285,7 @@ class _DistributedMixin:
     def _gather(self, p):
         """Starts p's reduction, or gathers it to start with the next ones in one
         enqueue: inside backward(), caches are cold and one enqueue from Python
-        costs 50-80 µs a gradient on a 2-core machine (a GPU one also records an
+        costs several times a gather (benchmarks/README.md; a GPU one also records an
         event per enqueue), and the core would hold the requests until then anyway
         (PERSEUS_HOLD_BYTES and PERSEUS_HOLD_TIME as they stand now, autotuned or
         not; for GPU requests 1 MiB by default). synchronize() starts what is still

@@ -58,6 +58,19 @@ struct Entry {
 };
 using EntryPtr = std::shared_ptr<Entry>;
 
+// GPU requests: the ready events recorded for one enqueue call, by device and stream
+// (cuda/device_backend.h records them). The requests of one call on one stream share
+// one event, since it stands for everything queued on that stream so far (161
+// gradients enqueued together: one cudaEventRecord).
+struct ReadyEvents {
+  struct Recorded {
+    int device;
+    void* stream;
+    std::shared_ptr<void> event;
+  };
+  std::vector<Recorded> recorded;
+};
+
 // Checks one request from the C ABI and converts it. Errors are INVALID_ARGUMENT.
 Status MakeEntry(const perseus_request_t& request, int set_rank, int set_size, EntryPtr* out);
 

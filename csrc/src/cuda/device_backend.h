@@ -1,10 +1,8 @@
-// The GPU backend as the rest of the core sees it (the engine and the C ABI): no
+// The GPU backend as the rest of the core sees it (lanes/ and the C ABI): no
 // CUDA or NCCL type crosses this header. CUDA and NCCL are loaded at run time
 // (cuda/cuda_api.h); a build without them serves GPU requests all the same.
 #ifndef PERSEUS_CUDA_DEVICE_BACKEND_H_
 #define PERSEUS_CUDA_DEVICE_BACKEND_H_
-
-#include <mpi.h>
 
 #include <cstdint>
 #include <memory>
@@ -12,7 +10,6 @@
 #include <vector>
 
 #include "common/request.h"
-#include "engine/lane.h"
 
 namespace perseus {
 
@@ -29,41 +26,15 @@ struct GpuSettings {
 // Loads the CUDA runtime and asks the device count if not yet (both may take a
 // while the first time: call outside engine locks; the outcomes are kept).
 void WarmGpu(const GpuSettings& settings);
-// The ready events recorded for one enqueue call, by device and stream: the requests
-// of one call on one stream share one event, since it stands for everything queued
-// on that stream so far (161 gradients enqueued together: one cudaEventRecord).
-struct ReadyEvents {
-  struct Recorded {
-    int device;
-    void* stream;
-    std::shared_ptr<void> event;
-  };
-  std::vector<Recorded> recorded;
-};
 // For a GPU request: makes its device current for the call, records a pooled event
 // on its stream (entry->stream; NULL = the legacy default stream) into
-// entry->ready_event, or reuses the one `call` recorded there already, and restores
-// the caller's device. When no GPU can be used at all (runtime missing, no device) it
-// returns OK with no event: the device lane then fails the batch on every rank,
-// naming the cause, instead of this rank failing alone while its peers wait. Errors
-// it returns belong to this request only (a device that does not exist, a second
-// device in one process, a failing cudaEventRecord).
+// entry->ready_event, or reuses the one `call` recorded there already (ReadyEvents,
+// common/request.h), and restores the caller's device. When no GPU can be used at
+// all (runtime missing, no device) it returns OK with no event: the device lane then
+// fails the batch on every rank, naming the cause, instead of this rank failing alone
+// while its peers wait. Errors it returns belong to this request only (a device that
+// does not exist, a second device in one process, a failing cudaEventRecord).
 Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings, ReadyEvents* call);
-
-// ---- lanes ---------------------------------------------------------------------
-struct DeviceLaneArgs {
-  int index;                 // 0 .. lanes-1 within the set (timeline, messages)
-  MPI_Comm comm;             // the lane's own MPI communicator over the set
-  int rank, size;            // within the set
-  const std::vector<int>* global_ranks;  // the set's, outliving the lane
-  bool thread_multiple;      // MPI_THREAD_MULTIPLE (device lanes need it)
-  GpuSettings settings;
-  BatchDone done;
-};
-// A lane for GPU batches: NCCL on its own CUDA stream, or host-staged through MPI.
-// Which one, and the lane's NCCL communicator, are settled with the set's other
-// members at its first batch.
-std::unique_ptr<Lane> MakeDeviceLane(DeviceLaneArgs args);
 
 // ---- the C ABI (perseus.h) -------------------------------------------------------
 Status SetGpuLibraryDirs(const std::string& colon_separated);

@@ -41,17 +41,20 @@ void TraceAgreed(int set_id, const std::vector<BatchItem>& agreed, Clock::time_p
 
 }  // namespace
 
-Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles)
+Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple,
+               std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles)
     : config_(config),
       world_(world),
       thread_multiple_(thread_multiple),
       lanes_(!thread_multiple ? 1 : TunesLanes(config) ? kAutoMaxLanes : config.lanes),
-      gpu_{config.cuda_lib, config.nccl_lib, config.gpu_use_nccl, config.nan_check, config.chunk_bytes},
+      lane_factory_(std::move(lane_factory)),
       handles_(handles) {}
 
 Status Engine::Start(const Config& config, MPI_Comm world, bool thread_multiple,
-                     HandleTable* handles, std::unique_ptr<Engine>* out) {
-  std::unique_ptr<Engine> engine(new Engine(config, world, thread_multiple, handles));
+                     std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles,
+                     std::unique_ptr<Engine>* out) {
+  std::unique_ptr<Engine> engine(
+      new Engine(config, world, thread_multiple, std::move(lane_factory), handles));
   Status status = engine->Init();
   if (!status.ok()) return status;
   *out = std::move(engine);
@@ -89,7 +92,7 @@ Status Engine::Init() {
   std::vector<int> everyone(topo_.size);
   for (int r = 0; r < topo_.size; ++r) everyone[r] = r;
   std::shared_ptr<ProcessSet> global;
-  status = OpenProcessSet(0, everyone, world_, config_, lanes_,
+  status = OpenProcessSet(0, everyone, world_, config_, lanes_, *lane_factory_,
                           [this](const Batch& b, const std::vector<Status>& s,
                                  std::vector<Result>& r) { OnBatchDone(0, b, s, r); },
                           &global);
@@ -145,7 +148,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
   for (int i = 0; i < n; ++i) {
     // The first GPU request loads CUDA here, outside the engine's lock.
     if (requests[i].device != PERSEUS_CPU_DEVICE) {
-      WarmGpu(gpu_);
+      lane_factory_->WarmGpu();
       break;
     }
   }
@@ -170,7 +173,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       Status status = MakeEntry(r, set->rank, set->size(), &entry);
       // GPU: an event on the caller's stream, which the device lane will wait for.
       if (status.ok() && entry->meta.device != PERSEUS_CPU_DEVICE)
-        status = PrepareGpuEntry(entry.get(), gpu_, &ready);
+        status = lane_factory_->PrepareGpuEntry(entry.get(), &ready);
       if (!status.ok()) return status;
       if (set->in_flight.count(entry->meta.name) ||
           !batch_names.emplace(set->id, entry->meta.name).second)
@@ -477,9 +480,9 @@ Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {
     return *set->lanes[set->next_lane++ % std::min<size_t>(set->knobs.lanes, set->lanes.size())];
   if (set->device_lanes.empty()) {
     for (size_t i = 0; i < set->device_comms.size(); ++i)
-      set->device_lanes.push_back(MakeDeviceLane(
-          DeviceLaneArgs{static_cast<int>(i), set->device_comms[i], set->rank, set->size(),
-                         &set->ranks, thread_multiple_, gpu_, set->done}));
+      set->device_lanes.push_back(lane_factory_->MakeDeviceLane(
+          LaneSpec{static_cast<int>(i), set->device_comms[i], set->rank, set->size(),
+                   &set->ranks, set->done}));
   }
   return *set->device_lanes[set->next_device_lane++ % set->device_lanes.size()];
 }
@@ -575,7 +578,7 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
     id = next_set_id_++;
   }
   std::shared_ptr<ProcessSet> set;
-  status = OpenProcessSet(id, sorted, comm, config_, lanes_,
+  status = OpenProcessSet(id, sorted, comm, config_, lanes_, *lane_factory_,
                           [this, id](const Batch& b, const std::vector<Status>& s,
                                      std::vector<Result>& r) { OnBatchDone(id, b, s, r); },
                           &set);

@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/device_backend.h"
 #include "engine/config.h"
 #include "engine/handle_table.h"
 #include "engine/process_set.h"
+#include "lane_api/lane_factory.h"
 
 namespace perseus {
 
@@ -26,9 +26,11 @@ struct Topology {
 
 class Engine {
  public:
-  // `world` is the communicator Perseus runs on (already duplicated for us).
+  // `world` is the communicator Perseus runs on (already duplicated for us);
+  // `lane_factory` makes every lane, and does the GPU work of enqueue.
   static Status Start(const Config& config, MPI_Comm world, bool thread_multiple,
-                      HandleTable* handles, std::unique_ptr<Engine>* out);
+                      std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles,
+                      std::unique_ptr<Engine>* out);
   ~Engine();
 
   // Drains agreed work, tells the peers, fails what is left, stops the thread.
@@ -64,7 +66,8 @@ class Engine {
   std::string autotune_state();
 
  private:
-  Engine(const Config& config, MPI_Comm world, bool thread_multiple, HandleTable* handles);
+  Engine(const Config& config, MPI_Comm world, bool thread_multiple,
+         std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles);
   Status Init();
   void Loop();
   // One pass of the engine: admit new requests, advance every set. The caller holds
@@ -94,7 +97,7 @@ class Engine {
   MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
   const bool thread_multiple_;
   const int lanes_;
-  const GpuSettings gpu_;
+  const std::unique_ptr<LaneFactory> lane_factory_;  // makes every set's lanes
   HandleTable* handles_;
   Topology topo_;
 

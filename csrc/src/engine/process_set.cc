@@ -1,14 +1,12 @@
 #include "engine/process_set.h"
 
-#include "collectives/wire_dtype.h"
-#include "mpi/mpi_lane.h"
 #include "mpi/mpi_status.h"
-#include "mpi/node_comms.h"
 
 namespace perseus {
 
 Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Config& config,
-                      int lanes, BatchDone done, std::shared_ptr<ProcessSet>* out) {
+                      int lanes, LaneFactory& lane_factory, BatchDone done,
+                      std::shared_ptr<ProcessSet>* out) {
   auto set = std::make_shared<ProcessSet>();
   set->id = id;
   set->ranks = std::move(ranks);
@@ -30,15 +28,12 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
     set->stall = std::make_unique<StallInspector>(config, set->negotiation_comm, set->rank,
                                                   set->size());
     for (size_t i = 0; i < set->lane_comms.size(); ++i) {
-      std::unique_ptr<NodeComms> nodes;
-      if (config.allreduce_mode == "hierarchical")
-        status = OpenNodeComms(set->lane_comms[i], set->ranks[set->rank], config.ranks_per_node,
-                               i == 0, &nodes);
+      std::unique_ptr<Lane> lane;
+      status = lane_factory.MakeHostLane(
+          LaneSpec{static_cast<int>(i), set->lane_comms[i], set->rank, set->size(), &set->ranks, done},
+          &lane);
       if (!status.ok()) return status;
-      set->lanes.push_back(std::make_unique<MpiLane>(static_cast<int>(i), set->lane_comms[i], set->rank, set->size(),
-                                                  config.chunk_bytes, config.nan_check,
-                                                  WireDtypeSetting(config.allreduce_dtype),
-                                                  std::move(nodes), &set->ranks, done));
+      set->lanes.push_back(std::move(lane));
     }
   }
   *out = std::move(set);

@@ -14,9 +14,10 @@
 #include "common/clock.h"
 #include "engine/autotune.h"
 #include "engine/config.h"
-#include "engine/lane.h"
+#include "lane_api/lane.h"
 #include "engine/negotiator.h"
 #include "engine/stall_inspector.h"
+#include "lane_api/lane_factory.h"
 
 namespace perseus {
 
@@ -60,9 +61,11 @@ struct ProcessSet {
 
 // Builds a set from `comm` (already restricted to the members, or MPI_COMM_NULL
 // for a non-member): duplicates the negotiation, lane and device-lane communicators
-// and starts the MPI lanes (`lanes` of them; the knobs say how many are used).
+// and has `lane_factory` make the CPU lanes (`lanes` of them; the knobs say how many
+// are used).
 Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Config& config,
-                      int lanes, BatchDone done, std::shared_ptr<ProcessSet>* out);
+                      int lanes, LaneFactory& lane_factory, BatchDone done,
+                      std::shared_ptr<ProcessSet>* out);
 
 }  // namespace perseus
 

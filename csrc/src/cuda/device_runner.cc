@@ -1,12 +1,10 @@
-#include "cuda/device_lane.h"
+#include "cuda/device_runner.h"
 
 #include <atomic>
 #include <sstream>
 
-#include "common/dtype.h"
 #include "common/list_string.h"
 #include "common/logging.h"
-#include "common/timeline.h"
 #include "cuda/batched_copy.h"
 #include "cuda/device_guard.h"
 #include "cuda/event_pool.h"
@@ -18,10 +16,6 @@
 #include "mpi/mpi_status.h"
 
 namespace perseus {
-
-std::unique_ptr<Lane> MakeDeviceLane(DeviceLaneArgs args) {
-  return std::make_unique<gpu::DeviceLane>(std::move(args));
-}
 
 namespace gpu {
 
@@ -74,42 +68,19 @@ Status LastReadyPerStream(const Batch& batch, std::vector<const Entry*>* out) {
 
 }  // namespace
 
-DeviceLane::DeviceLane(DeviceLaneArgs args)
-    : args_(std::move(args)),
-      worker_("perseus-gpulane", [this](const Batch& batch) { Execute(batch); }) {}
+DeviceRunner::DeviceRunner(DeviceRunnerArgs args) : args_(std::move(args)) {}
 
-DeviceLane::~DeviceLane() {
-  worker_.Stop();
-  Close();
-}
+DeviceRunner::~DeviceRunner() { Close(); }
 
-void DeviceLane::Push(Batch batch) { worker_.Push(std::move(batch)); }
-
-bool DeviceLane::TryRunInline(const Batch& batch) {
-  // Opening blocks in collective calls (ncclCommInitRank): only on the lane's thread.
-  return worker_.TryRunInline(batch, [this] { return mode_ == Mode::kNccl || mode_ == Mode::kStaged; });
-}
-
-void DeviceLane::Execute(const Batch& batch) {
-  std::vector<Result> results(batch.items.size());
-  const bool traced = TimelineOn();  // spans show the host time to queue the device work
-  const auto start = traced ? Clock::now() : Clock::time_point();
+Status DeviceRunner::Execute(const Batch& batch, std::vector<Result>* results) {
   Status status;
   if (mode_ == Mode::kClosed) status = Open();
   if (status.ok() && mode_ == Mode::kBroken) status = broken_;
-  if (status.ok()) status = Run(batch, &results);
-  if (traced) TraceLaneBatch(batch, args_.index, start, Clock::now());
-  if (!status.ok()) {
-    status.message = std::string(OpTypeName(batch.op_type())) + " of GPU tensor '" +
-                     batch.items[0].meta.name + "'" +
-                     (batch.items.size() > 1 ? " (and fused tensors)" : "") + ": " + status.message;
-    for (Result& result : results) result.FreeData();
-  }
-  std::vector<Status> statuses(batch.items.size(), status);
-  args_.done(batch, statuses, results);
+  if (status.ok()) status = Run(batch, results);
+  return status;
 }
 
-Status DeviceLane::Open() {
+Status DeviceRunner::Open() {
   const GpuSettings& settings = args_.settings;
   if (!args_.thread_multiple)  // every rank of a job has the same thread level: no exchange
     return Status::Error(PERSEUS_UNSUPPORTED,
@@ -194,7 +165,7 @@ Status DeviceLane::Open() {
   return Status::OK();
 }
 
-Status DeviceLane::OpenNccl() {
+Status DeviceRunner::OpenNccl() {
   const NcclApi& nccl = *Nccl();
   ncclUniqueId id{};
   Status made = args_.rank == 0 ? NcclStatus(nccl.GetUniqueId(&id), "ncclGetUniqueId") : Status::OK();
@@ -230,7 +201,7 @@ Status DeviceLane::OpenNccl() {
   return agreed;
 }
 
-Status DeviceLane::Run(const Batch& batch, std::vector<Result>* results) {
+Status DeviceRunner::Run(const Batch& batch, std::vector<Result>* results) {
   Status status;
   DeviceGuard guard(device_, &status);
   if (!status.ok()) return status;
@@ -271,7 +242,7 @@ Status DeviceLane::Run(const Batch& batch, std::vector<Result>* results) {
   return status.ok() ? recorded : status;
 }
 
-void DeviceLane::Break(const Status& why) {
+void DeviceRunner::Break(const Status& why) {
   if (comm_ != nullptr) Nccl()->CommAbort(comm_);
   comm_ = nullptr;
   mode_ = Mode::kBroken;
@@ -281,7 +252,7 @@ void DeviceLane::Break(const Status& why) {
                                         why.message);
 }
 
-void DeviceLane::Close() {
+void DeviceRunner::Close() {
   if (stream_ == nullptr) return;
   Status status;
   DeviceGuard guard(device_, &status);
@@ -295,7 +266,7 @@ void DeviceLane::Close() {
   DropStream();
 }
 
-void DeviceLane::DropStream() {
+void DeviceRunner::DropStream() {
   if (stream_ != nullptr) {
     Status status;
     DeviceGuard guard(device_, &status);
@@ -304,7 +275,7 @@ void DeviceLane::DropStream() {
   stream_ = nullptr;
 }
 
-DeviceContext DeviceLane::Context() {
+DeviceContext DeviceRunner::Context() {
   return DeviceContext{*Cuda(),
                        comm_ ? Nccl() : nullptr,
                        comm_,

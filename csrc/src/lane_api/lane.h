@@ -1,9 +1,10 @@
 // A lane: an execution stream that runs agreed batches in the order they are queued.
 // Every rank queues the same batches to the same lane in the same order, so lanes
 // never need to agree on anything themselves. The engine sees only this interface;
-// the MPI lane (mpi/) and, for GPU tensors, the device lanes implement it.
-#ifndef PERSEUS_ENGINE_LANE_H_
-#define PERSEUS_ENGINE_LANE_H_
+// the lanes in lanes/ (MPI for CPU tensors, device lanes for GPU tensors) implement it,
+// and a LaneFactory (lane_api/lane_factory.h) makes them.
+#ifndef PERSEUS_LANE_API_LANE_H_
+#define PERSEUS_LANE_API_LANE_H_
 
 #include <functional>
 #include <vector>
@@ -29,4 +30,4 @@ class Lane {
 
 }  // namespace perseus
 
-#endif  // PERSEUS_ENGINE_LANE_H_
+#endif  // PERSEUS_LANE_API_LANE_H_

@@ -1,15 +1,15 @@
 // The MPI lane: one worker thread with its own duplicated communicator, running the
 // MPI collectives (collectives/) on host buffers.
-#ifndef PERSEUS_MPI_MPI_LANE_H_
-#define PERSEUS_MPI_MPI_LANE_H_
+#ifndef PERSEUS_LANES_MPI_LANE_H_
+#define PERSEUS_LANES_MPI_LANE_H_
 
 #include <mpi.h>
 
 #include <memory>
 #include <vector>
 
-#include "engine/lane.h"
-#include "engine/lane_worker.h"
+#include "lane_api/lane.h"
+#include "lanes/lane_worker.h"
 #include "mpi/node_comms.h"
 
 namespace perseus {
@@ -43,4 +43,4 @@ class MpiLane : public Lane {
 
 }  // namespace perseus
 
-#endif  // PERSEUS_MPI_MPI_LANE_H_
+#endif  // PERSEUS_LANES_MPI_LANE_H_

@@ -2,8 +2,8 @@
 // option to run a batch on the caller's thread when the lane is idle, and the
 // timeline spans of a batch. A lane owns one LaneWorker as its LAST member, so that
 // the thread stops before the rest of the lane is destroyed.
-#ifndef PERSEUS_ENGINE_LANE_WORKER_H_
-#define PERSEUS_ENGINE_LANE_WORKER_H_
+#ifndef PERSEUS_LANES_LANE_WORKER_H_
+#define PERSEUS_LANES_LANE_WORKER_H_
 
 #include <condition_variable>
 #include <deque>
@@ -52,4 +52,4 @@ void TraceLaneBatch(const Batch& batch, int lane_index, Clock::time_point start,
 
 }  // namespace perseus
 
-#endif  // PERSEUS_ENGINE_LANE_WORKER_H_
+#endif  // PERSEUS_LANES_LANE_WORKER_H_

@@ -1,4 +1,4 @@
-#include "engine/lane_worker.h"
+#include "lanes/lane_worker.h"
 
 #include <pthread.h>
 

@@ -1,4 +1,4 @@
-#include "mpi/mpi_lane.h"
+#include "lanes/mpi_lane.h"
 
 #include <cstdlib>
 

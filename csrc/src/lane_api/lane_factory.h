@@ -1,0 +1,48 @@
+// How the engine gets its lanes without knowing a transport: the C ABI hands it a
+// LaneFactory (lanes/core_lanes.h), which makes the MPI and device lanes and does
+// the GPU work of enqueue. The engine includes no CUDA, NCCL or lane header.
+#ifndef PERSEUS_LANE_API_LANE_FACTORY_H_
+#define PERSEUS_LANE_API_LANE_FACTORY_H_
+
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/request.h"
+#include "common/status.h"
+#include "lane_api/lane.h"
+
+namespace perseus {
+
+// One lane of a process set, as the engine describes it.
+struct LaneSpec {
+  int index;             // 0 .. lanes-1 within the set and kind (timeline, messages)
+  MPI_Comm comm;         // the lane's own communicator over the set, duplicated for it
+  int rank, size;        // within the set
+  const std::vector<int>* global_ranks;  // the set's, outliving the lane
+  BatchDone done;
+};
+
+class LaneFactory {
+ public:
+  virtual ~LaneFactory() = default;
+
+  // A lane for CPU tensors. May make collective calls on spec.comm (hierarchical
+  // mode splits it by node), so every member makes its lanes in the same order.
+  virtual Status MakeHostLane(const LaneSpec& spec, std::unique_ptr<Lane>* out) = 0;
+  // A lane for GPU tensors; it opens, with the set's other members, at its first batch.
+  virtual std::unique_ptr<Lane> MakeDeviceLane(const LaneSpec& spec) = 0;
+
+  // Enqueue, on the framework's thread. The first GPU request warms the GPU runtime
+  // (slow the first time: call outside engine locks).
+  virtual void WarmGpu() = 0;
+  // Gives a GPU request the event its device lane waits for before reading the input,
+  // sharing the one `call` recorded on the same stream (see ReadyEvents). An error
+  // belongs to this request only.
+  virtual Status PrepareGpuEntry(Entry* entry, ReadyEvents* call) = 0;
+};
+
+}  // namespace perseus
+
+#endif  // PERSEUS_LANE_API_LANE_FACTORY_H_

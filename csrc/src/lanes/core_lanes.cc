@@ -1,0 +1,54 @@
+#include "lanes/core_lanes.h"
+
+#include <utility>
+
+#include "lanes/device_lane.h"
+#include "lanes/mpi_lane.h"
+#include "mpi/node_comms.h"
+
+namespace perseus {
+
+namespace {
+
+class CoreLanes : public LaneFactory {
+ public:
+  CoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu, bool thread_multiple)
+      : mpi_(mpi), gpu_(gpu), thread_multiple_(thread_multiple) {}
+
+  Status MakeHostLane(const LaneSpec& spec, std::unique_ptr<Lane>* out) override {
+    std::unique_ptr<NodeComms> nodes;
+    if (mpi_.hierarchical) {
+      Status status = OpenNodeComms(spec.comm, (*spec.global_ranks)[spec.rank],
+                                    mpi_.ranks_per_node, spec.index == 0, &nodes);
+      if (!status.ok()) return status;
+    }
+    *out = std::make_unique<MpiLane>(spec.index, spec.comm, spec.rank, spec.size,
+                                     mpi_.chunk_bytes, mpi_.nan_check, mpi_.wire_dtype,
+                                     std::move(nodes), spec.global_ranks, spec.done);
+    return Status::OK();
+  }
+
+  std::unique_ptr<Lane> MakeDeviceLane(const LaneSpec& spec) override {
+    return std::make_unique<DeviceLane>(spec, thread_multiple_, gpu_);
+  }
+
+  void WarmGpu() override { perseus::WarmGpu(gpu_); }
+
+  Status PrepareGpuEntry(Entry* entry, ReadyEvents* call) override {
+    return perseus::PrepareGpuEntry(entry, gpu_, call);
+  }
+
+ private:
+  const MpiLaneSettings mpi_;
+  const GpuSettings gpu_;
+  const bool thread_multiple_;
+};
+
+}  // namespace
+
+std::unique_ptr<LaneFactory> MakeCoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu,
+                                           bool thread_multiple) {
+  return std::make_unique<CoreLanes>(mpi, gpu, thread_multiple);
+}
+
+}  // namespace perseus

@@ -1,0 +1,33 @@
+// The device lane: a lane for GPU batches, its own thread running them through a
+// DeviceRunner (cuda/device_runner.h: NCCL on the lane's CUDA stream, or host-staged
+// through MPI), which opens with the set's other members at the lane's first batch.
+#ifndef PERSEUS_LANES_DEVICE_LANE_H_
+#define PERSEUS_LANES_DEVICE_LANE_H_
+
+#include "cuda/device_backend.h"
+#include "cuda/device_runner.h"
+#include "lane_api/lane_factory.h"
+#include "lanes/lane_worker.h"
+
+namespace perseus {
+
+class DeviceLane : public Lane {
+ public:
+  // `thread_multiple`: MPI_THREAD_MULTIPLE, without which every batch fails.
+  DeviceLane(const LaneSpec& spec, bool thread_multiple, const GpuSettings& settings);
+  ~DeviceLane() override;  // finishes queued batches, waits for the stream, frees all
+  void Push(Batch batch) override;
+  bool TryRunInline(const Batch& batch) override;
+
+ private:
+  void Execute(const Batch& batch);
+
+  const int index_;
+  BatchDone done_;
+  gpu::DeviceRunner runner_;
+  LaneWorker worker_;  // last: its thread stops before the members above go
+};
+
+}  // namespace perseus
+
+#endif  // PERSEUS_LANES_DEVICE_LANE_H_

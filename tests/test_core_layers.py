@@ -1,0 +1,65 @@
+"""The core's #include arrows run one way, down the layers that scripts/check_layers.py
+declares; and that check finds an arrow that does not, naming file, line and layers."""
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CHECK = REPO_ROOT / "scripts" / "check_layers.py"
+
+
+def run_check(root):
+    return subprocess.run([sys.executable, str(CHECK), "--root", str(root)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def write(root, rel, text):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_every_include_of_the_core_runs_down_the_layers():
+    result = run_check(REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().endswith("0 include arrow(s) not running down the layers")
+
+
+def test_an_upward_include_is_reported_with_its_file_line_and_layers(tmp_path):
+    write(tmp_path, "csrc/include/perseus/perseus.h", "")
+    write(tmp_path, "csrc/src/common/status.h", '#include "perseus/perseus.h"\n')
+    write(tmp_path, "csrc/src/engine/engine.h", '#include "common/status.h"\n')
+    write(tmp_path, "csrc/src/mpi/mpi_status.h",
+          '#include "common/status.h"\n\n#include "engine/engine.h"\n')
+    result = run_check(tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        'csrc/src/mpi/mpi_status.h:3: #include "engine/engine.h": '
+        "layer mpi -> layer engine runs up: engine stands on mpi",
+        "1 include arrow(s) not running down the layers"]
+
+
+def test_sibling_layers_may_not_include_each_other(tmp_path):
+    # lanes/ and the engine both stand on lane_api/; neither sees the other, and the
+    # engine sees no CUDA header.
+    write(tmp_path, "csrc/src/lane_api/lane.h", "")
+    write(tmp_path, "csrc/src/lanes/mpi_lane.h", '#include "lane_api/lane.h"\n')
+    write(tmp_path, "csrc/src/cuda/device_backend.h", "")
+    write(tmp_path, "csrc/src/engine/engine.h",
+          '#include "lane_api/lane.h"\n#include "lanes/mpi_lane.h"\n#include "cuda/device_backend.h"\n')
+    result = run_check(tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        'csrc/src/engine/engine.h:2: #include "lanes/mpi_lane.h": '
+        "layer engine -> layer lanes runs across: lanes is not below engine",
+        'csrc/src/engine/engine.h:3: #include "cuda/device_backend.h": '
+        "layer engine -> layer cuda runs across: cuda is not below engine",
+        "2 include arrow(s) not running down the layers"]
+
+
+def test_a_directory_outside_the_declared_layers_is_reported(tmp_path):
+    write(tmp_path, "csrc/src/common/status.h", "")
+    write(tmp_path, "csrc/src/extras/tool.cc", '#include "common/status.h"\n')
+    result = run_check(tmp_path)
+    assert result.returncode == 1
+    assert "csrc/src/extras/tool.cc: in no declared layer ('extras')" in result.stdout
