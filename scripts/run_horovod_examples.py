@@ -56,12 +56,13 @@ TF1_ONLY = (r"has no attribute 'ConfigProto'",
 class Example:
     path: str                   # under the examples directory
     front: str                  # key of FRONT_ENDS
-    args: list = field(default_factory=list)  # "{work}" -> the example's directory
+    args: list = field(default_factory=list)  # "{work}": its directory, "{np}": --np
     data: tuple = ()            # (function of horovod_examples_data, path under {work}, kwargs)
     expect: str = ""            # regex the output must contain (the example got to its end)
     upstream: tuple = ()        # (regex, why): a failure Horovod's example has anyway
     timeout: int = 0            # seconds; 0 -> --timeout
     variant: str = ""           # a second run of the same example: its name in the table
+    launch: str = "mpirun"      # "python": the example starts its ranks (horovod.run)
 
     @property
     def name(self):
@@ -86,6 +87,11 @@ EXAMPLES = [
              "--gradient-predivide-factor", "2"],
             data=("write_torchvision_mnist", "data", {}), expect=r"Test set: Average loss",
             variant="predivide 2"),
+    Example("pytorch/pytorch_mnist.py", "torch",
+            ["--no-cuda", "--epochs", "1", "--test-batch-size", "256", "--data-dir", "{work}/data",
+             "--num-proc", "{np}"],
+            data=("write_torchvision_mnist", "data", {}), expect=r"Test set: Average loss",
+            variant="--num-proc: horovod.run", launch="python"),
     Example("pytorch/pytorch_imagenet_resnet50.py", "torch",
             ["--no-cuda", "--epochs", "1", "--batch-size", "2", "--val-batch-size", "2",
              "--train-dir", "{work}/imagenet/train", "--val-dir", "{work}/imagenet/validation"],
@@ -127,6 +133,11 @@ EXAMPLES = [
             ["--epochs", "2", "--no-cuda", "--fp16-allreduce", "--gradient-predivide-factor", "2"],
             data=("write_mxnet_mnist_per_rank", ".", {}), expect=r"Epoch\[1\]\tTrain: accuracy=",
             variant="fp16, predivide 2"),
+    # The ranks log nothing (logging is set up under the script's __main__ guard, which
+    # horovod.run's ranks skip, as Horovod's do); rank 0 still asserts the accuracy.
+    Example("mxnet/mxnet_mnist.py", "mx", ["--epochs", "2", "--no-cuda", "--num-proc", "{np}"],
+            data=("write_mxnet_mnist_per_rank", ".", {}),
+            variant="--num-proc: horovod.run", launch="python"),
     Example("mxnet/mxnet2_mnist.py", "mx", ["--epochs", "1", "--no-cuda"],
             data=("write_mxnet_mnist_per_rank", ".", {}),
             upstream=(r"module 'mxnet.gluon' has no attribute 'metric'",
@@ -301,12 +312,14 @@ def run_example(example, opts, pythons, paths, mpirun, scratch):
     script = os.path.join(work, source.name)
     Path(script).write_text(text)
     prepare_data(example, work, opts.np)
-    extra = {}
+    extra = {"PERSEUS_MPIRUN": mpirun}  # for horovod.run: the MPI Perseus was built with
     if example.front == "torch" and torchvision_needs_schemas(pythons["torch"], paths["torch"]):
         extra["PERSEUS_EXAMPLES_TORCHVISION_SCHEMAS"] = "1"
     env = child_env(example.front, work, paths[example.front], extra)
-    args = [a.replace("{work}", work) for a in example.args]
-    cmd = [mpirun, "-np", str(opts.np), pythons[example.front], script] + args
+    args = [a.replace("{work}", work).replace("{np}", str(opts.np)) for a in example.args]
+    cmd = [pythons[example.front], script] + args
+    if example.launch == "mpirun":
+        cmd = [mpirun, "-np", str(opts.np)] + cmd
     start = time.monotonic()
     code, out = run_bounded(cmd, work, env, example.timeout or opts.timeout)
     seconds = time.monotonic() - start
