@@ -42,10 +42,12 @@ IMPORTS = {
     "horovod": "perseus",
 }
 
-# Front end -> environment of its runs. Horovod 0.28's TensorFlow examples are written
-# for Keras 2 (opt.variables(), compile(experimental_run_tf_function=...), optimizers.legacy),
-# which TensorFlow 2.21 provides as tf_keras.
-FRONT_ENDS = {"torch": {}, "tf": {"TF_USE_LEGACY_KERAS": "1"}, "mx": {}}
+# Front end -> (its python: torch, tf or mx; environment of its runs). Horovod 0.28's
+# TensorFlow examples are written for Keras 2 (opt.variables(), compile(
+# experimental_run_tf_function=...), optimizers.legacy), which TensorFlow 2.21 provides as
+# tf_keras; "tf-keras3" runs them under Keras 3, TensorFlow's default.
+FRONT_ENDS = {"torch": ("torch", {}), "tf": ("tf", {"TF_USE_LEGACY_KERAS": "1"}),
+              "tf-keras3": ("tf", {}), "mx": ("mx", {})}
 
 TF1_ONLY = (r"has no attribute 'ConfigProto'",
             "Horovod's example is TF1 code (tf.ConfigProto, tf.Session): TensorFlow 2 has "
@@ -110,6 +112,16 @@ EXAMPLES = [
     Example("tensorflow2/tensorflow2_keras_synthetic_benchmark.py", "tf",
             ["--no-cuda", "--batch-size", "2", "--num-batches-per-iter", "1", "--num-iters", "2"],
             expect=r"Total img/sec on 2 CPU\(s\)"),
+    Example("tensorflow2/tensorflow2_synthetic_benchmark.py", "tf-keras3",
+            ["--no-cuda", "--batch-size", "2"] + SMALL_BENCH, variant="Keras 3",
+            upstream=(r"'list' object is not callable",
+                      "the example calls opt.variables(), a list in Keras 3")),
+    Example("tensorflow2/tensorflow2_keras_synthetic_benchmark.py", "tf-keras3",
+            ["--no-cuda", "--batch-size", "2", "--num-batches-per-iter", "1", "--num-iters", "2"],
+            variant="Keras 3",
+            upstream=(r"unexpected keyword argument 'experimental_run_tf_function'",
+                      "the example passes compile(experimental_run_tf_function=False), which "
+                      "Keras 3 does not take")),
     # These two fix their step counts (5000 and 24 x 250 steps of 128 images): 8 x 8
     # images keep that short on CPUs.
     Example("tensorflow2/tensorflow2_mnist.py", "tf",
@@ -274,7 +286,7 @@ def child_env(front, work, paths, extra):
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
     })
-    env.update(FRONT_ENDS[front])
+    env.update(FRONT_ENDS[front][1])
     env.update(extra)
     os.makedirs(env["HOME"], exist_ok=True)
     return env
@@ -315,9 +327,9 @@ def run_example(example, opts, pythons, paths, mpirun, scratch):
     extra = {"PERSEUS_MPIRUN": mpirun}  # for horovod.run: the MPI Perseus was built with
     if example.front == "torch" and torchvision_needs_schemas(pythons["torch"], paths["torch"]):
         extra["PERSEUS_EXAMPLES_TORCHVISION_SCHEMAS"] = "1"
-    env = child_env(example.front, work, paths[example.front], extra)
+    env = child_env(example.front, work, paths[FRONT_ENDS[example.front][0]], extra)
     args = [a.replace("{work}", work).replace("{np}", str(opts.np)) for a in example.args]
-    cmd = [pythons[example.front], script] + args
+    cmd = [pythons[FRONT_ENDS[example.front][0]], script] + args
     if example.launch == "mpirun":
         cmd = [mpirun, "-np", str(opts.np)] + cmd
     start = time.monotonic()
@@ -367,7 +379,7 @@ def main(argv=None):
 
     pythons = default_pythons()
     pythons.update(dict(p.split("=", 1) for p in opts.python))
-    paths = {front: [] for front in FRONT_ENDS}
+    paths = {python: [] for python, _ in FRONT_ENDS.values()}
     for p in opts.path:
         front, folder = p.split("=", 1)
         paths[front].append(os.path.abspath(folder))
