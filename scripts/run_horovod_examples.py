@@ -15,6 +15,7 @@ front end's PYTHONPATH (e.g. a torchvision or gluoncv installed with pip --targe
 """
 import argparse
 import fnmatch
+import functools
 import os
 import re
 import shutil
@@ -59,7 +60,7 @@ class Example:
     path: str                   # under the examples directory
     front: str                  # key of FRONT_ENDS
     args: list = field(default_factory=list)  # "{work}": its directory, "{np}": --np
-    data: tuple = ()            # (function of horovod_examples_data, path under {work}, kwargs)
+    data: tuple = ()            # (key of PREPARERS, folder under {work}, its kwargs)
     expect: str = ""            # regex the output must contain (the example got to its end)
     upstream: tuple = ()        # (regex, why): a failure Horovod's example has anyway
     timeout: int = 0            # seconds; 0 -> --timeout
@@ -305,9 +306,10 @@ def run_bounded(cmd, cwd, env, timeout):
         return None, out.decode(errors="replace")
 
 
+@functools.lru_cache(maxsize=None)
 def torchvision_needs_schemas(python, paths):
     """True when torchvision is there but fails to import for lack of its C++ ops."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [str(REPO_ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(list(paths) + [str(REPO_ROOT)]))
     probe = subprocess.run([python, "-c", "import torchvision"], env=env,
                            capture_output=True, text=True)
     return probe.returncode != 0 and "torchvision::nms" in probe.stderr
@@ -318,6 +320,9 @@ def run_example(example, opts, pythons, paths, mpirun, scratch):
     source = Path(opts.examples) / example.path
     if not source.exists():
         return "skipped", "not in %s" % opts.examples, 0.0
+    python = pythons[FRONT_ENDS[example.front][0]]
+    if not os.path.exists(python):
+        return "failed", "no python %s (see --python)" % python, 0.0
     work = os.path.join(scratch, re.sub(r"\W+", "_", example.name.split("/", 1)[-1]).strip("_"))
     os.makedirs(work)
     text, changed = rewrite_imports(source.read_text())
@@ -325,11 +330,11 @@ def run_example(example, opts, pythons, paths, mpirun, scratch):
     Path(script).write_text(text)
     prepare_data(example, work, opts.np)
     extra = {"PERSEUS_MPIRUN": mpirun}  # for horovod.run: the MPI Perseus was built with
-    if example.front == "torch" and torchvision_needs_schemas(pythons["torch"], paths["torch"]):
+    if example.front == "torch" and torchvision_needs_schemas(python, tuple(paths["torch"])):
         extra["PERSEUS_EXAMPLES_TORCHVISION_SCHEMAS"] = "1"
     env = child_env(example.front, work, paths[FRONT_ENDS[example.front][0]], extra)
     args = [a.replace("{work}", work).replace("{np}", str(opts.np)) for a in example.args]
-    cmd = [pythons[FRONT_ENDS[example.front][0]], script] + args
+    cmd = [python, script] + args
     if example.launch == "mpirun":
         cmd = [mpirun, "-np", str(opts.np)] + cmd
     start = time.monotonic()
