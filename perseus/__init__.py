@@ -18,4 +18,6 @@ _SUBPACKAGES = ("torch", "tensorflow", "keras")
 def __getattr__(name):
     if name in _SUBPACKAGES:
         return importlib.import_module("%s.%s" % (__name__, name))
+    if name == "run":  # Horovod's horovod.run, for `import perseus as horovod`
+        return importlib.import_module("%s.func_runner" % __name__).run
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
