@@ -55,7 +55,7 @@ def test_optimizer_gathers_exactly_while_the_core_holds(policy_test):
     core = [line == "1" for line in result.stdout.split()]
     assert len(core) == len(cases)
     since = 1000.0  # a perf_counter() reading
-    python = [mixin._core_holds(since, limit, ms, pending, since + age / 1e6)
+    python = [mixin._core_holds((since, limit, ms), pending, since + age / 1e6)
               for limit, ms, pending, age in cases]
     disagree = [(case, c) for case, c, p in zip(cases, core, python) if c != p]
     assert not disagree, "(limit, ms, bytes, age_us), core holds: %s" % disagree[:10]

@@ -44,12 +44,13 @@ _IN_GROUP = object()
 _IN_BUCKET = object()
 
 
-def _core_holds(since, limit, ms, pending_bytes, now):
-    """Whether the core holds `pending_bytes` of requests pending since `since` (seconds,
-    perf_counter) at `now`, under its hold (limit, ms) = ProcessSet.hold(): the rule of
-    csrc/src/engine/schedule.h (SchedulePolicy::HoldUntil), repeated here because asking
-    the core would cost the enqueue that gathering saves. tests/test_schedule.py checks
-    that the two agree."""
+def _core_holds(hold, pending_bytes, now):
+    """Whether the core holds `pending_bytes` of requests at `now` (perf_counter seconds),
+    hold = (since, limit, ms): pending since `since`, under its hold (limit, ms) =
+    ProcessSet.hold(). The rule of csrc/src/engine/schedule.h (SchedulePolicy::HoldUntil),
+    repeated here because asking the core would cost the enqueue that gathering saves;
+    tests/test_schedule.py checks that the two agree."""
+    since, limit, ms = hold
     return limit > 0 and pending_bytes < limit and now < since + ms / 1e3
 
 
@@ -304,7 +305,7 @@ class _DistributedMixin:
             self._gather_hold = (now,) + self._process_set.hold(gpu=not p.is_cpu)
         self._gathered.append(p)
         self._gathered_bytes += self._grad_bytes[id(p)]
-        if not _core_holds(*self._gather_hold, self._gathered_bytes, now):
+        if not _core_holds(self._gather_hold, self._gathered_bytes, now):
             self._submit_gathered()
 
     def _submit_gathered(self):
