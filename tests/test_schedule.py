@@ -13,21 +13,14 @@ import subprocess
 
 import pytest
 
-from conftest import REPO_ROOT, TESTS_DIR
-from test_gpu_core import find_mpi_compiler
+from cpp_build import build_cpp_test
 
 SOURCES = ["engine/schedule.cc", "common/request.cc", "common/dtype.cc"]
 
 
 @pytest.fixture(scope="module")
 def policy_test(tmp_path_factory):
-    binary = tmp_path_factory.mktemp("schedule") / "schedule_policy_test"
-    src = REPO_ROOT / "csrc" / "src"
-    subprocess.run([find_mpi_compiler("mpicxx"), "-std=c++17", "-O0",
-                    "-I%s" % (REPO_ROOT / "csrc" / "include"), "-I%s" % src,
-                    str(TESTS_DIR / "cpp" / "schedule_policy_test.cc")]
-                   + [str(src / p) for p in SOURCES] + ["-o", str(binary)], check=True)
-    return binary
+    return build_cpp_test(tmp_path_factory.mktemp("schedule"), "schedule_policy_test", SOURCES)
 
 
 def test_each_rule_of_the_policy_cpp(policy_test):
