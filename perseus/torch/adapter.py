@@ -285,8 +285,9 @@ def submit_prepared(items, grouped=True, drive=False):
 
 
 # The packed in-place allreduce requests (builder.Prebuilt) of both fast paths,
-# InplaceAllreduce and allreduce_now_, by name, op, scales, set id, dtype, shape and
-# device ordinal. allreduce_now_ marks a key with None at its first call and packs
+# InplaceAllreduce and allreduce_now_, by name, op, scales, set id, dtype and shape,
+# and the device ordinal for a GPU tensor (CPU keys, allreduce_now_'s, stay shorter
+# to build and hash). allreduce_now_ marks a key with None at its first call and packs
 # from its second (packing costs more than one general call, so names made anew per
 # call never pay it). Cleared when full, so such names cannot grow it either; an
 # InplaceAllreduce keeps the request it took.
@@ -309,7 +310,9 @@ def _packed(name, op, prescale, postscale, process_set, tensor, code, device):
     a dtype the op refuses or a set that is not registered."""
     _check_code(_ALLREDUCE, op, code)
     sid = _set_id(process_set)
-    key = (name, op, prescale, postscale, sid, tensor.dtype, tensor.shape, device)
+    key = (name, op, prescale, postscale, sid, tensor.dtype, tensor.shape)
+    if device != _CPU:
+        key += (device,)
     prebuilt = _packed_requests.get(key)
     if prebuilt is None:
         request = _Request(_ALLREDUCE, sid, code, tuple(tensor.shape), 0, 0,
@@ -327,7 +330,7 @@ def allreduce_now_(tensor, name, op, prescale, postscale, process_set):
     if name is not None and tensor.is_cpu and tensor.is_contiguous():
         # _packed()'s key, for a CPU tensor.
         key = (name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
-               tensor.shape, _CPU)
+               tensor.shape)
         prebuilt = _packed_requests.get(key, _UNSEEN)
         if prebuilt is _UNSEEN:  # the first call: remember the key, take the general path
             prebuilt = _remember(key, None)
