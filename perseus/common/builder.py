@@ -337,7 +337,8 @@ def _compile_packers(source):
     _record_arguments(), as collections.namedtuple compiles its methods: each record
     is then one struct call with its fields in order, as cheap as written out by hand
     (a helper function per record would add a Python call to every request). Their
-    lines are registered with linecache so that tracebacks show them."""
+    lines are registered with linecache, where the traceback module (pytest, logging)
+    finds them."""
     source = source.replace("{RECORD}", _record_arguments())
     filename = "<perseus.common.builder packers>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
