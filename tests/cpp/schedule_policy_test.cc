@@ -10,21 +10,13 @@
 #include <string>
 
 #include "engine/schedule.h"
+#include "expect.h"
 
 using namespace perseus;
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
 namespace {
-
-int failures = 0;
-
-void Expect(bool ok, const std::string& what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what.c_str());
-    ++failures;
-  }
-}
 
 const Clock::time_point kNow = Clock::time_point(std::chrono::seconds(1000));
 
@@ -212,6 +204,5 @@ int main(int argc, char** argv) {
   RuleCycleTime();
   RuleQuietEnqueues();
   RuleInlineBatches();
-  if (failures == 0) std::printf("ok\n");
-  return failures == 0 ? 0 : 1;
+  return Verdict();
 }
