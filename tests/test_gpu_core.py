@@ -17,27 +17,16 @@ the C ABI (tests/capi.py, ctypes).
 import ctypes
 import glob
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO_ROOT, TESTS_DIR
+from cpp_build import build_cpp_test, find_mpi_compiler
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def find_mpi_compiler(name):
-    candidate = Path(sys.executable).parent / name
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip("%s not found next to %s nor on PATH" % (name, sys.executable))
-    return found
 
 
 def real_nccl_dir():
@@ -402,11 +391,7 @@ def test_gpu_failures_on_fake_gpu(run_mpi, fake_gpu, case):
 
 def run_cpp_test(tmp_path, test, sources, optimize="-O0"):
     """Builds tests/cpp/<test>.cc with the given csrc/src sources; it must print ok."""
-    binary = tmp_path / test
-    paths = [TESTS_DIR / "cpp" / (test + ".cc")] + [REPO_ROOT / "csrc" / "src" / p for p in sources]
-    subprocess.run([find_mpi_compiler("mpicxx"), "-std=c++17", optimize,
-                    "-I%s" % (REPO_ROOT / "csrc" / "include"), "-I%s" % (REPO_ROOT / "csrc" / "src")]
-                   + [str(p) for p in paths] + ["-o", str(binary)], check=True)
+    binary = build_cpp_test(tmp_path, test, sources, optimize)
     result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
 

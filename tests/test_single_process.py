@@ -117,6 +117,29 @@ def test_adasum_of_one_is_the_scaled_input(initialized, dtype):
     assert_same(outs[1], x[:5])
 
 
+def test_packed_requests_serve_both_fast_paths(initialized):
+    """allreduce_ under a name packs its request at the second call and reuses it;
+    the optimizer's InplaceAllreduce of that name and settings takes the same one;
+    another shape under the name has its own; every result is the reduction."""
+    hvd = initialized
+    from perseus.torch import adapter
+    settings = dict(name="sp.packed", op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
+    key = ("sp.packed", hvd.Sum, 0.5, 4.0, 0, torch.float32, (6,))
+    for shape, seed in [((6,), 0), ((2, 3), 1), ((6,), 2), ((6,), 3), ((2, 3), 4), ((2, 3), 5)]:
+        x = make(shape, torch.float32, seed=seed)
+        y = x.clone()
+        assert hvd.allreduce_(y, **settings) is y
+        torch.testing.assert_close(y, x * 2.0)  # one rank: the sum is x, scaled by 0.5 * 4
+    packed = adapter._packed_requests[key]
+    assert packed is not None and packed is not adapter._packed_requests[key[:6] + ((2, 3),)]
+    inplace = adapter.InplaceAllreduce("sp.packed", hvd.Sum, 0.5, 4.0, hvd.global_process_set)
+    x = make((6,), torch.float32, seed=6)
+    y = x.clone()
+    assert inplace.prepared(y) is packed
+    assert hvd.synchronize(inplace.submit(y)) is y
+    torch.testing.assert_close(y, x * 2.0)
+
+
 def test_allreduce_defaults_to_average(initialized):
     hvd = initialized
     x = make((5,), torch.float32)

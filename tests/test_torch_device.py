@@ -72,6 +72,20 @@ def test_cpu_tensor_adds_nothing(captured):
     assert (reqs[0].device, reqs[0].stream, consumer) == (ops.CPU_DEVICE, 0, None)
 
 
+def test_packed_requests_keep_devices_apart(captured):
+    """One name, settings, dtype and shape on cuda:1, cuda:0 and the CPU: the cache of
+    packed requests (adapter._packed_requests) gives each its own, whose record names
+    its device."""
+    from perseus.common import library
+    records = []
+    for tensor in (FakeCudaTensor(1), FakeCudaTensor(0), torch.ones(3, 2)):
+        inplace = adapter.InplaceAllreduce("t.packed", ops.Sum, 1.0, 1.0,
+                                           mpi_ops.global_process_set)
+        records.append(library.Request.from_buffer(inplace.prepared(tensor)._buf, 8))
+    assert [r.device for r in records] == [1, 0, ops.CPU_DEVICE]
+    assert [r.name for r in records] == [b"allreduce.t.packed"] * 3
+
+
 def test_other_devices_are_refused():
     with pytest.raises(NotImplementedError, match="meta"):
         adapter.prepare(torch.empty(2, device="meta"))

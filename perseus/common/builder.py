@@ -6,8 +6,9 @@ place in it, the broadcast root as a set rank, names, alltoall splits,
 reducescatter rows, dtype rules, compression. It builds Request objects, which
 pack() lays out as perseus_request_t records for perseus_enqueue.
 
-A request field is added here (Request, pack) and in library.Request and the
-header, nowhere else.
+A request field is added to the header, to library.Request (which gives the packers
+their field order) and here to Request (or to _COMPUTED_FIELDS, where packing
+computes it), nowhere else.
 
 This is the hot path of every collective: Request is a plain __slots__ class (no
 validation), and pack() does little per request (struct packing, cached layouts).
@@ -15,6 +16,7 @@ validation), and pack() does little per request (struct packing, cached layouts)
 
 import array
 import itertools
+import linecache
 import struct
 
 from perseus.common import library as _lib
@@ -304,6 +306,48 @@ def int64s(count):
     return packer
 
 
+# The fields of a perseus_request_t record that the packers compute rather than take
+# from the Request attribute of the same name: addresses inside the packed buffer,
+# counts, and the anonymous flag (forced for the requests pack() names).
+_COMPUTED_FIELDS = {
+    "name": "name_at",
+    "ndim": "ndim",
+    "shape": "shape_at",
+    "splits": "splits_at",
+    "nsplits": "nsplits",
+    "anonymous": "1 if r.name is None else r.anonymous",
+}
+
+
+def _record_arguments():
+    """Request `r`'s record as struct arguments, in library.Request's field order (the
+    header's, checked by tests/test_header_mirror.py), as source text reading r and
+    the packer's locals name_at, ndim, shape_at, splits_at and nsplits: the one place
+    that lays a Request onto perseus_request_t."""
+    fields = [field for field, _ in _lib.Request._fields_]
+    missing = [f for f in fields if f not in _COMPUTED_FIELDS and f not in Request.__slots__]
+    if missing:
+        raise ImportError("perseus_request_t fields %s are not builder.Request attributes"
+                          % missing)
+    return ", ".join(_COMPUTED_FIELDS.get(f, "r." + f) for f in fields)
+
+
+def _compile_packers(source):
+    """Defines the functions of `source` in this module with {RECORD} replaced by
+    _record_arguments(), as collections.namedtuple compiles its methods: each record
+    is then one struct call with its fields in order, as cheap as written out by hand
+    (a helper function per record would add a Python call to every request). Their
+    lines are registered with linecache, where the traceback module (pytest, logging)
+    finds them."""
+    source = source.replace("{RECORD}", _record_arguments())
+    filename = "<perseus.common.builder packers>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), globals())
+
+
+# The packers, compiled by _compile_packers() below. A record is packed from r and
+# the locals that _COMPUTED_FIELDS names.
+_PACKERS = r'''
 def pack(requests):
     """Lays a batch out for perseus_enqueue, drawing names for unnamed requests.
 
@@ -333,22 +377,66 @@ def pack(requests):
     shape_at = buf.buffer_info()[0] + 8 + _STRIDE
     try:
         if splits is None:
-            layout.pack_into(buf, 0, 0, shape_at + 8 * ndim, r.op_type, r.reduce_op, r.dtype,
-                             r.device, ndim, shape_at, r.input, r.output, r.prescale,
-                             r.postscale, r.root_rank, r.process_set, 0, 0,
-                             1 if r.name is None else r.anonymous, r.stream, r.group_size,
-                             *shape, wire)
+            splits_at = 0
+            name_at = shape_at + 8 * ndim
+            layout.pack_into(buf, 0, 0, {RECORD}, *shape, wire)
         else:
-            layout.pack_into(buf, 0, 0, shape_at + 8 * (ndim + nsplits), r.op_type,
-                             r.reduce_op, r.dtype, r.device, ndim, shape_at, r.input, r.output,
-                             r.prescale, r.postscale, r.root_rank, r.process_set,
-                             shape_at + 8 * ndim, nsplits,
-                             1 if r.name is None else r.anonymous, r.stream, r.group_size,
-                             *shape, *splits, wire)
+            splits_at = shape_at + 8 * ndim
+            name_at = splits_at + 8 * nsplits
+            layout.pack_into(buf, 0, 0, {RECORD}, *shape, *splits, wire)
     except struct.error as e:
         # A field out of its C type's range (e.g. a root rank > 2**31).
         raise ValueError("invalid request field: %s" % e) from None
     return buf, 1
+
+
+def _pack_many(requests):
+    """pack() of 0 or 2+ requests."""
+    n = len(requests)
+    if n == 0:
+        raise ValueError("enqueue() needs at least one request")
+    # Shapes and splits of all requests, in order, as one int64 array; names as one
+    # NUL-separated string.
+    ints = []
+    wires = []
+    for r in requests:
+        ints += r.shape
+        if r.splits is not None:
+            ints += r.splits
+        wires.append(r.name or unnamed(r.op_type, r.process_set))
+    names = b"\0".join(wires) + b"\0"
+    req_at = 8 * n
+    ints_at = req_at + _STRIDE * n
+    chars_at = ints_at + 8 * len(ints)
+    buf = array.array("B", bytes(chars_at + len(names)))
+    base = buf.buffer_info()[0]
+    memoryview(buf)[chars_at:] = names
+    try:
+        if ints:
+            int64s(len(ints)).pack_into(buf, ints_at, *ints)
+        rec = req_at
+        ip = base + ints_at   # address of this request's shape, then its splits
+        name_at = base + chars_at  # address of this request's name
+        for r, wire in zip(requests, wires):
+            ndim = len(r.shape)
+            shape_at = ip
+            ip += 8 * ndim
+            splits = r.splits
+            if splits is None:
+                splits_at = nsplits = 0
+            else:
+                nsplits = len(splits)
+                splits_at = ip
+                ip += 8 * nsplits
+            _pack_request(buf, rec, {RECORD})
+            name_at += len(wire) + 1
+            rec += _STRIDE
+    except struct.error as e:
+        # A field out of its C type's range (e.g. a root rank > 2**31).
+        raise ValueError("invalid request field: %s" % e) from None
+    return buf, n
+'''
+_compile_packers(_PACKERS)
 
 
 # Where pack_prebuilt() patches a packed one-request batch: the record's shape,
@@ -398,56 +486,6 @@ def pack_prebuilt(items):
             _pack_stream(buf, stream_at, stream)
         at += _STRIDE
         stream_at += _STRIDE
-    return buf, n
-
-
-def _pack_many(requests):
-    """pack() of 0 or 2+ requests."""
-    n = len(requests)
-    if n == 0:
-        raise ValueError("enqueue() needs at least one request")
-    # Shapes and splits of all requests, in order, as one int64 array; names as one
-    # NUL-separated string.
-    ints = []
-    wires = []
-    for r in requests:
-        ints += r.shape
-        if r.splits is not None:
-            ints += r.splits
-        wires.append(r.name or unnamed(r.op_type, r.process_set))
-    names = b"\0".join(wires) + b"\0"
-    req_at = 8 * n
-    ints_at = req_at + _STRIDE * n
-    chars_at = ints_at + 8 * len(ints)
-    buf = array.array("B", bytes(chars_at + len(names)))
-    base = buf.buffer_info()[0]
-    memoryview(buf)[chars_at:] = names
-    try:
-        if ints:
-            int64s(len(ints)).pack_into(buf, ints_at, *ints)
-        rec = req_at
-        ip = base + ints_at   # address of this request's shape, then its splits
-        cp = base + chars_at  # address of this request's name
-        for r, wire in zip(requests, wires):
-            ndim = len(r.shape)
-            shape_at = ip
-            ip += 8 * ndim
-            splits = r.splits
-            if splits is None:
-                splits_at = nsplits = 0
-            else:
-                nsplits = len(splits)
-                splits_at = ip
-                ip += 8 * nsplits
-            _pack_request(buf, rec, cp, r.op_type, r.reduce_op, r.dtype, r.device, ndim,
-                          shape_at, r.input, r.output, r.prescale, r.postscale, r.root_rank,
-                          r.process_set, splits_at, nsplits,
-                          1 if r.name is None else r.anonymous, r.stream, r.group_size)
-            cp += len(wire) + 1
-            rec += _STRIDE
-    except struct.error as e:
-        # A field out of its C type's range (e.g. a root rank > 2**31).
-        raise ValueError("invalid request field: %s" % e) from None
     return buf, n
 
 

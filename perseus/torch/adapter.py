@@ -239,7 +239,8 @@ class InplaceAllreduce:
 
     def prepared(self, tensor):
         """The request packed for `tensor` (a builder.Prebuilt), or None where the
-        general path must take it."""
+        general path must take it. Keeps the last one it took from the cache of packed
+        requests, so a step's tensor costs one comparison."""
         key = (tensor.dtype, tensor.shape, tensor.device, self._process_set.process_set_id)
         if key != self._key:
             if not self._prepare(tensor, key):
@@ -249,18 +250,14 @@ class InplaceAllreduce:
         return self._prebuilt
 
     def _prepare(self, tensor, key):
-        """Packs the request for tensors like `tensor`; False where the general path
-        must take it (non-contiguous)."""
+        """Takes the request for tensors like `tensor` from the cache of packed
+        requests; False where the general path must take it (non-contiguous)."""
         self._key = self._prebuilt = None
         source, code, device = prepare(tensor)  # raises for what the core cannot take
         if source is not tensor:
             return False
-        _check_code(_ALLREDUCE, self._op, code)
-        wire = _names(_ALLREDUCE, self._name)[0]
-        request = _Request(_ALLREDUCE, _set_id(self._process_set), code, tuple(tensor.shape),
-                           0, 0, wire, self._op, self._prescale, self._postscale,
-                           device=device)
-        self._prebuilt = _builder.Prebuilt(request)
+        self._prebuilt = _packed(self._name, self._op, self._prescale, self._postscale,
+                                 self._process_set, tensor, code, device)
         self._key = key
         return True
 
@@ -287,33 +284,59 @@ def submit_prepared(items, grouped=True, drive=False):
                                    drive, consumer)
 
 
-# Packed requests of named synchronous allreduce_ calls, by name, op, scales, set,
-# dtype and shape: None after a key's first call, the Prebuilt from its second on
-# (packing costs more than one general call, so names made anew per call never pay
-# it). Cleared when full, so such names cannot grow it either.
-_named_requests = {}
-_NAMED_REQUESTS_LIMIT = 1024
+# The packed in-place allreduce requests (builder.Prebuilt) of both fast paths,
+# InplaceAllreduce and allreduce_now_, by name, op, scales, set id, dtype and shape,
+# and the device ordinal for a GPU tensor (CPU keys, allreduce_now_'s, stay shorter
+# to build and hash). allreduce_now_ marks a key with None at its first call and packs
+# from its second (packing costs more than one general call, so names made anew per
+# call never pay it). Cleared when full, so such names cannot grow it either; an
+# InplaceAllreduce keeps the request it took.
+_packed_requests = {}
+_PACKED_REQUESTS_LIMIT = 1024
 _UNSEEN = object()
+
+
+def _remember(key, prebuilt):
+    """Stores `prebuilt` (None: a key seen once) under `key`; returns it."""
+    if len(_packed_requests) >= _PACKED_REQUESTS_LIMIT:
+        _packed_requests.clear()
+    _packed_requests[key] = prebuilt
+    return prebuilt
+
+
+def _packed(name, op, prescale, postscale, process_set, tensor, code, device):
+    """The packed in-place allreduce of contiguous `tensor` (core dtype `code`, on
+    `device`), from the cache or packed now; raises what the general path raises for
+    a dtype the op refuses or a set that is not registered."""
+    _check_code(_ALLREDUCE, op, code)
+    sid = _set_id(process_set)
+    key = (name, op, prescale, postscale, sid, tensor.dtype, tensor.shape)
+    if device != _CPU:
+        key += (device,)
+    prebuilt = _packed_requests.get(key)
+    if prebuilt is None:
+        request = _Request(_ALLREDUCE, sid, code, tuple(tensor.shape), 0, 0,
+                           _names(_ALLREDUCE, name)[0], op, prescale, postscale, device=device)
+        prebuilt = _remember(key, _builder.Prebuilt(request))
+    return prebuilt
 
 
 def allreduce_now_(tensor, name, op, prescale, postscale, process_set):
     """allreduce_ of one tensor that the caller waits for at once (mpi_ops.allreduce_):
     a contiguous CPU tensor under a name used before with the same settings reuses
-    the request packed for it (InplaceAllreduce), so a loop's call skips the packing;
+    the request packed for it (_packed_requests), so a loop's call skips the packing;
     anything else (GPU tensors too: their first call is rarely repeated in a loop
     that would gain) takes the general path."""
     if name is not None and tensor.is_cpu and tensor.is_contiguous():
+        # _packed()'s key, for a CPU tensor.
         key = (name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
                tensor.shape)
-        prebuilt = _named_requests.get(key, _UNSEEN)
+        prebuilt = _packed_requests.get(key, _UNSEEN)
         if prebuilt is _UNSEEN:  # the first call: remember the key, take the general path
-            if len(_named_requests) >= _NAMED_REQUESTS_LIMIT:
-                _named_requests.clear()
-            _named_requests[key] = prebuilt = None
+            prebuilt = _remember(key, None)
         elif prebuilt is None:
-            prebuilt = InplaceAllreduce(name, op, prescale, postscale, process_set).prepared(
-                tensor)  # raises what the general path raises (a dtype, a removed set)
-            _named_requests[key] = prebuilt
+            code = prepare(tensor)[1]  # raises for a dtype the core cannot take
+            prebuilt = _packed(name, op, prescale, postscale, process_set, tensor, code, _CPU)
         if prebuilt is not None:
             return submit_prepared(((prebuilt, tensor),), grouped=False, drive=True)
     return allreduce_async((tensor,), True, name, op, prescale, postscale, process_set, False,

@@ -44,6 +44,16 @@ _IN_GROUP = object()
 _IN_BUCKET = object()
 
 
+def _core_holds(hold, pending_bytes, now):
+    """Whether the core holds `pending_bytes` of requests at `now` (perf_counter seconds),
+    hold = (since, limit, ms): pending since `since`, under its hold (limit, ms) =
+    ProcessSet.hold(). The rule of csrc/src/engine/schedule.h (SchedulePolicy::HoldUntil),
+    repeated here because asking the core would cost the enqueue that gathering saves;
+    tests/test_schedule.py checks that the two agree."""
+    since, limit, ms = hold
+    return limit > 0 and pending_bytes < limit and now < since + ms / 1e3
+
+
 def _duplicates(names):
     seen, dups = set(), []
     for name in names:
@@ -112,10 +122,10 @@ class _DistributedMixin:
         # id(param) -> (scales, its gradient's request packed once: adapter.InplaceAllreduce).
         self._requests = {}
         # Ungrouped gradients ready but not enqueued yet (_gather): their
-        # parameters, bytes, and until when and up to how many bytes to gather.
+        # parameters, bytes, and (since, limit, ms): when the first came, and the hold.
         self._gathered = []
         self._gathered_bytes = 0
-        self._gather_until = (0.0, 0)
+        self._gather_hold = (0.0, 0, 0.0)
         self._grad_bytes = {id(p): p.numel() * p.element_size() for p in self._requires_update}
         self._hook_handles = []
         self._synchronized = False
@@ -292,14 +302,10 @@ class _DistributedMixin:
         gathered."""
         now = time.perf_counter()
         if not self._gathered:
-            limit, ms = self._process_set.hold(gpu=not p.is_cpu)
-            if limit == 0:
-                self._submit_all([p])
-                return
-            self._gather_until = (now + ms / 1e3, limit)
+            self._gather_hold = (now,) + self._process_set.hold(gpu=not p.is_cpu)
         self._gathered.append(p)
         self._gathered_bytes += self._grad_bytes[id(p)]
-        if self._gathered_bytes >= self._gather_until[1] or now >= self._gather_until[0]:
+        if not _core_holds(self._gather_hold, self._gathered_bytes, now):
             self._submit_gathered()
 
     def _submit_gathered(self):

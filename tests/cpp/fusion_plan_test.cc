@@ -8,19 +8,11 @@
 #include <vector>
 
 #include "engine/fusion.h"
+#include "expect.h"
 
 using namespace perseus;
 
 namespace {
-
-int failures = 0;
-
-void Expect(bool ok, const std::string& what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what.c_str());
-    ++failures;
-  }
-}
 
 BatchItem Item(const std::string& name, int op, int dtype, int device, int64_t elements,
                double prescale = 1.0, double postscale = 1.0, int root = 0) {
@@ -118,6 +110,5 @@ int main() {
   Expect(!Together(plan0, "gpu.b", "gpu.d"), "scaled and unscaled GPU tensors fused: " + Show(plan0));
   Expect(!Together(plan0, "gpu.bc", "cpu.bc"), "CPU and GPU broadcasts fused: " + Show(plan0));
   Expect(!Together(plan0, "gpu.b", "gpu.big"), "a large tensor should run alone: " + Show(plan0));
-  if (failures == 0) std::printf("ok\n");
-  return failures == 0 ? 0 : 1;
+  return Verdict();
 }

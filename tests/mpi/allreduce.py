@@ -145,11 +145,11 @@ def body():
     mine = xs[rank].clone().t()
     assert hvd.allreduce_(mine, name="ar.reused", op=hvd.Sum) is mine
     assert_reduced(mine, [x.t() for x in xs], hvd.Sum, torch.float32, "ar.reused transposed")
-    for i in range(adapter._NAMED_REQUESTS_LIMIT + 10):
+    for i in range(adapter._PACKED_REQUESTS_LIMIT + 10):
         one = torch.full((1,), float(rank + i))
         hvd.allreduce_(one, name="ar.fresh.%d" % i, op=hvd.Sum)
         assert one.item() == sum(r + i for r in range(size)), (i, one)
-    assert len(adapter._named_requests) <= adapter._NAMED_REQUESTS_LIMIT
+    assert len(adapter._packed_requests) <= adapter._PACKED_REQUESTS_LIMIT
     for _ in range(2):  # refused each time, not remembered
         expect_raises(ValueError, "allreduce_ of bool", hvd.allreduce_,
                       torch.ones(4, dtype=torch.bool), name="ar.bool_", op=hvd.Sum)

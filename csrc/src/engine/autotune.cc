@@ -32,22 +32,6 @@ bool TunesLanes(const Config& config) {
   return config.lanes_auto || (config.autotune && !config.IsSet("PERSEUS_ALLREDUCE_STREAMS"));
 }
 
-int64_t HoldLimit(const Knobs& knobs, bool gpu) {
-  if (knobs.hold_bytes == 0 || knobs.hold_time_ms <= 0) return 0;
-  if (knobs.hold_bytes != kHoldAuto) return knobs.hold_bytes;
-  return gpu ? kGpuHoldBytes : knobs.fusion_threshold;
-}
-
-Knobs InitialKnobs(const Config& config, int lanes_made) {
-  Knobs k;
-  k.lanes = std::max(1, std::min(config.lanes, lanes_made));
-  k.fusion_threshold = config.fusion_threshold;
-  k.hold_bytes = config.hold_bytes;
-  k.hold_time_ms = config.hold_time_ms;
-  k.chunk_bytes = config.chunk_bytes;
-  return k;
-}
-
 Status AutoTuner::Open(const Config& config, MPI_Comm comm, int lanes_made,
                        std::unique_ptr<AutoTuner>* out) {
   out->reset();

@@ -28,33 +28,9 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "engine/config.h"
+#include "engine/schedule.h"
 
 namespace perseus {
-
-// The settings a process set plans and schedules its rounds with.
-struct Knobs {
-  int lanes = 1;                 // lanes in use, of those made at init
-  int64_t fusion_threshold = 0;  // bytes per fused buffer
-  int64_t hold_bytes = 0;        // while nobody waits, hold until this many bytes are pending
-  double hold_time_ms = 0;       // ... or the oldest is this old
-  int64_t chunk_bytes = 0;       // bytes per MPI call on large buffers
-};
-
-// The configured settings, with `lanes_made` lanes available.
-Knobs InitialKnobs(const Config& config, int lanes_made);
-
-// The bytes up to which requests are held while nobody waits (0: not held), for a
-// set with GPU requests pending or not: PERSEUS_HOLD_BYTES with auto resolved.
-int64_t HoldLimit(const Knobs& knobs, bool gpu);
-
-// How CPU or GPU requests are held: up to `bytes` (0: not held) for at most `ms`.
-struct Hold {
-  int64_t bytes = 0;
-  double ms = 0;
-  Hold() = default;
-  Hold(const Knobs& knobs, bool gpu)
-      : bytes(HoldLimit(knobs, gpu)), ms(bytes ? knobs.hold_time_ms : 0) {}
-};
 
 // Whether the lane count is tuned (PERSEUS_ALLREDUCE_STREAMS=auto, or autotuning
 // with no lane count set); then this many lanes are made, and the tuner picks k.

@@ -20,17 +20,6 @@ namespace perseus {
 
 namespace {
 
-// After a round that agreed nothing, ranks whose pending sets did not match retry
-// after a growing pause (local submissions start a round at once regardless).
-constexpr auto kMinBackoff = std::chrono::microseconds(20);
-constexpr auto kMaxBackoff = std::chrono::microseconds(1000);
-// A batch runs on the engine's own thread, saving a hop to its lane, when the lane
-// is idle and the batch is small or the thread is a driver (which waits for it
-// anyway) and running it there takes no concurrency away (see Step). Only while
-// this rank is in a single process set: with several, blocking in one set's
-// collective could wait on a peer that is itself blocked in another set.
-constexpr int64_t kInlineBytes = 256 << 10;
-
 // Negotiation spans end when the round agrees on the requests.
 void TraceAgreed(int set_id, const std::vector<BatchItem>& agreed, Clock::time_point now) {
   for (const BatchItem& item : agreed)
@@ -48,7 +37,8 @@ Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple,
       thread_multiple_(thread_multiple),
       lanes_(!thread_multiple ? 1 : TunesLanes(config) ? kAutoMaxLanes : config.lanes),
       lane_factory_(std::move(lane_factory)),
-      handles_(handles) {}
+      handles_(handles),
+      schedule_(config.cycle_time_ms) {}
 
 Status Engine::Start(const Config& config, MPI_Comm world, bool thread_multiple,
                      std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles,
@@ -152,6 +142,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       break;
     }
   }
+  int64_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_requested_) return Status::Error(PERSEUS_SHUT_DOWN, "Perseus is shutting down");
@@ -188,18 +179,12 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       entries[i]->handle = handles_->Create();
       handles_out[i] = entries[i]->handle;
       targets[i]->in_flight.insert(entries[i]->meta.name);
-      const int64_t bytes = PayloadBytes(entries[i]->meta);
-      if (hold_headroom_ > bytes) {
-        hold_headroom_ -= bytes;
-      } else {
-        hold_headroom_ = 0;
-      }
+      bytes += PayloadBytes(entries[i]->meta);
       incoming_.push_back(std::move(entries[i]));
     }
     ++next_group_;
-    // A held engine is not woken for what it would hold anyway (a context switch
-    // per gradient on a busy core); it wakes when its hold ends.
-    if (hold_headroom_ > 0) wake_engine = false;
+    // A held engine is not woken for what it would hold anyway; it wakes when its hold ends.
+    if (!SchedulePolicy::EnqueueWakes(bytes, &hold_headroom_)) wake_engine = false;
   }
   if (wake_engine) cv_.notify_all();
   return Status::OK();
@@ -246,7 +231,7 @@ bool Engine::Iterate(bool driving) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(incoming_);
-    hold_ended_ = driving || poked_;
+    polled_ = poked_;
     poked_ = false;
     stopping = stop_requested_;
     for (auto& kv : sets_)
@@ -274,10 +259,9 @@ bool Engine::Iterate(bool driving) {
     all_stopped = all_stopped && set->stopped;
   }
   {
-    // Skipping wake-ups is safe with one process set only: a request for another
-    // set must not wait out this set's hold.
     std::lock_guard<std::mutex> lock(mu_);
-    hold_headroom_ = single_set_ && incoming_.empty() && !poked_ && !stopping ? hold_headroom : 0;
+    hold_headroom_ = SchedulePolicy::QuietBytes(hold_headroom, single_set_,
+                                                !incoming_.empty() || poked_, stopping);
   }
   wake_at_ = wake_at.time_since_epoch().count();
   busy_ = busy;
@@ -367,41 +351,23 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   bool wanted = stopping ? !set->final_round_done : negotiator.WantsRound();
   if (!wanted) return;
   *busy = true;
-  if (!stopping) {
-    Clock::time_point ready = (set->new_work || set->progressed) ? now : set->retry_at;
-    int64_t headroom = 0;
-    if (!hold_ended_ && !SomeoneWaits()) ready = std::max(ready, HoldUntil(*set, &headroom));
-    if (config_.cycle_time_ms > 0 && !driving)
-      ready = std::max(ready, set->round_start + std::chrono::duration_cast<Clock::duration>(
-                                                     std::chrono::duration<double, std::milli>(
-                                                         config_.cycle_time_ms)));
-    if (ready > now) {
-      *wake_at = std::min(*wake_at, ready);
-      *hold_headroom = headroom;
-      return;
-    }
+  RoundFacts facts;
+  facts.now = now;
+  facts.stopping = stopping;
+  facts.driving = driving;
+  facts.someone_waits = polled_ || SomeoneWaits();
+  facts.fresh = set->new_work || set->progressed;
+  facts.retry_at = set->retry_at;
+  facts.round_start = set->round_start;
+  if (SchedulePolicy::MayHold(facts)) facts.pending = negotiator.PendingLoad();  // O(pending)
+  const RoundDecision round = schedule_.NextRound(set->knobs, facts);
+  if (!round.due) {
+    *wake_at = std::min(*wake_at, round.wake_at);
+    *hold_headroom = round.headroom;
+    return;
   }
   StartRound(set, stopping, now);
   *wake_at = now;  // test it straight away
-}
-
-// While no thread waits for a result (e.g. during backward()), requests are held so
-// that one round and one fused collective carry many of them: every round is a
-// meeting of all ranks' engine threads, which costs context switches on cores that
-// are busy training. A waiter, or enough bytes, or enough time, ends the hold. By
-// default (auto) CPU requests are held up to a whole fused buffer: when training
-// takes every core, reducing during backward() only takes cores from it, so a
-// backward pass's gradients go best as one round when step() waits for them.
-Clock::time_point Engine::HoldUntil(const ProcessSet& set, int64_t* headroom) const {
-  const Knobs& knobs = set.knobs;
-  Negotiator::Load load = set.negotiator->PendingLoad();
-  const int64_t limit = HoldLimit(knobs, load.gpu);
-  if (limit == 0) return Clock::time_point::min();
-  if (load.bytes >= limit || load.oldest == Clock::time_point::max())
-    return Clock::time_point::min();
-  *headroom = limit - load.bytes;
-  return load.oldest + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double, std::milli>(knobs.hold_time_ms));
 }
 
 void Engine::StartRound(ProcessSet* set, bool stopping, Clock::time_point now) {
@@ -446,24 +412,14 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       batch.agreed = now;
       batch.chunk_bytes = knobs.chunk_bytes;
       Lane& lane = LaneFor(set, batch);
-      // With one CPU lane its batches run one after another wherever they run, so a
-      // driver (which waits anyway) runs them all; with several, only one, so that the
-      // others still run concurrently on their lanes.
-      const bool cpu = batch.items.front().meta.device == PERSEUS_CPU_DEVICE;
-      const bool one_lane = only_batch || (cpu && knobs.lanes == 1);
-      bool inline_ok = single_set_ && ((driving && one_lane) || batch.Bytes() <= kInlineBytes);
+      bool inline_ok = SchedulePolicy::MayRunInline(knobs, batch, only_batch, driving, single_set_);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
   }
   set->progressed = outcome.progressed;
-  if (outcome.progressed) {
-    set->backoff = kMinBackoff;
-    set->retry_at = now;
-  } else {
-    set->backoff = std::min<Clock::duration>(kMaxBackoff, std::max<Clock::duration>(
-                                                              kMinBackoff, set->backoff * 2));
-    set->retry_at = now + set->backoff;
-  }
+  const Retry retry = SchedulePolicy::AfterRound(outcome.progressed, set->backoff, now);
+  set->backoff = retry.backoff;
+  set->retry_at = retry.at;
   if (outcome.inspect_flags) ReportStall(set, outcome, now);
   if (!outcome.shutdown_ranks.empty() && !set->stopped) {
     std::ostringstream msg;

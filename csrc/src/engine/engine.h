@@ -1,5 +1,29 @@
 // The engine: one background thread per process that moves submitted requests
 // through negotiation into the lanes, plus the process-set table and topology.
+// When it runs a round, and where a batch runs, is engine/schedule.h's policy.
+//
+// Threads:
+// - The engine thread (Loop) sleeps on cv_ until requests, a poll (EndHold), a
+//   shutdown or the time the last step asked for (wake_at_), then runs one step
+//   (Iterate) under step_mu_.
+// - A driver: a user thread about to wait (Drive, EnqueueAndDrive). If step_mu_ is
+//   free it runs the steps itself until its requests complete (or its time is up,
+//   or only lane work is left), so no thread hand-off is on its path; then it wakes
+//   the engine thread if work is left. Otherwise it ends any hold and just waits.
+// - add_process_set's thread (MeetForProcessSet) takes step_mu_ to withdraw its
+//   meeting request from the global set's negotiator, never to run a step.
+// - Other user threads enqueue, poll and query under mu_, and change process sets
+//   under control_mu_.
+// - Lane threads run batches; a batch may instead run inline on the thread running
+//   the step. Completion (Finish, OnBatchDone) takes mu_ to free the names, then
+//   completes handles, whose callbacks run on the completing thread: a lane, or one
+//   that holds step_mu_.
+//
+// Locks, taken only in this order (a thread holding one takes only later ones):
+//   control_mu_ -> step_mu_ -> the MPI lock (LockMpi, serialized MPI only) -> mu_
+//   -> the handle table's lock.
+// busy_ and wake_at_ are written by the stepping thread and read without step_mu_,
+// by Loop (under mu_) and Drive, to decide how long to sleep.
 #ifndef PERSEUS_ENGINE_H_
 #define PERSEUS_ENGINE_H_
 
@@ -16,6 +40,7 @@
 #include "engine/config.h"
 #include "engine/handle_table.h"
 #include "engine/process_set.h"
+#include "engine/schedule.h"
 #include "lane_api/lane_factory.h"
 
 namespace perseus {
@@ -79,7 +104,6 @@ class Engine {
   void Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
             Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom);
   void StartRound(ProcessSet* set, bool stopping, Clock::time_point now);
-  Clock::time_point HoldUntil(const ProcessSet& set, int64_t* headroom) const;
   void Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now, bool driving);
   // The next lane for `batch`: MPI lanes for CPU tensors, device lanes (made at the
   // set's first GPU batch) for GPU tensors, each kind round robin.
@@ -99,6 +123,7 @@ class Engine {
   const int lanes_;
   const std::unique_ptr<LaneFactory> lane_factory_;  // makes every set's lanes
   HandleTable* handles_;
+  const SchedulePolicy schedule_;
   Topology topo_;
 
   std::mutex mu_;  // guards everything below, and ProcessSet's guarded fields
@@ -116,7 +141,7 @@ class Engine {
   std::string autotune_state_;  // for autotune_state(), which user threads call
   std::mutex step_mu_;      // held by whichever thread runs Iterate()
   bool single_set_ = true;  // under step_mu_: this rank is in one process set
-  bool hold_ended_ = false;  // under step_mu_: this step holds no requests
+  bool polled_ = false;      // under step_mu_: EndHold() was called before this step
   // Left by the last Iterate(): whether work is under way, and when to look again.
   std::atomic<bool> busy_{false};
   std::atomic<Clock::rep> wake_at_{Clock::time_point::max().time_since_epoch().count()};

@@ -20,6 +20,7 @@
 #include "common/batch.h"
 #include "engine/handle_table.h"
 #include "engine/response_cache.h"
+#include "engine/schedule.h"
 #include "engine/stall_inspector.h"
 
 namespace perseus {
@@ -50,11 +51,7 @@ class Negotiator {
   // When the oldest pending request (other than join) was submitted; max() if none.
   Clock::time_point OldestSubmitted() const;
   // Payload bytes of this rank's pending requests, and when the oldest of them came.
-  struct Load {
-    int64_t bytes = 0;
-    Clock::time_point oldest = Clock::time_point::max();
-    bool gpu = false;  // some pending request is on a GPU
-  };
+  using Load = perseus::PendingLoad;  // what the hold of engine/schedule.h reads
   Load PendingLoad() const;
   bool active() const { return phase_ != Phase::kIdle; }
   std::vector<EntryPtr> TakePending();
