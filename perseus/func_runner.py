@@ -34,8 +34,8 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         np=None, min_np=None, max_np=None):
     """Horovod's horovod.run (same parameters): func(*args, **kwargs) on num_proc ranks
     -> [return value of rank 0, rank 1, ...]. A rank that fails makes it raise
-    RuntimeError, as Horovod's MPI launch does. start_timeout and disable_cache (checks
-    of horovodrun's own) are accepted and have no effect."""
+    RuntimeError, as Horovod's MPI launch does. disable_cache is accepted: Perseus keeps
+    no cache of horovodrun's checks, so it is always disabled."""
     for old, new, value in (("np", "num_proc", np), ("min_np", "min_num_proc", min_np),
                             ("max_np", "max_num_proc", max_np)):
         if value is not None:
@@ -52,6 +52,7 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
     refused = {"min_num_proc": min_num_proc, "max_num_proc": max_num_proc,
                "reset_limit": reset_limit, "cooldown_range": cooldown_range,
                "host_discovery_script": host_discovery_script, "slots": slots,
+               "start_timeout": start_timeout,
                "ssh_port": ssh_port, "ssh_identity_file": ssh_identity_file,
                "output_filename": output_filename, "network_interface": network_interface,
                "network_interfaces": network_interfaces}

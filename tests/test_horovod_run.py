@@ -76,10 +76,16 @@ def test_run_returns_each_ranks_value(tmp_path, np):
 @pytest.mark.parametrize("kwargs, message", [
     ({"use_gloo": True}, "MPI only"),
     ({"use_gloo": True, "use_mpi": True}, "only allow one"),
-    ({"min_np": 1}, "has no min_num_proc"),
+    ({"start_timeout": 30}, "has no start_timeout"),
     ({"hosts": "a:1", "hostfile": "f"}, "only allow one"),
     ({"ssh_port": 22}, "has no ssh_port"),
 ])
 def test_run_refuses_what_it_cannot_do(kwargs, message):
     with pytest.raises(ValueError, match=message):
         perseus.run(len, args=([],), **kwargs)
+
+
+def test_run_warns_of_horovods_deprecated_names_and_takes_them():
+    with pytest.warns(DeprecationWarning, match="min_np is deprecated, use min_num_proc"):
+        with pytest.raises(ValueError, match="has no min_num_proc"):
+            perseus.run(len, args=([],), min_np=1)
