@@ -37,6 +37,9 @@ FLAVOURS = (OPENMPI, MPICH)
 # Variables Open MPI must be told to forward (-x); Hydra forwards everything.
 ENV_PREFIXES = ("PERSEUS_", "HOROVOD_", "OMP_", "MKL_", "NCCL_", "PYTHON", "CUDA_", "TORCH_")
 ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV")
+# What a running job's process manager (Hydra, Open MPI/PMIx) sets in its ranks: a
+# job started from inside one drops these, or it would join the outer job.
+LAUNCHER_STATE_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_")
 
 
 class LauncherError(Exception):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from perseus.launcher import LAUNCHER_STATE_PREFIXES
+
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 MPI_SCRIPTS = TESTS_DIR / "mpi"
@@ -26,7 +28,7 @@ DEFAULT_TIMEOUT_S = 150
 # set the PERSEUS_* / HOROVOD_* knobs they exercise explicitly; logging may pass through,
 # and so may Open MPI's permission to run as root and to oversubscribe (never a
 # launcher's state).
-_DROPPED_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PERSEUS_", "HOROVOD_")
+_DROPPED_PREFIXES = LAUNCHER_STATE_PREFIXES + ("PERSEUS_", "HOROVOD_")
 _KEPT = {"PERSEUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "OMPI_ALLOW_RUN_AS_ROOT",
          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "OMPI_MCA_rmaps_base_oversubscribe"}
 # Names of further variables to pass on, space-separated: the settings an MPI was chosen
