@@ -336,9 +336,14 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   const Clock::duration spin = driving ? kDriverSpin : kBackgroundSpin;
   *hold_headroom = 0;  // unless this set ends the step holding requests
   if (lost_pending_.load(std::memory_order_acquire)) StopLostSets();
-  if (set->stopped) return;
-  Negotiator& negotiator = *set->negotiator;
   StallInspector& stall = *set->stall;
+  if (set->stopped) {
+    // Still answer peers' pings: a rank that gave up on the set is not a frozen one.
+    if (stall.Due(now)) stall.Check(now, SetWaits(), false);
+    *wake_at = std::min(*wake_at, stall.next_check());
+    return;
+  }
+  Negotiator& negotiator = *set->negotiator;
   if (stall.Due(now)) {
     StallVerdict verdict = stall.Check(now, WaitsOf(set, true), true);
     if (!verdict.lost.empty()) {
@@ -576,15 +581,17 @@ void Engine::Watch() {
   // One watcher at a time; the others go back to their waits.
   if (!watch_at_.compare_exchange_strong(due, (now + watch_interval_).time_since_epoch().count()))
     return;
-  std::vector<std::shared_ptr<ProcessSet>> sets;
+  std::vector<std::pair<std::shared_ptr<ProcessSet>, bool>> sets;  // and whether stopped
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& kv : sets_)
-      if (kv.second->negotiator && !kv.second->stopped) sets.push_back(kv.second);
+      if (kv.second->negotiator) sets.emplace_back(kv.second, kv.second->stopped);
   }
-  for (auto& set : sets) {
+  for (auto& [set, stopped] : sets) {
     if (!set->stall->Due(now)) continue;
-    StallVerdict verdict = set->stall->Check(now, WaitsOf(set.get(), false), false);
+    // A stopped set only answers pings, as in Step.
+    SetWaits waits = stopped ? SetWaits() : WaitsOf(set.get(), false);
+    StallVerdict verdict = set->stall->Check(now, waits, false);
     if (!verdict.lost.empty()) LoseRanks(verdict.lost, verdict.stop);
   }
 }
