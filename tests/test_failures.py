@@ -140,16 +140,17 @@ def test_tensor_grown_in_flight(run_mpi, np):
 FROZEN_HARD_TIMEOUT_S = 40
 
 
-@pytest.mark.parametrize("np", [2, 4])
-def test_stopped_rank_is_named_and_the_job_ends(tmp_path, np):
-    """Issue 37 (2): one rank stopped with SIGSTOP while the others wait on an allreduce.
-    Each other rank warns within the check time that it is not responding, fails at the
-    shutdown time with an error naming it (checked in tests/mpi/frozen_rank.py), and
-    exits; mpirun then ends the job, the stopped rank included. Before, nothing was
-    reported and the job hung."""
+@pytest.mark.parametrize("np,where", [(2, "stop"), (4, "stop_in_collective")])
+def test_stopped_rank_is_named_and_the_job_ends(tmp_path, np, where):
+    """Issue 37 (2): one rank stopped with SIGSTOP while the others wait on an allreduce,
+    before it submitted it (np 2) or inside the collective itself (np 4: the others are
+    blocked in it). Each other rank warns within the check time that it is not
+    responding, fails at the shutdown time with an error naming it (checked in
+    tests/mpi/frozen_rank.py), and exits; mpirun then ends the job, the stopped rank
+    included. Before, nothing was reported and the job hung."""
     check_s, shutdown_s = 2.0, 3.0
     cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "frozen_rank.py")]
-    env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_FROZEN": "stop",
+    env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_FROZEN": where,
                      "PERSEUS_STALL_CHECK_TIME_SECONDS": str(check_s),
                      "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS": str(shutdown_s),
                      "PTEST_HANG_DUMP_S": str(FROZEN_HARD_TIMEOUT_S - 10)})

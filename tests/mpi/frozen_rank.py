@@ -9,6 +9,11 @@ PTEST_FROZEN=stop    the last rank stops itself with SIGSTOP after a first allre
                      ok" and then ends as a training script would, by letting the error
                      propagate, so the exit handlers run; mpirun must then end the job,
                      the stopped rank included (the test checks that).
+PTEST_FROZEN=stop_in_collective  the same, but every rank submits 'frozen.x' and the
+                     last one stops in its lane as it is about to run it (the core's test
+                     hook PERSEUS_TEST_STOP_IN_LANE): the others are left inside the
+                     collective, on the thread that runs their engine (the batch runs
+                     inline there), and must find it all the same.
 PTEST_FROZEN=native  the last rank blocks in libc's sleep() through ctypes (the GIL
                      released, no Perseus lock held) past the shutdown time; its engine
                      runs. The others warn within the check time that it submitted
@@ -27,7 +32,7 @@ import time
 
 import torch
 
-from common import hvd, init, main
+from common import hvd, init, launcher_rank_size, main
 from stall import CapturedStderr
 
 T = float(os.environ["PERSEUS_STALL_CHECK_TIME_SECONDS"])
@@ -104,16 +109,20 @@ def wait_stalled(want_warning, want_error):
     return error, err.text
 
 
-def stop(rank, size):
+def stop(rank, size, in_collective=False):
     victim = size - 1
     victim_file = os.path.join(os.environ["PTEST_TMPDIR"], "stopped")
     if rank == victim:
         with open(victim_file + ".tmp", "w") as f:
             f.write("%d %f" % (os.getpid(), time.time()))
         os.replace(victim_file + ".tmp", victim_file)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        if in_collective:
+            hvd.allreduce(torch.ones(4), name="frozen.x")  # stops in the lane
+        else:
+            os.kill(os.getpid(), signal.SIGSTOP)
         raise AssertionError("the stopped rank was continued")
-    wait_for_stop(victim_file)
+    if not in_collective:
+        wait_for_stop(victim_file)
     named = "rank(s) [%d] not responding (stopped, stuck or unreachable)" % victim
     error, _ = wait_stalled(named, ["at the stall shutdown time", named, "'allreduce.frozen.x'"])
     os.write(1, ("SURVIVOR %d ok\n" % rank).encode())
@@ -141,14 +150,19 @@ def native(rank, size):
 
 
 def body():
+    mode = os.environ["PTEST_FROZEN"]
+    if mode == "stop_in_collective" and launcher_rank_size()[0] == launcher_rank_size()[1] - 1:
+        os.environ["PERSEUS_TEST_STOP_IN_LANE"] = "allreduce.frozen.x"  # read at the first batch
     rank, size = init()
     hvd.allreduce(torch.ones(4), name="warm")
-    mode = os.environ["PTEST_FROZEN"]
-    {"stop": stop, "native": native}[mode](rank, size)
+    if mode == "native":
+        native(rank, size)
+    else:
+        stop(rank, size, in_collective=mode == "stop_in_collective")
 
 
 if __name__ == "__main__":
-    if os.environ["PTEST_FROZEN"] == "stop":
+    if os.environ["PTEST_FROZEN"] != "native":
         body()  # not main(): the survivors' error must end them through the exit handlers
     else:
         main(body)

@@ -587,13 +587,17 @@ void Engine::Watch() {
     for (auto& kv : sets_)
       if (kv.second->negotiator) sets.emplace_back(kv.second, kv.second->stopped);
   }
+  Clock::time_point next = now + watch_interval_;
   for (auto& [set, stopped] : sets) {
-    if (!set->stall->Due(now)) continue;
-    // A stopped set only answers pings, as in Step.
-    SetWaits waits = stopped ? SetWaits() : WaitsOf(set.get(), false);
-    StallVerdict verdict = set->stall->Check(now, waits, false);
-    if (!verdict.lost.empty()) LoseRanks(verdict.lost, verdict.stop);
+    if (set->stall->Due(now)) {
+      // A stopped set only answers pings, as in Step.
+      SetWaits waits = stopped ? SetWaits() : WaitsOf(set.get(), false);
+      StallVerdict verdict = set->stall->Check(now, waits, false);
+      if (!verdict.lost.empty()) LoseRanks(verdict.lost, verdict.stop);
+    }
+    next = std::min(next, set->stall->next_check());  // its deadlines, not only the probes
   }
+  watch_at_.store(next.time_since_epoch().count());
 }
 
 Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
