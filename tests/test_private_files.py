@@ -45,11 +45,17 @@ def test_round_trip_is_private_and_atomic(folder):
     assert sorted(p.name for p in folder.iterdir()) == ["model.pt"]
 
 
-def test_missing_folder_is_created_private(tmp_path):
-    target = tmp_path / "new" / "model.pt"
-    write(target, b"x")
-    st = target.parent.stat()
-    assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700
+def test_missing_folders_are_created_private(tmp_path):
+    target = tmp_path / "cache" / "perseus" / "checkpoints" / "model.pt"
+    old = os.umask(0o002)  # a umask that leaves folders group-writable
+    try:
+        write(target, b"x")
+    finally:
+        os.umask(old)
+    for folder in (target.parent, target.parent.parent, target.parent.parent.parent):
+        st = folder.stat()
+        assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700, folder
+    private_files.private_folder(str(target.parent.parent))  # the cache folder: private too
 
 
 def test_write_refuses_a_link_and_leaves_its_target(folder, tmp_path):

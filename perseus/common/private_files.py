@@ -46,11 +46,24 @@ def _problem(st, folder):
     return None
 
 
+def _make_folders(folder):
+    """Creates folder and its missing parents, each mode 0700 (os.makedirs would give the
+    parents the umask's mode, under which a later private_folder(parent) may fail)."""
+    parent = os.path.dirname(folder)
+    if parent != folder and not os.path.lexists(parent):
+        _make_folders(parent)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+
+
 def private_folder(folder, create=True):
-    """Returns folder, created (mode 0700) if missing and `create`; raises UnsafePathError
-    unless it is a directory of this user's that no one else can write."""
+    """Returns folder, created (mode 0700, with its missing parents) if missing and
+    `create`; raises UnsafePathError unless it is a directory of this user's that no one
+    else can write."""
     if create and not os.path.lexists(folder):
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        _make_folders(os.path.abspath(folder))
     why = _problem(os.lstat(folder), folder=True)
     if why:
         raise UnsafePathError("refusing to use the folder %s: %s. Use a folder of your own "
