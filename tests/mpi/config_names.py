@@ -67,7 +67,7 @@ def body():
         del os.environ[name]
 
     # 2. The timeline's error names the variable as set.
-    missing = os.path.join(tempfile.gettempdir(), "no-such-dir-%d" % os.getpid(), "t.json")
+    missing = os.path.join(os.environ["PTEST_TMPDIR"], "no-such-dir", "t.json")  # ours: none can make it
     os.environ["HOROVOD_TIMELINE"] = missing
     expect_raises(ValueError, "bad HOROVOD_TIMELINE", hvd.init,
                   contains=["HOROVOD_TIMELINE", "t.json"],
