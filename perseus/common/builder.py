@@ -255,7 +255,7 @@ def alltoall_splits(splits, process_set, rows):
             raise CollectiveTypeError("alltoall splits must be integers, got dtype %s"
                                       % splits.dtype)
         splits = splits.tolist()
-    splits = tuple([integer(s, "alltoall splits") for s in splits])
+    splits = tuple([integer(s, "an alltoall split") for s in splits])
     size = process_set.size()
     if len(splits) != size:
         raise CollectiveArgumentError("alltoall splits has %d entries; it needs one per rank "

@@ -31,7 +31,7 @@ class ProcessSet:
             self.mpi_comm = ranks_or_comm
             ranks = _world_ranks(ranks_or_comm)
         else:
-            ranks = [integer(r, "process set rank") for r in ranks_or_comm]
+            ranks = [integer(r, "a process set rank") for r in ranks_or_comm]
         ranks.sort()
         if len(set(ranks)) != len(ranks):
             raise ValueError("process set ranks must be distinct, got %s" % ranks)
@@ -170,7 +170,7 @@ def _find(ranks):
 def find_process_set(ranks):
     """The registered set (the global one included) with exactly these global ranks,
     or None."""
-    ranks = sorted(integer(r, "process set rank") for r in ranks)
+    ranks = sorted(integer(r, "a process set rank") for r in ranks)
     with _lock:
         return _find(ranks)
 
