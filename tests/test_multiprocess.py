@@ -34,6 +34,7 @@ SCRIPTS = [
     "wait_all",                 # perseus_wait_all, synchronize_all: values, first failure
     "horovod_modules",          # Horovod's submodule paths, _basics, gpu_available
     "process_sets_static",      # init(process_sets=...) all or nothing, ids in order; forged ids
+    "torch_arguments",          # in-place ops and autograd; non-integer, non-tensor, non-text arguments
 ]
 
 

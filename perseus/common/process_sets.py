@@ -13,11 +13,12 @@ import ctypes
 import threading
 
 from perseus.common import library as _lib
-from perseus.common.ops import GLOBAL_PROCESS_SET
+from perseus.common.ops import GLOBAL_PROCESS_SET, integer
 
 
 class ProcessSet:
-    """A set of global ranks, given as a list of ranks or an mpi4py communicator.
+    """A set of global ranks, given as a list of ranks (integers: ops.integer) or an
+    mpi4py communicator.
 
     Attributes: process_set_id (None until registered), ranks (sorted list of
     global ranks), mpi_comm (the communicator it was built from, or None).
@@ -30,7 +31,7 @@ class ProcessSet:
             self.mpi_comm = ranks_or_comm
             ranks = _world_ranks(ranks_or_comm)
         else:
-            ranks = [int(r) for r in ranks_or_comm]
+            ranks = [integer(r, "a process set rank") for r in ranks_or_comm]
         ranks.sort()
         if len(set(ranks)) != len(ranks):
             raise ValueError("process set ranks must be distinct, got %s" % ranks)
@@ -169,7 +170,7 @@ def _find(ranks):
 def find_process_set(ranks):
     """The registered set (the global one included) with exactly these global ranks,
     or None."""
-    ranks = sorted(int(r) for r in ranks)
+    ranks = sorted(integer(r, "a process set rank") for r in ranks)
     with _lock:
         return _find(ranks)
 
