@@ -68,10 +68,8 @@ Status Engine::Init() {
   MPI_Comm_size(cross_comm_, &topo_.cross_size);
 
   // Settings that shape what goes on the wire must match, or ranks would plan
-  // different calls. The lanes compared are those in use.
-  Config in_use = config_;
-  in_use.lanes = lanes_;
-  status = AgreeOnConfig(in_use, world_);
+  // different calls; so must MPI's thread support, which decides the lanes made.
+  status = AgreeOnConfig(config_, thread_multiple_, world_);
   if (!status.ok()) return status;
   if (!thread_multiple_ && config_.lanes > 1 && topo_.rank == 0) {
     PERSEUS_LOG(kWarning) << "MPI does not provide MPI_THREAD_MULTIPLE: using 1 lane instead of "
