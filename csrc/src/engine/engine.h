@@ -10,8 +10,9 @@
 //   free it runs the steps itself until its requests complete (or its time is up,
 //   or only lane work is left), so no thread hand-off is on its path; then it wakes
 //   the engine thread if work is left. Otherwise it ends any hold and just waits.
-// - add_process_set's thread (MeetForProcessSet) takes step_mu_ to withdraw its
-//   meeting request from the global set's negotiator, never to run a step.
+// - A thread in a control operation (add_process_set) drives the
+//   engine while it waits for the ranks to meet (Meet), and takes step_mu_ to
+//   withdraw its meeting request from the global set's negotiator.
 // - Other user threads enqueue, poll and query under mu_, and change process sets
 //   under control_mu_.
 // - Lane threads run batches; a batch may instead run inline on the thread running
@@ -113,8 +114,11 @@ class Engine {
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
                    std::vector<Result>& results);
   void ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now);
-  // add_process_set's first step: every rank must arrive, within the stall check time.
-  Status MeetForProcessSet();
+  // A control operation's first step (add_process_set): every rank
+  // must arrive, within the stall check time. Else an error on the ranks that came,
+  // "<operation> must be called on every rank: rank(s) [...] did not call it ...;
+  // <outcome>". `name`: the meeting's request name, one per operation.
+  Status Meet(const char* name, const char* operation, const char* outcome);
 
   const Config config_;
   MPI_Comm world_;  // control communicator: process-set creation, config checks
