@@ -88,6 +88,18 @@ def body():
                                                                 "%s-%d" % (variable, last))),),
                       within_s=30)
         assert not hvd.is_initialized() and not os.path.exists(path), variable
+    # Set on rank 0 only: refused before rank 0 opens (and truncates) the file.
+    kept = os.path.join(os.environ["PTEST_TMPDIR"], "kept")
+    if rank == 0:
+        with open(kept, "w") as f:
+            f.write("kept")
+    expect_raises(ValueError, "HOROVOD_TIMELINE on rank 0 only", init_with,
+                  {"HOROVOD_TIMELINE": kept} if rank == 0 else {},
+                  contains=("HOROVOD_TIMELINE is set on some ranks only (rank 0: %s, rank 1: unset)"
+                            % kept,), within_s=30)
+    if rank == 0:
+        with open(kept) as f:
+            assert f.read() == "kept", "init() truncated the timeline file it then refused"
     expect_raises(ValueError, "mark cycles on rank 0 only", init_with,
                   {"PERSEUS_TIMELINE_MARK_CYCLES": "1"} if rank == 0 else {},
                   contains=("PERSEUS_TIMELINE_MARK_CYCLES differs across ranks (rank 0: 1, "

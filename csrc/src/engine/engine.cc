@@ -10,7 +10,6 @@
 #include "common/list_string.h"
 #include "common/logging.h"
 #include "common/timeline.h"
-#include "engine/config_agreement.h"
 #include "engine/fusion.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
@@ -71,10 +70,6 @@ Status Engine::Init() {
   MPI_Comm_rank(cross_comm_, &topo_.cross_rank);
   MPI_Comm_size(cross_comm_, &topo_.cross_size);
 
-  // Settings that shape what goes on the wire must match, or ranks would plan
-  // different calls; so must MPI's thread support, which decides the lanes made.
-  status = AgreeOnConfig(config_, thread_multiple_, world_);
-  if (!status.ok()) return status;
   if (!thread_multiple_ && config_.lanes > 1 && topo_.rank == 0) {
     PERSEUS_LOG(kWarning) << "MPI does not provide MPI_THREAD_MULTIPLE: using 1 lane instead of "
                           << config_.lanes;
