@@ -311,8 +311,7 @@ perseus_status_t perseus_start_timeline(const char* path, int32_t mark_cycles) {
   if (!engine) return Report(NotInitialized());
   if (path == nullptr || *path == '\0')
     return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "start_timeline needs a file path"));
-  if (engine->topology().rank != 0) return PERSEUS_SUCCESS;
-  Status status = Timeline::Get().Start(path, mark_cycles != 0);
+  Status status = engine->StartTimeline(path, mark_cycles != 0);
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 

@@ -605,6 +605,17 @@ Status Engine::Meet(const char* name, const char* operation, const char* outcome
   return status;
 }
 
+Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
+  std::lock_guard<std::mutex> control(control_mu_);
+  MpiCallerScope mpi_caller;
+  Status status = Meet("perseus.start_timeline", "start_timeline", "no timeline was started");
+  if (!status.ok()) return status;
+  // Rank 0 writes the file; every rank returns its outcome.
+  Status mine = topo_.rank == 0 ? Timeline::Get().Start(path, mark_cycles) : Status::OK();
+  auto mpi = LockMpi();
+  return AgreeOnStatus(world_, mine);
+}
+
 Status Engine::RemoveProcessSet(int id) {
   std::lock_guard<std::mutex> control(control_mu_);
   if (id == PERSEUS_GLOBAL_PROCESS_SET)
