@@ -134,16 +134,21 @@ def start_timeline(file_path, mark_cycles=False):
     """Starts writing a Chrome-trace timeline (chrome://tracing, Perfetto) to
     file_path, as PERSEUS_TIMELINE / HOROVOD_TIMELINE does from init().
 
-    Only rank 0 writes; on the other ranks this does nothing, so every rank may
-    call it. A running timeline is closed first. mark_cycles adds an instant event
-    per negotiation round. `python -m perseus.timeline_summary FILE` prints totals.
-    Raises ValueError when the file cannot be opened.
+    Collective, like add_process_set: call it on every rank. Rank 0 opens and writes
+    the file (the other ranks' file_path is not used), and every rank returns rank 0's
+    outcome: a ValueError on every rank when rank 0 cannot open or write the file. A
+    rank that does not call it within PERSEUS_STALL_CHECK_TIME_SECONDS fails the
+    others' call with HorovodInternalError naming it. A running timeline is closed
+    first. mark_cycles adds an instant event per negotiation round. A write error
+    later on stops the timeline with one warning. `python -m perseus.timeline_summary
+    FILE` prints totals.
     """
     _lib.check(_lib.perseus_start_timeline(os.fsencode(file_path), 1 if mark_cycles else 0))
 
 
 def stop_timeline():
-    """Closes the timeline file (shutdown() does it too). No-op when none runs."""
+    """Closes the timeline file (shutdown() does it too). Not collective: a no-op on
+    ranks other than 0, and when no timeline runs."""
     _lib.check(_lib.perseus_stop_timeline())
 
 
