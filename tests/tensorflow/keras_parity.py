@@ -1,7 +1,8 @@
 """Horovod parity of the Keras front end (issue 15), against numpy references:
 BroadcastGlobalVariablesCallback(local_variables=...), PartialDistributedOptimizer
 and register_local_var (local gradients divided by the size unless
-scale_local_gradients=False), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
+scale_local_gradients=False), PartialDistributedGradientTape's
+get_local_and_global_gradients (issue 40; Keras 3 and tf-keras layers in every run), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
 DistributedOptimizer over tf.keras.optimizers.legacy optimizers, `lr=` spelling
 included, and Horovod's _compute_gradients / _agg_helper hooks. Runs under Keras 3 and, from tests/test_tensorflow.py, Keras 2."""
 import os
@@ -104,6 +105,85 @@ def check_partial_tape(rank, size):
                                        err_msg="%s: variable %d" % (how, i))
 
 
+def local_and_global_case(keras, rank):
+    """A three-layer model of `keras` (Keras 3 or tf-keras) with weights and an input
+    that differ by rank, and this rank's own gradients (a plain tape)."""
+    layers = [keras.layers.Dense(3), keras.layers.Dense(2), keras.layers.Dense(1)]
+    model = keras.Sequential([keras.Input((4,))] + layers)
+    for i, v in enumerate(model.trainable_variables):
+        v.assign(make_array("lw%d" % i, rank, tuple(v.shape), tf.float32) / 4)
+    x = tf.constant(make_array("lx", rank, (2, 4), tf.float32))
+
+    def loss():
+        return tf.reduce_sum(tf.square(model(x)))
+
+    with tf.GradientTape() as tape:
+        value = loss()
+    return model, layers, loss, [g.numpy() for g in tape.gradient(value, model.trainable_variables)]
+
+
+def check_local_and_global_gradients(rank, size):
+    """PartialDistributedGradientTape.get_local_and_global_gradients (Horovod 0.28) under
+    Keras 3 and tf-keras, with 0, 1 and 2 local layers (local_layers, and
+    register_local_source for the second): (source, gradient) pairs in the order of
+    the sources, the local ones this rank's own gradient (/ size under
+    scale_local_gradients), the others the mean over the ranks, against plain tapes
+    of every rank's model in this process."""
+    import keras
+    import tf_keras
+    for name, module in (("Keras 3", keras), ("tf-keras", tf_keras)):
+        own = [local_and_global_case(module, r)[3] for r in range(size)]
+        model, layers, loss, _ = local_and_global_case(module, rank)
+        variables = model.trainable_variables
+        mean = [np.mean([grads[i] for grads in own], axis=0) for i in range(len(variables))]
+        for local_layers, registered, scale, traced in (([], [], True, False),
+                                                        ([layers[1]], [], True, False),
+                                                        ([layers[0]], [layers[2]], True, True),
+                                                        ([layers[0]], [layers[2]], False, False)):
+            what = "%s, %d local layer(s), scale_local_gradients=%s" % (
+                name, len(local_layers) + len(registered), scale)
+
+            def local_and_global():
+                with tf.GradientTape() as tape:
+                    value = loss()
+                tape = tfhvd.PartialDistributedGradientTape(
+                    tape, local_layers=local_layers, scale_local_gradients=scale)
+                for layer in registered:
+                    for v in layer.trainable_weights:
+                        tape.register_local_source(v)
+                local, reduced = tape.get_local_and_global_gradients(value, variables)
+                # The sources, as Python objects (a tf.function returns tensors only).
+                sources[:] = [[id(s) for s, _ in local], [id(s) for s, _ in reduced]]
+                return [g for _, g in local], [g for _, g in reduced]
+
+            local_ids = {id(v) for layer in local_layers + registered for v in layer.trainable_weights}
+            runs = [("eager", local_and_global)]
+            if traced:
+                runs.append(("tf.function", tf.function(local_and_global)))
+            local_positions = [i for i, v in enumerate(variables) if id(v) in local_ids]
+            global_positions = [i for i, v in enumerate(variables) if id(v) not in local_ids]
+            for how, run in runs:
+                sources = []
+                local, reduced = run()
+                assert sources == [[id(variables[i]) for i in local_positions],
+                                   [id(variables[i]) for i in global_positions]], (what, how)
+                assert len(local) == len(local_positions), (what, how)
+                assert len(reduced) == len(global_positions), (what, how)
+                for i, grad in zip(local_positions, local):
+                    np.testing.assert_allclose(grad.numpy(), own[rank][i] / (size if scale else 1),
+                                               rtol=1e-5, atol=1e-6, err_msg="%s %s: local %d" % (what, how, i))
+                for i, grad in zip(global_positions, reduced):
+                    np.testing.assert_allclose(grad.numpy(), mean[i], rtol=1e-5, atol=1e-6,
+                                               err_msg="%s %s: global %d" % (what, how, i))
+        # Horovod's gradient() keyword: accepted, the same gradients.
+        with tf.GradientTape() as tape:
+            value = loss()
+        grads = tfhvd.DistributedGradientTape(tape).gradient(value, variables, use_generic_names=True)
+        for i, g in enumerate(grads):
+            np.testing.assert_allclose(g.numpy(), mean[i], rtol=1e-5, atol=1e-6,
+                                       err_msg="%s use_generic_names: %d" % (name, i))
+
+
 def check_legacy_optimizers(rank, size):
     """Keras 2's legacy optimizers, constructed with lr= (their old spelling)."""
     gs = [make_array("lg", r, (4, 1), tf.float32) for r in range(size)]
@@ -186,6 +266,8 @@ def body():
     log("broadcast callback ok")
     check_partial_tape(rank, size)
     log("partial tape ok")
+    check_local_and_global_gradients(rank, size)
+    log("local and global gradients ok")
     check_partial_optimizer(rank, size)
     log("partial optimizer ok")
     if LEGACY:
