@@ -40,6 +40,10 @@ def check_communicator_sets(rank, size):
     def init_with(sets):
         hvd.init(comm=WORLD, process_sets=sets)
 
+    # Lists that do not fit together: ValueError on every rank, nothing registered.
+    expect_raises(ValueError, "lists of different lengths", init_with,
+                  [S(sub), S([0])] if rank == 0 else [S(sub)], contains=("rank 0 passed",))
+    assert ids() == {0: everyone}, ids()
     # A duplicate on every rank: ValueError everywhere, nothing registered.
     for what, sets in (("3+ duplicates", [S(sub), S(world_clone), S(sub_clone), S(evens), S([0])]),
                        ("the world's communicator again", [S(sub), S(world_clone), S([0])]),
