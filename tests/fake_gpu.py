@@ -10,7 +10,7 @@ import subprocess
 
 _lib = None
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["fake_gpu.c", "fake_order.c", "fake_kernel.c"]
+SOURCES = ["fake_gpu.c", "fake_nccl.c", "fake_device.c", "fake_order.c", "fake_kernel.c"]
 # The pack kernel's table (its layout is shared with the core and the kernel).
 TABLE_DIR = os.path.join(os.path.dirname(HERE), "csrc", "src", "cuda", "kernels")
 

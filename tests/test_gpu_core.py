@@ -52,7 +52,7 @@ def fake_gpu(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fake_gpu")
     library = fake.build(find_mpi_compiler("mpicc"), folder)
     return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
-            "FAKE_GPU_LIB": library}
+            "FAKE_GPU_LIB": library, "FAKE_GPU_DEVICE_DIR": str(folder)}
 
 
 # ---------------------------------------------------------------- the loader
@@ -385,6 +385,49 @@ FAILURE_CASES = {
 def test_gpu_failures_on_fake_gpu(run_mpi, fake_gpu, case):
     nprocs, env = FAILURE_CASES[case]
     run_mpi("gpu_failures", nprocs, env=dict(fake_gpu, **env), timeout=120)
+
+
+# The fake's device model by itself (tests/mpi/gpu_device_model.py): NCCL kernels hold a
+# slot of their GPU until every peer starts them, so two communicators launched in
+# opposite orders on two ranks deadlock a GPU of one slot; the fake reports the cycle,
+# naming both calls, their communicators and the ranks, and fails them instead of
+# hanging. With two slots they run; a call a peer never makes ends in the bounded wait.
+DEVICE_MODEL_CASES = {
+    "opposite_orders_deadlock-np2": (2, {"DEVICE_CASE": "opposite"}),
+    "opposite_orders_deadlock-np4": (4, {"DEVICE_CASE": "opposite"}),
+    "opposite_orders_fit_two_slots-np2": (2, {"DEVICE_CASE": "opposite", "FAKE_GPU_KERNEL_SLOTS": "2"}),
+    "same_order_launch_race-np2": (2, {"DEVICE_CASE": "same", "DEVICE_RACE": "1"}),
+    "missing_call_bounded_wait-np2": (2, {"DEVICE_CASE": "missing", "FAKE_GPU_DEVICE_TIMEOUT_S": "2"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(DEVICE_MODEL_CASES))
+def test_fake_gpu_device_model(run_mpi, fake_gpu, case):
+    nprocs, env = DEVICE_MODEL_CASES[case]
+    run_mpi("gpu_device_model", nprocs, env=dict(fake_gpu, FAKE_NCCL_VERSION="23203", **env), timeout=120)
+
+
+# Lanes that cannot deadlock each other (tests/mpi/gpu_launch_order.py): 4 lanes, a GPU of
+# one kernel slot, launches delayed differently on each rank; every rank must launch
+# its device collectives in the one order the negotiation agreed. "implicit" reports
+# NCCL 2.32.3, whose communicators Perseus makes with launchOrderImplicit=1 (and names
+# after their set and lane); the fake then also checks that no two threads launch at once.
+LAUNCH_ORDER = {"PERSEUS_ALLREDUCE_STREAMS": "4", "PERSEUS_FUSION_THRESHOLD": "65536",
+                "FAKE_GPU_KERNEL_SLOTS": "1", "FAKE_GPU_LAUNCH_JITTER_US": "3000"}
+LAUNCH_ORDER_CASES = {
+    "np2-lanes4": (2, {}),
+    "np4-lanes4": (4, {}),
+    "np2-lanes4-implicit": (2, {"FAKE_NCCL_VERSION": "23203"}),
+    "np4-lanes4-implicit": (4, {"FAKE_NCCL_VERSION": "23203"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(LAUNCH_ORDER_CASES))
+def test_device_lanes_launch_in_the_agreed_order(run_mpi, fake_gpu, case):
+    nprocs, env = LAUNCH_ORDER_CASES[case]
+    run_mpi("gpu_launch_order", nprocs, env=dict(fake_gpu, **LAUNCH_ORDER, **env), timeout=150)
 
 
 # ---------------------------------------------------------------- C++ unit tests
