@@ -208,15 +208,7 @@ static void reduce(char* out, char** all, size_t count, int t, int op, FakeComm*
   }
 }
 
-/* FAKE_NCCL_VERSION_FIXED (at build time): a copy that reports that version whatever
- * the environment says (tests/fake_gpu.py's second NCCL in a process). */
-static int nccl_version(void) {
-#ifdef FAKE_NCCL_VERSION_FIXED
-  return FAKE_NCCL_VERSION_FIXED;
-#else
-  return fake_env_int("FAKE_NCCL_VERSION", 22305);
-#endif
-}
+static int nccl_version(void) { return fake_env_int("FAKE_NCCL_VERSION", 22305); }
 
 /* How many of `count` elements a one-rank reduction writes. NCCL short-cuts one-rank
  * communicators: a copy, or for operators that scale (PreMulSum; Average of floats,

@@ -87,6 +87,9 @@ def body():
     if case == "same" and rank % 2:  # the even ranks' first call then waits, while their second is launched
         time.sleep(0.5)
     for name in order:
+        if case == "missing":  # B's bounded wait starts once A is done
+            for thread in threads:
+                thread.join(90)
         threads.append(threading.Thread(target=launch, args=(name,), daemon=True))
         threads[-1].start()
         deadline = time.monotonic() + 30
