@@ -261,9 +261,8 @@ Status DeviceRunner::Run(const Batch& batch, LaunchTurn* turn, std::vector<Resul
       turn->Pass();  // no NCCL kernel: the next batch may launch at once
       status = RunStaged(batch, ctx, results);
     } else {
-      turn->Take();  // earlier batches launched, no other lane launching
+      ctx.turn = turn;  // taken around the NCCL calls (LaunchScope), passed however this ends
       status = RunNcclBatch(batch, ctx, results);
-      turn->Pass();
     }
     // A CUDA or NCCL call that failed mid-batch may leave the peers inside the
     // collective and this communicator out of step with theirs.
