@@ -526,7 +526,7 @@ def test_device_lanes_launch_in_the_agreed_order(run_mpi, fake_gpu, case):
 # bursts of every boundary on 4 lanes and two process sets, each result checked against
 # the host's), a few steps on the fake so that it is known to work before a GPU runs it;
 # the second case as on the lent GPU machine: ranks sharing one GPU through NCCL 2.32.
-STRESS = {"STRESS_DEVICE": "fake", "STRESS_STEPS": "6", "STRESS_LARGEST": "300000",
+STRESS = {"STRESS_DEVICE": "fake", "STRESS_STEPS": "6", "STRESS_LARGEST": "300000", "GPU_MODE": "nccl",
           "PERSEUS_ALLREDUCE_STREAMS": "4", "FAKE_GPU_LAUNCH_JITTER_US": "500", **SMALL_LIMITS}
 STRESS_CASES = {
     "np2-lanes4": (2, {}),
@@ -546,7 +546,7 @@ def test_stress_watchdog_turns_a_hang_into_a_failure_naming_the_step(fake_gpu):
     from conftest import clean_env, find_mpirun
     result = subprocess.run([find_mpirun(), "-np", "2", sys.executable, str(TESTS_DIR / "mpi" / "gpu_stress.py")],
                             cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120,
-                            env=clean_env(dict(fake_gpu, **STRESS, STRESS_STEP_TIMEOUT_S="0")))
+                            env=clean_env(dict(fake_gpu, **dict(STRESS, STRESS_STEPS="1000"), STRESS_STEP_TIMEOUT_S="0")))
     assert result.returncode != 0, result.stdout + result.stderr
     import re
     assert re.search(r"HANG: step \d+ \(set \d, \d+ requests: [a-z]+ .*\) did not finish in 0 s", result.stdout), \

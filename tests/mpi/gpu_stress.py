@@ -16,8 +16,9 @@ Inputs are small integers and scales are powers of two: integer results must be 
 floating ones within a few units of the last place (an average over 3 ranks rounds as
 each path divides).
 
-STRESS_DEVICE: fake (the core's C ABI with device 0 on tests/gpu_fakes) or cuda / cuda:N
-(the torch front end on this rank's GPU, or on GPU N for every rank). STRESS_SEED
+STRESS_DEVICE: fake (the core's C ABI with device 0 on tests/gpu_fakes; GPU_MODE=nccl: NCCL
+must have run) or cuda / cuda:N (the torch front end on this rank's GPU, or on GPU N for
+every rank). STRESS_SEED
 varies the run; STRESS_STEP_TIMEOUT_S (60) is the watchdog's limit.
 """
 import faulthandler
@@ -146,6 +147,8 @@ class FakeGpu:
         self.capi.shutdown()
         stats = fake_gpu.stats()
         assert stats["misuses"] == 0, stats
+        if os.environ.get("GPU_MODE") == "nccl":  # the GPU results came from NCCL, not host staging
+            assert stats["nccl_calls"] > 0, stats
 
 
 class TorchGpu:
