@@ -14,9 +14,10 @@ Configurations (CONFIGS):
   nccl_np{2,4}_shared_lanes{1,2,4}
                          NCCL with 2 and 4 ranks on GPU 0 (NCCL 2.30+ with
                          NCCL_MULTI_RANK_GPU_ENABLE=1: the NCCL Perseus loads, e.g.
-                         PERSEUS_NCCL_LIB, which scripts/gpu_check.sh --nccl sets), 1, 2 and
-                         4 lanes; skipped where that NCCL cannot. NCCL's INIT log must show
-                         a communicator made with that NCCL (not the host-staged fallback).
+                         PERSEUS_NCCL_LIB, which scripts/gpu_check.sh --nccl sets and names in
+                         PERSEUS_KEEP_ENV so that the jobs get it), 1, 2 and 4 lanes; skipped
+                         where that NCCL cannot. NCCL's INIT log must show a communicator
+                         made with that NCCL (not the host-staged fallback).
 Scripts: the CPU collective scripts of tests/mpi rerun on CUDA tensors (PTEST_DEVICE,
 see tests/mpi/common.py), and the torch CUDA ones (tests/mpi/gpu_torch_*.py, PTEST_GPU).
 """
