@@ -546,7 +546,7 @@ def test_stress_watchdog_turns_a_hang_into_a_failure_naming_the_step(fake_gpu):
     from conftest import clean_env, find_mpirun
     result = subprocess.run([find_mpirun(), "-np", "2", sys.executable, str(TESTS_DIR / "mpi" / "gpu_stress.py")],
                             cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120,
-                            env=clean_env(dict(fake_gpu, **dict(STRESS, STRESS_STEPS="1000"), STRESS_STEP_TIMEOUT_S="0")))
+                            env=clean_env(dict(fake_gpu, **dict(STRESS, STRESS_STEPS="1000", STRESS_STEP_TIMEOUT_S="0"))))
     assert result.returncode != 0, result.stdout + result.stderr
     import re
     assert re.search(r"HANG: step \d+ \(set \d, \d+ requests: [a-z]+ .*\) did not finish in 0 s", result.stdout), \

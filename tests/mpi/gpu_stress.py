@@ -42,6 +42,7 @@ BOUNDARIES = [0, 1, 16, 4096, int(os.environ.get("PERSEUS_CHUNK_SIZE", 4 << 20))
 REDUCED = ["float32", "float16", "bfloat16", "float64", "int32", "int64"]
 MOVED = REDUCED + ["uint8", "int8"]
 OPS = ["Sum", "Average", "Min", "Max", "Product"]
+KINDS = ["allreduce"] * 6 + ["broadcast", "allgather", "reducescatter"]  # drawn from, allreduce the most
 SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "int8": 1}
 
 
@@ -78,7 +79,7 @@ def step_plan(step, size, second_set):
     requests = []
     many = rng.random() < 0.05
     for i in range(170 if many else int(rng.integers(1, 9))):
-        kind = "allreduce" if many else str(rng.choice(["allreduce"] * 6 + ["broadcast", "allgather", "reducescatter"] * 1))
+        kind = "allreduce" if many else str(rng.choice(KINDS))
         dtype = str(rng.choice(REDUCED if kind in ("allreduce", "reducescatter") else MOVED))
         r = {"kind": kind, "name": "s%d.%d" % (step, i), "dtype": dtype, "op": "Sum", "pre": 1.0, "post": 1.0,
              "rows": 1 if many else elements(rng, dtype), "root": members[int(rng.integers(len(members)))],
@@ -87,8 +88,9 @@ def step_plan(step, size, second_set):
             r["op"] = str(rng.choice(OPS))
             if r["op"] in ("Sum", "Average") and dtype.startswith(("float", "bfloat")) and rng.random() < 0.3:
                 r["pre"], r["post"] = float(rng.choice([0.5, 2.0])), float(rng.choice([0.5, 1.0, 2.0]))
-        if kind == "reducescatter":
-            r["rows"] = max(0, r["rows"] // 4) * len(members) + (int(rng.integers(1, len(members))) if r["uneven"] and len(members) > 1 else 0)
+        if kind == "reducescatter":  # rows that split evenly over the set, or (uneven) do not
+            extra = int(rng.integers(1, len(members))) if r["uneven"] and len(members) > 1 else 0
+            r["rows"] = r["rows"] // 4 * len(members) + extra
         requests.append(r)
     return (1 if on_second else 0), members, requests
 
