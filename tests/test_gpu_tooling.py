@@ -627,3 +627,16 @@ def test_gpu_scripts_run_on_the_cpu(run_mpi, script, np):
     tolerances) with CPU tensors, so they stay runnable between visits to a GPU machine.
     (gpu_torch_mismatch needs two device kinds; gpu_torch_sizes stops at 1 MiB here.)"""
     run_mpi(script, np, env={"PTEST_GPU": "cpu", "PTEST_SIZES_LARGEST": str(1 << 20)}, timeout=240)
+
+
+@needs_no_cuda
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_gpu_stress_runs_through_torch_on_the_cpu(run_mpi):
+    """The torch front end's part of tests/mpi/gpu_stress.py (what scripts/gpu_check.sh runs
+    on a GPU) with CPU tensors on both sides; its C ABI part runs on the fake GPU in
+    tests/test_gpu_core.py."""
+    out = run_mpi("gpu_stress", 2, timeout=240, env={"STRESS_DEVICE": "cpu", "STRESS_STEPS": "12",
+                                                     "STRESS_LARGEST": "300000", "PERSEUS_CHUNK_SIZE": "65536",
+                                                     "PERSEUS_FUSION_THRESHOLD": "262144"})
+    assert "stress: 12 steps" in out, out

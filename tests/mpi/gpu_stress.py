@@ -18,7 +18,8 @@ each path divides).
 
 STRESS_DEVICE: fake (the core's C ABI with device 0 on tests/gpu_fakes; GPU_MODE=nccl: NCCL
 must have run) or cuda / cuda:N (the torch front end on this rank's GPU, or on GPU N for
-every rank). STRESS_SEED
+every rank); cpu runs the torch front end's part with CPU tensors on both sides (a
+smoke test of this script where torch has no CUDA, not of the GPU path). STRESS_SEED
 varies the run; STRESS_STEP_TIMEOUT_S (60) is the watchdog's limit.
 """
 import faulthandler
@@ -158,12 +159,15 @@ class TorchGpu:
 
     def __init__(self, device):
         import torch
-        import perseus.torch as hvd
+        import perseus.torch.horovod as hvd
         self.torch, self.hvd = torch, hvd
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
-        self.device = torch.device(device if ":" in device else "cuda:%d" % hvd.local_rank())
-        torch.cuda.set_device(self.device)
+        if device == "cpu":
+            self.device = torch.device("cpu")
+        else:
+            self.device = torch.device(device if ":" in device else "cuda:%d" % hvd.local_rank())
+            torch.cuda.set_device(self.device)
 
     def add_set(self, ranks):
         return self.hvd.add_process_set(ranks)
@@ -181,7 +185,7 @@ class TorchGpu:
                 handles.append(hvd.allreduce_async(t, name=name, op=getattr(hvd, r["op"]), prescale_factor=r["pre"],
                                                    postscale_factor=r["post"], process_set=process_set))
             elif r["kind"] == "broadcast":
-                handles.append(hvd.broadcast_async(t, r["root_in_set"], name=name, process_set=process_set))
+                handles.append(hvd.broadcast_async(t, r["root"], name=name, process_set=process_set))  # a global rank
             elif r["kind"] == "allgather":
                 handles.append(hvd.allgather_async(t, name=name, process_set=process_set))
             else:
