@@ -408,6 +408,8 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
     for (Batch& batch : batches) {
       batch.agreed = now;
       batch.chunk_bytes = knobs.chunk_bytes;
+      // The same place on every member: device lanes launch in this order.
+      if (batch.items.front().meta.device != PERSEUS_CPU_DEVICE) batch.launch_turn = set->device_batches++;
       Lane& lane = LaneFor(set, batch);
       bool inline_ok = SchedulePolicy::MayRunInline(knobs, batch, only_batch, driving, single_set_);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
@@ -432,10 +434,11 @@ Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {
   if (batch.items.front().meta.device == PERSEUS_CPU_DEVICE)
     return *set->lanes[set->next_lane++ % std::min<size_t>(set->knobs.lanes, set->lanes.size())];
   if (set->device_lanes.empty()) {
+    std::vector<LaneSpec> specs;
     for (size_t i = 0; i < set->device_comms.size(); ++i)
-      set->device_lanes.push_back(lane_factory_->MakeDeviceLane(
-          LaneSpec{static_cast<int>(i), set->device_comms[i], set->rank, set->size(),
-                   &set->ranks, set->done}));
+      specs.push_back(LaneSpec{static_cast<int>(i), set->device_comms[i], set->rank, set->size(), &set->ranks,
+                               set->done, set->id});
+    set->device_lanes = lane_factory_->MakeDeviceLanes(specs);
   }
   return *set->device_lanes[set->next_device_lane++ % set->device_lanes.size()];
 }
