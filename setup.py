@@ -9,6 +9,8 @@ is needed at build time.
 The build links the wrapper's own libmpi or stops (build_support/mpi_link.py): a
 one-function probe is linked first, with the core's exact command line, so a mixed
 setup stops in seconds. `python setup.py build_ext --mpi-check-only` runs just that.
+The core depends on the wrapper (its file and `-show`) and the headers as on its
+sources, so that a build with another MPI in the same folder relinks it.
 """
 import os
 import shutil
@@ -24,6 +26,9 @@ import mpi_link  # noqa: E402 - build helpers, not part of the package
 from parallel_compile import compile_in_parallel  # noqa: E402
 
 SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "src").rglob("*.cc"))
+# A changed header rebuilds the core too (setuptools compares only what it is told of).
+HEADERS = sorted(str(p.relative_to(ROOT)) for top in ("include", "src")
+                 for p in (ROOT / "csrc" / top).rglob("*.h"))
 
 MISSING_MPI = """
 Perseus needs an MPI installation with its C++ compiler wrapper (mpicxx) to build.
@@ -86,6 +91,11 @@ class BuildCore(build_ext):
             self.check_mpi_probe(wrapper, ext)
         if self.mpi_check_only:
             return
+        # The core depends on the wrapper as on its sources: after a build with another
+        # MPI (or wrapper flags) in this build folder, it is relinked, not reused.
+        identity = mpi_link.record_identity(wrapper, self.build_temp)
+        for ext in self.extensions:
+            ext.depends = sorted(set(ext.depends) | {identity})
         # build_ext -j N sets the number of compiler processes; else one per core.
         jobs = self.parallel if type(self.parallel) is int and self.parallel >= 1 else None
         compile_in_parallel(self.compiler, jobs or os.cpu_count() or 1)
@@ -121,6 +131,7 @@ class BuildCore(build_ext):
 core = Extension(
     "perseus.lib.libperseus",
     sources=SOURCES,
+    depends=HEADERS,
     include_dirs=["csrc/include", "csrc/src"],
     extra_compile_args=["-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility=hidden",
                         "-Wall", "-Wno-sign-compare"],

@@ -16,7 +16,8 @@
 #   LR (0.02, per rank; scaled by the rank count; imagenet_ddp: 0.1)
 #   MOMENTUM (0.9)  WEIGHT_DECAY (1e-4)  SEED (42)
 #   HIDDEN (128, digits)  ARCH (resnet_small, imagenet_ddp: any model of models.py)
-#   CHECKPOINT (digits: ${TMPDIR:-/tmp}/perseus-checkpoints/train_digits.pt;
+#   CHECKPOINT (digits: ${XDG_CACHE_HOME:-~/.cache}/perseus/checkpoints/train_digits.pt,
+#               in a folder of the user's that only they may write;
 #               imagenet_ddp: none; empty: none)
 #   THREADS (1: torch threads per rank)  PYTHON (interpreter to use)
 #   DEVICE (digits: auto = GPU local_rank where torch sees CUDA, cuda, or cpu)

@@ -47,6 +47,7 @@ CUDA graphs: what a captured step may contain is in README.md ("GPU").
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -388,15 +389,18 @@ def main(argv=None):
         import perseus.torch.horovod as hvd
 
     torch.cuda.set_device(0)
-    store = tempfile.NamedTemporaryFile(prefix="gpu_bench_store_", delete=False).name
-    os.unlink(store)  # the FileStore creates it
-    dist.init_process_group("nccl", init_method="file://" + store, rank=0, world_size=1)
+    # The FileStore creates its file: a fresh name in a folder only we can write (a name
+    # freed in /tmp could be taken, or linked, by someone else before the store opens it).
+    store_dir = tempfile.mkdtemp(prefix="gpu_bench_")
+    dist.init_process_group("nccl", init_method="file://" + os.path.join(store_dir, "store"),
+                            rank=0, world_size=1)
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "?"
     env = "%s; torch %s (CUDA %s, NCCL %s)" % (torch.cuda.get_device_name(0), torch.__version__,
                                                torch.version.cuda, nccl)
     bench = Bench(args, torch, dist, hvd)
     bench.run()
     dist.destroy_process_group()
+    shutil.rmtree(store_dir, ignore_errors=True)
     print(render(bench, env), flush=True)
     if args.json:
         with open(args.json, "w") as f:

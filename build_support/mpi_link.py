@@ -47,8 +47,9 @@ class Wrapper:
     """What an MPI compiler wrapper adds to a command line, from `mpicxx -show` (MPICH,
     Intel MPI, MVAPICH2, Open MPI) or `-showme` (Open MPI)."""
 
-    def __init__(self, path, flags):
+    def __init__(self, path, flags, show=None):
         self.path = path
+        self.show = " ".join(flags) if show is None else show  # -show's text
         self.include_dirs, self.library_dirs, self.libraries = [], [], []
         tokens = iter(flags)
         for token in tokens:
@@ -69,7 +70,7 @@ class Wrapper:
             except (OSError, subprocess.SubprocessError):
                 continue
             if res.returncode == 0 and res.stdout.strip():
-                return cls(path, shlex.split(res.stdout)[1:])  # [0] is the compiler
+                return cls(path, shlex.split(res.stdout)[1:], res.stdout.strip())  # [0]: the compiler
         return None
 
     def library_name(self):
@@ -88,6 +89,11 @@ class Wrapper:
                 return library_file(candidate)
         return None
 
+    def identity(self):
+        """The wrapper's file and the command it runs (-show): a core built with a wrapper
+        of another identity is stale."""
+        return "%s\n%s\n" % (os.path.realpath(self.path), self.show)
+
     def first_compile_flags(self):
         """Its -I folders, to put before any other on the compile line."""
         return ["-I" + folder for folder in self.include_dirs]
@@ -96,6 +102,25 @@ class Wrapper:
         """Its -L folders, to put before any other on the link line: `-lmpi` then finds
         its libmpi first, whatever folders setuptools adds."""
         return ["-L" + folder for folder in self.library_dirs]
+
+
+def record_identity(wrapper, folder):
+    """folder/mpi_wrapper.txt, holding the wrapper's identity; rewritten (so newer) only
+    when that changed. As a dependency of the core, it makes setuptools relink a core
+    built with another MPI, which it kept otherwise (its sources were not newer), and
+    leaves one built with this wrapper alone."""
+    path = os.path.join(folder, "mpi_wrapper.txt")
+    text = wrapper.identity()
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return path
+    except OSError:
+        pass
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
 
 
 def library_file(path):

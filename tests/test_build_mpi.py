@@ -21,6 +21,7 @@ from conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "build_support"))
 import mpi_link  # noqa: E402
+from elf_dynamic import dynamic_entries  # noqa: E402
 
 MPICH_WHEEL_SHOW = ("c++ -I/v/include -L/v/lib -Wl,-rpath -Wl,/v/lib -Wl,--enable-new-dtags "
                     "-lmpi")
@@ -175,3 +176,70 @@ def test_setup_probe_with_debian_python_links_the_wheels_libmpi(tmp_path):
     assert "MPI: %s links %s\n" % (mpicxx, own) in res.stdout, res.stdout
     link_map = (tmp_path / "temp" / "mpi_probe" / "mpi_probe.map").read_text()
     assert list(mpi_link.linked_libraries(link_map, "mpi")) == [own]
+
+
+def test_wrapper_identity_is_rewritten_only_when_it_changes(tmp_path):
+    """mpi_wrapper.txt, the core's dependency on its MPI: rewritten (newer than a core
+    built before) for another wrapper file or other -show flags, untouched otherwise."""
+    flags = ["-I/x/include", "-L/x/lib", "-lmpi"]
+    wrapper = mpi_link.Wrapper("/x/bin/mpicxx", flags, "c++ " + " ".join(flags))
+    path = mpi_link.record_identity(wrapper, str(tmp_path / "temp"))
+    assert open(path).read() == "/x/bin/mpicxx\nc++ -I/x/include -L/x/lib -lmpi\n"
+    os.utime(path, (0, 0))
+    assert mpi_link.record_identity(wrapper, str(tmp_path / "temp")) == path
+    assert os.stat(path).st_mtime == 0  # the same wrapper: a built core stays up to date
+    for other in (mpi_link.Wrapper("/y/bin/mpicxx", flags, wrapper.show),
+                  mpi_link.Wrapper("/x/bin/mpicxx", flags, "g++ " + " ".join(flags)),
+                  mpi_link.Wrapper("/x/bin/mpicxx", flags[:2] + ["-lmpich"])):
+        os.utime(path, (0, 0))
+        assert mpi_link.record_identity(other, str(tmp_path / "temp")) == path
+        assert os.stat(path).st_mtime > 0 and open(path).read() == other.identity()
+
+
+MINI_CORE = """#include <mpi.h>
+#include "perseus/perseus.h"
+extern "C" int perseus_mini(char* text, int* length) { return MPI_Get_library_version(text, length); }
+"""
+
+
+def _open_mpi_cxx():
+    path = shutil.which("mpicxx.openmpi")
+    if path is None:
+        pytest.skip("Open MPI is not installed (mpicxx.openmpi not on PATH): apt-get install "
+                    "libopenmpi-dev openmpi-bin (scripts/setup.sh does)")
+    return path
+
+
+def test_another_mpi_in_the_same_build_folder_relinks_the_core(tmp_path):
+    """`pip install .` with the mpich wheel's mpicxx, then with PERSEUS_MPICXX=
+    mpicxx.openmpi in the same folder: setuptools kept build/'s MPICH core, as its sources
+    were not newer, and the link check stopped the build. setup.py and build_support/ as
+    they are, around a one-file core (about a second a build)."""
+    wrappers = {"mpich": _venv_mpicxx(), "openmpi": _open_mpi_cxx()}
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO_ROOT / "build_support", tree / "build_support",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "setup.py", tree)
+    (tree / "csrc" / "include" / "perseus").mkdir(parents=True)
+    (tree / "csrc" / "src").mkdir()
+    header = tree / "csrc" / "include" / "perseus" / "perseus.h"
+    header.write_text("// the C ABI\n")
+    (tree / "csrc" / "src" / "core.cc").write_text(MINI_CORE)
+
+    def build(mpi):
+        """-> (the core's mtime, the libmpi it needs) after setup.py build_ext with `mpi`."""
+        res = subprocess.run([sys.executable, "setup.py", "build_ext"], cwd=str(tree),
+                             env=dict(os.environ, PERSEUS_MPICXX=wrappers[mpi]),
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, "build with %s failed:\n%s%s" % (mpi, res.stdout, res.stderr)
+        [core] = (tree / "build").glob("lib.*/perseus/lib/libperseus.so")
+        needed = [n for n in dynamic_entries(str(core))["NEEDED"] if n.startswith("libmpi.so")]
+        return core.stat().st_mtime_ns, needed
+
+    first, needed = build("mpich")
+    assert needed == ["libmpi.so.12"]
+    switched, needed = build("openmpi")
+    assert switched != first and needed == ["libmpi.so.40"]
+    assert build("openmpi") == (switched, needed)  # nothing changed: not relinked
+    os.utime(header)  # a header is a dependency too
+    assert build("openmpi")[0] != switched

@@ -2,7 +2,9 @@
 accuracy the README promises, the synthetic benchmark prints Horovod's format, and the
 torch-DDP ImageNet-style script runs through `JOB=imagenet_ddp mpirun -np 2 ./train.sh`
 with its one-process command line."""
+import os
 import re
+import stat
 import sys
 
 import pytest
@@ -11,6 +13,7 @@ import perseus.torch.horovod as hvd
 from conftest import REPO_ROOT, clean_env, find_mpirun, run_bounded
 
 EXAMPLES = REPO_ROOT / "examples" / "pytorch"
+NOBODY = 65534
 
 pytestmark = [
     pytest.mark.mpi,
@@ -38,17 +41,84 @@ def run_job(np, argv, env=None, timeout=60):
 
 
 def test_train_digits_two_ranks(tmp_path):
-    checkpoint = tmp_path / "digits.pt"
-    out = run_example(2, [EXAMPLES / "train_digits.py", "--checkpoint", checkpoint])
+    """20 epochs reach 95 %; the checkpoint goes by default to the user's cache folder
+    ($XDG_CACHE_HOME/perseus/checkpoints), in a folder that only the user may write."""
+    cache = tmp_path / "cache"
+    out = run_example(2, [EXAMPLES / "train_digits.py"], env={"XDG_CACHE_HOME": str(cache)})
     epochs = re.findall(r"^Epoch +\d+/20: .*test accuracy ([\d.]+)%$", out, re.M)
     assert len(epochs) == 20, out  # rank 0 alone prints
     final = re.search(r"^Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out, re.M)
     assert final and float(final.group(1)) >= 95.0, out
-    assert checkpoint.exists()
+    checkpoint = cache / "perseus" / "checkpoints" / "train_digits.pt"
+    assert "Checkpoint saved to %s" % checkpoint in out, out
+    folder = checkpoint.parent.stat()
+    assert folder.st_uid == os.geteuid() and stat.S_IMODE(folder.st_mode) == 0o700
+    assert checkpoint.stat().st_uid == os.geteuid()
+    assert stat.S_IMODE(checkpoint.stat().st_mode) == 0o600
 
     import torch
     state = torch.load(checkpoint, map_location="cpu")
     assert state["size"] == 2 and state["epoch"] == 20 and state["accuracy"] >= 0.95
+
+
+def test_train_digits_refuses_a_planted_link(tmp_path):
+    """A symbolic link at the checkpoint's name: every rank stops before training,
+    naming it, and the file it points to is left as it was."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (folder / "train_digits.pt").symlink_to(victim)
+    cmd = [find_mpirun(), "-np", "2", sys.executable, EXAMPLES / "train_digits.py", "--epochs", "0",
+           "--checkpoint", folder / "train_digits.pt"]
+    code, out, err, _ = run_bounded(cmd, clean_env(), 60)
+    assert victim.read_bytes() == b"precious", (out, err)
+    assert code != 0, (out, err)
+    refusal = "train_digits: refusing to write %s: it is a symbolic link" % (folder / "train_digits.pt")
+    assert err.count(refusal) == 2, err  # on both ranks
+
+
+def digits_checkpoint(path, epoch, hidden):
+    """A checkpoint of train_digits.py's shape (MLP, SGD, cosine schedule) at `epoch`."""
+    import torch
+    import torch.nn as nn
+    model = nn.Module()
+    model.fc1, model.fc2, model.fc3 = nn.Linear(64, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "epoch": epoch, "accuracy": 0.0, "size": 1},
+               path)
+
+
+def test_train_digits_resumes_only_the_users_own_file(tmp_path):
+    """--resume (one process) loads the user's checkpoint, and refuses another user's
+    (as root) or a symbolic link to one of the user's (tests/test_private_files.py checks
+    both), naming it, before training."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir(mode=0o700)
+    checkpoint = folder / "digits.pt"
+    digits_checkpoint(checkpoint, epoch=1, hidden=8)
+
+    def resume():  # a finished run: resuming only scores it
+        cmd = [sys.executable, EXAMPLES / "train_digits.py", "--resume", "--epochs", "1",
+               "--hidden", "8", "--checkpoint", checkpoint]
+        code, out, err, _ = run_bounded(cmd, clean_env({"XDG_CACHE_HOME": str(tmp_path / "cache")}), 60)
+        return code, out + err
+
+    code, out = resume()
+    assert code == 0 and "Resumed from %s (epoch 1)" % checkpoint in out, out
+    if os.geteuid() == 0:
+        os.chown(checkpoint, NOBODY, -1)
+        why = "it belongs to uid %d" % NOBODY
+    else:
+        mine = tmp_path / "elsewhere.pt"
+        checkpoint.rename(mine)
+        checkpoint.symlink_to(mine)
+        why = "it is a symbolic link"
+    code, out = resume()
+    assert code != 0 and "Resumed" not in out, out
+    assert "refusing to read %s: %s" % (checkpoint, why) in out, out
 
 
 def test_collective_demo_two_ranks():

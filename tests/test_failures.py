@@ -102,7 +102,8 @@ def test_stall_warning_names_the_rank_that_stopped_submitting(run_mpi, np):
 @pytest.mark.parametrize("np", [2, 3])
 def test_add_process_set_on_some_ranks_fails_naming_the_absent(run_mpi, np):
     """Issue 16 (4): add_process_set called by only some ranks fails on those, after the
-    stall check time, naming the ranks that did not call it; nothing hangs."""
+    stall check time, naming the ranks that did not call it; nothing hangs. Issue 37 (9):
+    the same for start_timeline, which is collective."""
     run_mpi("partial_process_set", np, env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "1"}, timeout=90)
 
 

@@ -34,6 +34,7 @@ SCRIPTS = [
     "wait_all",                 # perseus_wait_all, synchronize_all: values, first failure
     "horovod_modules",          # Horovod's submodule paths, _basics, gpu_available
     "process_sets_static",      # init(process_sets=...) all or nothing, ids in order; forged ids
+    "torch_arguments",          # in-place ops and autograd; non-integer, non-tensor, non-text arguments
 ]
 
 
@@ -85,7 +86,7 @@ def test_config_names(run_mpi, nprocs):
                          ids=["bytes", "auto"])
 def test_what_ends_a_hold(run_mpi, nprocs, hold):
     # A hold far longer than the script's bounds: only a waiter, a poll or enough
-    # bytes may end it (tests/mpi/hold.py).
+    # bytes may end it, and control operations never wait for it (tests/mpi/hold.py).
     run_mpi("hold", nprocs, env=dict(hold, PERSEUS_HOLD_TIME="20000"))
 
 

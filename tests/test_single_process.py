@@ -248,6 +248,31 @@ def test_local_argument_errors(initialized):
     assert_same(hvd.allreduce(torch.arange(3.0), name="sp.after_errors", op=hvd.Sum), torch.arange(3.0))
 
 
+def test_inplace_ops_and_autograd(initialized):
+    """In-place ops bump the version counter and refuse a leaf in grad mode (issue 37;
+    every in-place op at np 2 and 4: tests/mpi/torch_arguments.py). Here what a world of
+    one shows as well: the optimizer's path, and inference tensors, which have no
+    version counter and are taken as before (as by Horovod and torch.distributed)."""
+    hvd = initialized
+    from perseus.torch import adapter
+    inplace = adapter.InplaceAllreduce("sp.grad", hvd.Sum, 2.0, 1.0, hvd.global_process_set)
+    for step in range(2):  # prepared at the first, reused at the second
+        g = torch.arange(4.0)
+        before = g._version
+        handle = inplace.submit(g)
+        assert g._version > before, "the optimizer's in-place allreduce did not bump the version"
+        hvd.synchronize(handle)
+        assert_same(g, torch.arange(4.0) * 2)
+    leaf = torch.ones(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="in-place allreduce: a leaf Variable that requires grad"):
+        inplace.submit(leaf)
+    with torch.inference_mode():
+        made_there = torch.arange(3.0)
+        assert_same(hvd.allreduce_(made_there, name="sp.inference", op=hvd.Sum), torch.arange(3.0))
+    assert_same(hvd.broadcast_(made_there, 0, name="sp.inference.out"), torch.arange(3.0))
+    assert_same(hvd.allreduce(torch.ones(2), name="sp.after_inplace", op=hvd.Sum), torch.ones(2))
+
+
 def test_errors_before_init_and_reinit(hvd):
     if hvd.is_initialized():
         hvd.shutdown()

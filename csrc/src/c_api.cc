@@ -21,6 +21,7 @@
 #include "common/timeline.h"
 #include "cuda/device_backend.h"
 #include "engine/config.h"
+#include "engine/config_agreement.h"
 #include "engine/engine.h"
 #include "lanes/core_lanes.h"
 #include "mpi/mpi_library.h"
@@ -229,11 +230,13 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   // A bad value on one rank fails init() on every rank, rather than leaving the
-  // others blocked in the engine's first collectives.
-  // The timeline's file is opened here too, so that a path rank 0 cannot write
-  // fails init() everywhere.
-  status = AgreeOnStatus(world, config_status.ok() ? StartConfiguredTimeline(config, world)
-                                                   : config_status);
+  // others blocked in the engine's first collectives. So do settings that differ
+  // across ranks (the engine's plans would differ), before the timeline's file is
+  // opened (and truncated); a path rank 0 cannot write fails init() everywhere too.
+  // Each step gives every rank the same status, so all take the same steps.
+  status = AgreeOnStatus(world, config_status);
+  if (status.ok()) status = AgreeOnConfig(config, thread_multiple, world);
+  if (status.ok()) status = AgreeOnStatus(world, StartConfiguredTimeline(config, world));
   std::unique_ptr<Engine> engine;
   if (status.ok())
     status = Engine::Start(config, world, thread_multiple, MakeLanes(config, thread_multiple),
@@ -311,8 +314,7 @@ perseus_status_t perseus_start_timeline(const char* path, int32_t mark_cycles) {
   if (!engine) return Report(NotInitialized());
   if (path == nullptr || *path == '\0')
     return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "start_timeline needs a file path"));
-  if (engine->topology().rank != 0) return PERSEUS_SUCCESS;
-  Status status = Timeline::Get().Start(path, mark_cycles != 0);
+  Status status = engine->StartTimeline(path, mark_cycles != 0);
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 

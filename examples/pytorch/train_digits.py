@@ -10,8 +10,11 @@ Each rank trains on its own shard of the training set (DistributedSampler), the
 gradients are averaged by hvd.DistributedOptimizer, and the learning rate is scaled
 by the number of ranks (the global batch is batch_size x size). Test accuracy is
 computed over the whole test set (each rank scores a slice; the counts are summed).
-Rank 0 alone prints and writes the checkpoint; --resume restores it on rank 0 and
-broadcasts it to the others.
+Rank 0 alone prints and writes the checkpoint, by default to
+~/.cache/perseus/checkpoints/train_digits.pt ($XDG_CACHE_HOME/perseus/... where set);
+--resume restores it on rank 0 and broadcasts it to the others. The checkpoint's folder
+must be the user's own and writable by no one else, and the checkpoint no symbolic link
+or other user's file (perseus.common.private_files): else every rank stops, saying why.
 
 Where torch sees CUDA devices, rank r trains on GPU local_rank % device count (one
 process per GPU: `mpirun -np <GPUs> ./train.sh`) and the gradients go over NCCL;
@@ -26,7 +29,6 @@ line wins).
 
 import argparse
 import os
-import tempfile
 import time
 
 import numpy as np
@@ -37,8 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import perseus.torch.horovod as hvd
-
-DEFAULT_CHECKPOINT = os.path.join(tempfile.gettempdir(), "perseus-checkpoints", "train_digits.pt")
+from perseus.common import private_files
 
 
 def env(name, default, cast):
@@ -59,7 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=env("HIDDEN", 128, int), help="hidden layer width")
     p.add_argument("--seed", type=int, default=env("SEED", 42, int))
     p.add_argument("--test-fraction", type=float, default=0.2)
-    p.add_argument("--checkpoint", default=env("CHECKPOINT", DEFAULT_CHECKPOINT, str),
+    p.add_argument("--checkpoint", default=env("CHECKPOINT",
+                                               private_files.default_checkpoint("train_digits.pt"), str),
                    help="where rank 0 saves the final model and optimizer state ('' for none)")
     p.add_argument("--resume", action="store_true", help="start from --checkpoint if it exists")
     p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 on the wire")
@@ -136,6 +138,25 @@ def progress(done, total, width=30):
           end="" if done < total else "\r" + " " * (width + 20) + "\r", flush=True)
 
 
+def resume_state(args):
+    """Rank 0: the checkpoint's state when resuming from one (else None), after checking
+    that the checkpoint may be written at the end. A refusal stops every rank, saying why."""
+    state, problem = None, None
+    if args.checkpoint and hvd.rank() == 0:
+        try:
+            if args.resume and os.path.lexists(args.checkpoint):
+                with private_files.open_private(args.checkpoint) as f:
+                    state = torch.load(f, map_location="cpu")
+            private_files.check_writable(args.checkpoint)
+        except OSError as e:
+            problem = str(e)
+    problem = hvd.broadcast_object(problem, root_rank=0, name="checkpoint.problem")
+    if problem:
+        raise SystemExit("train_digits: %s\n(--checkpoint PATH or CHECKPOINT=PATH picks another "
+                         "file, '' none)" % problem)
+    return state
+
+
 def main(argv=None):
     args = parse_args(argv)
     hvd.init()
@@ -146,6 +167,7 @@ def main(argv=None):
     np.random.seed(args.seed)
     say = print if rank == 0 else (lambda *a, **k: None)
     device = choose_device(args.device)
+    state = resume_state(args)  # before the work, so that a refused checkpoint costs none
 
     train_set, test_set = load_digits_split(args.test_fraction, args.seed)
     # Each rank draws a disjoint 1/size of the (reshuffled every epoch) training set.
@@ -164,8 +186,7 @@ def main(argv=None):
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs))
 
     start_epoch = 0
-    if args.resume and args.checkpoint and rank == 0 and os.path.exists(args.checkpoint):
-        state = torch.load(args.checkpoint, map_location="cpu")
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"]
@@ -218,10 +239,10 @@ def main(argv=None):
         say("Throughput: %.0f samples/s over %d epoch(s), %d rank(s) on %s"
             % (trained / training_s, args.epochs - start_epoch, size, device.type.upper()))
     if args.checkpoint and rank == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "epoch": args.epochs, "accuracy": accuracy, "size": size}, args.checkpoint)
+        with private_files.replace_privately(args.checkpoint) as f:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "epoch": args.epochs, "accuracy": accuracy, "size": size}, f)
         say("Checkpoint saved to %s" % args.checkpoint)
     hvd.shutdown()
 

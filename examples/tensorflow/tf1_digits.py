@@ -9,12 +9,16 @@ on scikit-learn's digits, following the Horovod steps of the AIACC-Training docs
   5. divide the number of steps by hvd.size();
   6. write checkpoints on rank 0 only (checkpoint_dir=None elsewhere).
 
+MonitoredTrainingSession restores from the newest checkpoint in --checkpoint-dir (default
+~/.cache/perseus/checkpoints/tf1_digits), so rank 0 first checks that the folder is the
+user's own and writable by no one else (perseus.common.private_files); else every rank
+stops, saying why.
+
     .venv/bin/mpirun -np 2 .venv-tf/bin/python examples/tensorflow/tf1_digits.py
 """
 
 import argparse
 import os
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -24,6 +28,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 import perseus.tensorflow.horovod as hvd  # noqa: E402
+from perseus.common import private_files  # noqa: E402
 
 v1 = tf.compat.v1
 
@@ -43,13 +48,21 @@ def main():
     p.add_argument("--steps", type=int, default=1200, help="total, over all ranks")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05, help="for one rank; scaled by size")
-    p.add_argument("--checkpoint-dir", default=os.path.join(tempfile.gettempdir(),
-                                                            "perseus-tf1-digits"))
+    p.add_argument("--checkpoint-dir", default=private_files.default_checkpoint("tf1_digits"))
     p.add_argument("--seed", type=int, default=42)
     args = p.parse_args()
 
     hvd.init()                                                          # 1
     rank, size = hvd.rank(), hvd.size()
+    problem = None
+    if rank == 0:
+        try:
+            private_files.private_folder(args.checkpoint_dir)
+        except OSError as e:
+            problem = str(e)
+    problem = hvd.broadcast_object(problem, root_rank=0, name="checkpoint.problem")
+    if problem:
+        raise SystemExit("tf1_digits: --checkpoint-dir: %s" % problem)
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2,

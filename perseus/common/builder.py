@@ -22,9 +22,9 @@ import struct
 from perseus.common import library as _lib
 from perseus.common import process_sets as _process_sets
 from perseus.common.compression import NoneCompressor
-from perseus.common.exceptions import CollectiveArgumentError
+from perseus.common.exceptions import CollectiveArgumentError, CollectiveTypeError
 from perseus.common.ops import (ALLREDUCE, BOOL, CPU_DEVICE, DTYPE_NAMES, GLOBAL_PROCESS_SET,
-                                OP_TYPE_NAMES, REDUCESCATTER, Adasum, check_adasum)
+                                OP_TYPE_NAMES, REDUCESCATTER, Adasum, check_adasum, integer)
 
 
 class Request:
@@ -106,8 +106,9 @@ def member_rank(process_set):
 
 def root_in_set(process_set, root_rank):
     """A broadcast root given as a global rank (as in Horovod) as the core wants it:
-    the rank within the set. ValueError when it is not a member of the set."""
-    root_rank = int(root_rank)
+    the rank within the set. ValueError when it is not a member of the set, TypeError
+    (ops.integer) when it is not an integer."""
+    root_rank = integer(root_rank, "broadcast root_rank")
     if set_id(process_set) != GLOBAL_PROCESS_SET:
         try:
             return process_set.ranks.index(root_rank)
@@ -150,7 +151,12 @@ def wire_name(op_type, name):
 
 
 def wire_name_raw(text):
-    wire = text.encode()
+    try:
+        wire = text.encode()
+    except UnicodeEncodeError as e:  # a lone surrogate, e.g. from os.fsdecode() of bytes
+        raise ValueError("request name %r (from the name argument) is not valid Unicode "
+                         "text: %s at index %d; names travel as UTF-8"
+                         % (text, e.reason, e.start)) from None
     if b"\0" in wire:
         raise ValueError("request name %r contains a NUL character" % (text,))
     return wire
@@ -246,10 +252,10 @@ def alltoall_splits(splits, process_set, rows):
         # Integer arrays only (numpy, torch, TensorFlow dtypes all spell "int"), as
         # Horovod refuses float splits rather than truncating them.
         if "int" not in str(getattr(splits, "dtype", "int")):
-            raise CollectiveArgumentError("alltoall splits must be integers, got dtype %s"
-                                          % splits.dtype)
+            raise CollectiveTypeError("alltoall splits must be integers, got dtype %s"
+                                      % splits.dtype)
         splits = splits.tolist()
-    splits = tuple(int(s) for s in splits)
+    splits = tuple([integer(s, "an alltoall split") for s in splits])
     size = process_set.size()
     if len(splits) != size:
         raise CollectiveArgumentError("alltoall splits has %d entries; it needs one per rank "

@@ -49,6 +49,17 @@ class CollectiveArgumentError(ValueError, RuntimeError):
     """
 
 
+class CollectiveTypeError(TypeError, CollectiveArgumentError):
+    """An argument of the wrong type where Horovod takes an integer: a float or a
+    string as a root rank, a process set's rank or an alltoall split (ops.integer()).
+    Raised before anything is sent, instead of truncating the value.
+
+    A TypeError, as Python reports a wrong type; also a CollectiveArgumentError,
+    because Horovod reports some of these as ValueError (a ProcessSet's ranks) or from
+    its core (float splits), so Horovod scripts' except clauses still catch it.
+    """
+
+
 # Status -> exception class. One table, one place.
 _EXCEPTION_FOR_STATUS = {
     INVALID_ARGUMENT: CollectiveArgumentError,

@@ -7,7 +7,9 @@ command, so a changed source, header or framework rebuilds and anything else loa
 the cached file. Ranks started together may all get here at once: a file lock lets
 one build while the others wait, and the library appears by an atomic rename.
 
-Cache: $<cache_variable>, else $XDG_CACHE_HOME/perseus, else ~/.cache/perseus.
+Cache: $<cache_variable>, else $XDG_CACHE_HOME/perseus, else ~/.cache/perseus; a folder
+of the user's that no one else may write (perseus.common.private_files), since a library
+found there is loaded into the process.
 """
 
 import fcntl
@@ -18,6 +20,7 @@ import subprocess
 import sys
 
 from perseus.common import library as _core
+from perseus.common import private_files
 
 
 class CachedBuild:
@@ -51,21 +54,22 @@ class CachedBuild:
             with open(source, "rb") as f:
                 key.update(f.read())
         key.update(" ".join(self._command("")).encode())
-        cache = os.environ.get(self.cache_variable) or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-            "perseus")
+        cache = os.environ.get(self.cache_variable) or private_files.cache_dir()
         return os.path.join(cache, "%s-%s.so" % (self.stem, key.hexdigest()[:16]))
 
     def ensure(self):
         """The library's path, compiling it first if no process has yet."""
         path = self.path()
+        try:
+            private_files.private_folder(os.path.dirname(path))
+        except OSError as e:
+            raise ImportError("cannot load %s: %s" % (self.what, e)) from e
         if not os.path.exists(path):
             print("perseus: building %s (once) into %s" % (self.what, path), file=sys.stderr)
             self._build(path)
         return path
 
     def _build(self, path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if os.path.exists(path):

@@ -5,6 +5,10 @@ without the header breaks every request. Framework dtype tables live in the
 adapters and map onto the dtype codes below.
 """
 
+import operator
+
+from perseus.common.exceptions import CollectiveTypeError
+
 # perseus_reduce_op_t. Horovod exposes these as hvd.Average, hvd.Sum, ...
 Sum = 0
 Average = 1
@@ -34,6 +38,18 @@ def resolve_op(op, average):
         raise ValueError("unknown reduce op %r" % (op,))
     return op
 
+
+def integer(value, what):
+    """`value` as an int, for an argument Horovod takes as an integer (a root rank, a
+    process set's ranks, alltoall splits): ints, bools, numpy integers and 0-d integer
+    tensors pass (what has __index__, as Horovod's C++ bindings take); anything else,
+    a float such as 1.0 included, is a CollectiveTypeError naming `what`, on every
+    front end, rather than truncated."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise CollectiveTypeError("%s must be an integer, got %s %r"
+                                  % (what, type(value).__name__, value)) from None
 
 
 def check_predivide(op, gradient_predivide_factor):

@@ -25,7 +25,7 @@ from perseus.common.process_sets import global_process_set
 from perseus.tensorflow import op_library
 from perseus.tensorflow.compression import Compression
 from perseus.common.ops import resolve_op as _resolve_op
-from perseus.common.exceptions import CollectiveArgumentError
+from perseus.common.exceptions import CollectiveTypeError
 
 
 _OPS = op_library.load()
@@ -347,8 +347,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
     else:
         splits = tf.convert_to_tensor(splits)
         if not splits.dtype.is_integer:  # refused, not truncated, as Horovod
-            raise CollectiveArgumentError("alltoall splits must be integers, got dtype %s"
-                                          % splits.dtype.name)
+            raise CollectiveTypeError("alltoall splits must be integers, got dtype %s"
+                                      % splits.dtype.name)
         splits = tf.cast(splits, tf.int32)
         if tf.executing_eagerly():  # in a graph, the core checks them when the op runs
             _builder.alltoall_splits(splits.numpy(), process_set,

@@ -53,12 +53,46 @@ _set_id = _builder.set_id
 _names = _builder.names
 _check_code = _builder.check_code
 _submit = _requests.submit
+_grad_enabled = torch.is_grad_enabled
+# torch.autograd.graph.increment_version without its Python wrapper: takes a list of
+# tensors; a tensor without a version counter (made under inference_mode) is skipped.
+_increment_version = torch._C._increment_version
 
 poll = _requests.poll
 synchronize = _requests.synchronize
 
 
 # ---- tensor -> request ----------------------------------------------------------
+
+def not_a_tensor(what, argument, value):
+    """The TypeError for `value`, given as `argument` to `what`, not a torch.Tensor."""
+    kind = type(value)
+    if kind.__module__ != "builtins":
+        kind = "%s.%s" % (kind.__module__, kind.__qualname__)
+    else:
+        kind = kind.__qualname__
+    return TypeError("%s expects a torch.Tensor as %s, got %s" % (what, argument, kind))
+
+
+def refuse_non_tensors(what, tensors, grouped=False):
+    """Raises not_a_tensor() for the first of `tensors` that is not a torch.Tensor;
+    returns if all are. The hot paths use tensor attributes unchecked and call this
+    only when that raised AttributeError, so the check costs nothing per call."""
+    for i, tensor in enumerate(tensors):
+        if not isinstance(tensor, torch.Tensor):
+            raise not_a_tensor(what, "tensors[%d]" % i if grouped else "tensor", tensor) from None
+
+
+def _check_inplace(tensor, op_type):
+    """For an in-place collective on `tensor`, which requires grad, in grad mode: refuses
+    what torch refuses to write in place (a leaf that requires grad, a view of one, ...)
+    with torch's own check and message, and records the write as torch does. Cheap:
+    copy_() of a tensor into itself writes nothing. Raised before anything is sent."""
+    try:
+        tensor.copy_(tensor)
+    except RuntimeError as e:
+        raise RuntimeError("in-place %s: %s" % (_ops.OP_TYPE_NAMES[op_type], e)) from None
+
 
 def prepare(tensor):
     """(contiguous tensor with the input's data, core dtype code, device): device is
@@ -98,8 +132,10 @@ def _finish_outputs(state, handles):
                 "(set_(), resize_() or .data =) while the request was in flight, so the "
                 "result is not in it (it went to the former memory); change a tensor's "
                 "storage only after synchronize()" % (tuple(target.shape),))
-    for target, source in copy_back:
-        target.copy_(source)
+    if copy_back:
+        with torch.no_grad():  # accepted at submission: autograd was told then
+            for target, source in copy_back:
+                target.copy_(source)
     return results if grouped else results[0]
 
 
@@ -157,11 +193,17 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
     placed = []  # in-place targets and their addresses, checked at synchronize
     consumer = None
     for tensor, wire in zip(tensors, _names(op_type, name, len(tensors), grouped)):
-        source, code, device = prepare(tensor)
+        try:
+            source, code, device = prepare(tensor)
+        except AttributeError:
+            refuse_non_tensors(_ops.OP_TYPE_NAMES[op_type], tensors, grouped)
+            raise
         _hold(held, source)
         if code == _BOOL or reduce_op == _ADASUM:
             _check_code(op_type, reduce_op, code)
         if inplace:
+            if tensor.requires_grad and _grad_enabled():
+                _check_inplace(tensor, op_type)
             output = source
             results.append(tensor)
             placed.append((tensor, tensor.data_ptr()))
@@ -186,6 +228,10 @@ def _same_shape_async(op_type, tensors, inplace, name, reduce_op, prescale, post
             consumer = _on_device(request, device)
         requests.append(request)
     _builder.group(requests, grouped)
+    if inplace:
+        # As torch's in-place ops, when the write is issued: autograd then refuses a
+        # backward that needs a value saved before it.
+        _increment_version(results)
     if pin:
         held.append(_pin(held, drive))
     return _submit(requests, _finish_outputs, (held, results, copy_back, grouped, placed),
@@ -268,9 +314,11 @@ def submit_prepared(items, grouped=True, drive=False):
     tensors as a list, or the tensor when grouped is False). drive=True: the caller
     waits at once, so this thread runs the engine (requests.enqueue). GPU tensors go
     with the caller's current stream, which synchronize() then makes wait."""
-    packed, held, placed = [], [], []
+    packed, held, placed, tensors = [], [], [], []
     consumer = None
     for prebuilt, tensor in items:
+        if tensor.requires_grad and _grad_enabled():
+            _check_inplace(tensor, _ALLREDUCE)
         address = tensor.data_ptr()
         stream = 0
         if prebuilt.device != _CPU:
@@ -279,9 +327,10 @@ def submit_prepared(items, grouped=True, drive=False):
         packed.append((prebuilt, address, address, stream))
         held.append((prebuilt, tensor, tensor.untyped_storage()))  # what set_() would free
         placed.append((tensor, address))
+        tensors.append(tensor)
+    _increment_version(tensors)  # as in _same_shape_async
     return _requests.submit_packed(_builder.pack_prebuilt(packed), _finish_outputs,
-                                   (held, [item[1] for item in items], (), grouped, placed),
-                                   drive, consumer)
+                                   (held, tensors, (), grouped, placed), drive, consumer)
 
 
 # The packed in-place allreduce requests (builder.Prebuilt) of both fast paths,
@@ -327,7 +376,12 @@ def allreduce_now_(tensor, name, op, prescale, postscale, process_set):
     the request packed for it (_packed_requests), so a loop's call skips the packing;
     anything else (GPU tensors too: their first call is rarely repeated in a loop
     that would gain) takes the general path."""
-    if name is not None and tensor.is_cpu and tensor.is_contiguous():
+    try:
+        fast = name is not None and tensor.is_cpu and tensor.is_contiguous()
+    except AttributeError:
+        refuse_non_tensors(_ops.OP_TYPE_NAMES[_ALLREDUCE], (tensor,))
+        raise
+    if fast:
         # _packed()'s key, for a CPU tensor.
         key = (name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
                tensor.shape)
@@ -358,7 +412,11 @@ def allgather_async(tensors, name, process_set, grouped, drive=False):
     devices = []
     consumer = None
     for tensor, wire in zip(tensors, _names(_ALLGATHER, name, len(tensors), grouped)):
-        source, code, device = prepare(tensor)
+        try:
+            source, code, device = prepare(tensor)
+        except AttributeError:
+            refuse_non_tensors(_ops.OP_TYPE_NAMES[_ALLGATHER], tensors, grouped)
+            raise
         request = _Request(_ALLGATHER, sid, code, source.shape, source.data_ptr(), name=wire)
         if device != _CPU:
             consumer = _on_device(request, device)
@@ -375,7 +433,11 @@ def allgather_async(tensors, name, process_set, grouped, drive=False):
 def alltoall_async(tensor, splits, name, process_set, drive=False):
     """synchronize() returns (output, received splits as an int32 tensor)."""
     sid = _set_id(process_set)
-    source, code, device = prepare(tensor)
+    try:
+        source, code, device = prepare(tensor)
+    except AttributeError:
+        refuse_non_tensors(_ops.OP_TYPE_NAMES[_ALLTOALL], (tensor,))
+        raise
     _builder.check_rows(_ALLTOALL, source.shape)
     splits = _builder.alltoall_splits(splits, process_set, source.shape[0])
     request = _Request(_ALLTOALL, sid, code, source.shape, source.data_ptr(),
@@ -397,7 +459,11 @@ def reducescatter_async(tensors, name, op, prescale, postscale, process_set, gro
     results = []
     consumer = None
     for tensor, wire in zip(tensors, _names(_REDUCESCATTER, name, len(tensors), grouped)):
-        source, code, device = prepare(tensor)
+        try:
+            source, code, device = prepare(tensor)
+        except AttributeError:
+            refuse_non_tensors(_ops.OP_TYPE_NAMES[_REDUCESCATTER], tensors, grouped)
+            raise
         _check_code(_REDUCESCATTER, op, code)
         _builder.check_rows(_REDUCESCATTER, source.shape)
         rows = _builder.scatter_rows(source.shape[0], process_set)

@@ -169,65 +169,100 @@ class GroupedReducescatter(torch.autograd.Function):
 
 
 # ---- the synchronous collectives, through autograd when an input requires grad ----
+# They read requires_grad unchecked (the hot path): an AttributeError there means
+# that something other than a tensor was passed, and _refuse() says so.
 
-def _requires_grad(tensors):
+def _refuse(op_type, tensors, grouped=False):
+    _adapter.refuse_non_tensors(_ops.OP_TYPE_NAMES[op_type], tensors, grouped)
+
+
+def _requires_grad(op_type, tensors):
     if not _grad_enabled():
         return False
-    for tensor in tensors:
-        if tensor.requires_grad:
-            return True
+    try:
+        for tensor in tensors:
+            if tensor.requires_grad:
+                return True
+    except AttributeError:
+        _refuse(op_type, tensors, True)
+        raise
     return False
 
 
 def allreduce(tensor, name, op, prescale, postscale, process_set):
-    if tensor.requires_grad and _grad_enabled():
+    try:
+        tracked = tensor.requires_grad and _grad_enabled()
+    except AttributeError:
+        _refuse(_ops.ALLREDUCE, (tensor,))
+        raise
+    if tracked:
         return Allreduce.apply(tensor, name, op, prescale, postscale, process_set)
     return _synchronize(_adapter.allreduce_async((tensor,), False, name, op, prescale,
                                                  postscale, process_set, False, drive=True))
 
 
 def grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
-    if _requires_grad(tensors):
+    if _requires_grad(_ops.ALLREDUCE, tensors):
         return list(GroupedAllreduce.apply(name, op, prescale, postscale, process_set, *tensors))
     return _synchronize(_adapter.allreduce_async(tensors, False, name, op, prescale, postscale,
                                                  process_set, True, drive=True))
 
 
 def allgather(tensor, name, process_set):
-    if tensor.requires_grad and _grad_enabled():
+    try:
+        tracked = tensor.requires_grad and _grad_enabled()
+    except AttributeError:
+        _refuse(_ops.ALLGATHER, (tensor,))
+        raise
+    if tracked:
         return Allgather.apply(tensor, name, process_set)
     return _synchronize(_adapter.allgather_async((tensor,), name, process_set, False,
                                                  drive=True))
 
 
 def grouped_allgather(tensors, name, process_set):
-    if _requires_grad(tensors):
+    if _requires_grad(_ops.ALLGATHER, tensors):
         return list(GroupedAllgather.apply(name, process_set, *tensors))
     return _synchronize(_adapter.allgather_async(tensors, name, process_set, True, drive=True))
 
 
 def broadcast(tensor, root_rank, name, process_set):
-    if tensor.requires_grad and _grad_enabled():
+    try:
+        tracked = tensor.requires_grad and _grad_enabled()
+    except AttributeError:
+        _refuse(_ops.BROADCAST, (tensor,))
+        raise
+    if tracked:
         return Broadcast.apply(tensor, root_rank, name, process_set)
     return _synchronize(_adapter.broadcast_async((tensor,), False, root_rank, name, process_set,
                                                  drive=True))
 
 
 def alltoall(tensor, splits, name, process_set):
-    if tensor.requires_grad and _grad_enabled():
+    try:
+        tracked = tensor.requires_grad and _grad_enabled()
+    except AttributeError:
+        _refuse(_ops.ALLTOALL, (tensor,))
+        raise
+    if tracked:
         return Alltoall.apply(tensor, splits, name, process_set)
     return _synchronize(_adapter.alltoall_async(tensor, splits, name, process_set, drive=True))
 
 
 def reducescatter(tensor, name, op, prescale, postscale, process_set):
-    if tensor.requires_grad and _grad_enabled():
+    try:
+        tracked = tensor.requires_grad and _grad_enabled()
+    except AttributeError:
+        _refuse(_ops.REDUCESCATTER, (tensor,))
+        raise
+    if tracked:
         return Reducescatter.apply(tensor, name, op, process_set, prescale, postscale)
     return _synchronize(_adapter.reducescatter_async((tensor,), name, op, prescale, postscale,
                                                      process_set, False, drive=True))
 
 
 def grouped_reducescatter(tensors, name, op, prescale, postscale, process_set):
-    if _requires_grad(tensors):
+    if _requires_grad(_ops.REDUCESCATTER, tensors):
         return list(GroupedReducescatter.apply(name, op, process_set, prescale, postscale,
                                                *tensors))
     return _synchronize(_adapter.reducescatter_async(tensors, name, op, prescale, postscale,

@@ -7,6 +7,7 @@ compress(tensor) -> (wire_tensor, ctx); decompress(wire_tensor, ctx) -> tensor.
 import torch
 
 from perseus.common.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
+from perseus.torch import adapter as _adapter
 
 
 class _CastCompressor(CastCompressor):
@@ -14,7 +15,11 @@ class _CastCompressor(CastCompressor):
 
     @staticmethod
     def is_float(tensor):
-        return tensor.dtype.is_floating_point
+        try:  # the first look at a compressed input
+            return tensor.dtype.is_floating_point
+        except AttributeError:
+            _adapter.refuse_non_tensors("compression", (tensor,))
+            raise
 
     @staticmethod
     def cast(tensor, dtype):

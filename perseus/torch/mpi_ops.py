@@ -200,6 +200,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     and values (so duplicates add up when the result is used), values divided by the
     set size for op=Average. Returns, as Horovod's does, a function rather than an
     int handle: calling it waits and returns the reduced sparse tensor."""
+    _adapter.refuse_non_tensors("sparse_allreduce_async", (tensor,))
     op = _resolve_op(op, None)
     if op not in (Average, Sum):
         # Gathering adds duplicates up: only sums (and averages) come out of it.

@@ -15,6 +15,7 @@ the CPU.
 """
 import os
 import sys
+import tempfile
 import time
 import zlib
 
@@ -237,6 +238,21 @@ def expect_raises(exc_type, what, fn, *args, contains=(), within_s=60.0, **kwarg
     except BaseException as e:
         raise AssertionError("%s: expected %s, got %s: %s" % (what, exc_type.__name__, type(e).__name__, e))
     raise AssertionError("%s: expected %s, nothing was raised" % (what, exc_type.__name__))
+
+
+def captured_stderr(fn):
+    """Runs fn() with file descriptor 2 (where the core logs) sent to a file; returns
+    what was written."""
+    with tempfile.TemporaryFile(mode="w+") as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        return f.read()
 
 
 # ---------------------------------------------------------------- cross-rank signals

@@ -14,7 +14,7 @@ init(), and sets the variables itself before init().
 import os
 import tempfile
 
-from common import expect_raises, hvd, init, launcher_rank_size, main
+from common import captured_stderr, expect_raises, hvd, init, launcher_rank_size, main
 
 TYPOS = {  # set -> the name the warning must suggest
     "PERSEUS_FUSION_THRESOLD": "PERSEUS_FUSION_THRESHOLD",
@@ -25,20 +25,6 @@ TYPOS = {  # set -> the name the warning must suggest
 QUIET = ["HOROVOD_CPU_OPERATIONS", "HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_LOCAL_SIZE",
          "HOROVOD_CONTROLLER", "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_WITH_PYTORCH",
          "HOROVOD_AUTOTUNE_LOG", "PERSEUS_TF_PYTHON", "PERSEUS_SKIP_MX"]
-
-
-def captured_stderr(fn):
-    """Runs fn() with file descriptor 2 sent to a file; returns what was written."""
-    with tempfile.TemporaryFile(mode="w+") as f:
-        saved = os.dup(2)
-        os.dup2(f.fileno(), 2)
-        try:
-            fn()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        f.seek(0)
-        return f.read()
 
 
 def body():
@@ -67,7 +53,7 @@ def body():
         del os.environ[name]
 
     # 2. The timeline's error names the variable as set.
-    missing = os.path.join(tempfile.gettempdir(), "no-such-dir-%d" % os.getpid(), "t.json")
+    missing = os.path.join(os.environ["PTEST_TMPDIR"], "no-such-dir", "t.json")  # ours: none can make it
     os.environ["HOROVOD_TIMELINE"] = missing
     expect_raises(ValueError, "bad HOROVOD_TIMELINE", hvd.init,
                   contains=["HOROVOD_TIMELINE", "t.json"],

@@ -8,15 +8,21 @@
    both lanes used; a process set's tensors under its own pid; cycle markers.
 2. start_timeline()/stop_timeline() after a fresh init(): no cycle markers unless
    asked; a second start_timeline() replaces the first file's writer and closes it.
+3. start_timeline() is collective: a path rank 0 cannot open, or a file it cannot
+   write (/dev/full), fails the call on every rank with rank 0's error. A write error
+   later on (a file size limit on rank 0) stops the timeline with exactly one warning
+   on rank 0; training goes on, and the next start_timeline() works.
 """
 import json
 import os
+import resource
 import shutil
+import signal
 import time
 
 import torch
 
-from common import hvd, init, log, main, touch, wait_for
+from common import captured_stderr, expect_raises, hvd, init, log, main, touch, wait_for
 
 EXECUTE = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER"}
 
@@ -159,7 +165,55 @@ def body():
     else:
         for name in ("api", "first", "second"):
             assert not os.path.exists(path(name)), "rank %d wrote %s" % (rank, name)
+    check_errors(rank, size, path)
     log("timeline checks passed")
+
+
+def check_errors(rank, size, path):
+    init()
+    # Each rank passes its own path: rank 0's is the one opened, and reported.
+    missing = lambda r: os.path.join(os.path.dirname(path("x")), "no-such-dir", "t%d.json" % r)
+    expect_raises(ValueError, "a folder rank 0 lacks", hvd.start_timeline, missing(rank),
+                  contains=("rank 0: cannot open timeline file '%s': No such file or directory"
+                            % missing(0),), within_s=30)
+    expect_raises(ValueError, "/dev/full", hvd.start_timeline, "/dev/full",
+                  contains=("rank 0: cannot write timeline file '/dev/full': No space left on "
+                            "device",), within_s=30)
+
+    limit = 8192  # bytes rank 0 may write to a file: a few flushes of the workload's events
+    hvd.start_timeline(path("limited"))
+
+    def run_out_of_space():
+        if rank == 0:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        try:
+            for i in range(4):
+                workload(rank, size, "limited%d" % i)
+                time.sleep(0.3)  # past the writer's flush interval
+        finally:
+            if rank == 0:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+    err = captured_stderr(run_out_of_space)
+    warned = [line for line in err.splitlines() if "timeline" in line]
+    if rank == 0:
+        assert len(warned) == 1, "expected one warning, got:\n%s" % err
+        assert ("cannot write timeline file '%s': File too large; the timeline stops here"
+                % path("limited")) in warned[0], warned[0]
+        size_then = os.path.getsize(path("limited"))
+        assert 0 < size_then <= limit, size_then
+    else:
+        assert not warned, "rank %d warned:\n%s" % (rank, err)
+    workload(rank, size, "after")
+    hvd.stop_timeline()
+    if rank == 0:
+        time.sleep(0.3)
+        assert os.path.getsize(path("limited")) == size_then, "the timeline went on writing"
+    hvd.start_timeline(path("again"))  # a new timeline works
+    workload(rank, size, "again")
+    hvd.shutdown()
+    if rank == 0:
+        check_events(parse(path("again"), closed=True), "again", False, False)
 
 
 main(body)

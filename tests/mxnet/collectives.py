@@ -209,7 +209,8 @@ def check_horovod_error_types(rank, size):
              (lambda: hvd.alltoall(mx.nd.ones(size - 1), mx.nd.ones(size, dtype=np.int32)),
               (MXNetError, RuntimeError)),
              (lambda: hvd.alltoall(mx.nd.ones(size), mx.nd.ones(size, dtype=np.float32)),
-              (MXNetError, ValueError)))
+              (MXNetError, ValueError)),
+             (lambda: hvd.alltoall(mx.nd.ones(size), [1.0] * size), (MXNetError, ValueError)))
     for i, (bad, horovod_catches) in enumerate(cases):
         try:
             bad()
@@ -218,6 +219,21 @@ def check_horovod_error_types(rank, size):
             assert str(e), i
         else:
             raise AssertionError("case %d was not refused" % i)
+    # Through the code every front end shares (issue 37): a root rank that is not an
+    # integer, a name that is not valid Unicode text.
+    mine = mx.nd.full((3,), rank, dtype=np.float32)
+    for bad, exc_type, word in ((lambda: hvd.broadcast(mine, 0.5, name="et.root"), TypeError,
+                                 "root_rank"),
+                                (lambda: hvd.allreduce(mine, name="et.\udc80"), ValueError,
+                                 "name")):
+        try:
+            bad()
+        except exc_type as e:
+            assert word in str(e), e
+        else:
+            raise AssertionError("%s was accepted" % word)
+    assert_equal(hvd.broadcast(mine, size - 1, name="et.root"),
+                 np.full(3, size - 1, np.float32), "broadcast after errors")
     # and the library keeps working
     assert_equal(hvd.alltoall(mx.nd.ones(size)), np.ones(size, np.float32), "after errors")
 

@@ -166,7 +166,7 @@ def body():
     rank, size = hvd.rank(), hvd.size()
     check_basics(hvd.create("dist_sync_perseus"), rank, size)
     log("basics passed")
-    check_optimizer(rank, size, os.environ.get("PTEST_TMPDIR", "/tmp"))
+    check_optimizer(rank, size, os.environ["PTEST_TMPDIR"])
     log("optimizer passed")
     check_gluon(rank, size, None)
     check_gluon(rank, size, False)

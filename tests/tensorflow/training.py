@@ -149,7 +149,7 @@ def check_keras(rank, size, x, y, expected):
     assert all(l == losses[0] for l in losses), losses
     # load_model restores the optimizer, state included, as a DistributedOptimizer:
     # one more epoch on the reloaded model equals one more reference step.
-    path = os.path.join(os.environ.get("PTEST_TMPDIR", "/tmp"), "model.keras")
+    path = os.path.join(os.environ["PTEST_TMPDIR"], "model.keras")
     if rank == 0:
         model.save(path)
     hvd.barrier()

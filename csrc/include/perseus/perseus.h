@@ -139,11 +139,15 @@ const char* perseus_config_string(void);
 
 /* ---- timeline ----------------------------------------------------------- */
 /* Starts writing a Chrome-trace JSON timeline to `path` (truncated), as
- * PERSEUS_TIMELINE does at init. Only rank 0 writes; on other ranks this is a no-op.
+ * PERSEUS_TIMELINE does at init. Collective, like perseus_add_process_set: every rank
+ * calls it; rank 0 opens and writes the file (the other ranks' paths are not used)
+ * and every rank returns rank 0's outcome. A rank that does not call it within the
+ * stall check time fails the others' call, naming it.
  * mark_cycles != 0 adds an instant event per negotiation round. A running timeline
  * is closed first. The file stays loadable while written (an unterminated JSON
  * array, which trace viewers accept); perseus_stop_timeline and perseus_shutdown
- * close the array. */
+ * close the array. A write error later stops the timeline with one warning.
+ * perseus_stop_timeline is local: a no-op except on rank 0. */
 perseus_status_t perseus_start_timeline(const char* path, int32_t mark_cycles);
 perseus_status_t perseus_stop_timeline(void);
 

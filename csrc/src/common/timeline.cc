@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/logging.h"
 #include "perseus/perseus.h"
 
 namespace perseus {
@@ -50,16 +51,17 @@ void AppendJsonString(const std::string& text, std::string* out) {
   out->push_back('"');
 }
 
-// Writes all of `text`, retrying short writes. Errors are dropped: a full disk
-// must not stop training.
-void WriteAll(int fd, const std::string& text) {
+// Writes all of `text`, retrying short writes; 0, or the errno of the write that failed.
+int WriteAll(int fd, const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
     done += static_cast<size_t>(n);
   }
+  return 0;
 }
 
 // One event's JSON line, built in a fixed buffer and appended to the output once:
@@ -180,13 +182,20 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   if (fd < 0)
     return Status::Error(PERSEUS_INVALID_ARGUMENT,
                          "cannot open timeline file '" + path + "': " + std::strerror(errno));
+  // A file that takes nothing (a full disk, /dev/full) fails here, like one that
+  // cannot be opened; a later write error stops the writer with a warning.
+  if (int error = WriteAll(fd, "[\n")) {
+    ::close(fd);
+    return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                         "cannot write timeline file '" + path + "': " + std::strerror(error));
+  }
   if (writer_.joinable()) StopWriter();  // a second start replaces the running timeline
   fd_ = fd;
+  path_ = path;
   origin_ = Clock::now();
   tracks_.clear();
   writing_epoch_ = epoch_.fetch_add(1) + 1;
   dropped_reported_ = DroppedSoFar();
-  WriteAll(fd_, "[\n");
   mark_cycles_ = mark_cycles;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -358,7 +367,15 @@ void Timeline::WriterLoop() {
           .Text("}\n]\n")
           .AppendTo(&text);
     }
-    if (!text.empty()) WriteAll(fd_, text);  // one write per flush: whole lines only
+    if (text.empty()) continue;
+    if (int error = WriteAll(fd_, text)) {  // one write per flush: whole lines only
+      // Training goes on without the timeline: said once, and the hooks go quiet.
+      timeline_detail::g_on = false;
+      PERSEUS_LOG(kWarning) << "cannot write timeline file '" << path_
+                            << "': " << std::strerror(error)
+                            << "; the timeline stops here (the file ends with what was written)";
+      break;
+    }
   }
   ::close(fd_);
   fd_ = -1;

@@ -8,7 +8,8 @@
 // (no lock, and no allocation once the slot's name buffer has grown); a writer
 // thread formats the rings' records and writes them to the file. A full ring
 // drops the event and counts it, so the hot path never waits for the writer;
-// the file then says how many were dropped.
+// the file then says how many were dropped. A write error (a full disk) ends the
+// writer with one warning and turns the hooks off: training goes on without it.
 //
 // The file is a JSON array whose closing bracket comes only at Stop(): "[\n",
 // then every event followed by ",\n". The trace viewers accept that unterminated
@@ -56,7 +57,8 @@ class Timeline {
   static Timeline& Get();  // the one timeline of the process
 
   // Opens `path` (truncating it) and starts the writer; a running timeline is
-  // stopped first. INVALID_ARGUMENT when the file cannot be opened.
+  // stopped first. INVALID_ARGUMENT when the file cannot be opened or written. A
+  // later write error stops the timeline, with one warning.
   Status Start(const std::string& path, bool mark_cycles);
   // Writes what is queued, closes the JSON array and the file. No-op when off.
   void Stop();
@@ -116,6 +118,7 @@ class Timeline {
 
   // Writer-thread state (and Start/Stop while the writer is not running).
   int fd_ = -1;
+  std::string path_;  // for the warning about a write error
   Clock::time_point origin_;
   uint32_t writing_epoch_ = 0;
   uint64_t dropped_reported_ = 0;

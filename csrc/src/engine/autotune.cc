@@ -1,6 +1,7 @@
 #include "engine/autotune.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "common/logging.h"
@@ -26,10 +27,22 @@ std::string Describe(const Knobs& k) {
          " chunk_bytes=" + std::to_string(k.chunk_bytes);
 }
 
+// The variables whose knobs the tuner tries (the hold is one knob of two variables).
+const char* const kTunedVariables[] = {"PERSEUS_ALLREDUCE_STREAMS", "PERSEUS_FUSION_THRESHOLD",
+                                       "PERSEUS_CHUNK_SIZE", "PERSEUS_HOLD_BYTES",
+                                       "PERSEUS_HOLD_TIME"};
+
 }  // namespace
 
+bool AutotuneTunes(const Config& config, const char* variable) {
+  if (!config.autotune || config.IsSet(variable)) return false;
+  for (const char* tuned : kTunedVariables)
+    if (std::strcmp(tuned, variable) == 0) return true;
+  return false;
+}
+
 bool TunesLanes(const Config& config) {
-  return config.lanes_auto || (config.autotune && !config.IsSet("PERSEUS_ALLREDUCE_STREAMS"));
+  return config.lanes_auto || AutotuneTunes(config, "PERSEUS_ALLREDUCE_STREAMS");
 }
 
 Status AutoTuner::Open(const Config& config, MPI_Comm comm, int lanes_made,
@@ -45,16 +58,16 @@ Status AutoTuner::Open(const Config& config, MPI_Comm comm, int lanes_made,
     dims.push_back({"lanes", counts, [](Knobs* k, int64_t v) { k->lanes = static_cast<int>(v); },
                     [](const Knobs& k) { return static_cast<int64_t>(k.lanes); }});
   }
-  if (config.autotune && !config.IsSet("PERSEUS_FUSION_THRESHOLD"))
+  if (AutotuneTunes(config, "PERSEUS_FUSION_THRESHOLD"))
     dims.push_back({"fusion_threshold", kFusionThresholds,
                     [](Knobs* k, int64_t v) { k->fusion_threshold = v; },
                     [](const Knobs& k) { return k.fusion_threshold; }});
-  if (config.autotune && !config.IsSet("PERSEUS_CHUNK_SIZE"))
+  if (AutotuneTunes(config, "PERSEUS_CHUNK_SIZE"))
     dims.push_back({"chunk_bytes", kChunkSizes, [](Knobs* k, int64_t v) { k->chunk_bytes = v; },
                     [](const Knobs& k) { return k.chunk_bytes; }});
   // The hold is one knob of two variables: its bytes are tried, its time is kept.
-  if (config.autotune && !config.IsSet("PERSEUS_HOLD_BYTES") &&
-      !config.IsSet("PERSEUS_HOLD_TIME") && config.hold_time_ms > 0)
+  if (AutotuneTunes(config, "PERSEUS_HOLD_BYTES") && AutotuneTunes(config, "PERSEUS_HOLD_TIME") &&
+      config.hold_time_ms > 0)
     dims.push_back({"hold_bytes", kHoldBytes, [](Knobs* k, int64_t v) { k->hold_bytes = v; },
                     [](const Knobs& k) { return k.hold_bytes; }});
   if (dims.empty()) return Status::OK();

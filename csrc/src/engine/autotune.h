@@ -32,6 +32,11 @@
 
 namespace perseus {
 
+// Whether PERSEUS_AUTOTUNE tunes the knob of `variable` (a name of the table): only
+// where the user left it unset, as Horovod's autotuner leaves a knob set explicitly
+// alone. So whether such a variable is set, not only its value, must be the same on
+// every rank (engine/config_agreement.cc).
+bool AutotuneTunes(const Config& config, const char* variable);
 // Whether the lane count is tuned (PERSEUS_ALLREDUCE_STREAMS=auto, or autotuning
 // with no lane count set); then this many lanes are made, and the tuner picks k.
 bool TunesLanes(const Config& config);

@@ -31,15 +31,18 @@ struct Field {
   Printer print;
 };
 
-// kAgreed: a different value on another rank would change what goes on the wire
-// (or when), so init() compares it across ranks and refuses a difference.
-enum Scope { kLocal, kAgreed };
+// The table's short names for Agreement (config.h). kAgreed: a different value on
+// another rank would change what goes on the wire (or when). kRank0: only rank 0 uses
+// the value, but a rank that sets it expects its effect, so it must be set on every
+// rank or none (a path per rank is fine).
+constexpr Agreement kLocal = Agreement::kNone, kAgreed = Agreement::kValue,
+                    kRank0 = Agreement::kPresence;
 
 struct Variable {
   const char* name;
   const char* horovod_name;  // nullptr where Horovod has no such variable
   const char* meaning;
-  Scope scope;
+  Agreement agreement;
   Field field;
 };
 
@@ -274,10 +277,10 @@ const std::vector<Variable>& Table() {
       {"PERSEUS_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "names agreed by bit vector", kAgreed,
        IntIn(&Config::cache_capacity, 0, 1 << 16)},
       {"PERSEUS_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS",
-       "warn about requests waiting this long (0 = off)", kLocal,
+       "warn about requests waiting this long (0 = off)", kAgreed,
        NumberIn(&Config::stall_check_seconds, 0, 1e6)},
       {"PERSEUS_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-       "fail requests waiting this long on every rank (0 = off)", kLocal,
+       "fail requests waiting this long on every rank (0 = off)", kAgreed,
        NumberIn(&Config::stall_shutdown_seconds, 0, 1e6)},
       {"PERSEUS_ALLREDUCE_NANCHECK", nullptr, "NaN/Inf check of allreduce inputs", kAgreed,
        Flag(&Config::nan_check)},
@@ -299,7 +302,7 @@ const std::vector<Variable>& Table() {
        "try lanes, fusion, hold and chunk settings during the first steps and keep the best",
        kAgreed, Flag(&Config::autotune)},
       {"PERSEUS_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG",
-       "CSV file of the autotuner's samples and its choice, written by rank 0", kLocal,
+       "CSV file of the autotuner's samples and its choice, written by rank 0", kRank0,
        Text(&Config::autotune_log)},
       {"PERSEUS_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
        "autotuner samples discarded before scoring", kAgreed,
@@ -308,9 +311,9 @@ const std::vector<Variable>& Table() {
        "training steps per autotuner sample", kAgreed,
        IntIn(&Config::autotune_steps_per_sample, 1, 10000)},
       {"PERSEUS_TIMELINE", "HOROVOD_TIMELINE", "Chrome-trace timeline file written by rank 0",
-       kLocal, Text(&Config::timeline_path)},
+       kRank0, Text(&Config::timeline_path)},
       {"PERSEUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",
-       "mark negotiation rounds in the timeline", kLocal, Flag(&Config::timeline_mark_cycles)},
+       "mark negotiation rounds in the timeline", kAgreed, Flag(&Config::timeline_mark_cycles)},
       {"PERSEUS_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "logging threshold", kLocal, LogLevelField()},
       {"PERSEUS_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS",
        "how GPU tensors are reduced: nccl, or mpi (host-staged through pinned memory)", kAgreed,
@@ -457,7 +460,7 @@ bool Config::IsSet(const char* name) const {
 std::vector<Setting> Settings(const Config& config) {
   std::vector<Setting> settings;
   for (const Variable& var : Table())
-    settings.push_back({var.name, var.field.print(config), var.scope == kAgreed});
+    settings.push_back({var.name, var.field.print(config), var.agreement});
   return settings;
 }
 

@@ -67,11 +67,18 @@ const char* ConfigSpelling(const char* name);
 // implement, and names far from any known one, get a debug-level note only.
 void WarnUnknownVariables();
 
+// What init() requires of a variable across ranks (engine/config_agreement.h).
+enum class Agreement {
+  kNone,      // each rank may use its own value
+  kValue,     // every rank must use the same value: it shapes what goes on the wire (or when)
+  kPresence,  // every rank sets it or none does; only rank 0 uses its value (the timeline)
+};
+
 // A variable's effective value, as text that round-trips (equal text, equal value).
 struct Setting {
   const char* name;
   std::string value;
-  bool agreed;  // ranks must use the same value: it shapes what goes on the wire
+  Agreement agreement;
 };
 // Every variable of the table, in table order.
 std::vector<Setting> Settings(const Config& config);

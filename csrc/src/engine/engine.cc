@@ -10,7 +10,6 @@
 #include "common/list_string.h"
 #include "common/logging.h"
 #include "common/timeline.h"
-#include "engine/config_agreement.h"
 #include "engine/fusion.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
@@ -19,6 +18,10 @@
 namespace perseus {
 
 namespace {
+
+// How long a thread waiting for a control operation's meeting drives the engine
+// before it sleeps on the handle (as perseus_wait does).
+constexpr double kMeetDriveS = 0.5;
 
 // Negotiation spans end when the round agrees on the requests.
 void TraceAgreed(int set_id, const std::vector<BatchItem>& agreed, Clock::time_point now) {
@@ -68,12 +71,6 @@ Status Engine::Init() {
   MPI_Comm_rank(cross_comm_, &topo_.cross_rank);
   MPI_Comm_size(cross_comm_, &topo_.cross_size);
 
-  // Settings that shape what goes on the wire must match, or ranks would plan
-  // different calls. The lanes compared are those in use.
-  Config in_use = config_;
-  in_use.lanes = lanes_;
-  status = AgreeOnConfig(in_use, world_);
-  if (!status.ok()) return status;
   if (!thread_multiple_ && config_.lanes > 1 && topo_.rank == 0) {
     PERSEUS_LOG(kWarning) << "MPI does not provide MPI_THREAD_MULTIPLE: using 1 lane instead of "
                           << config_.lanes;
@@ -433,6 +430,8 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
     for (Batch& batch : batches) {
       batch.agreed = now;
       batch.chunk_bytes = knobs.chunk_bytes;
+      // The same place on every member: device lanes launch in this order.
+      if (batch.items.front().meta.device != PERSEUS_CPU_DEVICE) batch.launch_turn = set->device_batches++;
       Lane& lane = LaneFor(set, batch);
       bool inline_ok = SchedulePolicy::MayRunInline(knobs, batch, only_batch, driving, single_set_);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
@@ -457,10 +456,11 @@ Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {
   if (batch.items.front().meta.device == PERSEUS_CPU_DEVICE)
     return *set->lanes[set->next_lane++ % std::min<size_t>(set->knobs.lanes, set->lanes.size())];
   if (set->device_lanes.empty()) {
+    std::vector<LaneSpec> specs;
     for (size_t i = 0; i < set->device_comms.size(); ++i)
-      set->device_lanes.push_back(lane_factory_->MakeDeviceLane(
-          LaneSpec{static_cast<int>(i), set->device_comms[i], set->rank, set->size(),
-                   &set->ranks, set->done}));
+      specs.push_back(LaneSpec{static_cast<int>(i), set->device_comms[i], set->rank, set->size(), &set->ranks,
+                               set->done, set->id});
+    set->device_lanes = lane_factory_->MakeDeviceLanes(specs);
   }
   return *set->device_lanes[set->next_device_lane++ % set->device_lanes.size()];
 }
@@ -615,7 +615,7 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
       return Status::Error(PERSEUS_INVALID_ARGUMENT,
                            "process set lists rank " + std::to_string(sorted[i]) + " twice");
   }
-  Status met = MeetForProcessSet();
+  Status met = Meet("perseus.add_process_set", "add_process_set", "no process set was added");
   if (!met.ok()) return met;
   // Every rank must pass the same list: compare with rank 0's.
   auto mpi = LockMpi();
@@ -663,22 +663,25 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
   return Status::OK();
 }
 
-// The MPI calls that make a set block until every rank makes them, and cannot be
+// A control operation's MPI calls block until every rank makes them, and cannot be
 // given up. So the ranks meet first through the global set's negotiation, which can:
 // a barrier request, anonymous so that it is never cached (a cached one could be
-// agreed by its bit after this rank withdrew it). One name for every call, so that
-// the next add_process_set of all ranks meets again after a failed one.
-Status Engine::MeetForProcessSet() {
-  static const char kName[] = "perseus.add_process_set";
+// agreed by its bit after this rank withdrew it). One name per operation, so that the
+// next call of all ranks meets again after a failed one.
+Status Engine::Meet(const char* name, const char* operation, const char* outcome) {
   const double limit_s = config_.stall_check_seconds > 0 ? config_.stall_check_seconds : 60.0;
   perseus_request_t request{};
-  request.name = kName;
+  request.name = name;
   request.op_type = PERSEUS_BARRIER;
   request.device = PERSEUS_CPU_DEVICE;
   request.process_set = PERSEUS_GLOBAL_PROCESS_SET;
   request.anonymous = 1;
   int64_t handle = 0;
-  Status status = Enqueue(&request, 1, &handle);
+  // This thread waits for the meeting, so it ends any hold at once and drives the
+  // engine, as a thread waiting on a collective does; else the meeting would sit
+  // out the hold (PERSEUS_HOLD_TIME) like a gradient nobody waits for yet.
+  WaiterScope waiting;
+  Status status = EnqueueAndDrive(&request, 1, &handle, kMeetDriveS);
   if (!status.ok()) return status;
   status = handles_->Wait(handle, limit_s);
   // Not everyone came: withdraw the request, once the ranks without it are known (the
@@ -698,7 +701,7 @@ Status Engine::MeetForProcessSet() {
       }
       if (global && global->negotiator && !global->stopped) {
         std::vector<int> seen;
-        entry = global->negotiator->Withdraw(kName, &seen);
+        entry = global->negotiator->Withdraw(name, &seen);
         if (entry && seen.empty() && Clock::now() < last_try) {
           global->negotiator->Add(entry);  // not known yet: put it back and look again
           entry = nullptr;
@@ -708,16 +711,27 @@ Status Engine::MeetForProcessSet() {
     }
     if (entry) {
       std::ostringstream msg;
-      msg << "add_process_set must be called on every rank: rank(s) "
+      msg << operation << " must be called on every rank: rank(s) "
           << (missing.empty() ? std::string("(unknown)") : ListString(missing))
           << " did not call it within " << limit_s
-          << " s (PERSEUS_STALL_CHECK_TIME_SECONDS); no process set was added";
+          << " s (PERSEUS_STALL_CHECK_TIME_SECONDS); " << outcome;
       Finish(PERSEUS_GLOBAL_PROCESS_SET, entry, Status::Error(PERSEUS_MISMATCH, msg.str()));
     }
     status = handles_->Wait(handle, 0.02);
   }
   handles_->Release(handle);
   return status;
+}
+
+Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
+  std::lock_guard<std::mutex> control(control_mu_);
+  MpiCallerScope mpi_caller;
+  Status status = Meet("perseus.start_timeline", "start_timeline", "no timeline was started");
+  if (!status.ok()) return status;
+  // Rank 0 writes the file; every rank returns its outcome.
+  Status mine = topo_.rank == 0 ? Timeline::Get().Start(path, mark_cycles) : Status::OK();
+  auto mpi = LockMpi();
+  return AgreeOnStatus(world_, mine);
 }
 
 Status Engine::RemoveProcessSet(int id) {

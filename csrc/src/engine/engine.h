@@ -10,8 +10,9 @@
 //   free it runs the steps itself until its requests complete (or its time is up,
 //   or only lane work is left), so no thread hand-off is on its path; then it wakes
 //   the engine thread if work is left. Otherwise it ends any hold and just waits.
-// - add_process_set's thread (MeetForProcessSet) takes step_mu_ to withdraw its
-//   meeting request from the global set's negotiator, never to run a step.
+// - A thread in a control operation (add_process_set, start_timeline) drives the
+//   engine while it waits for the ranks to meet (Meet), and takes step_mu_ to
+//   withdraw its meeting request from the global set's negotiator.
 // - Other user threads enqueue, poll and query under mu_, and change process sets
 //   under control_mu_.
 // - Lane threads run batches; a batch may instead run inline on the thread running
@@ -81,6 +82,9 @@ class Engine {
   // step starts a round for held requests instead of holding them longer.
   void EndHold();
   Status AddProcessSet(const int32_t* ranks, int n, int32_t* id_out);
+  // Collective, like AddProcessSet: rank 0 opens the timeline file (common/timeline.h)
+  // and every rank returns the outcome.
+  Status StartTimeline(const std::string& path, bool mark_cycles);
   Status RemoveProcessSet(int id);
   // Copies the set's global ranks and this process's rank in it (-1: not a member).
   Status DescribeProcessSet(int id, std::vector<int>* ranks, int* rank);
@@ -131,11 +135,14 @@ class Engine {
   // the engine may be the blocked one.
   static void WatchFromWait(void* engine);
   void Watch();
-  // add_process_set's first step: every rank must arrive, within the stall check time.
-  Status MeetForProcessSet();
+  // A control operation's first step (add_process_set, start_timeline): every rank
+  // must arrive, within the stall check time. Else an error on the ranks that came,
+  // "<operation> must be called on every rank: rank(s) [...] did not call it ...;
+  // <outcome>". `name`: the meeting's request name, one per operation.
+  Status Meet(const char* name, const char* operation, const char* outcome);
 
   const Config config_;
-  MPI_Comm world_;  // control communicator: process-set creation, config checks
+  MPI_Comm world_;  // control communicator: process-set creation, start_timeline
   MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
   const bool thread_multiple_;
   const int lanes_;

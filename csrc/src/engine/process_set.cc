@@ -30,7 +30,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
     for (size_t i = 0; i < set->lane_comms.size(); ++i) {
       std::unique_ptr<Lane> lane;
       status = lane_factory.MakeHostLane(
-          LaneSpec{static_cast<int>(i), set->lane_comms[i], set->rank, set->size(), &set->ranks, done},
+          LaneSpec{static_cast<int>(i), set->lane_comms[i], set->rank, set->size(), &set->ranks, done, id},
           &lane);
       if (!status.ok()) return status;
       set->lanes.push_back(std::move(lane));

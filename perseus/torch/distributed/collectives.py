@@ -13,6 +13,8 @@ import warnings
 
 import torch
 
+from perseus.common.ops import integer
+from perseus.torch import adapter as _adapter
 from perseus.torch import functions as _functions
 from perseus.torch import mpi_ops as _mpi_ops
 from perseus.torch.distributed.process_group import process_set_of
@@ -38,6 +40,14 @@ def _run(handle, outputs, finish, async_op):
         return work
     work.wait()
     return None
+
+
+def _tensors(what, **arguments):
+    """A TypeError, as torch raises, for an argument that is not a tensor (the
+    collectives below use their tensors before mpi_ops would look)."""
+    for name, value in arguments.items():
+        if not isinstance(value, torch.Tensor):
+            raise _adapter.not_a_tensor(what, name, value)
 
 
 def _same_tensor_shapes(tensors, like, what):
@@ -71,10 +81,12 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     if (src is None) == (group_src is None):
         raise ValueError("broadcast: pass exactly one of src (global rank) and group_src")
     if group_src is not None:
+        group_src = integer(group_src, "broadcast group_src")
         if not 0 <= group_src < process_set.size():
             raise ValueError("broadcast: group_src %d is outside the group's %d ranks"
                              % (group_src, process_set.size()))
         src = process_set.ranks[group_src]
+    src = integer(src, "broadcast src")
     if not async_op:
         _mpi_ops.broadcast_(tensor, src, process_set=process_set)
         return None
@@ -83,6 +95,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     """Fills tensor_list[i] with rank i's `tensor` (every rank's has the same shape)."""
+    _tensors("all_gather", tensor=tensor)
     process_set = _member_set(group, "all_gather")
     if process_set is None:
         return None
@@ -103,6 +116,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     """Concatenates every rank's input into output_tensor, in rank order: output is
     (world * d0, ...) or (world, *input.shape)."""
+    _tensors("all_gather_into_tensor", output_tensor=output_tensor, input_tensor=input_tensor)
     process_set = _member_set(group, "all_gather_into_tensor")
     if process_set is None:
         return None
@@ -125,6 +139,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduces `input` (world equal chunks, in rank order) over the group; this rank's
     chunk of the result goes to `output`."""
+    _tensors("reduce_scatter_tensor", output=output, input=input)
     code = core_op(op)
     process_set = _member_set(group, "reduce_scatter_tensor")
     if process_set is None:
@@ -150,6 +165,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     """Sends input_split_sizes[i] rows of `input` (dim 0, in order; None: equal
     parts) to rank i and writes what every rank sent here into `output`, in rank
     order (output_split_sizes[i] rows from rank i)."""
+    _tensors("all_to_all_single", output=output, input=input)
     process_set = _member_set(group, "all_to_all_single")
     if process_set is None:
         return None
@@ -215,7 +231,7 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     if (src is None) == (group_src is None):
         raise ValueError("broadcast_object_list: pass exactly one of src and group_src")
     if group_src is not None:
-        src = process_set.ranks[group_src]
+        src = process_set.ranks[integer(group_src, "broadcast_object_list group_src")]
     object_list[:] = _functions.broadcast_object(list(object_list), src, process_set=process_set)
     return None
 

@@ -11,6 +11,7 @@ import warnings
 
 from perseus.common import basics as _basics
 from perseus.common import process_sets as _process_sets
+from perseus.common.ops import integer
 
 
 class ProcessGroup:
@@ -150,7 +151,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     size = _basics.size()  # raises before init
     if ranks is None:
         ranks = range(size)
-    ranks = sorted(int(r) for r in ranks)
+    ranks = sorted(integer(r, "new_group rank") for r in ranks)
     bad = [r for r in ranks if not 0 <= r < size]
     if bad:
         raise ValueError("new_group: ranks %s are outside the world of %d ranks" % (bad, size))
