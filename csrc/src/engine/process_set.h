@@ -8,7 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
@@ -47,7 +47,9 @@ struct ProcessSet {
   BatchDone done;  // what every lane of the set calls when a batch finishes
 
   // Guarded by the engine mutex.
-  std::unordered_set<std::string> in_flight;  // names submitted and not yet completed
+  // Requests submitted and not yet completed, by name (the stall inspector reads their
+  // age and, should a member stop answering, fails them: Engine::LoseRanks).
+  std::unordered_map<std::string, EntryPtr> in_flight;
   Hold holds[2];  // knobs' hold of CPU [0] and GPU [1] requests, for front ends that gather
   bool stopped = false;                       // no more rounds: shut down here or by a peer
   Status stop_status;
