@@ -52,6 +52,14 @@ for round in range(2):  # again after destroy_process_group()
     else:
         raise AssertionError("recv did not raise")
     dist.destroy_process_group()
+import os
+os.environ["WORLD_SIZE"] = "3"  # as torchrun sets it: not what MPI says
+try:
+    dist.init_process_group("perseus")
+except RuntimeError as e:
+    assert "WORLD_SIZE=3" in str(e) and "mpirun" in str(e), e
+else:
+    raise AssertionError("a world of one under WORLD_SIZE=3 did not raise")
 print("ok")
 """
 

@@ -138,8 +138,8 @@ def _creator_stream(outputs):
 
 def _devices(outputs):
     """The CUDA devices of the outputs (a future holding CUDA tensors must name them)."""
-    return sorted({t.device.index for t in _tensors(outputs)
-                   if isinstance(t, torch.Tensor) and t.is_cuda}) or None
+    devices = {t.device for t in _tensors(outputs) if isinstance(t, torch.Tensor) and t.is_cuda}
+    return sorted(devices, key=lambda d: d.index) or None
 
 
 def _on_creator_stream(work):
