@@ -69,3 +69,40 @@ def test_world_of_one():
                             env=clean_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), \
         result.stdout + result.stderr
+
+
+class _FakeWork:
+    """What the future pool of perseus.torch.distributed.work needs of a Work."""
+
+    def __init__(self, value):
+        import torch
+        self._outputs = [torch.tensor([value])]
+        self._future = torch.futures.Future()
+        self._stream = None
+        self._error = None
+
+    def _complete(self):
+        pass
+
+
+def test_future_pool_callback_waiting_for_a_later_work():
+    # PowerSGD's pattern on CUDA works: a then() callback, run by a pool thread, queues
+    # another work and waits for its future, which only the pool completes. Without a
+    # second thread the callback waits forever.
+    import threading
+
+    from perseus.torch.distributed import work as work_module
+    pool = work_module._Pool()
+    first, second = _FakeWork(1.0), _FakeWork(2.0)
+
+    def callback(future):
+        pool.put(second)
+        return future.value()[0] + second._future.wait()[0]
+
+    chained = first._future.then(callback)
+    pool.put(first)
+    done = threading.Event()
+    threading.Thread(target=lambda: (chained.wait(), done.set()), daemon=True).start()
+    assert done.wait(30), "the pool did not complete a work queued by a callback"
+    assert float(chained.value()) == 3.0
+    assert pool._threads >= 2

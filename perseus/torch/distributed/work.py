@@ -6,19 +6,28 @@ step, e.g. copying an allgather's rows into the caller's tensor list. is_complet
 polls without blocking. It is a torch.distributed.Work, so the "perseus" backend
 (backend.py) hands it to torch's C++ code (DDP's reducer) as it is.
 
-get_future() returns a torch.futures.Future completed with the output tensors. Threads
-of a small pool (started on first use) wait on the works whose futures were asked for,
-in submission order, blocked in the core (no polling), and complete the futures; their
-then() callbacks run on that thread, as they run on torch's communication threads.
-A callback may itself wait for a later collective (PowerSGD's hook does), so before a
-thread runs callbacks it makes sure another thread is free to complete that one.
-Works nobody asks a future of never touch the pool.
+get_future() returns a torch.futures.Future completed with the output tensors.
 
-CUDA outputs: wait() makes the caller's current stream wait for the collective (as
-torch's). A pool thread has its own current stream, so it synchronizes, and completes
-the future, on the stream that was current where the Work was made; the future,
-made for the outputs' devices, records its event there, so whoever uses the result
-(a callback, DDP's reducer) waits on the device, never the host.
+CPU outputs: get_future() waits for the collective, as wait() does, and returns the
+future complete; then() callbacks run at once on the caller's thread. On the CPU the
+collective needs the cores the caller computes on: a thread that waits beside it, and
+drives MPI, only competes with that computation (torch's DDP over "perseus" took
+about 10 % longer per step so, on 2 cores: benchmarks/README.md, issue 38). Safe
+where every rank submits collectives in the same order, as torch.distributed
+requires; Work(background=True) is for a caller that does not.
+
+CUDA outputs (and background works): the handle completes once the device work is
+queued, so waiting for it means waiting for the peers, which the caller should not.
+Threads of a small pool (started on first use) wait on those works, in submission
+order, blocked in the core (no polling), and complete the futures; their then()
+callbacks run on that thread, as on torch's communication threads. A callback may
+itself wait for a later collective (PowerSGD's hook does), so before a thread runs
+callbacks it makes sure another is free to complete that one. wait() makes the
+caller's current stream wait for the collective (as torch's); a pool thread
+synchronizes, and completes the future, on the stream that was current where the
+Work was made, and the future, made for the outputs' devices, records its event
+there: whoever uses the result (a callback, DDP's reducer) waits on the device,
+never the host.
 """
 
 import contextlib
@@ -35,13 +44,17 @@ from perseus.common import requests as _requests
 
 class Work(_torch_dist.Work):
     """One asynchronous collective. `finish()` (optional) runs once the handle has
-    completed; result() and the future give `outputs`."""
+    completed; result() and the future give `outputs`. background=True: a CPU work's
+    future is completed by the pool too, for a caller whose peers may submit their
+    collectives in another order (the drop-in DDP's reducer), where waiting for one
+    in get_future() could wait for a peer that waits for another."""
 
-    def __init__(self, handle, outputs, finish=None):
+    def __init__(self, handle, outputs, finish=None, background=False):
         super().__init__()
         self._handle = handle
         self._outputs = outputs
         self._finish = finish
+        self._background = background
         self._lock = threading.Lock()
         self._done = False
         self._error = None
@@ -114,9 +127,12 @@ class Work(_torch_dist.Work):
         return self._outputs
 
     def get_future(self):
-        """A torch.futures.Future completed with result() (or the error)."""
+        """A torch.futures.Future completed with result() (or the error). For CPU
+        outputs it is complete when returned (see the module's docstring)."""
         if self._future is None:
             self._future = torch.futures.Future(devices=_devices(self._outputs))
+            if self._stream is None and not self._background:
+                self._complete()
             if self._done:
                 _settle(self)
             else:
