@@ -38,22 +38,21 @@ from perseus.torch.distributed.work import Work
 
 NAME = "perseus"
 
-# What torch.distributed calls that Perseus has no operation for, and who has one.
+# The torch.distributed calls behind each operation Perseus does not have.
 _UNSUPPORTED = {
-    "send": "point-to-point",
-    "recv": "point-to-point",
-    "recv_anysource": "point-to-point",
-    "allgather_coalesced": "list-of-lists all_gather_coalesced",
+    "send": "send, isend, send_object_list and batch_isend_irecv (point-to-point)",
+    "recv": "recv, irecv, recv_object_list and batch_isend_irecv (point-to-point)",
+    "recv_anysource": "recv and irecv from any rank (point-to-point)",
+    "allgather_coalesced": "all_gather_coalesced (deprecated; all_gather_into_tensor works)",
 }
 
 
 def unsupported(op):
-    """The error for a torch.distributed operation the backend does not have."""
-    kind = _UNSUPPORTED.get(op, op)
+    """The error for an operation the backend does not have."""
     return NotImplementedError(
-        "torch.distributed %s (%s) is not supported by the 'perseus' backend; the 'gloo' "
-        "(CPU), 'nccl' (CUDA) and 'mpi' backends have it: make a group for it with "
-        "torch.distributed.new_group(backend='gloo')" % (op, kind))
+        "torch.distributed %s: not supported by the 'perseus' backend; the 'gloo' (CPU), "
+        "'nccl' (CUDA) and 'mpi' backends have it: make a group for it with "
+        "torch.distributed.new_group(backend='gloo')" % _UNSUPPORTED[op])
 
 
 # ---- init ------------------------------------------------------------------------
