@@ -11,8 +11,9 @@ get_future() returns a torch.futures.Future completed with the output tensors.
 CPU outputs: get_future() waits for the collective, as wait() does, and returns the
 future complete; then() callbacks run at once on the caller's thread. On the CPU the
 collective needs the cores the caller computes on: a thread that waits beside it, and
-drives MPI, only competes with that computation (torch's DDP over "perseus" took
-about 10 % longer per step so, on 2 cores: benchmarks/README.md, issue 38). Safe
+drives MPI, only competes with that computation (torch's DDP over "perseus" on 2
+cores took 5-15 % longer per step so on ddp_bench's many_small, up to 45 % on large:
+benchmarks/README.md, issue 38). Safe
 where every rank submits collectives in the same order, as torch.distributed
 requires; Work(background=True) is for a caller that does not.
 
