@@ -20,6 +20,7 @@ class FakeCudaTensor:
     """Just what adapter.prepare and the request building read of a CUDA tensor."""
     is_cpu = False
     is_cuda = True
+    requires_grad = False  # in-place calls check it (autograd's rule for in-place ops)
 
     def __init__(self, index, shape=(3, 2), dtype=torch.float32, address=0xD000):
         self.device = torch.device("cuda", index)
@@ -43,6 +44,8 @@ def captured(monkeypatch):
     folders count as handed over."""
     calls = []
     monkeypatch.setattr(adapter, "_submit", lambda *args: calls.append(args) or 1)
+    # A fake tensor has no version counter for in-place calls to bump.
+    monkeypatch.setattr(adapter, "_increment_version", lambda tensors: None)
     monkeypatch.setattr(torch_device, "current_stream", lambda index: 0x5000 + index)
     monkeypatch.setattr(torch_device, "_ready", True)
     monkeypatch.setattr(torch_device, "_consumers", {})
