@@ -24,6 +24,7 @@
 #include "engine/config_agreement.h"
 #include "engine/engine.h"
 #include "lanes/core_lanes.h"
+#include "mpi/launcher_world.h"
 #include "mpi/mpi_library.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
@@ -139,7 +140,11 @@ Status StartMpi(bool* thread_multiple) {
                              " (with mpi4py, leave mpi4py.rc.thread_level at 'multiple')");
   *thread_multiple = provided == MPI_THREAD_MULTIPLE;
   SetMpiSerialized(!*thread_multiple);
-  return Status::OK();
+  // N processes started by a launcher, each alone in a world of 1: an error, not N
+  // independent trainings.
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  return CheckLauncherWorld(world_size, LoadedMpi(), std::getenv);
 }
 
 // PERSEUS_TIMELINE: rank 0 (of the communicator Perseus runs on) opens the file.
