@@ -1,15 +1,19 @@
-"""Training step time of Perseus's DistributedDataParallel against torch's
-DistributedDataParallel over gloo, on the same CPU models, in one run.
+"""Training step time of torch's DistributedDataParallel over gloo, of the same torch
+DDP over the "perseus" backend, and of Perseus's drop-in DDP, on the same CPU models,
+in one run.
 
     mpirun -np 2 python benchmarks/ddp_bench.py [--repeat 5] [--iters 30] [--json PATH]
 
-Both DDPs live in the same processes (one torch thread per rank), wrap copies of
-the same model, and train on the same data with SGD. A round times one block of
---iters steps per backend and model; the order of the backends alternates from
-round to round, so drift on this shared machine hits both alike. Before a block
-each backend runs its own barrier; a block's step time is its wall time / iters,
-the maximum over the ranks (a step is done when every rank is). The table gives
-the medians over rounds and the median of the per-round ratios Perseus / torch.
+The default group is torch.distributed's "perseus" (init_process_group("perseus")),
+gloo's a group of every rank (new_group(backend="gloo"), over the same store). The
+three DDPs live in the same processes (one torch thread per rank), wrap copies of the
+same model, and train on the same data with SGD. A round times one block of --iters
+steps per DDP and model; the order of the DDPs rotates from round to round, so
+drift on this shared machine hits all alike. Before a block each DDP's own group
+runs a barrier; a block's step time is its wall time / iters, the maximum over the
+ranks (a step is done when every rank is). The table gives the medians over rounds
+and the medians of the per-round ratios to gloo (and of torch-over-perseus to the
+drop-in).
 
 Models:
   many_small  40 blocks of Linear(64, 64) + BatchNorm1d(64): 160 parameter tensors
@@ -18,15 +22,14 @@ Models:
   large       models.mlp(hidden=2048): three tensors of up to 16 MiB (5.8 M
               parameters), so bandwidth dominates.
 
-Goals (issue 4): Perseus <= 0.8x torch's step time on many_small, and no worse on
-large. After timing, the two copies of each model must still agree (they trained
-on the same data), or the run stops: a fast wrong answer is not a result.
+Goals (issues 4 and 38): Perseus <= 0.8x gloo's step time on many_small, and no
+worse on large. After timing, the three copies of each model must still agree
+(they trained on the same data), or the run stops: a fast wrong answer is not a
+result.
 """
 import argparse
 import copy
 import json
-import os
-import socket
 import statistics
 import sys
 import time
@@ -35,17 +38,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def launcher_rank_size():
-    for r, s in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
-        if r in os.environ:
-            return int(os.environ[r]), int(os.environ[s])
-    return 0, 1
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Row keys, in table order, and their titles.
+DDPS = {"gloo": "torch DDP over gloo", "perseus": "torch DDP over perseus",
+        "dropin": "Perseus's drop-in DDP"}
 
 
 def build_models(args):
@@ -70,17 +65,17 @@ def build_models(args):
 
 
 class Case:
-    """One model wrapped by both DDPs, with its optimizers and data."""
+    """One model wrapped by every DDP (wrap: key -> function of a module), with its
+    optimizers and data."""
 
-    def __init__(self, name, build, batch, rank, perseus_ddp, torch_ddp):
+    def __init__(self, name, build, batch, rank, wrap):
         import torch
         torch.manual_seed(0)
         model, shape = build()
         self.name = name
         self.tensors = sum(1 for _ in model.parameters())
         self.params = sum(p.numel() for p in model.parameters())
-        self.models = {"perseus": perseus_ddp(copy.deepcopy(model)),
-                       "torch": torch_ddp(copy.deepcopy(model))}
+        self.models = {k: w(copy.deepcopy(model)) for k, w in wrap.items()}
         self.opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
                      for k, m in self.models.items()}
         g = torch.Generator().manual_seed(1 + rank)
@@ -94,9 +89,9 @@ class Case:
         F.cross_entropy(model(self.data), self.target).backward()
         opt.step()
 
-    def max_difference(self):
-        ours = self.models["perseus"].module.parameters()
-        theirs = self.models["torch"].module.parameters()
+    def max_difference(self, key):
+        ours = self.models[key].module.parameters()
+        theirs = self.models["gloo"].module.parameters()
         return max(float((a.detach() - b.detach()).abs().max()) for a, b in zip(ours, theirs))
 
 
@@ -109,67 +104,82 @@ def run(args):
     from perseus.torch.nn.parallel import DistributedDataParallel as PerseusDDP
 
     torch.set_num_threads(args.threads)
-    rank, size = launcher_rank_size()
-    dist.init_process_group()
-    if "MASTER_PORT" not in os.environ:  # rank 0 picks gloo's rendezvous port
-        port = [free_port() if rank == 0 else None]
-        dist.broadcast_object_list(port, src=0)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port[0]))
-    tdist.init_process_group("gloo", rank=rank, world_size=size)
-    barriers = {"perseus": dist.barrier, "torch": tdist.barrier}
-    cases = [Case(name, build, batch, rank, PerseusDDP, TorchDDP)
+    tdist.init_process_group("perseus")  # ranks from mpirun
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    gloo = tdist.new_group(backend="gloo")
+    wrap = {"gloo": lambda m: TorchDDP(m, process_group=gloo), "perseus": TorchDDP,
+            "dropin": PerseusDDP}
+    barriers = {"gloo": lambda: tdist.barrier(group=gloo), "perseus": tdist.barrier,
+                "dropin": dist.barrier}
+    cases = [Case(name, build, batch, rank, wrap)
              for name, (build, batch) in build_models(args).items()]
 
-    def block(case, backend, iters):
-        barriers[backend]()
+    def block(case, key, iters):
+        barriers[key]()
         start = time.perf_counter()
         for _ in range(iters):
-            case.step(backend)
+            case.step(key)
         return (time.perf_counter() - start) / iters
 
+    keys = list(DDPS)
     for case in cases:  # warm-up: allocations, caches, name negotiation
-        for backend in ("perseus", "torch"):
-            block(case, backend, args.warmup)
-    samples = {(c.name, b): [] for c in cases for b in ("perseus", "torch")}
+        for key in keys:
+            block(case, key, args.warmup)
+    samples = {(c.name, k): [] for c in cases for k in keys}
     for r in range(args.repeat):
-        order = ("perseus", "torch") if r % 2 == 0 else ("torch", "perseus")
+        order = keys[r % len(keys):] + keys[:r % len(keys)]
         for case in cases:
-            times = torch.tensor([block(case, backend, args.iters) for backend in order],
+            times = torch.tensor([block(case, key, args.iters) for key in order],
                                  dtype=torch.float64)
             dist.all_reduce(times, op=dist.ReduceOp.MAX)  # outside the timed blocks
-            for backend, t in zip(order, times.tolist()):
-                samples[(case.name, backend)].append(t)
+            for key, t in zip(order, times.tolist()):
+                samples[(case.name, key)].append(t)
 
     for case in cases:
-        worst = case.max_difference()
-        if worst > 1e-3:
-            raise SystemExit("rank %d: %s: the Perseus and torch copies differ by %.3g after "
-                             "training on the same data" % (rank, case.name, worst))
+        for key in ("perseus", "dropin"):
+            worst = case.max_difference(key)
+            if worst > 1e-3:
+                raise SystemExit("rank %d: %s: %s and %s differ by %.3g after training on the "
+                                 "same data" % (rank, case.name, DDPS[key], DDPS["gloo"], worst))
     if rank == 0:
         report(args, cases, samples, size)
     tdist.destroy_process_group()
-    dist.destroy_process_group()
+
+
+def ratio(samples, case, ours, theirs):
+    """The median over rounds of ours / theirs."""
+    return statistics.median(a / b for a, b in zip(samples[(case, ours)], samples[(case, theirs)]))
 
 
 def report(args, cases, samples, size):
     print("np=%d, %d torch thread(s) per rank, %d rounds of %d steps (after %d warm-up), "
           "medians\n" % (size, args.threads, args.repeat, args.iters, args.warmup))
-    print("| model | tensors | parameters | batch/rank | torch DDP (gloo) ms/step | "
-          "Perseus DDP ms/step | Perseus / torch | goal |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| model | tensors | parameters | batch/rank | DDP | ms/step | / gloo | goal |")
+    print("|---|---:|---:|---:|---|---:|---:|---|")
     goals = {"many_small": 0.8, "large": 1.0}
     result = {}
     for case in cases:
-        ours, theirs = samples[(case.name, "perseus")], samples[(case.name, "torch")]
-        ratio = statistics.median(a / b for a, b in zip(ours, theirs))
-        goal = goals.get(case.name)
-        verdict = "n/a" if goal is None else ("PASS" if ratio <= goal else "MISS")
         batch = args.batch_small if case.name == "many_small" else args.batch_large
-        print("| %s | %d | %d | %d | %.2f | %.2f | %.3f | <= %.1f: %s |" % (
-            case.name, case.tensors, case.params, batch, 1e3 * statistics.median(theirs),
-            1e3 * statistics.median(ours), ratio, goal or 0, verdict))
-        result[case.name] = {"perseus_s": ours, "torch_s": theirs, "ratio": ratio,
-                             "goal": goal, "verdict": verdict}
+        goal = goals.get(case.name)
+        entry = result[case.name] = {"goal": goal}
+        for key, title in DDPS.items():
+            times = samples[(case.name, key)]
+            entry[key + "_s"] = times
+            if key == "gloo":
+                cells, verdict = "1", ""
+            else:
+                r = entry[key + "_ratio"] = ratio(samples, case.name, key, "gloo")
+                cells = "%.3f" % r
+                verdict = "n/a" if goal is None else "<= %.1f: %s" % (
+                    goal, "PASS" if r <= goal else "MISS")
+            print("| %s | %d | %d | %d | %s | %.2f | %s | %s |" % (
+                case.name, case.tensors, case.params, batch, title,
+                1e3 * statistics.median(times), cells, verdict))
+        entry["perseus_to_dropin"] = ratio(samples, case.name, "perseus", "dropin")
+    print()
+    for case in cases:
+        print("%s: torch DDP over perseus / Perseus's drop-in DDP: %.3f (median of rounds)"
+              % (case.name, result[case.name]["perseus_to_dropin"]))
     if args.json:
         Path(args.json).write_text(json.dumps({"np": size, "args": vars(args), "cases": result},
                                               indent=1))

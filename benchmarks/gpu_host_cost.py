@@ -89,7 +89,7 @@ def drive(args):
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         library = build_fake(folder)
-        env = dict(os.environ, PERSEUS_CUDA_LIB=folder, PERSEUS_NCCL_LIB=folder,
+        env = dict(os.environ, PERSEUS_CUDA_LIB=folder, PERSEUS_NCCL_LIB=folder, FAKE_GPU_DEVICE_DIR=folder,
                    FAKE_GPU_LIB=library, FAKE_GPU_TIMING="1", OMP_NUM_THREADS="1")
         for np in [int(x) for x in args.np.split(",")]:
             out = os.path.join(folder, "np%d.json" % np)

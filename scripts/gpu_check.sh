@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPU verification in one command, from the repository root (issues 14 and 32):
 #
-#   bash scripts/gpu_check.sh             # about 5-8 minutes; writes gpu_check_report.md
-#   bash scripts/gpu_check.sh --plan      # the set-up it would make here (venv, MPI, settings)
+#   bash scripts/gpu_check.sh             # about 7-9 minutes; writes gpu_check_report.md
+#   bash scripts/gpu_check.sh --nccl ../shared/nccl/libnccl-2.32.3-sm90.so.2.xz
+#                                         # the same with that NCCL (a file, or its .xz)
+#   bash scripts/gpu_check.sh --plan      # the set-up it would make here (venv, MPI, NCCL, settings)
 #   bash scripts/gpu_check.sh --dry-run   # that plan and every command it would run
 #   bash scripts/gpu_check.sh --print-download
-# --plan and --dry-run change nothing.
+# --plan and --dry-run change nothing (--nccl goes with them too).
 #
 # For a machine without network that has Python 3.12 with PyTorch (CUDA, NCCL), possibly
 # a venv itself, and possibly a system MPI (../shared/gpu-machine.md describes the lent
@@ -23,14 +25,19 @@
 #      are fetched beforehand on a machine with a registry (--print-download);
 #   4. builds Perseus with the chosen mpicxx (pip install --no-build-isolation -e .) and
 #      checks that libperseus and mpi4py load one libmpi, the one that mpicxx links;
-#   5. runs perseusrun --check-build, tests/test_gpu.py once per configuration (in this
-#      process first; then NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU
-#      and NCCL np=2 if two GPUs, all at once), and benchmarks/gpu_bench.py under perseusrun -np 1;
+#   5. runs perseusrun --check-build; with an NCCL of 2.30 or later (--nccl PATH, else
+#      torch's; scripts/gpu_check_plan.py nccl decides) the check_multi_rank.py beside a
+#      given one (NCCL alone); tests/test_gpu.py once per configuration (in this process
+#      first; then NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL
+#      np=2 if two GPUs, and with that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4
+#      lanes, each followed by a stress run of 1,000 steps, tests/mpi/gpu_stress.py; all at
+#      once), and benchmarks/gpu_bench.py under perseusrun -np 1;
 #   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md) and exits
 #      0 if every step passed, 1 if one failed, 2 if the machine could not be set up,
 #      3 without a CUDA device. Logs of every step: gpu_check_logs/.
 # Settings: PYTHON, PERSEUS_MPICXX, PERSEUS_WHEELS (wheels/), PERSEUS_GPU_VENV (.venv-gpu),
-# PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (450: the steps share this many seconds),
+# PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (540: the whole run, build included,
+# fits one 600 s device call), PERSEUS_GPU_CHECK_STRESS_STEPS (1000),
 # PERSEUS_GPU_CHECK_CONFIGS (the test_gpu.py configurations to run, all by default),
 # PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 (test this script on a CPU machine: all steps run,
 # the GPU tests skip, exit code 3).
@@ -42,9 +49,10 @@ WHEELS=${PERSEUS_WHEELS:-$ROOT/wheels}
 VENV=${PERSEUS_GPU_VENV:-$ROOT/.venv-gpu}
 REPORT=${PERSEUS_GPU_REPORT:-$ROOT/gpu_check_report.md}
 LOGS=${PERSEUS_GPU_LOGS:-$ROOT/gpu_check_logs}
-BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-450}
+BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-540}
+STRESS_STEPS=${PERSEUS_GPU_CHECK_STRESS_STEPS:-1000}
 EXIT_FAILED=1 EXIT_SETUP=2 EXIT_NO_CUDA=3
-DRY_RUN=0 PLAN_ONLY=0
+DRY_RUN=0 PLAN_ONLY=0 NCCL_GIVEN=""
 START=$(date +%s)
 
 # The wheels a machine without network needs, fetched on one with a registry. Pinned to
@@ -65,14 +73,18 @@ report() { printf '%s\n' "$@" >>"$REPORT"; }
 elapsed() { echo $(( $(date +%s) - START )); }
 remaining() { echo $(( BUDGET_S - $(elapsed) )); }
 
-case "${1:-}" in
-  --dry-run) DRY_RUN=1 ;;
-  --plan) DRY_RUN=1 PLAN_ONLY=1 ;;
-  --print-download) download_command; exit 0 ;;
-  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-  "") ;;
-  *) echo "unknown argument: $1 (see --help)" >&2; exit "$EXIT_SETUP" ;;
-esac
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY_RUN=1 ;;
+    --plan) DRY_RUN=1 PLAN_ONLY=1 ;;
+    --nccl) [ $# -ge 2 ] || { echo "--nccl needs a path (a libnccl.so.2 or an .xz of one)" >&2; exit "$EXIT_SETUP"; }
+            NCCL_GIVEN=$2; shift ;;
+    --print-download) download_command; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit "$EXIT_SETUP" ;;
+  esac
+  shift
+done
 
 # Ends the run with a setup problem; a dry run says so and goes on showing the plan.
 stop() {
@@ -127,6 +139,10 @@ say "planning the set-up (scripts/gpu_check_plan.py):"
 PLAN=$("$BASE_PY" scripts/gpu_check_plan.py plan "$VENV" "$WHEELS") || exit "$EXIT_SETUP"  # it said why
 printf '%s\n' "$PLAN" | sed 's/^/    /'
 eval "$PLAN"  # VENV_MODE, MPI_SOURCE, MPI_FLAVOUR, MPICXX, MPIRUN, INSTALL_MPICH, REMOVE_VENV_MPICH, exports
+NCCL_DIR=$ROOT/.gpu_check_nccl
+NCCL_PLAN=$("$BASE_PY" scripts/gpu_check_plan.py nccl "$NCCL_GIVEN" "$NCCL_DIR") || exit "$EXIT_SETUP"  # it said why
+printf '%s\n' "$NCCL_PLAN" | sed 's/^/    /'
+eval "$NCCL_PLAN"  # NCCL_LIB, NCCL_XZ, NCCL_VERSION, MULTI_RANK, NCCL_CHECK; PERSEUS_NCCL_LIB if given
 if [ "$PLAN_ONLY" = 1 ]; then
   say "plan done: nothing was changed"
   exit 0
@@ -185,6 +201,12 @@ else
   say "$VENV has what the build and the tests need"
 fi
 say "MPI: $MPI_FLAVOUR ($MPI_SOURCE): build with $MPICXX, launch with $MPIRUN"
+if [ -n "$NCCL_XZ" ]; then
+  say "unpacking $NCCL_XZ to $NCCL_LIB"
+  act mkdir -p "$NCCL_DIR" && act "$BASE_PY" -c 'import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as out: shutil.copyfileobj(src, out)' "$NCCL_XZ" "$NCCL_LIB" \
+    || stop "$EXIT_SETUP" "could not unpack $NCCL_XZ"
+fi
 
 # ---------------------------------------------------------------- report and steps
 [ "$DRY_RUN" = 1 ] && REPORT=/dev/null || mkdir -p "$LOGS"
@@ -225,7 +247,7 @@ record_step() {
   [ "$DRY_RUN" = 1 ] && return 0
   local result took
   IFS=$'\t' read -r result took <"$LOGS/$1.result"
-  [ "$result" = PASS ] || FAILED=1
+  [ "$result" = PASS ] || [[ $result == SKIPPED* ]] || FAILED=1  # SKIPPED: what this machine cannot run
   SUMMARY+=("| $1 | $result | $took |")
   say "$1: $result${took:+ in $took}"
   [ "$result" = PASS ]
@@ -242,7 +264,7 @@ else
   report "nvidia-smi: not found" ""
 fi
 [ "$DRY_RUN" = 1 ] || report "$("$VPY" scripts/gpu_check_info.py versions 2>&1)" ""
-report "## Set-up (scripts/gpu_check_plan.py)" "" '```sh' "$PLAN" '```' ""
+report "## Set-up (scripts/gpu_check_plan.py)" "" '```sh' "$PLAN" "$NCCL_PLAN" '```' ""
 
 # ---------------------------------------------------------------- 4. build, same MPI
 # PERSEUS_MPICXX (exported by the plan) is the wrapper setup.py builds with.
@@ -264,28 +286,63 @@ step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX"
 step check_build 60 "$VENV/bin/perseusrun" --check-build
 [ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log")" '```' ""
 
+# NCCL alone first, where the given NCCL came with its check (2 ranks on GPU 0).
+if [ -n "$NCCL_CHECK" ] && [ "$CUDA_RC" = 0 ]; then
+  step nccl_multi_rank 150 "$VPY" "$NCCL_CHECK" "$NCCL_LIB" 2
+  [ "$DRY_RUN" = 1 ] || report "## $NCCL_CHECK" "" '```text' "$(tail -30 "$LOGS/nccl_multi_rank.log")" '```' ""
+fi
+
 PYTEST=("$VPY" -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py)
 CONFIGS=${PERSEUS_GPU_CHECK_CONFIGS:-$("$VPY" scripts/gpu_check_info.py configs)}
 report "## tests/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
 RESERVE_S=100  # the benchmark runs after the tests
 step test_inproc 120 "${PYTEST[@]}" -m "not mpi"
+# The stress run of a shared-GPU NCCL configuration (tests/mpi/gpu_stress.py): STRESS_STEPS
+# steps on GPU 0, sizes to 1 MiB around a small chunk and fusion threshold; the
+# configuration adds its lanes and runs it under perseusrun -np with its ranks.
+STRESS=(env STRESS_DEVICE=cuda:0 STRESS_STEPS="$STRESS_STEPS" STRESS_LARGEST=1048592 NCCL_MULTI_RANK_GPU_ENABLE=1
+        PERSEUS_CHUNK_SIZE=65536 PERSEUS_FUSION_THRESHOLD=262144)
 # The MPI configurations at once, each its own mpirun per script (NCCL at np=1 is one
 # communicator per process, so they share the GPU; the host-staged ranks share it anyway):
 # the device time of a lent machine is short, and its 16 cores sit idle otherwise.
+RUN_CONFIGS="" STRESSED=""
 for config in $CONFIGS; do
-  run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config" &
+  if [[ $config =~ ^nccl_np([0-9]+)_shared_lanes([0-9]+)$ ]]; then
+    if [ "$MULTI_RANK" != 1 ]; then
+      [ "$DRY_RUN" = 1 ] || printf 'SKIPPED (NCCL %s cannot run several ranks on one GPU)\t\n' "$NCCL_VERSION" \
+        >"$LOGS/test_$config.result"
+      RUN_CONFIGS="$RUN_CONFIGS $config"
+      continue
+    fi
+    STRESSED="$STRESSED $config"
+    { run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-"
+      run_step "stress_$config" 150 "${STRESS[@]}" PERSEUS_ALLREDUCE_STREAMS="${BASH_REMATCH[2]}" \
+        "$VENV/bin/perseusrun" -np "${BASH_REMATCH[1]}" "$VPY" tests/mpi/gpu_stress.py; } &
+  else
+    run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-" &
+  fi
+  RUN_CONFIGS="$RUN_CONFIGS $config"
 done
 wait
-for config in inproc $CONFIGS; do
+for config in inproc $RUN_CONFIGS; do
   [ "$config" = inproc ] || record_step "test_$config"
   [ "$DRY_RUN" = 1 ] && continue
   line=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)' "$LOGS/test_$config.log" 2>/dev/null | tail -1)
+  [ -n "$line" ] || line=$(grep -o '^SKIPPED[^	]*' "$LOGS/test_$config.result" 2>/dev/null)
   report "| $config | ${line:-no summary line (see gpu_check_logs/test_$config.log)} |"
 done
 report ""
-for config in inproc $CONFIGS; do
+report "## Stress runs (tests/mpi/gpu_stress.py, $STRESS_STEPS steps each)" ""
+for config in $STRESSED; do
+  record_step "stress_$config"
+  [ "$DRY_RUN" = 1 ] || report "- $config: $(grep -h -E 'stress: |HANG|FAILED|Error' "$LOGS/stress_$config.log" 2>/dev/null | head -3 | tr '\n' ' ')"
+done
+[ -n "$STRESSED" ] || report "None: NCCL ${NCCL_VERSION} cannot run several ranks on one GPU (see Set-up)."
+report ""
+for config in inproc $RUN_CONFIGS $(for c in $STRESSED; do echo "stress_$c"; done); do
   log=$LOGS/test_$config.log
-  [ -f "$log" ] && grep -qE '(^FAILED|^ERROR| failed| error)' "$log" || continue
+  [[ $config == stress_* ]] && log=$LOGS/$config.log
+  [ -f "$log" ] && grep -qE '(^FAILED|^ERROR| failed| error| FAILED$|HANG: )' "$log" || continue
   report "### Failures: $config" "" '```text' "$(grep -E '^(FAILED|ERROR)' "$log" | head -30)" "" \
     "$(tail -60 "$log")" '```' ""
 done

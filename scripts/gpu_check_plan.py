@@ -6,6 +6,8 @@ torch the check uses):
   plan VENV WHEELS   the decisions as shell lines for gpu_check.sh to eval, each after
                      comments that say why (`gpu_check.sh --plan` prints them);
                      exit 2, saying why, where no usable MPI exists
+  nccl [PATH] DEST   which NCCL the GPU tests use and whether it runs several ranks on
+                     one GPU, as shell lines to eval (see nccl_plan); changes nothing
   make-venv VENV     creates VENV so that it sees this Python's packages
 
 What it decides (the facts behind it: ../shared/gpu-machine.md):
@@ -28,6 +30,11 @@ What it decides (the facts behind it: ../shared/gpu-machine.md):
   * How the tests see the choice: PERSEUS_MPIRUN (tests/conftest.py find_mpirun and
     perseusrun honour it), MPI4PY_LIBMPI (mpi4py loads that libmpi), and
     PERSEUS_KEEP_ENV, the variables tests/conftest.py clean_env passes on to jobs.
+  * Which NCCL: the one given (--nccl PATH: a libnccl.so.2, or an .xz of one, which is
+    unpacked to DEST), else the one torch loads. Several ranks on one GPU need NCCL 2.30
+    or later: with it, gpu_check runs the shared-GPU NCCL configurations and their stress
+    runs; without, it says why they are left out. A check_multi_rank.py beside the given
+    file (../shared/nccl/ has one) checks that NCCL alone first.
 """
 import glob
 import os
@@ -262,6 +269,87 @@ def plan(venv, wheels, environ):
     return lines
 
 
+# ---------------------------------------------------------------- NCCL
+
+MULTI_RANK_NCCL = 23000  # NCCL 2.30: several ranks on one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1)
+
+
+def library_nccl_version(path):
+    """NCCL_VERSION_CODE of a libnccl file, asked through its ncclGetVersion (a fresh
+    process: loading it here would keep it loaded)."""
+    code = ("import ctypes, sys; v = ctypes.c_int(); lib = ctypes.CDLL(sys.argv[1]); "
+            "assert lib.ncclGetVersion(ctypes.byref(v)) == 0; print(v.value)")
+    res = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        raise PlanError("%s does not load as NCCL: %s" % (path, (res.stderr.strip().splitlines() or ["?"])[-1]))
+    return int(res.stdout.strip())
+
+
+def torch_nccl():
+    """(version code, library path or '') of the NCCL torch loads (0 without one)."""
+    try:
+        import torch
+        major, minor, patch = torch.cuda.nccl.version()
+    except Exception:  # CPU builds have none
+        return 0, ""
+    found = glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "nccl", "lib",
+                                   "libnccl.so.2"))
+    return major * 10000 + minor * 100 + patch, (found[0] if found else "")
+
+
+def version_text(code):
+    return "%d.%d.%d" % (code // 10000, code % 10000 // 100, code % 100)
+
+
+def nccl_plan(given, dest):
+    """Shell lines: NCCL_LIB (the file the tests load, '' for torch's own), NCCL_XZ (an
+    .xz to unpack into it first), NCCL_VERSION, MULTI_RANK (0/1), NCCL_CHECK (a
+    check_multi_rank.py to run first, or ''), and PERSEUS_NCCL_LIB for a given NCCL."""
+    xz, check = "", ""
+    if given:
+        given = os.path.abspath(given)
+        if not os.path.isfile(given):
+            raise PlanError("--nccl %s: no such file" % given)
+        lib, source = given, "given (--nccl)"
+        if given.endswith(".xz"):
+            import lzma
+            import tempfile
+            xz, lib = given, os.path.join(os.path.abspath(dest), "libnccl.so.2")
+            with tempfile.TemporaryDirectory() as tmp:  # unpacked for a look only; the run unpacks it to DEST
+                probe = os.path.join(tmp, "libnccl.so.2")
+                with lzma.open(given) as src, open(probe, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                version = library_nccl_version(probe)
+            source += ", unpacked from %s to %s" % (given, lib)
+        else:
+            version = library_nccl_version(given)
+        beside = os.path.join(os.path.dirname(given), "check_multi_rank.py")
+        check = beside if os.path.isfile(beside) else ""
+    else:
+        version, lib = torch_nccl()
+        source, lib_shown, lib = "torch's own", lib or "(not found)", ""
+        source += " (%s)" % lib_shown
+    multi = version >= MULTI_RANK_NCCL
+    lines = ["# NCCL: %s, version %s" % (source, version_text(version) if version else "unknown")]
+    if multi:
+        lines.append("# it runs several ranks on one GPU (2.30 or later, NCCL_MULTI_RANK_GPU_ENABLE=1): the "
+                     "shared-GPU NCCL configurations (np 2 and 4, 1/2/4 lanes) and their stress runs are run")
+    else:
+        lines.append("# it cannot run several ranks on one GPU (NCCL 2.30 or later can): the shared-GPU NCCL "
+                     "configurations are left out; give --nccl PATH (e.g. ../shared/nccl/"
+                     "libnccl-2.32.3-sm90.so.2.xz), or install nvidia-nccl-cu13>=2.30 where packages are reachable")
+    if check:
+        lines.append("# %s checks that NCCL alone first (torch with CUDA, no MPI, no Perseus)" % check)
+    lines += ["%s=%s" % (name, shlex.quote(str(value))) for name, value in (
+        ("NCCL_LIB", lib), ("NCCL_XZ", xz), ("NCCL_VERSION", version), ("MULTI_RANK", int(multi)),
+        ("NCCL_CHECK", check))]
+    if lib:
+        lines += ["# Perseus loads it, not torch's (PERSEUS_NCCL_LIB; clean_env passes it on to the jobs)",
+                  "export PERSEUS_NCCL_LIB=%s" % shlex.quote(lib),
+                  'export PERSEUS_KEEP_ENV="$PERSEUS_KEEP_ENV PERSEUS_NCCL_LIB"']
+    return lines
+
+
 def main(argv):
     if len(argv) == 3 and argv[0] == "plan":
         try:
@@ -270,9 +358,16 @@ def main(argv):
             print("no set-up possible: %s" % e, file=sys.stderr)
             return SETUP_ERROR
         return 0
+    if len(argv) == 3 and argv[0] == "nccl":
+        try:
+            print("\n".join(nccl_plan(argv[1], argv[2])))
+        except PlanError as e:
+            print("no NCCL set-up possible: %s" % e, file=sys.stderr)
+            return SETUP_ERROR
+        return 0
     if len(argv) == 2 and argv[0] == "make-venv":
         return make_venv(argv[1])
-    sys.exit("usage: gpu_check_plan.py plan VENV WHEELS | make-venv VENV")
+    sys.exit("usage: gpu_check_plan.py plan VENV WHEELS | nccl PATH|'' DEST | make-venv VENV")
 
 
 if __name__ == "__main__":

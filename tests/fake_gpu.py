@@ -10,7 +10,7 @@ import subprocess
 
 _lib = None
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["fake_gpu.c", "fake_order.c", "fake_kernel.c"]
+SOURCES = ["fake_gpu.c", "fake_nccl.c", "fake_device.c", "fake_order.c", "fake_kernel.c"]
 # The pack kernel's table (its layout is shared with the core and the kernel).
 TABLE_DIR = os.path.join(os.path.dirname(HERE), "csrc", "src", "cuda", "kernels")
 
@@ -27,6 +27,18 @@ def build(mpicc, folder, flags=("-O1", "-Wall", "-Werror"), kernels=True):
     for name in ("libcudart.so.12", "libnccl.so.2"):
         os.symlink("libfakegpu.so", os.path.join(str(folder), name))
     return library
+
+
+def build_other_nccl(compiler, folder):
+    """A second NCCL (fake_other_nccl.c: reports 2.28.9, refuses every call) as
+    folder/libnccl.so.2, as torch's own NCCL is beside the one Perseus loads; returns
+    its path."""
+    library = os.path.join(str(folder), "libnccl.so.2")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-soname,libnccl.so.2",
+                    "-o", library, os.path.join(HERE, "gpu_fakes", "fake_other_nccl.c")], check=True)
+    return library
+
+
 STAT_KEYS = ["device_buffers", "pinned_buffers", "streams", "events", "comms", "misuses",
              "comms_created", "nccl_calls"]
 

@@ -11,6 +11,7 @@ What ends the survivors depends on how the victim left:
   survivor's pending and later requests fail with HorovodInternalError naming it.
 """
 import os
+import signal
 import sys
 import time
 
@@ -135,3 +136,59 @@ def test_tensor_grown_in_flight(run_mpi, np):
     freed block over 64 KiB here, so a use of freed memory would be a SIGSEGV (as it was
     before the pin)."""
     run_mpi("grow_in_flight", np, env={"MALLOC_MMAP_THRESHOLD_": "65536"}, timeout=180)
+
+
+FROZEN_HARD_TIMEOUT_S = 40
+
+
+@pytest.mark.parametrize("np,where", [(2, "stop"), (4, "stop_in_collective")])
+def test_stopped_rank_is_named_and_the_job_ends(tmp_path, np, where):
+    """Issue 37 (2): one rank stopped with SIGSTOP while the others wait on an allreduce,
+    before it submitted it (np 2) or inside the collective itself (np 4: the others are
+    blocked in it). Each other rank warns within the check time that it is not
+    responding, fails at the shutdown time with an error naming it (checked in
+    tests/mpi/frozen_rank.py), and exits; mpirun then ends the job, the stopped rank
+    included. Before, nothing was reported and the job hung."""
+    check_s, shutdown_s = 2.0, 3.0
+    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "frozen_rank.py")]
+    env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_FROZEN": where,
+                     "PERSEUS_STALL_CHECK_TIME_SECONDS": str(check_s),
+                     "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS": str(shutdown_s),
+                     "PTEST_HANG_DUMP_S": str(FROZEN_HARD_TIMEOUT_S - 10)})
+    victim_file = tmp_path / "stopped"
+    try:
+        rc, out, err, _ = run_bounded(cmd, env, FROZEN_HARD_TIMEOUT_S)
+        ended = time.time()
+    finally:
+        if victim_file.exists():  # SIGKILL ends a stopped process too
+            try:
+                os.kill(int(victim_file.read_text().split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err[-6000:])
+    pid, stopped_at = victim_file.read_text().split()
+    assert rc != 0, report
+    for rank in range(np - 1):
+        assert "SURVIVOR %d ok" % rank in out, "rank %d\n%s" % (rank, report)
+    # The shutdown time, then each survivor's exit and mpirun's teardown (~2 s here).
+    assert ended - float(stopped_at) < shutdown_s + 10, report
+    assert not os.path.exists("/proc/%s" % pid) or _is_zombie(int(pid)), \
+        "mpirun ended but left the stopped rank (pid %s)\n%s" % (pid, report)
+
+
+def _is_zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_rank_in_a_native_call_is_named_as_not_submitting(run_mpi):
+    """Issue 37 (2): one rank blocked in a native sleep (ctypes) while the others wait: its
+    engine still runs, so it is named as not submitting (not as frozen), within the check
+    time (before: up to the check time plus two probe intervals, and more when MPI missed
+    the ping), and the stall shutdown fails every rank's request naming it."""
+    run_mpi("frozen_rank", 3, env={"PTEST_FROZEN": "native",
+                                   "PERSEUS_STALL_CHECK_TIME_SECONDS": "2",
+                                   "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS": "3"}, timeout=60)

@@ -10,10 +10,18 @@ Configurations (CONFIGS):
                          (NCCL refuses two ranks on one GPU);
   nccl_np2               NCCL across two GPUs, only where torch sees at least two;
   auto_np2_shared        two ranks on GPU 0 with nothing set: the lanes see the shared
-                         GPU and run host-staged (one warning) instead of failing in NCCL.
+                         GPU and run host-staged (one warning) instead of failing in NCCL;
+  nccl_np{2,4}_shared_lanes{1,2,4}
+                         NCCL with 2 and 4 ranks on GPU 0 (NCCL 2.30+ with
+                         NCCL_MULTI_RANK_GPU_ENABLE=1: the NCCL Perseus loads, e.g.
+                         PERSEUS_NCCL_LIB, which scripts/gpu_check.sh --nccl sets and names in
+                         PERSEUS_KEEP_ENV so that the jobs get it), 1, 2 and 4 lanes; skipped
+                         where that NCCL cannot. NCCL's INIT log must show a communicator
+                         made with that NCCL (not the host-staged fallback).
 Scripts: the CPU collective scripts of tests/mpi rerun on CUDA tensors (PTEST_DEVICE,
 see tests/mpi/common.py), and the torch CUDA ones (tests/mpi/gpu_torch_*.py, PTEST_GPU).
 """
+import re
 import subprocess
 import sys
 
@@ -50,7 +58,32 @@ CONFIGS = {
     "mpi_np2_shared": (2, {"PERSEUS_GPU_OPERATIONS": "mpi"}, "cuda:0", REUSED + GPU_ONLY, 1),
     "nccl_np2": (2, {"PERSEUS_GPU_OPERATIONS": "nccl"}, "cuda", REUSED + GPU_ONLY, 2),
     "auto_np2_shared": (2, {}, "cuda:0", ["allreduce", "gpu_torch_collectives", "gpu_torch_training"], 1),
+    "nccl_np2_shared_lanes1": (2, {"PERSEUS_ALLREDUCE_STREAMS": "1"}, "cuda:0", REUSED + GPU_ONLY, 1),
+    "nccl_np2_shared_lanes2": (2, {"PERSEUS_ALLREDUCE_STREAMS": "2"}, "cuda:0", LANE_SCRIPTS + ["process_sets"], 1),
+    "nccl_np2_shared_lanes4": (2, {"PERSEUS_ALLREDUCE_STREAMS": "4"}, "cuda:0", LANE_SCRIPTS + ["process_sets"], 1),
+    "nccl_np4_shared_lanes1": (4, {"PERSEUS_ALLREDUCE_STREAMS": "1"}, "cuda:0", REUSED + GPU_ONLY, 1),
+    "nccl_np4_shared_lanes2": (4, {"PERSEUS_ALLREDUCE_STREAMS": "2"}, "cuda:0", LANE_SCRIPTS + ["process_sets"], 1),
+    "nccl_np4_shared_lanes4": (4, {"PERSEUS_ALLREDUCE_STREAMS": "4"}, "cuda:0", LANE_SCRIPTS + ["process_sets"], 1),
 }
+# What the shared-GPU NCCL configurations add: NCCL's permission, and its INIT log (on
+# stdout), which names the version of the communicators it makes.
+SHARED_NCCL_ENV = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+_multi_rank = None
+
+
+def multi_rank_nccl():
+    """(version or None, why): whether the NCCL Perseus loads here runs several ranks on
+    one GPU, as perseusrun --check-build says (asked once, in a fresh process)."""
+    global _multi_rank
+    if _multi_rank is None:
+        code = "from perseus.common import gpu; print(gpu.describe())"
+        out = subprocess.run([sys.executable, "-c", code], cwd=str(REPO_ROOT), capture_output=True, text=True,
+                             env=clean_env(SHARED_NCCL_ENV), timeout=120).stdout
+        lines = [line for line in out.splitlines() if line.startswith(("NCCL:", "Ranks sharing a GPU:"))]
+        version = re.search(r"NCCL: .* \(version (\S+)\)", out)
+        usable = version is not None and "Ranks sharing a GPU: use NCCL" in out
+        _multi_rank = (version.group(1) if usable else None, "; ".join(lines) or out.strip())
+    return _multi_rank
 
 
 def script_cases():
@@ -66,8 +99,16 @@ def test_script(run_mpi, config, script):
     np, env, device, _, gpus = CONFIGS[config]
     if torch.cuda.device_count() < gpus:
         pytest.skip("%s needs %d GPUs, torch sees %d" % (config, gpus, torch.cuda.device_count()))
+    shared_nccl = config.startswith("nccl_") and "_shared_" in config
+    if shared_nccl:
+        version, why = multi_rank_nccl()
+        if version is None:
+            pytest.skip("the NCCL Perseus loads here cannot run several ranks on one GPU: %s" % why)
+        env = dict(env, **SHARED_NCCL_ENV)
     where = "PTEST_GPU" if script in GPU_ONLY else "PTEST_DEVICE"
-    run_mpi(script, np, env=dict(env, **{where: device}), timeout=240)
+    out = run_mpi(script, np, env=dict(env, **{where: device}), timeout=240)
+    if shared_nccl:  # NCCL made the communicators (the fallback makes none), that NCCL
+        assert "NCCL version %s" % version in out, "no NCCL %s communicator in NCCL's INIT log:\n%s" % (version, out)
 
 
 # ---------------------------------------------------------------- in this process

@@ -52,7 +52,7 @@ def fake_gpu(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fake_gpu")
     library = fake.build(find_mpi_compiler("mpicc"), folder)
     return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
-            "FAKE_GPU_LIB": library}
+            "FAKE_GPU_LIB": library, "FAKE_GPU_DEVICE_DIR": str(folder)}
 
 
 # ---------------------------------------------------------------- the loader
@@ -144,6 +144,55 @@ def test_describe_reports_the_runtime_and_devices(run_python, fake_gpu):
     assert "CUDA runtime: %s/libcudart.so.12 (runtime 12.8, driver 12.8); devices: 1" % \
         fake_gpu["PERSEUS_CUDA_LIB"] in out, out
     assert "NCCL: %s/libnccl.so.2 (version 2.23.5)" % fake_gpu["PERSEUS_NCCL_LIB"] in out, out
+
+
+# What perseusrun --check-build says (the core's description) about ranks that share a
+# GPU and about the launch order on the GPU, for each NCCL version and setting.
+NCCL_CHOICES = {
+    "2.23": ({}, ["Ranks sharing a GPU: host-staged through MPI, with one warning: NCCL 2.23.5 refuses several "
+                  "ranks on one GPU (NCCL 2.30 or later does, with NCCL_MULTI_RANK_GPU_ENABLE=1)",
+                  "Launch order on the GPU: the launch order only: NCCL 2.23.5 has no launch order implicit"]),
+    "2.28-multi_rank_asked": (
+        {"FAKE_NCCL_VERSION": "22809", "NCCL_MULTI_RANK_GPU_ENABLE": "1"},
+        ["with one warning: NCCL 2.28.9 refuses several ranks on one GPU",
+         "Launch order on the GPU: the launch order only: NCCL 2.28.9 takes launch order implicit from "
+         "NCCL_LAUNCH_ORDER_IMPLICIT=1 alone, which would apply to every NCCL communicator of the process"]),
+    "2.28-implicit_in_env": ({"FAKE_NCCL_VERSION": "22809", "NCCL_LAUNCH_ORDER_IMPLICIT": "1"},
+                             ["Launch order on the GPU: NCCL_LAUNCH_ORDER_IMPLICIT=1 in the environment decides, "
+                              "for every NCCL communicator of the process"]),
+    "2.32": ({"FAKE_NCCL_VERSION": "23203"},
+             ["with one warning: NCCL_MULTI_RANK_GPU_ENABLE is not set, not 1 (NCCL 2.32.3 runs several ranks on "
+              "one GPU when it is 1)",
+              "Launch order on the GPU: per communicator: Perseus's are made with launchOrderImplicit=1 "
+              "(NCCL 2.32.3); other NCCL communicators in the process keep their own setting"]),
+    "2.32-multi_rank": ({"FAKE_NCCL_VERSION": "23203", "NCCL_MULTI_RANK_GPU_ENABLE": "1"},
+                        ["Ranks sharing a GPU: use NCCL: NCCL 2.32.3 with NCCL_MULTI_RANK_GPU_ENABLE=1 runs several "
+                         "ranks on one GPU"]),
+    "2.32-multi_rank_with_nvls": (
+        {"FAKE_NCCL_VERSION": "23203", "NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"},
+        ["with one warning: NCCL_NVLS_ENABLE=1 cannot go with NCCL_MULTI_RANK_GPU_ENABLE=1"]),
+    "2.32-implicit_off_in_env": ({"FAKE_NCCL_VERSION": "23203", "NCCL_LAUNCH_ORDER_IMPLICIT": "0"},
+                                 ["Launch order on the GPU: NCCL_LAUNCH_ORDER_IMPLICIT=0 in the environment decides"]),
+}
+
+
+@pytest.mark.parametrize("case", list(NCCL_CHOICES))
+def test_describe_says_what_this_nccl_does_with_shared_gpus_and_launch_order(run_python, fake_gpu, case):
+    env, lines = NCCL_CHOICES[case]
+    out = load(run_python, dict(fake_gpu, **env))
+    for line in lines:
+        assert line in out, "%r not in:\n%s" % (line, out)
+
+
+def test_check_build_says_it(fake_gpu):
+    from conftest import clean_env
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "bin" / "perseusrun"), "--check-build"], cwd=str(REPO_ROOT),
+                         env=clean_env(dict(fake_gpu, FAKE_NCCL_VERSION="23203", NCCL_MULTI_RANK_GPU_ENABLE="1")),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for line in ("Ranks sharing a GPU: use NCCL: NCCL 2.32.3 with NCCL_MULTI_RANK_GPU_ENABLE=1",
+                 "Launch order on the GPU: per communicator: Perseus's are made with launchOrderImplicit=1"):
+        assert line in res.stdout, res.stdout
 
 
 # ---------------------------------------------------------------- configuration
@@ -357,19 +406,62 @@ def test_unloadable_nccl_falls_back_to_host_staging_with_one_warning(fake_gpu):
     assert all("PERSEUS_NCCL_LIB=/nonexistent/nccl" in w for w in warnings), warnings
 
 
+# Ranks on one GPU (the fake names it alike in every process; like NCCL, it refuses them
+# a communicator unless it reports 2.30+ and NCCL_MULTI_RANK_GPU_ENABLE=1). Where NCCL
+# cannot share the GPU, the lanes run every GPU collective host-staged, right, with one
+# warning in the job saying why. Without the variable the fake gives each process its
+# own GPU, and the GPU_MODE=nccl tests check that NCCL is used.
+SHARED_GPU = {"FAKE_GPU_PCI_BUS_ID": "0000:1b:00.0"}
+SHARED_STAGED = {
+    "np2-nccl_2.23": (2, {}, "NCCL 2.23.5 refuses several ranks on one GPU"),
+    "np4-nccl_2.23": (4, {}, "NCCL 2.23.5 refuses several ranks on one GPU"),
+    "np2-nccl_2.28_asked": (2, {"FAKE_NCCL_VERSION": "22809", "NCCL_MULTI_RANK_GPU_ENABLE": "1"},
+                            "NCCL 2.28.9 refuses several ranks on one GPU"),
+    "np2-nccl_2.32_not_asked": (2, {"FAKE_NCCL_VERSION": "23203"}, "NCCL_MULTI_RANK_GPU_ENABLE is not set, not 1"),
+    "np2-nccl_2.32_with_nvls": (2, {"FAKE_NCCL_VERSION": "23203", "NCCL_MULTI_RANK_GPU_ENABLE": "1",
+                                    "NCCL_NVLS_ENABLE": "1"}, "NCCL_NVLS_ENABLE=1 cannot go with"),
+}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [2, 4])
-def test_ranks_sharing_a_gpu_run_host_staged_with_one_warning(fake_gpu, nprocs):
-    """NCCL refuses two ranks on one GPU: the lanes see the shared device (the fake names
-    it alike in every process) and run every GPU collective host-staged instead, right,
-    with one warning in the job. Without the variable the fake gives each process its
-    own GPU, and the GPU_MODE=nccl tests check that NCCL is used."""
-    warnings = staged_collectives(nprocs, dict(fake_gpu, FAKE_GPU_PCI_BUS_ID="0000:1b:00.0"),
-                                  "share one GPU")
+@pytest.mark.parametrize("case", list(SHARED_STAGED))
+def test_ranks_sharing_a_gpu_run_host_staged_with_one_warning(fake_gpu, case):
+    nprocs, env, why = SHARED_STAGED[case]
+    warnings = staged_collectives(nprocs, dict(fake_gpu, **SHARED_GPU, **env), "share one GPU")
     assert len(warnings) == 1, warnings  # from rank 0 alone, though two lanes opened
     ranks = "[%s]" % ", ".join(str(r) for r in range(nprocs))
-    assert all("ranks %s share one GPU" % ranks in w and "/0000:1b:00.0.0)" in w
-               and "PERSEUS_GPU_OPERATIONS=mpi" in w for w in warnings), warnings
+    assert all("ranks %s share one GPU" % ranks in w and "/0000:1b:00.0.0)" in w and why in w
+               and "host-staged through MPI" in w and "PERSEUS_GPU_OPERATIONS=mpi" in w for w in warnings), warnings
+
+
+# ... and where it can (NCCL 2.32.3 with NCCL_MULTI_RANK_GPU_ENABLE=1), they use NCCL:
+# every collective, at 2 and 4 ranks, 2 and 4 lanes, on a GPU of one kernel slot.
+SHARED_NCCL = {"np2-lanes2": (2, "2"), "np4-lanes4": (4, "4")}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(SHARED_NCCL))
+def test_ranks_sharing_a_gpu_use_nccl_where_it_allows(run_mpi, fake_gpu, case):
+    nprocs, lanes = SHARED_NCCL[case]
+    run_mpi("gpu_collectives", nprocs, timeout=180,
+            env=dict(fake_gpu, **SHARED_GPU, GPU_MODE="nccl", FAKE_NCCL_VERSION="23203",
+                     NCCL_MULTI_RANK_GPU_ENABLE="1", PERSEUS_ALLREDUCE_STREAMS=lanes))
+
+
+@pytest.mark.mpi
+def test_nccl_functions_come_from_the_library_perseus_loaded(run_mpi, fake_gpu, tmp_path):
+    """With another NCCL global in the process (as torch's own is), Perseus's NCCL,
+    loaded by path, runs its own functions: Perseus's calls and the library's calls to
+    itself (tests/mpi/gpu_nccl_copy.py)."""
+    import shutil
+    import fake_gpu as fake
+    other = fake.build_other_nccl(find_mpi_compiler("mpicc"), tmp_path)
+    copy = tmp_path / "perseus_nccl"
+    copy.mkdir()
+    shutil.copy(fake_gpu["FAKE_GPU_LIB"], str(copy / "libnccl.so.2"))  # a separate copy of the fake
+    run_mpi("gpu_nccl_copy", 2, timeout=120,
+            env=dict(fake_gpu, PERSEUS_NCCL_LIB=str(copy / "libnccl.so.2"), OTHER_NCCL=other,
+                     FAKE_NCCL_VERSION="23203", FAKE_GPU_ORDER_CHECK="0"))
 
 
 FAILURE_CASES = {
@@ -385,6 +477,80 @@ FAILURE_CASES = {
 def test_gpu_failures_on_fake_gpu(run_mpi, fake_gpu, case):
     nprocs, env = FAILURE_CASES[case]
     run_mpi("gpu_failures", nprocs, env=dict(fake_gpu, **env), timeout=120)
+
+
+# The fake's device model by itself (tests/mpi/gpu_device_model.py): NCCL kernels hold a
+# slot of their GPU until every peer starts them, so two communicators launched in
+# opposite orders on two ranks deadlock a GPU of one slot; the fake reports the cycle,
+# naming both calls, their communicators and the ranks, and fails them instead of
+# hanging. With two slots they run; a call a peer never makes ends in the bounded wait.
+DEVICE_MODEL_CASES = {
+    "opposite_orders_deadlock-np2": (2, {"DEVICE_CASE": "opposite"}),
+    "opposite_orders_deadlock-np4": (4, {"DEVICE_CASE": "opposite"}),
+    "opposite_orders_fit_two_slots-np2": (2, {"DEVICE_CASE": "opposite", "FAKE_GPU_KERNEL_SLOTS": "2"}),
+    "same_order_launch_race-np2": (2, {"DEVICE_CASE": "same", "DEVICE_RACE": "1"}),
+    "missing_call_bounded_wait-np2": (2, {"DEVICE_CASE": "missing", "FAKE_GPU_DEVICE_TIMEOUT_S": "4"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(DEVICE_MODEL_CASES))
+def test_fake_gpu_device_model(run_mpi, fake_gpu, case):
+    nprocs, env = DEVICE_MODEL_CASES[case]
+    run_mpi("gpu_device_model", nprocs, env=dict(fake_gpu, FAKE_NCCL_VERSION="23203", **env), timeout=120)
+
+
+# Lanes that cannot deadlock each other (tests/mpi/gpu_launch_order.py): 4 lanes, a GPU of
+# one kernel slot, launches delayed differently on each rank; every rank must launch
+# its device collectives in the one order the negotiation agreed. "implicit" reports
+# NCCL 2.32.3, whose communicators Perseus makes with launchOrderImplicit=1 (and names
+# after their set and lane); the fake then also checks that no two threads launch at once.
+LAUNCH_ORDER = {"PERSEUS_ALLREDUCE_STREAMS": "4", "PERSEUS_FUSION_THRESHOLD": "65536",
+                "FAKE_GPU_KERNEL_SLOTS": "1", "FAKE_GPU_LAUNCH_JITTER_US": "3000"}
+LAUNCH_ORDER_CASES = {
+    "np2-lanes4": (2, {}),
+    "np4-lanes4": (4, {}),
+    "np2-lanes4-implicit": (2, {"FAKE_NCCL_VERSION": "23203"}),
+    "np4-lanes4-implicit": (4, {"FAKE_NCCL_VERSION": "23203"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(LAUNCH_ORDER_CASES))
+def test_device_lanes_launch_in_the_agreed_order(run_mpi, fake_gpu, case):
+    nprocs, env = LAUNCH_ORDER_CASES[case]
+    run_mpi("gpu_launch_order", nprocs, env=dict(fake_gpu, **LAUNCH_ORDER, **env), timeout=150)
+
+
+# The stress run scripts/gpu_check.sh makes on a GPU (tests/mpi/gpu_stress.py: random
+# bursts of every boundary on 4 lanes and two process sets, each result checked against
+# the host's), a few steps on the fake so that it is known to work before a GPU runs it;
+# the second case as on the lent GPU machine: ranks sharing one GPU through NCCL 2.32.
+STRESS = {"STRESS_DEVICE": "fake", "STRESS_STEPS": "6", "STRESS_LARGEST": "300000", "GPU_MODE": "nccl",
+          "PERSEUS_ALLREDUCE_STREAMS": "4", "FAKE_GPU_LAUNCH_JITTER_US": "500", **SMALL_LIMITS}
+STRESS_CASES = {
+    "np2-lanes4": (2, {}),
+    "np4-lanes4-one_gpu_nccl_2.32": (4, dict(SHARED_GPU, FAKE_NCCL_VERSION="23203", NCCL_MULTI_RANK_GPU_ENABLE="1")),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(STRESS_CASES))
+def test_stress_run_on_fake_gpu(run_mpi, fake_gpu, case):
+    nprocs, env = STRESS_CASES[case]
+    run_mpi("gpu_stress", nprocs, env=dict(fake_gpu, **STRESS, **env), timeout=150)
+
+
+@pytest.mark.mpi
+def test_stress_watchdog_turns_a_hang_into_a_failure_naming_the_step(fake_gpu):
+    from conftest import clean_env, find_mpirun
+    result = subprocess.run([find_mpirun(), "-np", "2", sys.executable, str(TESTS_DIR / "mpi" / "gpu_stress.py")],
+                            cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120,
+                            env=clean_env(dict(fake_gpu, **dict(STRESS, STRESS_STEPS="1000", STRESS_STEP_TIMEOUT_S="0"))))
+    assert result.returncode != 0, result.stdout + result.stderr
+    import re
+    assert re.search(r"HANG: step \d+ \(set \d, \d+ requests: [a-z]+ .*\) did not finish in 0 s", result.stdout), \
+        result.stdout
 
 
 # ---------------------------------------------------------------- C++ unit tests

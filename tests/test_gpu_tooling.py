@@ -414,11 +414,109 @@ def test_gpu_check_dry_run_shows_the_steps(machine, tmp_path):
     assert "-m pip install -v --disable-pip-version-check --no-build-isolation --no-deps --no-index -e ." in out
     assert "scripts/gpu_check_info.py same-mpi %s" % (machine.usr / "bin" / "mpicxx") in out
     from test_gpu import CONFIGS
+    shared = [c for c in CONFIGS if "_shared_lanes" in c]  # torch's NCCL 2.28.9 cannot: left out
+    assert len(shared) == 6
     for config in ["inproc"] + list(CONFIGS):
-        assert "would run (test_%s," % config in out, config
+        assert ("would run (test_%s," % config in out) == (config not in shared), config
+    assert "stress_" not in out and "nccl_multi_rank" not in out
     assert "would run (gpu_bench, up to 150s): %s -np 1" % (machine.venv / "bin" / "perseusrun") in out
     assert "dry run done" in out
     assert not machine.venv.exists() and not (tmp_path / "logs").exists(), "the dry run created files"
+
+
+# ---------------------------------------------------------------- which NCCL (--nccl)
+
+def _nccl_stub(folder, version, compress=False, check=False):
+    """A libnccl.so.2 stand-in that answers ncclGetVersion (compressed as the shared one is,
+    with a check_multi_rank.py beside it if asked); returns the path to give --nccl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "stub.c"
+    source.write_text("int ncclGetVersion(int* v) { *v = %d; return 0; }\n" % version)
+    library = folder / "libnccl.so.2"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    if check:
+        (folder / "check_multi_rank.py").write_text("print('multi-rank ok')\n")
+    if not compress:
+        return library
+    import lzma
+    packed = folder / "libnccl-2.32.3-sm90.so.2.xz"
+    packed.write_bytes(lzma.compress(library.read_bytes()))
+    library.unlink()
+    return packed
+
+
+def test_gpu_check_plan_without_nccl_given_takes_torchs(machine, tmp_path):
+    res = _gpu_check(tmp_path, "--plan", python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "FAKE_TORCH_GPU": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = _plan(res.stdout)
+    assert (plan["NCCL_LIB"], plan["NCCL_VERSION"], plan["MULTI_RANK"], plan["NCCL_CHECK"]) == ("", "22809", "0", "")
+    assert "NCCL: torch's own ((not found)), version 2.28.9" in res.stdout
+    assert "cannot run several ranks on one GPU (NCCL 2.30 or later can): the shared-GPU NCCL configurations are " \
+           "left out; give --nccl PATH" in res.stdout and "install nvidia-nccl-cu13>=2.30" in res.stdout
+    assert "PERSEUS_NCCL_LIB" not in plan and "PERSEUS_NCCL_LIB" not in plan["PERSEUS_KEEP_ENV"]
+
+
+def test_gpu_check_plan_takes_the_nccl_given_unpacked(machine, tmp_path):
+    given = _nccl_stub(tmp_path / "shared" / "nccl", 23203, compress=True, check=True)
+    res = _gpu_check(tmp_path, "--plan", "--nccl", str(given), python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "FAKE_TORCH_GPU": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = _plan(res.stdout)
+    unpacked = str(REPO_ROOT / ".gpu_check_nccl" / "libnccl.so.2")
+    assert (plan["NCCL_LIB"], plan["NCCL_XZ"], plan["NCCL_VERSION"], plan["MULTI_RANK"]) == \
+        (unpacked, str(given), "23203", "1")
+    assert plan["NCCL_CHECK"] == str(given.parent / "check_multi_rank.py")
+    assert plan["PERSEUS_NCCL_LIB"] == unpacked
+    assert '    export PERSEUS_KEEP_ENV="$PERSEUS_KEEP_ENV PERSEUS_NCCL_LIB"\n' in res.stdout  # passed on to the jobs
+    assert "it runs several ranks on one GPU" in res.stdout
+    assert not (REPO_ROOT / ".gpu_check_nccl").exists(), "the plan unpacked NCCL"
+
+
+@pytest.mark.parametrize("version, multi", [(22809, "0"), (23000, "1")])
+def test_gpu_check_plan_reads_the_version_of_the_nccl_given(machine, tmp_path, version, multi):
+    given = _nccl_stub(tmp_path / "nccl", version)
+    res = _gpu_check(tmp_path, "--plan", "--nccl", str(given), python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path})
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = _plan(res.stdout)
+    assert (plan["NCCL_LIB"], plan["NCCL_XZ"], plan["MULTI_RANK"], plan["NCCL_CHECK"]) == (str(given), "", multi, "")
+
+
+def test_gpu_check_refuses_an_nccl_that_is_none(machine, tmp_path):
+    bogus = tmp_path / "libnccl.so.2"
+    bogus.write_text("not a library")
+    res = _gpu_check(tmp_path, "--plan", "--nccl", str(bogus), python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path})
+    assert res.returncode == 2 and "no NCCL set-up possible: %s does not load as NCCL" % bogus in res.stderr, \
+        res.stdout + res.stderr
+    res = _gpu_check(tmp_path, "--plan", "--nccl", python=machine.base / "bin" / "python", env={"PATH": machine.path})
+    assert res.returncode == 2 and "--nccl needs a path" in res.stderr, res.stdout + res.stderr
+
+
+def test_gpu_check_dry_run_with_a_multi_rank_nccl(machine, tmp_path):
+    """With NCCL 2.30+ given: its check first, then every configuration, the shared-GPU
+    NCCL ones each followed by its stress run at its ranks and lanes."""
+    given = _nccl_stub(tmp_path / "shared" / "nccl", 23203, compress=True, check=True)
+    res = _gpu_check(tmp_path, "--dry-run", "--nccl", str(given), python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "FAKE_TORCH_GPU": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    unpacked = REPO_ROOT / ".gpu_check_nccl" / "libnccl.so.2"
+    assert "unpacking %s to %s" % (given, unpacked) in out
+    assert "would run (nccl_multi_rank, up to 150s): %s %s %s 2" % (
+        machine.base / "bin" / "python", given.parent / "check_multi_rank.py", unpacked) in out
+    from test_gpu import CONFIGS
+    for config in CONFIGS:
+        assert "would run (test_%s, up to 240s): " % config in out and " -k %s-" % config in out, config
+    for np_ in (2, 4):
+        for lanes in (1, 2, 4):
+            config = "nccl_np%d_shared_lanes%d" % (np_, lanes)
+            line = [l for l in out.splitlines() if "would run (stress_%s," % config in l]
+            assert len(line) == 1, config
+            assert "STRESS_STEPS=1000" in line[0] and "PERSEUS_ALLREDUCE_STREAMS=%d" % lanes in line[0]
+            assert "perseusrun -np %d " % np_ in line[0] and line[0].endswith("tests/mpi/gpu_stress.py")
+    assert not (REPO_ROOT / ".gpu_check_nccl").exists(), "the dry run unpacked NCCL"
 
 
 def test_make_venv_sees_the_base_venvs_packages(machine, tmp_path):
@@ -529,3 +627,16 @@ def test_gpu_scripts_run_on_the_cpu(run_mpi, script, np):
     tolerances) with CPU tensors, so they stay runnable between visits to a GPU machine.
     (gpu_torch_mismatch needs two device kinds; gpu_torch_sizes stops at 1 MiB here.)"""
     run_mpi(script, np, env={"PTEST_GPU": "cpu", "PTEST_SIZES_LARGEST": str(1 << 20)}, timeout=240)
+
+
+@needs_no_cuda
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_gpu_stress_runs_through_torch_on_the_cpu(run_mpi):
+    """The torch front end's part of tests/mpi/gpu_stress.py (what scripts/gpu_check.sh runs
+    on a GPU) with CPU tensors on both sides; its C ABI part runs on the fake GPU in
+    tests/test_gpu_core.py."""
+    out = run_mpi("gpu_stress", 2, timeout=240, env={"STRESS_DEVICE": "cpu", "STRESS_STEPS": "12",
+                                                     "STRESS_LARGEST": "300000", "PERSEUS_CHUNK_SIZE": "65536",
+                                                     "PERSEUS_FUSION_THRESHOLD": "262144"})
+    assert "stress: 12 steps" in out, out

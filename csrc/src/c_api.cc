@@ -104,6 +104,9 @@ void FinalizeAtExit() {
   // call): stopping the engine or finalizing MPI could wait on that very call.
   if (InMpiCaller()) return;
   if (perseus_shutdown_within(kExitShutdownS) != PERSEUS_SUCCESS) return;
+  // A member stopped answering (the stall inspector gave up on it): MPI_Finalize would
+  // wait for it forever. Leaving without it, the process exits and mpirun ends the job.
+  if (PeerLost()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

@@ -11,6 +11,7 @@ import os
 
 from perseus.common import builder as _builder
 from perseus.common import library as _lib
+from perseus.common import objects as _objects
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
 
@@ -23,11 +24,14 @@ def init(comm=None, process_sets=None):
         rank (for a subset, pass an mpi4py communicator, e.g. from
         MPI.COMM_WORLD.Split).
     process_sets: ProcessSet objects (or rank lists) to register right after init,
-        in the same order on every rank: ids 1, 2, ... as given; all or none (a
-        duplicate raises ValueError with none registered). Horovod's "dynamic" mode
-        is not supported.
+        in the same order on every rank: ids 1, 2, ... as given, or each rank's
+        ProcessSet of its own mpi4py communicator (e.g. from MPI.COMM_WORLD.Split),
+        whose sets get ids first, as Horovod (process_sets.add_process_sets). A
+        duplicate (a set twice, or the global set's ranks) raises ValueError.
+        Horovod's "dynamic" mode is not supported.
 
-    Calling init() again while initialized only registers the given process sets.
+    Calling init() again while initialized only registers the given process sets
+    (those registered already keep their ids).
     """
     if isinstance(process_sets, str):
         raise NotImplementedError("process_sets=%r is not supported by Perseus; pass a list "
@@ -51,7 +55,7 @@ def init(comm=None, process_sets=None):
         _lib.check(_lib.perseus_init(comm_f2c))
         _builder.reset()
         _requests.reset()
-        _process_sets._on_init()
+        _process_sets._on_init(comm if hasattr(comm, "py2f") else None, _objects.allgather_object)
         if check_ranks is not None and check_ranks != list(range(size())):
             shutdown()
             raise ValueError(

@@ -9,7 +9,6 @@ import pickle
 
 import numpy as np
 
-from perseus.common import basics as _basics
 from perseus.common import builder as _builder
 from perseus.common import ops as _ops
 from perseus.common import requests as _requests
@@ -50,7 +49,7 @@ def _allgather(array, name, process_set):
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns root_rank's `obj` (pickled) on every rank; root gets its own obj back."""
     name = name or _builder.default_name("broadcast_object", process_set)
-    is_root = _basics.rank() == root_rank
+    is_root = global_process_set.rank() == root_rank  # the global set's rank is the rank
     if is_root:
         payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
                                 dtype=np.uint8).copy()

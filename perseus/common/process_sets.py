@@ -1,8 +1,10 @@
 """Process sets: subsets of ranks that collectives can be limited to (Horovod API).
 
-A ProcessSet is a plain description (sorted global ranks) until add_process_set()
-registers it with the core, which gives it an id. Registering and removing are
-collective: every rank calls them, in the same order, with the same ranks.
+A ProcessSet is a plain description (sorted global ranks, or an mpi4py communicator)
+until add_process_set() or init(process_sets=...) registers it with the core, which
+gives it an id. Registering and removing are collective: every rank calls them, in
+the same order, with the same ranks, or each with its own communicator (e.g. from
+MPI.COMM_WORLD.Split), whose sets are then all registered on every rank.
 global_process_set (id 0, all ranks) always exists while Perseus is initialized.
 
 A registered set caches its size and this process's rank in it (the core's
@@ -21,25 +23,28 @@ class ProcessSet:
     mpi4py communicator.
 
     Attributes: process_set_id (None until registered), ranks (sorted list of
-    global ranks), mpi_comm (the communicator it was built from, or None).
+    global ranks; for a communicator, None until registered, as Horovod), mpi_comm
+    (the communicator it was built from, or None).
     """
 
     def __init__(self, ranks_or_comm):
         self.process_set_id = None
         self.mpi_comm = None
+        self._size = None  # cached at registration
+        self._rank = None
         if hasattr(ranks_or_comm, "Get_group"):
+            # Its ranks are numbered in the Perseus world, which init(comm=...) fixes:
+            # they are found at registration.
             self.mpi_comm = ranks_or_comm
-            ranks = _world_ranks(ranks_or_comm)
-        else:
-            ranks = [integer(r, "a process set rank") for r in ranks_or_comm]
+            self.ranks = None
+            return
+        ranks = [integer(r, "a process set rank") for r in ranks_or_comm]
         ranks.sort()
         if len(set(ranks)) != len(ranks):
             raise ValueError("process set ranks must be distinct, got %s" % ranks)
         if ranks and ranks[0] < 0:
             raise ValueError("process set ranks must be non-negative, got %s" % ranks)
         self.ranks = ranks
-        self._size = None  # cached at registration
-        self._rank = None
 
     def _query(self, fn):
         out = ctypes.c_int32()
@@ -89,15 +94,26 @@ class ProcessSet:
         return None if r is None else r >= 0
 
     def __repr__(self):
-        comm = "" if self.mpi_comm is None else ", mpi_comm=%s" % (self.mpi_comm,)
-        return "ProcessSet(process_set_id=%s, ranks=%s%s)" % (self.process_set_id, self.ranks, comm)
+        # Horovod's text (its __str__), which scripts compare.
+        return "ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=%s)" % (
+            self.process_set_id, self.ranks, self.mpi_comm)
 
 
 def _world_ranks(comm):
-    """Ranks of an mpi4py communicator's members in MPI_COMM_WORLD."""
+    """The sorted ranks of an mpi4py communicator's members in the Perseus world
+    (init's communicator, else MPI_COMM_WORLD); ValueError for a member outside it."""
     from mpi4py import MPI  # only needed for communicator-built sets
-    world = MPI.COMM_WORLD.Get_group()
-    return list(comm.Get_group().Translate_ranks(range(comm.Get_size()), world))
+    world = global_process_set.mpi_comm if global_process_set.mpi_comm is not None else MPI.COMM_WORLD
+    group, world_group = comm.Get_group(), world.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
+    finally:
+        group.Free()
+        world_group.Free()
+    if MPI.UNDEFINED in ranks:
+        raise ValueError("the communicator of a ProcessSet has members outside the Perseus "
+                         "world (%d ranks)" % world.Get_size())
+    return sorted(ranks)
 
 
 # Id 0 always denotes all ranks; its ranks are filled in by init().
@@ -106,17 +122,24 @@ global_process_set.process_set_id = GLOBAL_PROCESS_SET
 
 _lock = threading.Lock()
 _registered = {}  # id -> ProcessSet, not including the global set
+# objects.allgather_object over the world, for the sets of per-rank communicators;
+# basics.init() hands it over, as the collectives sit above this module.
+_gather = None
 
 
 def add_process_set(process_set):
     """Registers a ProcessSet (or a list of ranks) with the core; returns the set.
 
-    Collective: all ranks must call it in the same order with the same ranks.
+    Collective: all ranks must call it in the same order with the same ranks, or each
+    with a ProcessSet of its own communicator (a Perseus addition: Horovod takes those
+    in init() only), which registers the sets of every rank's communicator.
     Raises ValueError (as Horovod) when a set with the same ranks is already
     registered, whether through this object or another.
     """
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
+    if process_set.mpi_comm is not None:
+        return _add_communicator_set(process_set)
     if not process_set.ranks:
         raise ValueError("a process set needs at least one rank")
     with _lock:
@@ -125,39 +148,152 @@ def add_process_set(process_set):
         # a failed step left behind: find_process_set(ranks), remove_process_set()).
         existing = _find(process_set.ranks)
         if existing is not None:
-            raise ValueError("Attempted to add a duplicate process set: %r; a set with these "
-                             "ranks is registered (id %d): use it, or remove it first"
-                             % (process_set, existing.process_set_id))
-        n = len(process_set.ranks)
-        ranks = (ctypes.c_int32 * n)(*process_set.ranks)
-        new_id = ctypes.c_int32()
-        _lib.check(_lib.perseus_add_process_set(ranks, n, ctypes.byref(new_id)))
-        process_set._registered(new_id.value)
-        _registered[new_id.value] = process_set
+            raise ValueError(_duplicate_text(process_set, existing))
+        _register(process_set, process_set.ranks)
+    return process_set
+
+
+def _duplicate_text(process_set, existing):
+    return ("Attempted to add a duplicate process set: %r; a set with these ranks is "
+            "registered (id %d): use it, or remove it first"
+            % (process_set, existing.process_set_id))
+
+
+def _register(process_set, ranks):
+    """Registers `ranks` with the core (collective) as `process_set`; the caller holds
+    _lock and found no set with these ranks."""
+    n = len(ranks)
+    new_id = ctypes.c_int32()
+    _lib.check(_lib.perseus_add_process_set((ctypes.c_int32 * n)(*ranks), n,
+                                            ctypes.byref(new_id)))
+    process_set.ranks = list(ranks)
+    process_set._registered(new_id.value)
+    _registered[new_id.value] = process_set
+
+
+def _add_communicator_set(process_set):
+    """add_process_set(ProcessSet(comm)): the distinct sets of every rank's
+    communicator are registered, on every rank, in _agree()'s order; ValueError on
+    the ranks whose own set was registered before (the new ones are registered)."""
+    (ranks,), _, order = _agree([process_set], global_process_set.size())
+    with _lock:
+        existing = _find(list(ranks))
+        for other in order:
+            if _find(list(other)) is None:
+                _register(process_set if other == ranks else ProcessSet(list(other)), other)
+    if existing is not None:
+        raise ValueError(_duplicate_text(process_set, existing))
     return process_set
 
 
 def add_process_sets(process_sets, world_size):
-    """init(process_sets=...): all or nothing. The whole list is checked first (ranks
-    within the world, no set twice, none with the ranks of a registered set), so that
-    an error registers none and a later init(process_sets=...) starts clean; then the
-    sets are registered in the order given: ids 1, 2, ... on every rank. Sets already
-    registered are left as they are (init() again)."""
+    """init(process_sets=...), as Horovod's static process sets: the sets are registered
+    in _agree()'s order (ids 1, 2, ... in the order given, for rank lists), and each
+    entry gets the id of its set, one registered before included.
+
+    An entry whose set is the global one or an earlier entry's is a duplicate: its id
+    stays None and init() raises ValueError on that rank. When that is every rank
+    (always so with rank lists alone), nothing is registered, so a corrected init()
+    starts clean; when only some ranks' communicators make a duplicate, the sets are
+    registered and the other ranks go on, as on Horovod."""
     sets = [s if isinstance(s, ProcessSet) else ProcessSet(s) for s in process_sets]
-    sets = [s for s in sets if s.process_set_id is None]
-    seen = set()
-    for s in sets:
-        if not s.ranks:
-            raise ValueError("a process set needs at least one rank")
-        if s.ranks[-1] >= world_size:
-            raise ValueError("%r names rank %d, but there are %d ranks" % (s, s.ranks[-1], world_size))
-        if tuple(s.ranks) in seen or find_process_set(s.ranks) is not None:
-            raise ValueError("Attempted to add a duplicate process set: %r; init(process_sets=...) "
-                             "registered none of the sets" % (s,))
-        seen.add(tuple(s.ranks))
-    for s in sets:
-        add_process_set(s)
+    if not sets:
+        return sets
+    mine, lists, order = _agree(sets, world_size)
+    world = tuple(range(world_size))
+    duplicates = _duplicates(mine, world)
+    if duplicates and all(_duplicates(entries, world) for entries in lists):
+        raise ValueError(_duplicate_entry_text(sets, mine, duplicates[0], world)
+                         + "; none of the sets was registered")
+    with _lock:
+        for ranks in order:
+            if _find(list(ranks)) is None:
+                owner = next((s for s, m in zip(sets, mine) if m == ranks), None)
+                _register(owner or ProcessSet(list(ranks)), ranks)
+        _assign_ids(sets, mine, duplicates)
+    if duplicates:
+        raise ValueError(_duplicate_entry_text(sets, mine, duplicates[0], world)
+                         + "; the sets were registered, as some ranks' lists have no duplicate")
     return sets
+
+
+def _entry(process_set, world_size):
+    """The sorted tuple of the global ranks that `process_set` stands for; ValueError
+    when it has none or names a rank outside the world."""
+    ranks = process_set.ranks if process_set.mpi_comm is None else _world_ranks(process_set.mpi_comm)
+    if not ranks:
+        raise ValueError("a process set needs at least one rank")
+    if ranks[-1] >= world_size:
+        raise ValueError("%r names rank %d, but there are %d ranks"
+                         % (process_set, ranks[-1], world_size))
+    return tuple(ranks)
+
+
+def _agree(sets, world_size):
+    """(this rank's entries, every rank's entries, the order to register them in); an
+    entry is the sorted tuple of a set's global ranks.
+
+    Sets built from communicators differ by rank, so when there are any, every rank's
+    list is gathered (a collective) and checked: an error on any rank (a member outside
+    the world; lists that differ in length, kind or rank lists) is a ValueError on
+    every rank before anything is registered. The order is Horovod's, the same on
+    every rank: for each communicator entry, the distinct sets the ranks hold there,
+    sorted; then the rank lists, in the order given."""
+    comms = [s.mpi_comm is not None for s in sets]
+    if not any(comms):
+        mine = [_entry(s, world_size) for s in sets]
+        return mine, [mine], mine
+    try:
+        mine, error = [_entry(s, world_size) for s in sets], None
+    except ValueError as e:
+        mine, error = None, str(e)
+    gathered = _gather((error, comms, mine), name="perseus.process_sets")
+    for rank, (error, _, _) in enumerate(gathered):
+        if error is not None:
+            raise ValueError("process sets of rank %d: %s; none was registered" % (rank, error))
+    first = _kinds_and_lists(*gathered[0][1:])
+    for rank, (_, their_comms, theirs) in enumerate(gathered):
+        if _kinds_and_lists(their_comms, theirs) != first:
+            raise ValueError("every rank must pass the same kinds of process sets and the same "
+                             "rank lists: rank 0 passed %s, rank %d %s; none was registered"
+                             % (first, rank, _kinds_and_lists(their_comms, theirs)))
+    lists = [theirs for _, _, theirs in gathered]
+    order = [ranks for i, comm in enumerate(comms) if comm
+             for ranks in sorted({entries[i] for entries in lists})]
+    return mine, lists, order + [m for m, comm in zip(mine, comms) if not comm]
+
+
+def _kinds_and_lists(comms, entries):
+    """A rank's list as ranks must agree on it: "<communicator>" or the ranks."""
+    return [("<communicator>" if comm else list(ranks)) for comm, ranks in zip(comms, entries)]
+
+
+def _duplicates(entries, world):
+    """Positions of the entries whose set is the global one or an earlier entry's."""
+    return [i for i, ranks in enumerate(entries) if ranks == world or ranks in entries[:i]]
+
+
+def _duplicate_entry_text(sets, entries, i, world):
+    of = "the global set's" if entries[i] == world else "entry %d's" % entries.index(entries[i])
+    return ("init(process_sets=...): entry %d is a duplicate (its ranks %s are %s): %r"
+            % (i, list(entries[i]), of, sets[i]))
+
+
+def _assign_ids(sets, entries, duplicates):
+    """Gives each entry of init's list the id of its registered set; a duplicate's id
+    stays None, as Horovod (the caller holds _lock)."""
+    kept = {}  # ranks -> the entry that holds their id
+    for i, (process_set, ranks) in enumerate(zip(sets, entries)):
+        found = _find(list(ranks))
+        if i not in duplicates:
+            kept[ranks] = process_set
+            process_set.ranks = list(ranks)
+            process_set._registered(found.process_set_id)
+        elif process_set is not kept.get(ranks):  # the same object twice keeps its id
+            if found is process_set and ranks in kept:  # the registry's object: replace it
+                _registered[found.process_set_id] = kept[ranks]
+            process_set.ranks = list(ranks)
+            process_set._invalidate()
 
 
 def _find(ranks):
@@ -212,8 +348,13 @@ def remove_process_set(process_set):
     return True
 
 
-def _on_init():
-    """Fills in the global set from the core; called by basics.init()."""
+def _on_init(mpi_comm, gather):
+    """Fills in the global set from the core; called by basics.init() with its mpi4py
+    communicator (None for MPI_COMM_WORLD), which global_process_set.mpi_comm is, as
+    Horovod, and objects.allgather_object (see _gather)."""
+    global _gather
+    _gather = gather
+    global_process_set.mpi_comm = mpi_comm
     size = ctypes.c_int32()
     _lib.check(_lib.perseus_process_set_size(GLOBAL_PROCESS_SET, ctypes.byref(size)))
     ranks = (ctypes.c_int32 * size.value)()
@@ -231,3 +372,4 @@ def _on_shutdown():
         _registered.clear()
         global_process_set._invalidate()
         global_process_set.ranks = []
+        global_process_set.mpi_comm = None

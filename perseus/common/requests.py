@@ -124,6 +124,15 @@ def poll(handle):
     return True
 
 
+def settle(handle):
+    """Blocks until every request behind `handle` has completed (or failed), without
+    finishing it: synchronize() still returns its result or raises its error. Returns
+    at once for a handle synchronized already (also by another thread meanwhile)."""
+    entry = _pending.get(handle)
+    if entry is not None:
+        _wait_all(entry[0])  # a released handle's wait fails at once: fine here
+
+
 def _wait_all(handles):
     """Waits for every handle; returns the first failure as an exception, or None."""
     failure = None

@@ -26,13 +26,33 @@ class _DistributedGradientTape(tf.GradientTape):
         under scale_local_gradients), e.g. a per-rank layer's variable."""
         self._local_sources.add(variable_key(source))
 
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 **kwargs):
+        """The gradients, reduced over the process set but for the local sources'.
+        use_generic_names is Horovod's (names of its allreduce ops); Perseus does not
+        name gradient requests after variables, so it changes nothing."""
         grads = super().gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        skip = {i for i, s in enumerate(flat_sources) if variable_key(s) in self._local_sources}
+        skip = {i for i, s in enumerate(flat_sources) if self._is_local(s)}
         reduced = reduce_gradients(flat_grads, flat_sources, skip=skip, **self._perseus)
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """(local, global), as Horovod: lists of (source, gradient) pairs in the order
+        of `sources`, the local sources' as gradient() gives them (this rank's own,
+        divided by the set's size under scale_local_gradients) and the others'
+        reduced, e.g. to take their norms apart."""
+        grads = self.gradient(target, sources, output_gradients, use_generic_names)
+        local, reduced = [], []
+        for source, grad in zip(tf.nest.flatten(sources),
+                                tf.nest.flatten(grads, expand_composites=False)):
+            (local if self._is_local(source) else reduced).append((source, grad))
+        return local, reduced
+
+    def _is_local(self, source):
+        return variable_key(source) in self._local_sources
 
 
 def DistributedGradientTape(gradtape, device_dense='', device_sparse='',

@@ -2,11 +2,17 @@
 
 perseus.torch.horovod is the Horovod-compatible API (``import perseus.torch.horovod
 as hvd``); perseus.torch.distributed and perseus.torch.nn.parallel are drop-ins for
-torch.distributed and torch's DistributedDataParallel. Nothing is imported here, so
-that each front end loads only what it uses; they load on first attribute access.
+torch.distributed and torch's DistributedDataParallel. Importing this package
+registers the torch.distributed backend "perseus" (c10d.py); nothing else is
+imported here, so that each front end loads only what it uses; they load on first
+attribute access.
 """
 
 import importlib
+
+from perseus.torch import c10d as _c10d
+
+_c10d.register()
 
 _SUBMODULES = ("distributed", "horovod", "nn")
 

@@ -1,6 +1,7 @@
-"""init(process_sets=[...]) is all or nothing, and its ids follow the order given
-(Horovod's static process sets); a ProcessSet whose id names no registered set of its
-ranks is a ValueError before anything is sent."""
+"""init(process_sets=[...]) of rank lists is all or nothing, its ids follow the order
+given, and a set registered before keeps its id (Horovod's static process sets); a
+ProcessSet whose id names no registered set of its ranks is a ValueError before
+anything is sent. (Sets of per-rank communicators: tests/mpi/init_mpi4py.py.)"""
 import torch
 
 from common import hvd, init, main
@@ -20,8 +21,8 @@ def expect_value_error(what, fn, says):
 def failed_inits(size):
     everyone = list(range(size))
     for what, sets, says in (
-            ("a set twice", [[0], [size - 1], [0]], "duplicate process set"),
-            ("the global set's ranks", [[0], everyone], "duplicate process set"),
+            ("a set twice", [[0], [size - 1], [0]], "entry 2 is a duplicate"),
+            ("the global set's ranks", [[0], everyone], "entry 1 is a duplicate"),
             ("a rank past the world", [[0], [size]], "names rank %d" % size)):
         expect_value_error(what, lambda: hvd.init(process_sets=sets), says)
         assert ids() == {0: everyone}, (what, ids())  # none of the list was registered
@@ -43,6 +44,17 @@ def body():
     mine = evens if rank % 2 == 0 else odds
     out = hvd.allreduce(torch.ones(3), op=hvd.Sum, process_set=mine, name="static.sum")
     assert torch.equal(out, torch.full((3,), float(len(mine.ranks)))), out
+    # init() again: a set registered before takes its id (as Horovod), a new one the next.
+    again, pair = hvd.ProcessSet(evens.ranks), hvd.ProcessSet([0, 1])  # pair: new at np > 2
+    hvd.init(process_sets=[again, pair] if size > 2 else [again])
+    assert again.process_set_id == 1, again
+    expected = {0: list(range(size)), 1: evens.ranks, 2: odds.ranks}
+    if size > 2:
+        assert pair.process_set_id == 3, pair
+        expected[3] = [0, 1]
+    assert ids() == expected, ids()
+    if size > 2:
+        hvd.remove_process_set(pair)
 
     # Unregistered sets: an id set by hand, or a registered id with other ranks.
     forged = hvd.ProcessSet([0])

@@ -1,7 +1,8 @@
 """Horovod parity of the Keras front end (issue 15), against numpy references:
 BroadcastGlobalVariablesCallback(local_variables=...), PartialDistributedOptimizer
 and register_local_var (local gradients divided by the size unless
-scale_local_gradients=False), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
+scale_local_gradients=False), PartialDistributedGradientTape's
+get_local_and_global_gradients (issue 40; Keras 3 and tf-keras layers in every run), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
 DistributedOptimizer over tf.keras.optimizers.legacy optimizers, `lr=` spelling
 included, and Horovod's _compute_gradients / _agg_helper hooks. Runs under Keras 3 and, from tests/test_tensorflow.py, Keras 2."""
 import os
@@ -104,6 +105,74 @@ def check_partial_tape(rank, size):
                                        err_msg="%s: variable %d" % (how, i))
 
 
+def local_and_global_case(keras, rank):
+    """A three-layer model of `keras` (Keras 3 or tf-keras) with weights and an input
+    that differ by rank, and this rank's own gradients (a plain tape)."""
+    layers = [keras.layers.Dense(3), keras.layers.Dense(2), keras.layers.Dense(1)]
+    model = keras.Sequential([keras.Input((4,))] + layers)
+    for i, v in enumerate(model.trainable_variables):
+        v.assign(make_array("lw%d" % i, rank, tuple(v.shape), tf.float32) / 4)
+    x = tf.constant(make_array("lx", rank, (2, 4), tf.float32))
+
+    def loss():
+        return tf.reduce_sum(tf.square(model(x)))
+
+    with tf.GradientTape() as tape:
+        value = loss()
+    return model, layers, loss, [g.numpy() for g in tape.gradient(value, model.trainable_variables)]
+
+
+def check_local_and_global_gradients(rank, size):
+    """PartialDistributedGradientTape.get_local_and_global_gradients (Horovod 0.28) under
+    Keras 3 and tf-keras, with 0, 1 and 2 local layers (local_layers, and
+    register_local_source for the second): (source, gradient) pairs in the order of
+    the sources, the local ones this rank's own gradient (/ size under
+    scale_local_gradients), the others the mean over the ranks, against plain tapes
+    of every rank's model in this process. The Keras 3 runs take tf-keras layers too
+    (so both are tested at np 2 and 4); the Keras 2 run, tf-keras's alone."""
+    import tf_keras
+    flavours = [("tf-keras", tf_keras)]
+    if not LEGACY:
+        import keras
+        flavours.insert(0, ("Keras 3", keras))
+    for name, module in flavours:
+        cases = [local_and_global_case(module, r) for r in range(size)]
+        model, layers, loss, _ = cases[rank]
+        variables = model.trainable_variables
+        mean = [np.mean([case[3][i] for case in cases], axis=0) for i in range(len(variables))]
+        for local_layers, registered, scale in (([], [], True), ([layers[1]], [], False),
+                                                ([layers[0]], [layers[2]], True)):
+            what = "%s, %d local layer(s), scale_local_gradients=%s" % (
+                name, len(local_layers) + len(registered), scale)
+            with tf.GradientTape() as tape:
+                value = loss()
+            tape = tfhvd.PartialDistributedGradientTape(tape, local_layers=local_layers,
+                                                        scale_local_gradients=scale)
+            for layer in registered:
+                for v in layer.trainable_weights:
+                    tape.register_local_source(v)
+            local, reduced = tape.get_local_and_global_gradients(value, variables)
+            local_ids = {id(v) for layer in local_layers + registered for v in layer.trainable_weights}
+            in_order = [i for i, v in enumerate(variables) if id(v) in local_ids]
+            in_order += [i for i, v in enumerate(variables) if id(v) not in local_ids]
+            pairs = local + reduced
+            assert [id(s) for s, _ in pairs] == [id(variables[i]) for i in in_order], what
+            for k, (i, (_, grad)) in enumerate(zip(in_order, pairs)):
+                if k < len(local):
+                    expected, kind = cases[rank][3][i] / (size if scale else 1), "local"
+                else:
+                    expected, kind = mean[i], "global"
+                np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-5, atol=1e-6,
+                                           err_msg="%s: %s gradient of variable %d" % (what, kind, i))
+        # Horovod's gradient() keyword: accepted, the same gradients.
+        with tf.GradientTape() as tape:
+            value = loss()
+        grads = tfhvd.DistributedGradientTape(tape).gradient(value, variables, use_generic_names=True)
+        for i, g in enumerate(grads):
+            np.testing.assert_allclose(g.numpy(), mean[i], rtol=1e-5, atol=1e-6,
+                                       err_msg="%s use_generic_names: %d" % (name, i))
+
+
 def check_legacy_optimizers(rank, size):
     """Keras 2's legacy optimizers, constructed with lr= (their old spelling)."""
     gs = [make_array("lg", r, (4, 1), tf.float32) for r in range(size)]
@@ -186,6 +255,8 @@ def body():
     log("broadcast callback ok")
     check_partial_tape(rank, size)
     log("partial tape ok")
+    check_local_and_global_gradients(rank, size)
+    log("local and global gradients ok")
     check_partial_optimizer(rank, size)
     log("partial optimizer ok")
     if LEGACY:

@@ -1,7 +1,8 @@
 """Horovod parity of the TensorFlow front end (issue 15), against numpy references:
 names that agree when ranks trace differently (a retrace on some ranks only, TF1
 graph gradients: these hung before), Horovod's gradient conventions, alltoall's
-return value, uint16, broadcast_, the *_op topology ops, tf.IndexedSlices; Horovod's submodule paths."""
+return value, uint16, broadcast_, the *_op topology ops, tf.IndexedSlices; Horovod's submodule paths;
+process sets of per-rank mpi4py communicators."""
 import numpy as np
 import tensorflow as tf
 
@@ -320,11 +321,40 @@ def run_horovod_modules(rank, size):
     hvd.remove_process_set(first)
 
 
+def run_communicator_sets(rank, size):
+    """Process sets of per-rank mpi4py communicators under TensorFlow (Horovod's cases:
+    tests/mpi/init_mpi4py.py): add_process_set(ProcessSet(sub)) registers every
+    rank's set, sorted; an allreduce on this rank's."""
+    from mpi4py import MPI  # MPI is up: Perseus initialised it
+
+    from perseus.common.process_sets import find_process_set
+    sub = MPI.COMM_WORLD.Split(rank % 2, rank)
+    mine = hvd.add_process_set(hvd.ProcessSet(sub))
+    members = list(range(rank % 2, size, 2))
+    others = list(range(1 - rank % 2, size, 2))
+    first = min(mine.process_set_id, find_process_set(others).process_set_id)
+    assert mine.process_set_id == first + rank % 2, mine  # evens first, as Horovod
+    ids = hvd.mpi_ops._basics._get_process_set_ids_and_ranks()
+    assert ids == {0: list(range(size)), first: list(range(0, size, 2)),
+                   first + 1: list(range(1, size, 2))}, ids
+    assert repr(mine) == "ProcessSet(process_set_id=%d, ranks=%s, mpi_comm=%s)" % (
+        first + rank % 2, members, sub), repr(mine)
+    expected = sum(make_array("commset", r, (3,), tf.float32) for r in members)
+    x = tf.constant(make_array("commset", rank, (3,), tf.float32), tf.float32)
+    assert_equal(hvd.allreduce(x, op=hvd.Sum, process_set=mine, name="commset"), expected,
+                 tf.float32, "communicator set")
+    for process_set in (mine, find_process_set(others)):  # every rank removes both
+        hvd.remove_process_set(process_set)
+    sub.Free()
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     run_horovod_modules(rank, size)
     log("horovod modules ok")
+    run_communicator_sets(rank, size)
+    log("communicator sets ok")
     run_retrace(rank, size)
     log("retrace ok")
     run_group_sizes(rank, size)

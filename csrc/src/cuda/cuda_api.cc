@@ -115,7 +115,7 @@ Status OpenCuda(const std::string& configured, const std::vector<std::string>& d
 }
 
 Status OpenNccl(const std::string& configured, const std::vector<std::string>& dirs, NcclApi* api) {
-  LibrarySpec spec{"NCCL", "PERSEUS_NCCL_LIB", {"libnccl.so.2", "libnccl.so"}};
+  LibrarySpec spec{"NCCL", "PERSEUS_NCCL_LIB", {"libnccl.so.2", "libnccl.so"}, /*deep_bind=*/true};
   std::string path, error;
   void* h = OpenLibrary(spec, configured, dirs, &path, &error);
   if (h == nullptr) return Unsupported(error);
@@ -147,6 +147,7 @@ Status OpenNccl(const std::string& configured, const std::vector<std::string>& d
   }
   std::string optional;  // ncclGetLastError only adds detail to messages
   Bind(h, "ncclGetLastError", &api->GetLastError, &optional);
+  Bind(h, "ncclCommInitRankConfig", &api->CommInitRankConfig, &optional);
   api->path = path;
   api->version = version;
   return Status::OK();
@@ -218,6 +219,23 @@ Status DeviceCount(int* count) {
   }
   *count = s.count;
   return s.count_status;
+}
+
+NcclConfig MakeNcclConfig() {
+  constexpr int kUndef = -2147483647 - 1;  // NCCL_CONFIG_UNDEF_INT
+  NcclConfig c;
+  c.size = sizeof c;
+  c.magic = 0xcafebeef;  // NCCL_API_MAGIC
+  c.version = 23100;     // the layout's: NCCL 2.31.0
+  for (int* field : {&c.blocking, &c.cgaClusterSize, &c.minCTAs, &c.maxCTAs, &c.splitShare, &c.trafficClass,
+                     &c.collnetEnable, &c.CTAPolicy, &c.shrinkShare, &c.nvlsCTAs, &c.nChannelsPerNetPeer,
+                     &c.nvlinkCentricSched, &c.graphUsageMode, &c.numRmaCtx, &c.maxP2pPeers,
+                     &c.graphStreamOrdering, &c.launchOrderImplicit, &c.numRmaSig, &c.rmaEagerInit,
+                     &c.hostCftMode, &c.nvlsHostMode})
+    *field = kUndef;
+  c.netName = nullptr;
+  c.commName = nullptr;
+  return c;
 }
 
 std::string NcclVersionString(int code) {

@@ -106,6 +106,21 @@ constexpr int kNcclScalarHostImmediate = 1;  // ncclScalarResidence_t
 struct ncclUniqueId {
   char internal[128];  // NCCL_UNIQUE_ID_BYTES
 };
+// ncclConfig_t as NCCL 2.31 declares it (ncclConfig_v23100; later versions append). Its
+// version field tells NCCL which fields there are. MakeNcclConfig fills it as
+// NCCL_CONFIG_INITIALIZER does: every field undefined.
+struct NcclConfig {
+  size_t size;
+  unsigned magic, version;
+  int blocking, cgaClusterSize, minCTAs, maxCTAs;
+  const char* netName;
+  int splitShare, trafficClass;
+  const char* commName;
+  int collnetEnable, CTAPolicy, shrinkShare, nvlsCTAs, nChannelsPerNetPeer, nvlinkCentricSched,
+      graphUsageMode, numRmaCtx, maxP2pPeers, graphStreamOrdering, launchOrderImplicit, numRmaSig,
+      rmaEagerInit, hostCftMode, nvlsHostMode;
+};
+NcclConfig MakeNcclConfig();
 
 struct NcclApi {
   ncclResult_t (*GetVersion)(int*);
@@ -132,6 +147,8 @@ struct NcclApi {
   ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int peer, ncclComm_t, cudaStream_t);
   ncclResult_t (*GroupStart)();
   ncclResult_t (*GroupEnd)();
+  // NCCL >= 2.14; null when absent (used from 2.31 on, for launchOrderImplicit).
+  ncclResult_t (*CommInitRankConfig)(ncclComm_t*, int nranks, ncclUniqueId id, int rank, NcclConfig*);
 
   std::string path;
   int version;  // NCCL_VERSION_CODE, e.g. 22305 for 2.23.5
@@ -144,7 +161,10 @@ struct NcclApi {
 // directories; the same directories again are accepted.
 Status SetLibraryDirs(const std::string& colon_separated);
 
-// Load once per process; the outcome, failure included, is kept. `configured` is
+// Load once per process; the outcome, failure included, is kept. NCCL opened from a
+// file (not the copy a framework loaded already) binds its own calls to itself
+// (RTLD_DEEPBIND): with torch's NCCL global in the process, its calls from inside to its
+// exported functions would otherwise run torch's copy. `configured` is
 // PERSEUS_CUDA_LIB / PERSEUS_NCCL_LIB (a file or a directory; empty when unset) and
 // is used only by the first call. On failure: PERSEUS_UNSUPPORTED naming every path
 // tried and why each failed.

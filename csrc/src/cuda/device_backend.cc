@@ -7,6 +7,7 @@
 #include "cuda/cuda_api.h"
 #include "cuda/device_guard.h"
 #include "cuda/event_pool.h"
+#include "cuda/nccl_features.h"
 #include "cuda/process_device.h"
 
 namespace perseus {
@@ -108,7 +109,12 @@ std::string DescribeGpu(const GpuSettings& settings) {
   }
   Status nccl = LoadNccl(settings.nccl_lib);
   if (nccl.ok()) {
-    out << "NCCL: " << Nccl()->path << " (version " << NcclVersionString(Nccl()->version) << ")\n";
+    const int version = Nccl()->version;
+    const NcclChoice shared = MultiRankGpu(version);
+    out << "NCCL: " << Nccl()->path << " (version " << NcclVersionString(version) << ")\n"
+        << "Ranks sharing a GPU: " << (shared.yes ? "use NCCL: " : "host-staged through MPI, with one warning: ")
+        << shared.why << "\n"
+        << "Launch order on the GPU: " << LaunchOrderPerCommunicator(version).why << "\n";
   } else {
     out << "NCCL: not loaded: " << nccl.message << "\n";
   }

@@ -10,6 +10,7 @@
 #include "common/result.h"
 #include "cuda/cuda_api.h"
 #include "cuda/device_buffers.h"
+#include "cuda/launch_order.h"
 
 #define PERSEUS_RETURN_IF_ERROR(expr)    \
   do {                                   \
@@ -34,9 +35,28 @@ struct DeviceContext {
   DeviceBuffer* fusion;
   HostBuffer* host;
   std::vector<char>* scratch;  // host scratch of the MPI algorithms
+  LaunchTurn* turn = nullptr;  // the batch's launch turn (launch_order.h), held around its NCCL calls
 
   Status Cu(cudaError_t rc, const char* what) const { return CudaStatus(rc, what); }
   Status Nc(ncclResult_t rc, const char* what) const { return NcclStatus(rc, what, comm); }
+};
+
+// The batch's NCCL calls, in its launch turn: waits for the turn when made, passes it
+// on when gone. Each batch makes its NCCL calls inside one such scope; its packing
+// before and unpacking after stay outside, so lanes do that host work side by side.
+class LaunchScope {
+ public:
+  explicit LaunchScope(const DeviceContext& ctx) : turn_(ctx.turn) {
+    if (turn_ != nullptr) turn_->Take();
+  }
+  ~LaunchScope() {
+    if (turn_ != nullptr) turn_->Pass();
+  }
+  LaunchScope(const LaunchScope&) = delete;
+  LaunchScope& operator=(const LaunchScope&) = delete;
+
+ private:
+  LaunchTurn* turn_;
 };
 
 // Waits on the host until the lane's stream is idle. While NCCL work is queued, a

@@ -8,6 +8,7 @@
 #include "cuda/batched_copy.h"
 #include "cuda/device_guard.h"
 #include "cuda/event_pool.h"
+#include "cuda/nccl_features.h"
 #include "cuda/nccl_ops.h"
 #include "cuda/process_device.h"
 #include "cuda/shared_device.h"
@@ -20,6 +21,10 @@ namespace perseus {
 namespace gpu {
 
 namespace {
+
+// What each rank tells the set at opening, in its exchange's first byte.
+constexpr char kCanNccl = 1;      // it loaded NCCL and GPU operations are NCCL's
+constexpr char kCanShareGpu = 2;  // its NCCL runs several ranks on one GPU (nccl_features.h)
 
 // The device of this process: bound by its first GPU request, else (a rank that has
 // joined before submitting any GPU request) this thread's current device.
@@ -73,10 +78,11 @@ DeviceRunner::DeviceRunner(DeviceRunnerArgs args) : args_(std::move(args)) {}
 DeviceRunner::~DeviceRunner() { Close(); }
 
 Status DeviceRunner::Execute(const Batch& batch, std::vector<Result>* results) {
+  LaunchTurn turn(args_.turns.get(), batch.launch_turn);  // passed on however this ends
   Status status;
   if (mode_ == Mode::kClosed) status = Open();
   if (status.ok() && mode_ == Mode::kBroken) status = broken_;
-  if (status.ok()) status = Run(batch, results);
+  if (status.ok()) status = Run(batch, &turn, results);
   return status;
 }
 
@@ -104,7 +110,9 @@ Status DeviceRunner::Open() {
   // Each rank's byte 0: whether it can use NCCL; then its GPU's identity (NCCL needs
   // one GPU per rank).
   std::vector<char> mine(1 + kDeviceIdentityBytes, 0);
-  mine[0] = settings.use_nccl && nccl.ok() ? 1 : 0;
+  const bool can_nccl = settings.use_nccl && nccl.ok();  // (not loaded when `local` failed: agreed below)
+  const bool can_share = can_nccl && Nccl() != nullptr && MultiRankGpu(Nccl()->version).yes;
+  mine[0] = static_cast<char>((can_nccl ? kCanNccl : 0) | (can_share ? kCanShareGpu : 0));
   if (local.ok()) DeviceIdentity(*Cuda(), device_).copy(&mine[1], kDeviceIdentityBytes - 1);
   std::vector<char> all(mine.size() * args_.size);
   Status agreed;
@@ -123,7 +131,7 @@ Status DeviceRunner::Open() {
   std::vector<std::string> identities;
   for (int r = 0; r < args_.size; ++r) {
     const char* theirs = &all[r * mine.size()];
-    if (!theirs[0]) lack_nccl.push_back((*args_.global_ranks)[r]);
+    if (!(theirs[0] & kCanNccl)) lack_nccl.push_back((*args_.global_ranks)[r]);
     identities.emplace_back(theirs + 1);
   }
   if (!settings.use_nccl) {
@@ -132,18 +140,32 @@ Status DeviceRunner::Open() {
   }
   const std::vector<std::vector<int>> shared = SharedDevices(identities);
   if (lack_nccl.empty() && !shared.empty()) {
-    static std::atomic<bool> warned{false};  // every rank knows it: the set's rank 0 says it
-    if (args_.rank == 0 && !warned.exchange(true)) {
-      std::vector<int> ranks;
-      for (int r : shared[0]) ranks.push_back((*args_.global_ranks)[r]);
-      PERSEUS_LOG(kWarning) << "ranks " << ListString(ranks) << " share one GPU (" << identities[shared[0][0]]
-                            << ") and NCCL needs a GPU per rank, so GPU collectives run host-staged "
-                               "through MPI instead (slower). Give each rank its own GPU "
-                               "(torch.cuda.set_device(hvd.local_rank())), or set "
-                               "PERSEUS_GPU_OPERATIONS=mpi to choose this mode without this warning";
+    std::vector<int> cannot;  // ranks on a shared GPU whose NCCL cannot share it
+    for (const std::vector<int>& group : shared)
+      for (int r : group)
+        if (!(all[r * mine.size()] & kCanShareGpu)) cannot.push_back((*args_.global_ranks)[r]);
+    static std::atomic<bool> told{false};  // every rank knows it: the set's rank 0 says it
+    const bool tell = args_.rank == 0 && !told.exchange(true);
+    std::vector<int> ranks;
+    for (int r : shared[0]) ranks.push_back((*args_.global_ranks)[r]);
+    if (cannot.empty()) {
+      if (tell) {
+        PERSEUS_LOG(kInfo) << "ranks " << ListString(ranks) << " share one GPU (" << identities[shared[0][0]]
+                           << "): " << MultiRankGpu(Nccl()->version).why << ", so their GPU collectives use NCCL";
+      }
+    } else {
+      if (tell) {
+        const NcclChoice here = MultiRankGpu(nccl.ok() ? Nccl()->version : 0);
+        PERSEUS_LOG(kWarning) << "ranks " << ListString(ranks) << " share one GPU (" << identities[shared[0][0]]
+                              << ") and NCCL needs a GPU per rank here ("
+                              << (here.yes ? "not so on rank(s) " + ListString(cannot) : here.why)
+                              << "), so GPU collectives run host-staged through MPI instead (slower). Give each "
+                                 "rank its own GPU (torch.cuda.set_device(hvd.local_rank())), or set "
+                                 "PERSEUS_GPU_OPERATIONS=mpi to choose this mode without this warning";
+      }
+      mode_ = Mode::kStaged;
+      return Status::OK();
     }
-    mode_ = Mode::kStaged;
-    return Status::OK();
   }
   if (!lack_nccl.empty()) {
     static std::atomic<bool> warned{false};
@@ -175,17 +197,26 @@ Status DeviceRunner::OpenNccl() {
     PERSEUS_RETURN_IF_ERROR(MpiStatus(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, args_.comm),
                                       "MPI_Bcast (NCCL unique id)"));
   }
-  // Blocking and collective over the set; no MPI lock held meanwhile.
+  // Blocking and collective over the set; no MPI lock held meanwhile. Where NCCL takes
+  // it per communicator, launch order implicit: the launch order (launch_order.h) is
+  // then the order the GPU starts kernels of different communicators in.
   Status local;
   {
     DeviceGuard guard(device_, &local);
-    if (local.ok())
+    if (local.ok() && LaunchOrderPerCommunicator(nccl.version).yes && nccl.CommInitRankConfig != nullptr) {
+      NcclConfig config = MakeNcclConfig();
+      config.launchOrderImplicit = 1;
+      comm_name_ = "perseus set " + std::to_string(args_.set_id) + " lane " + std::to_string(args_.index);
+      config.commName = comm_name_.c_str();
+      local = NcclStatus(nccl.CommInitRankConfig(&comm_, args_.size, id, args_.rank, &config),
+                         "ncclCommInitRankConfig");
+    } else if (local.ok()) {
       local = NcclStatus(nccl.CommInitRank(&comm_, args_.size, id, args_.rank), "ncclCommInitRank");
+    }
   }
   if (!local.ok()) {
     comm_ = nullptr;
-    local.message += " (NCCL needs a GPU of its own per rank; with several ranks per GPU set "
-                     "PERSEUS_GPU_OPERATIONS=mpi)";
+    local.message += " (PERSEUS_GPU_OPERATIONS=mpi runs GPU collectives host-staged through MPI, without NCCL)";
   }
   Status agreed;
   {
@@ -201,7 +232,7 @@ Status DeviceRunner::OpenNccl() {
   return agreed;
 }
 
-Status DeviceRunner::Run(const Batch& batch, std::vector<Result>* results) {
+Status DeviceRunner::Run(const Batch& batch, LaunchTurn* turn, std::vector<Result>* results) {
   Status status;
   DeviceGuard guard(device_, &status);
   if (!status.ok()) return status;
@@ -226,7 +257,13 @@ Status DeviceRunner::Run(const Batch& batch, std::vector<Result>* results) {
   }
   if (status.ok()) {
     const bool staged = mode_ == Mode::kStaged || !NcclServes(batch.items.front().meta);
-    status = staged ? RunStaged(batch, ctx, results) : RunNcclBatch(batch, ctx, results);
+    if (staged) {
+      turn->Pass();  // no NCCL kernel: the next batch may launch at once
+      status = RunStaged(batch, ctx, results);
+    } else {
+      ctx.turn = turn;  // taken around the NCCL calls (LaunchScope), passed however this ends
+      status = RunNcclBatch(batch, ctx, results);
+    }
     // A CUDA or NCCL call that failed mid-batch may leave the peers inside the
     // collective and this communicator out of step with theirs.
     if (!staged && status.code == PERSEUS_INTERNAL_ERROR) Break(status);

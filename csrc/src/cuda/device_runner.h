@@ -9,16 +9,22 @@
 // at the next batch, again by every rank. Then set rank 0 makes an ncclUniqueId,
 // broadcasts it over MPI, and all call ncclCommInitRank.
 //
+// Ranks that share a GPU use NCCL where every one of them can (NCCL 2.30+ with
+// NCCL_MULTI_RANK_GPU_ENABLE=1, cuda/nccl_features.h); otherwise they run host-staged,
+// with one warning saying why.
+//
 // Per batch: the stream waits for each input's ready event (recorded at enqueue on
-// the framework's stream), the operation's device work is queued, a completion event
-// is recorded, and the handles complete at once, carrying that event: no host wait
-// on the NCCL path. After an NCCL or CUDA failure mid-batch the communicator is
+// the framework's stream), the operation's device work is queued in the batch's
+// launch turn (cuda/launch_order.h), a completion event is recorded, and the handles
+// complete at once, carrying that event: no host wait on the NCCL path. After an NCCL or CUDA failure mid-batch the communicator is
 // aborted and the runner fails its later batches, rather than hang.
 #ifndef PERSEUS_CUDA_DEVICE_RUNNER_H_
 #define PERSEUS_CUDA_DEVICE_RUNNER_H_
 
 #include <mpi.h>
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "common/batch.h"
@@ -26,17 +32,20 @@
 #include "cuda/device_backend.h"
 #include "cuda/device_buffers.h"
 #include "cuda/device_context.h"
+#include "cuda/launch_order.h"
 
 namespace perseus {
 namespace gpu {
 
 struct DeviceRunnerArgs {
   int index;             // the lane's, 0 .. lanes-1 within the set (messages)
+  int set_id;            // the process set's (the NCCL communicator's name)
   MPI_Comm comm;         // the lane's own MPI communicator over the set
   int rank, size;        // within the set
   const std::vector<int>* global_ranks;  // the set's, outliving the runner
   bool thread_multiple;  // MPI_THREAD_MULTIPLE (device lanes need it)
   GpuSettings settings;
+  std::shared_ptr<LaunchSequence> turns;  // the set's launch order, shared by its device lanes
 };
 
 class DeviceRunner {
@@ -58,7 +67,7 @@ class DeviceRunner {
 
   Status Open();
   Status OpenNccl();
-  Status Run(const Batch& batch, std::vector<Result>* results);
+  Status Run(const Batch& batch, LaunchTurn* turn, std::vector<Result>* results);
   void Break(const Status& why);
   void Close();
   void DropStream();
@@ -70,6 +79,7 @@ class DeviceRunner {
   int device_ = -1;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  std::string comm_name_;  // what NCCL 2.31+ names the communicator (its logs)
   DeviceBuffer fusion_;
   HostBuffer host_;
   std::vector<char> scratch_;

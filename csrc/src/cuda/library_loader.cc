@@ -53,7 +53,7 @@ void* OpenLibrary(const LibrarySpec& spec, const std::string& configured,
   std::vector<std::string> tried;
   auto attempt = [&](const std::string& file, const char* how) -> void* {
     dlerror();  // clear a stale message
-    void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+    void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL | (spec.deep_bind ? RTLD_DEEPBIND : 0));
     if (handle) {
       // A path we named is the answer; a bare name is what the loader resolved it to.
       *path = file.find('/') != std::string::npos ? file : LoadedPath(handle, file);

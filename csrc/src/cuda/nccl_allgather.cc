@@ -33,10 +33,12 @@ Status NcclAllgather(const BatchItem& item, DeviceContext& ctx, Result* result) 
   // Step 3: one ncclAllGather when the counts are even, else one broadcast per rank.
   bool even = true;
   for (int64_t r : rows) even = even && r == rows[0];
-  if (even)
+  if (even) {
+    LaunchScope launch(ctx);
     return ctx.Nc(ctx.nccl->AllGather(entry.input, out, rows[0] * row_bytes, kNcclUint8, ctx.comm,
                                       ctx.stream),
                   "ncclAllGather");
+  }
   return InGroup(ctx, [&]() -> Status {
     int64_t offset = 0;
     for (int r = 0; r < ctx.size; ++r) {

@@ -20,6 +20,7 @@ Status NcclBroadcast(const Batch& batch, DeviceContext& ctx) {
     const int64_t n = bytes_of(batch.items.front());
     if (n == 0) return Status::OK();
     // The send buffer is read on the root only.
+    LaunchScope launch(ctx);
     return ctx.Nc(ctx.nccl->Broadcast(is_root ? entry.input : entry.output, entry.output, n,
                                       kNcclUint8, root, ctx.comm, ctx.stream),
                   "ncclBroadcast");
@@ -44,9 +45,12 @@ Status NcclBroadcast(const Batch& batch, DeviceContext& ctx) {
     offset = NextFusionSlot(offset, bytes_of(item));
   }
   PERSEUS_RETURN_IF_ERROR(CopyBatch(ctx, pack));
-  PERSEUS_RETURN_IF_ERROR(ctx.Nc(
-      ctx.nccl->Broadcast(buffer, buffer, total, kNcclUint8, root, ctx.comm, ctx.stream),
-      "ncclBroadcast (fused)"));
+  {
+    LaunchScope launch(ctx);
+    PERSEUS_RETURN_IF_ERROR(ctx.Nc(
+        ctx.nccl->Broadcast(buffer, buffer, total, kNcclUint8, root, ctx.comm, ctx.stream),
+        "ncclBroadcast (fused)"));
+  }
   PERSEUS_RETURN_IF_ERROR(CopyBatch(ctx, unpack));
   return Status::OK();
 }

@@ -88,6 +88,7 @@ Status ReduceOp::Create(const TensorMeta& meta, const DeviceContext& ctx) {
 Status AllReduceWhole(const DeviceContext& ctx, const void* in, void* out, int64_t count,
                       int dtype, const ReduceOp& op, const char* what) {
   const ncclDataType_t type = NcclType(dtype);
+  LaunchScope launch(ctx);
   const bool split = ctx.size == 1 && op.scales() && ctx.nccl->version < kNcclOneRankFixedVersion;
   if (!split) return ctx.Nc(ctx.nccl->AllReduce(in, out, count, type, op.get(), ctx.comm, ctx.stream), what);
   const int64_t esize = static_cast<int64_t>(DtypeSize(dtype));

@@ -43,8 +43,9 @@ class ReduceOp {
   const DeviceContext* custom_ = nullptr;  // set when op_ must be destroyed
 };
 
-// ncclAllReduce(in, out, count) on the lane; over one rank with an NCCL that leaves
-// elements out of scaled one-rank reductions (nccl_one_rank.h), in whole pieces.
+// ncclAllReduce(in, out, count) on the lane, in the batch's launch turn; over one rank
+// with an NCCL that leaves elements out of scaled one-rank reductions (nccl_one_rank.h),
+// in whole pieces.
 // `what` names the call in errors.
 Status AllReduceWhole(const DeviceContext& ctx, const void* in, void* out, int64_t count,
                       int dtype, const ReduceOp& op, const char* what);
@@ -58,10 +59,11 @@ Status NcclAllgather(const BatchItem& item, DeviceContext& ctx, Result* result);
 Status NcclAlltoall(const BatchItem& item, DeviceContext& ctx, Result* result);
 Status NcclReducescatter(const BatchItem& item, DeviceContext& ctx);
 
-// Runs fn() between ncclGroupStart and ncclGroupEnd; the group is closed even when
-// fn fails (an open group would swallow the lane's next calls).
+// Runs fn() between ncclGroupStart and ncclGroupEnd, in the batch's launch turn; the
+// group is closed even when fn fails (an open group would swallow the lane's next calls).
 template <typename Fn>
 Status InGroup(const DeviceContext& ctx, Fn fn) {
+  LaunchScope launch(ctx);  // the group is one launch (ncclGroupEnd)
   PERSEUS_RETURN_IF_ERROR(ctx.Nc(ctx.nccl->GroupStart(), "ncclGroupStart"));
   Status status = fn();
   Status end = ctx.Nc(ctx.nccl->GroupEnd(), "ncclGroupEnd");

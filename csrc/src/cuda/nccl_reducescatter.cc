@@ -24,6 +24,7 @@ Status NcclReducescatter(const BatchItem& item, DeviceContext& ctx) {
     if (counts[0] == 0) return Status::OK();
     if (ctx.size == 1)
       return AllReduceWhole(ctx, in, entry.output, counts[0], meta.dtype, op, "ncclReduceScatter");
+    LaunchScope launch(ctx);
     return ctx.Nc(ctx.nccl->ReduceScatter(in, entry.output, counts[0], type, op.get(), ctx.comm,
                                           ctx.stream),
                   "ncclReduceScatter");

@@ -41,7 +41,8 @@ Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple,
       lanes_(!thread_multiple ? 1 : TunesLanes(config) ? kAutoMaxLanes : config.lanes),
       lane_factory_(std::move(lane_factory)),
       handles_(handles),
-      schedule_(config.cycle_time_ms) {}
+      schedule_(config.cycle_time_ms),
+      watch_interval_(StallInspector::ProbeInterval(config)) {}
 
 Status Engine::Start(const Config& config, MPI_Comm world, bool thread_multiple,
                      std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles,
@@ -94,6 +95,10 @@ Status Engine::Init() {
   }
   sets_[0] = std::move(global);
   next_set_id_ = 1;
+  // Serialized MPI: a waiting thread holds the MPI lock, the checks could not send.
+  if (thread_multiple_ && topo_.size > 1 &&
+      (config_.stall_check_seconds > 0 || config_.stall_shutdown_seconds > 0))
+    SetWaitHook(&watch_hook_);
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "perseus-engine");  // for top -H, perf, gdb
     MpiCallerScope mpi_caller;
@@ -121,6 +126,7 @@ void Engine::Shutdown() {
     stopped_ = true;
   }
   sets.clear();  // lanes finish the batches every rank agreed on, then stop
+  SetWaitHook(nullptr);  // no thread of ours waits any more
   handles_->FailAll(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
   if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
   if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
@@ -175,7 +181,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       if (entries[i]->meta.group_size > 0) entries[i]->group = next_group_;
       entries[i]->handle = handles_->Create();
       handles_out[i] = entries[i]->handle;
-      targets[i]->in_flight.insert(entries[i]->meta.name);
+      targets[i]->in_flight.emplace(entries[i]->meta.name, entries[i]);
       bytes += PayloadBytes(entries[i]->meta);
       incoming_.push_back(std::move(entries[i]));
     }
@@ -225,23 +231,24 @@ bool Engine::Iterate(bool driving) {
   std::vector<EntryPtr> arrived;
   std::vector<std::shared_ptr<ProcessSet>> sets;
   bool stopping;
+  Clock::time_point now = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(incoming_);
+    // Under mu_: the stall inspector may read it from a thread blocked in a collective.
+    for (EntryPtr& entry : arrived) entry->submitted = now;
     polled_ = poked_;
     poked_ = false;
     stopping = stop_requested_;
     for (auto& kv : sets_)
       if (kv.second->negotiator) sets.push_back(kv.second);
   }
-  Clock::time_point now = Clock::now();
   for (EntryPtr& entry : arrived) {
     for (auto& set : sets) {
       if (set->id != entry->process_set) continue;
       if (set->stopped) {
         Finish(set->id, entry, set->stop_status);
       } else {
-        entry->submitted = now;
         set->negotiator->Add(entry);
         set->new_work = true;
       }
@@ -325,10 +332,25 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
                   Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom) {
   const Clock::duration spin = driving ? kDriverSpin : kBackgroundSpin;
   *hold_headroom = 0;  // unless this set ends the step holding requests
-  if (set->stopped) return;
+  if (lost_pending_.load(std::memory_order_acquire)) StopLostSets();
+  StallInspector& stall = *set->stall;
+  if (set->stopped) {
+    // Still answer peers' pings: a rank that gave up on the set is not a frozen one.
+    if (stall.Due(now)) stall.Check(now, SetWaits(), false);
+    *wake_at = std::min(*wake_at, stall.next_check());
+    return;
+  }
   Negotiator& negotiator = *set->negotiator;
-  if (set->stall->Due(now, wake_at))
-    negotiator.RequestInspection(set->stall->Check(now, negotiator.OldestSubmitted()));
+  if (stall.Due(now)) {
+    StallVerdict verdict = stall.Check(now, WaitsOf(set, true), true);
+    if (!verdict.lost.empty()) {
+      LoseRanks(verdict.lost, verdict.stop);
+      StopLostSets();
+      return;
+    }
+    negotiator.RequestInspection(verdict.inspect_flags);
+  }
+  *wake_at = std::min(*wake_at, stall.next_check());
   if (negotiator.active()) {
     RoundOutcome outcome;
     Status error;
@@ -408,6 +430,8 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
     for (Batch& batch : batches) {
       batch.agreed = now;
       batch.chunk_bytes = knobs.chunk_bytes;
+      // The same place on every member: device lanes launch in this order.
+      if (batch.items.front().meta.device != PERSEUS_CPU_DEVICE) batch.launch_turn = set->device_batches++;
       Lane& lane = LaneFor(set, batch);
       bool inline_ok = SchedulePolicy::MayRunInline(knobs, batch, only_batch, driving, single_set_);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
@@ -432,10 +456,11 @@ Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {
   if (batch.items.front().meta.device == PERSEUS_CPU_DEVICE)
     return *set->lanes[set->next_lane++ % std::min<size_t>(set->knobs.lanes, set->lanes.size())];
   if (set->device_lanes.empty()) {
+    std::vector<LaneSpec> specs;
     for (size_t i = 0; i < set->device_comms.size(); ++i)
-      set->device_lanes.push_back(lane_factory_->MakeDeviceLane(
-          LaneSpec{static_cast<int>(i), set->device_comms[i], set->rank, set->size(),
-                   &set->ranks, set->done}));
+      specs.push_back(LaneSpec{static_cast<int>(i), set->device_comms[i], set->rank, set->size(), &set->ranks,
+                               set->done, set->id});
+    set->device_lanes = lane_factory_->MakeDeviceLanes(specs);
   }
   return *set->device_lanes[set->next_device_lane++ % set->device_lanes.size()];
 }
@@ -479,7 +504,100 @@ void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::ti
     StopSet(set, StallInspector::ShutdownError(set->id, outcome.stalled, outcome.idle));
     return;
   }
-  set->stall->Warn(set->id, outcome.stalled, outcome.idle, now, set->negotiator->OldestSubmitted());
+  set->stall->Warn(outcome.stalled, outcome.idle, now, set->negotiator->OldestSubmitted());
+}
+
+SetWaits Engine::WaitsOf(ProcessSet* set, bool stepping) {
+  SetWaits waits;
+  if (stepping) waits.oldest_pending = set->negotiator->OldestSubmitted();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& kv : set->in_flight) {
+    const Entry& entry = *kv.second;
+    // Unset until Iterate takes the request in (under mu_): it is not waiting yet.
+    if (entry.submitted == Clock::time_point()) continue;
+    ++waits.count;
+    if (entry.submitted < waits.oldest) {
+      waits.oldest = entry.submitted;
+      waits.oldest_name = kv.first;
+    }
+  }
+  return waits;
+}
+
+std::vector<std::shared_ptr<ProcessSet>> Engine::SetsWithLostRanks() {
+  std::vector<std::shared_ptr<ProcessSet>> affected;
+  for (auto& kv : sets_) {
+    ProcessSet* set = kv.second.get();
+    if (!set->negotiator || set->stopped) continue;
+    for (int rank : lost_ranks_)
+      if (std::binary_search(set->ranks.begin(), set->ranks.end(), rank)) {
+        affected.push_back(kv.second);
+        break;
+      }
+  }
+  return affected;
+}
+
+void Engine::LoseRanks(const std::vector<int>& lost, const Status& status) {
+  MarkPeerLost();  // waits on them give up (this thread's too); MPI is not finalized at exit
+  std::vector<std::unordered_map<std::string, EntryPtr>> failed;  // released after mu_
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int rank : lost)
+      if (std::find(lost_ranks_.begin(), lost_ranks_.end(), rank) == lost_ranks_.end())
+        lost_ranks_.push_back(rank);
+    if (lost_status_.ok()) lost_status_ = status;
+    // Every request of those sets fails now, those in a lane's collective with a lost
+    // rank included (no caller may wait for them); the sets stop at the next step.
+    for (auto& set : SetsWithLostRanks()) {
+      failed.emplace_back();
+      failed.back().swap(set->in_flight);
+    }
+  }
+  lost_pending_.store(true, std::memory_order_release);
+  for (auto& requests : failed)
+    for (auto& kv : requests) handles_->Complete(kv.second->handle, status);
+  cv_.notify_all();
+}
+
+void Engine::StopLostSets() {
+  lost_pending_.store(false);
+  std::vector<std::shared_ptr<ProcessSet>> affected;
+  Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    affected = SetsWithLostRanks();
+    status = lost_status_;
+  }
+  for (auto& set : affected) StopSet(set.get(), status);
+}
+
+void Engine::WatchFromWait(void* engine) { static_cast<Engine*>(engine)->Watch(); }
+
+void Engine::Watch() {
+  const Clock::time_point now = Clock::now();
+  Clock::rep due = watch_at_.load(std::memory_order_relaxed);
+  if (now.time_since_epoch().count() < due) return;
+  // One watcher at a time; the others go back to their waits.
+  if (!watch_at_.compare_exchange_strong(due, (now + watch_interval_).time_since_epoch().count()))
+    return;
+  std::vector<std::pair<std::shared_ptr<ProcessSet>, bool>> sets;  // and whether stopped
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : sets_)
+      if (kv.second->negotiator) sets.emplace_back(kv.second, kv.second->stopped);
+  }
+  Clock::time_point next = now + watch_interval_;
+  for (auto& [set, stopped] : sets) {
+    if (set->stall->Due(now)) {
+      // A stopped set only answers pings, as in Step.
+      SetWaits waits = stopped ? SetWaits() : WaitsOf(set.get(), false);
+      StallVerdict verdict = set->stall->Check(now, waits, false);
+      if (!verdict.lost.empty()) LoseRanks(verdict.lost, verdict.stop);
+    }
+    next = std::min(next, set->stall->next_check());  // its deadlines, not only the probes
+  }
+  watch_at_.store(next.time_since_epoch().count());
 }
 
 Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {

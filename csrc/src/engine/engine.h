@@ -19,10 +19,13 @@
 //   the step. Completion (Finish, OnBatchDone) takes mu_ to free the names, then
 //   completes handles, whose callbacks run on the completing thread: a lane, or one
 //   that holds step_mu_.
+// - Any thread blocked long in a collective (a lane, or one running a batch inline,
+//   step_mu_ held) runs the stall inspector's checks from its wait (Watch), so that a
+//   peer that froze in the middle of a collective is still found.
 //
 // Locks, taken only in this order (a thread holding one takes only later ones):
-//   control_mu_ -> step_mu_ -> the MPI lock (LockMpi, serialized MPI only) -> mu_
-//   -> the handle table's lock.
+//   control_mu_ -> step_mu_ -> a set's StallInspector lock -> the MPI lock (LockMpi,
+//   serialized MPI only) -> mu_ -> the handle table's lock.
 // busy_ and wake_at_ are written by the stepping thread and read without step_mu_,
 // by Loop (under mu_) and Drive, to decide how long to sleep.
 #ifndef PERSEUS_ENGINE_H_
@@ -43,6 +46,7 @@
 #include "engine/process_set.h"
 #include "engine/schedule.h"
 #include "lane_api/lane_factory.h"
+#include "mpi/wait_policy.h"
 
 namespace perseus {
 
@@ -117,6 +121,20 @@ class Engine {
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
                    std::vector<Result>& results);
   void ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now);
+  // What the stall inspector needs to know of this rank's waits in `set`; the
+  // negotiator's part only for the stepping thread.
+  SetWaits WaitsOf(ProcessSet* set, bool stepping);
+  // Members that stopped answering (global ranks), from any thread: fails every
+  // request of the sets they are in, those already on lanes included, and has the next
+  // step stop those sets (StopLostSets) with `status`.
+  void LoseRanks(const std::vector<int>& lost, const Status& status);
+  void StopLostSets();
+  std::vector<std::shared_ptr<ProcessSet>> SetsWithLostRanks();  // under mu_
+  // The stall inspector's checks from a thread blocked in a collective (the wait
+  // policy's long-wait hook), at most once per probe interval: the thread that runs
+  // the engine may be the blocked one.
+  static void WatchFromWait(void* engine);
+  void Watch();
   // A control operation's first step (add_process_set, start_timeline): every rank
   // must arrive, within the stall check time. Else an error on the ranks that came,
   // "<operation> must be called on every rank: rank(s) [...] did not call it ...;
@@ -146,12 +164,21 @@ class Engine {
   bool stop_requested_ = false;
   bool stopped_ = false;
   std::string autotune_state_;  // for autotune_state(), which user threads call
+  std::vector<int> lost_ranks_;  // members that stopped answering (global ranks)
+  Status lost_status_;           // the error their sets stop with
   std::mutex step_mu_;      // held by whichever thread runs Iterate()
   bool single_set_ = true;  // under step_mu_: this rank is in one process set
   bool polled_ = false;      // under step_mu_: EndHold() was called before this step
   // Left by the last Iterate(): whether work is under way, and when to look again.
   std::atomic<bool> busy_{false};
   std::atomic<Clock::rep> wake_at_{Clock::time_point::max().time_since_epoch().count()};
+
+  // LoseRanks was called: the next step stops the sets of lost ranks.
+  std::atomic<bool> lost_pending_{false};
+  // Watch(): when it is next due, and how often.
+  std::atomic<Clock::rep> watch_at_{0};
+  const Clock::duration watch_interval_;
+  WaitHook watch_hook_{&Engine::WatchFromWait, this};
 
   std::mutex control_mu_;  // serialises process-set changes made by user threads
   std::thread thread_;

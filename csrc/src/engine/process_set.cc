@@ -25,12 +25,12 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
     set->negotiator = std::make_unique<Negotiator>(set->negotiation_comm, set->ranks, set->rank,
                                                    config.cache_capacity);
     set->done = done;
-    set->stall = std::make_unique<StallInspector>(config, set->negotiation_comm, set->rank,
-                                                  set->size());
+    set->stall = std::make_unique<StallInspector>(config, id, set->negotiation_comm, set->rank,
+                                                  set->ranks);
     for (size_t i = 0; i < set->lane_comms.size(); ++i) {
       std::unique_ptr<Lane> lane;
       status = lane_factory.MakeHostLane(
-          LaneSpec{static_cast<int>(i), set->lane_comms[i], set->rank, set->size(), &set->ranks, done},
+          LaneSpec{static_cast<int>(i), set->lane_comms[i], set->rank, set->size(), &set->ranks, done, id},
           &lane);
       if (!status.ok()) return status;
       set->lanes.push_back(std::move(lane));
@@ -44,6 +44,9 @@ ProcessSet::~ProcessSet() {
   tuner.reset();
   lanes.clear();  // each lane finishes its queue and joins its thread
   device_lanes.clear();
+  // A round still in flight here was never joined by a member that stopped answering:
+  // MPI may still write into its buffers, so the negotiator is left allocated.
+  if (negotiator && negotiator->active()) static_cast<void>(negotiator.release());
   negotiator.reset();
   stall.reset();
   for (MPI_Comm& c : lane_comms) MPI_Comm_free(&c);

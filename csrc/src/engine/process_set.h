@@ -8,7 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
@@ -43,10 +43,13 @@ struct ProcessSet {
   std::vector<MPI_Comm> device_comms;
   std::vector<std::unique_ptr<Lane>> device_lanes;
   size_t next_device_lane = 0;
+  int64_t device_batches = 0;  // GPU batches given to lanes: the next one's launch turn
   BatchDone done;  // what every lane of the set calls when a batch finishes
 
   // Guarded by the engine mutex.
-  std::unordered_set<std::string> in_flight;  // names submitted and not yet completed
+  // Requests submitted and not yet completed, by name (the stall inspector reads their
+  // age and, should a member stop answering, fails them: Engine::LoseRanks).
+  std::unordered_map<std::string, EntryPtr> in_flight;
   Hold holds[2];  // knobs' hold of CPU [0] and GPU [1] requests, for front ends that gather
   bool stopped = false;                       // no more rounds: shut down here or by a peer
   Status stop_status;

@@ -1,6 +1,7 @@
 #include "engine/stall_inspector.h"
 
 #include <algorithm>
+#include <iomanip>
 #include <sstream>
 
 #include "common/list_string.h"
@@ -11,19 +12,32 @@ namespace perseus {
 
 namespace {
 
-constexpr int kPingTag = 0x57a1;  // on the negotiation communicator; rounds use collectives
-// How often a rank looks for pings and at its own oldest request: a fraction of the
-// shortest configured time, so an idle peer answers well within it.
+// On the negotiation communicator, whose rounds use only collectives.
+constexpr int kPingTag = 0x57a1;  // payload: the kInspect* flags asked for (0: are you there?)
+constexpr int kPongTag = 0x57a2;  // the answer to a ping
+// How often an engine looks for pings: a fraction of the shortest configured time.
 constexpr double kProbeFraction = 0.25, kMinProbeS = 0.05, kMaxProbeS = 5.0;
+// A live peer answers within a probe interval; it is named as not responding after
+// this many (or half the shortest configured time, if longer) without an answer.
+constexpr int kReplyProbes = 2;
+constexpr int kProbeMisses = 8;
 constexpr size_t kMaxNamesShown = 10;
 
 Clock::duration Seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
+double SecondsOf(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The shortest stall time set (0: none).
+double Shortest(const Config& config) {
+  double warn_s = config.stall_check_seconds, shutdown_s = config.stall_shutdown_seconds;
+  return warn_s > 0 && shutdown_s > 0 ? std::min(warn_s, shutdown_s) : std::max(warn_s, shutdown_s);
+}
+
 std::string Describe(const StalledRequest& s) {
-  return "'" + s.name + "' (submitted by rank(s) " + ListString(s.holders) + ", missing on rank(s) " +
-         ListString(s.missing) + ")";
+  return "'" + s.name + "' (submitted by rank(s) " + ListString(s.holders) +
+         ", missing on rank(s) " + ListString(s.missing) + ")";
 }
 
 // "; rank(s) that stopped submitting: 1 (last submitted 'allreduce.b'), ..."
@@ -42,80 +56,177 @@ std::string DescribeIdle(const std::vector<IdleRank>& idle) {
   return out.str();
 }
 
+// "rank(s) [1] not responding (stopped, stuck or unreachable): no answer for 1.5 s,
+// while this rank waited 2.0 s for 'allreduce.x' (and 3 more requests)"
+std::string DescribeSilent(const std::vector<int>& silent, double silent_s, double waited_s,
+                           const SetWaits& waits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << "rank(s) " << ListString(silent)
+      << " not responding (stopped, stuck or unreachable): no answer for " << silent_s
+      << " s, while this rank waited " << waited_s << " s for '" << waits.oldest_name << "'";
+  if (waits.count > 1) out << " (and " << (waits.count - 1) << " more request(s))";
+  return out.str();
+}
+
 }  // namespace
 
-StallInspector::StallInspector(const Config& config, MPI_Comm comm, int rank, int size)
-    : warn_s_(config.stall_check_seconds),
+Clock::duration StallInspector::ProbeInterval(const Config& config) {
+  return Seconds(std::min(kMaxProbeS, std::max(kMinProbeS, Shortest(config) * kProbeFraction)));
+}
+
+StallInspector::StallInspector(const Config& config, int set_id, MPI_Comm comm, int rank,
+                               std::vector<int> global_ranks)
+    : set_id_(set_id),
+      warn_s_(config.stall_check_seconds),
       shutdown_s_(config.stall_shutdown_seconds),
       comm_(comm),
       rank_(rank),
-      size_(size) {
-  enabled_ = size_ > 1 && (warn_s_ > 0 || shutdown_s_ > 0);
-  double shortest = warn_s_ > 0 && shutdown_s_ > 0 ? std::min(warn_s_, shutdown_s_)
-                                                    : std::max(warn_s_, shutdown_s_);
-  probe_interval_ = Seconds(std::min(kMaxProbeS, std::max(kMinProbeS, shortest * kProbeFraction)));
-  next_probe_ = Clock::now() + probe_interval_;
+      global_ranks_(std::move(global_ranks)),
+      unanswered_(global_ranks_.size(), Clock::time_point::max()) {
+  enabled_ = global_ranks_.size() > 1 && (warn_s_ > 0 || shutdown_s_ > 0);
+  probe_interval_ = ProbeInterval(config);
+  ask_lead_ = kReplyProbes * probe_interval_;
+  reply_bound_ = std::max(ask_lead_, Seconds(Shortest(config) / 2));
+  next_check_ = (enabled_ ? Clock::now() + probe_interval_ : Clock::time_point::max())
+                    .time_since_epoch()
+                    .count();
   next_ask_ = next_warn_ = Clock::time_point::min();
 }
 
-bool StallInspector::Due(Clock::time_point now, Clock::time_point* wake_at) {
-  if (!enabled_) return false;
-  bool due = now >= next_probe_;
-  if (due) next_probe_ = now + probe_interval_;
-  *wake_at = std::min(*wake_at, next_probe_);
-  return due;
+StallVerdict StallInspector::Check(Clock::time_point now, const SetWaits& waits, bool stepping) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StallVerdict verdict;
+  deferred_flags_ |= ReadMessages();  // a peer's inspection counts as ours: join it
+  if (stepping) std::swap(verdict.inspect_flags, deferred_flags_);
+  Clock::time_point next = NextCheck(now, waits);
+  // Without the negotiator's part, keep the deadlines a stepping check set for it.
+  if (!stepping && next_check() > now) next = std::min(next, next_check());
+  next_check_ = next.time_since_epoch().count();
+  if (waits.oldest == Clock::time_point::max()) {
+    // Nothing waits: forget pings not answered yet, a later wait pings afresh.
+    std::fill(unanswered_.begin(), unanswered_.end(), Clock::time_point::max());
+    return verdict;
+  }
+  const int mine = stepping ? Asks(now, waits.oldest_pending) : 0;
+  if (mine || now - waits.oldest >= probe_interval_) Ping(mine, now);
+  verdict.inspect_flags |= mine;
+  if (!JudgeSilent(now, waits, &verdict) && stepping && !findings_.empty() &&
+      findings_for_ == waits.oldest_pending && now - waits.oldest_pending >= Seconds(warn_s_) &&
+      now >= next_warn_)
+    LogFindings(now, waits.oldest_pending);
+  return verdict;
 }
 
-int StallInspector::Check(Clock::time_point now, Clock::time_point oldest) {
-  int flags = ReceivePings();  // a peer's request counts as ours: join its inspection
-  if (oldest != Clock::time_point::max()) {
-    double waited = std::chrono::duration<double>(now - oldest).count();
-    int mine = 0;
-    if (shutdown_s_ > 0 && waited >= shutdown_s_) mine |= kInspectShutdown;
-    if (warn_s_ > 0 && waited >= warn_s_ && now >= next_ask_) {
-      mine |= kInspectWarn;
-      next_ask_ = now + Seconds(warn_s_);  // look again each stall time while it lasts
+int StallInspector::Asks(Clock::time_point now, Clock::time_point oldest_pending) {
+  if (oldest_pending == Clock::time_point::max()) return 0;
+  const Clock::duration waited = now - oldest_pending;
+  int flags = 0;
+  // Early enough for the round to be done by the check time: peers look every probe.
+  if (warn_s_ > 0 && waited >= Seconds(warn_s_) - ask_lead_ && now >= next_ask_) {
+    flags |= kInspectWarn;
+    next_ask_ = now + Seconds(warn_s_);  // look again each stall time while it lasts
+  }
+  if (shutdown_s_ > 0 && waited >= Seconds(shutdown_s_)) flags |= kInspectShutdown;
+  return flags;
+}
+
+bool StallInspector::JudgeSilent(Clock::time_point now, const SetWaits& waits,
+                                 StallVerdict* verdict) {
+  double silent_s = 0;
+  std::vector<int> silent = Silent(now, &silent_s);
+  if (silent.empty()) return false;
+  const Clock::duration waited = now - waits.oldest;
+  const std::string what = DescribeSilent(silent, silent_s, SecondsOf(waited), waits);
+  if (shutdown_s_ > 0 && waited >= Seconds(shutdown_s_)) {
+    verdict->lost = silent;
+    verdict->stop = Status::Error(PERSEUS_SHUT_DOWN,
+                                  "Perseus stopped process set " + std::to_string(set_id_) +
+                                      " at the stall shutdown time "
+                                      "(PERSEUS_STALL_SHUTDOWN_TIME_SECONDS): " + what);
+  } else if (warn_s_ > 0 && waited >= Seconds(warn_s_) && now >= next_warn_) {
+    next_warn_ = now + Seconds(warn_s_);
+    PERSEUS_LOG(kWarning) << "stall in process set " << set_id_ << ": " << what
+                          << ". Its process may be stopped (SIGSTOP), hung, or its node gone.";
+  }
+  return true;
+}
+
+Clock::time_point StallInspector::NextCheck(Clock::time_point now, const SetWaits& waits) const {
+  // The probe interval, and each moment at which this rank's waits cross a threshold.
+  Clock::time_point next = now + probe_interval_;
+  auto consider = [&](Clock::time_point since, double s, Clock::duration lead) {
+    if (since == Clock::time_point::max() || s <= 0) return;
+    Clock::time_point at = since + Seconds(s) - lead;
+    if (at > now) next = std::min(next, at);
+  };
+  consider(waits.oldest, SecondsOf(probe_interval_), Clock::duration::zero());  // first pings
+  consider(waits.oldest, warn_s_, Clock::duration::zero());
+  consider(waits.oldest, shutdown_s_, Clock::duration::zero());
+  consider(waits.oldest_pending, warn_s_, ask_lead_);
+  consider(waits.oldest_pending, warn_s_, Clock::duration::zero());
+  consider(waits.oldest_pending, shutdown_s_, Clock::duration::zero());
+  return next;
+}
+
+int StallInspector::ReadMessages() {
+  static const int kPong = 0;
+  int flags = 0;
+  auto mpi = LockMpi();
+  // A probe may miss a message that has arrived: MPI makes progress in steps (MPICH's
+  // shared memory polls a few senders per call), and a probe takes one step. An idle
+  // engine probes only at its checks, so it probes until several in a row find nothing.
+  const int enough = kProbeMisses + static_cast<int>(unanswered_.size());
+  for (int misses = 0; misses < enough;) {
+    int found = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &found, &status) != MPI_SUCCESS) break;
+    if (!found) {
+      ++misses;
+      continue;
     }
-    if (mine) PingOthers(mine);
-    flags |= mine;
+    int value = 0, from = status.MPI_SOURCE;
+    MPI_Recv(&value, 1, MPI_INT, from, status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
+    unanswered_[from] = Clock::time_point::max();  // any message: the peer's engine runs
+    if (status.MPI_TAG != kPingTag) continue;
+    flags |= value;
+    MPI_Request request;
+    // Fire and forget: the buffer is static, and a peer that is gone is no error here.
+    if (MPI_Isend(&kPong, 1, MPI_INT, from, kPongTag, comm_, &request) == MPI_SUCCESS)
+      MPI_Request_free(&request);
   }
   return flags;
 }
 
-int StallInspector::ReceivePings() {
-  int flags = 0;
-  auto mpi = LockMpi();
-  while (true) {
-    int found = 0;
-    MPI_Status status;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kPingTag, comm_, &found, &status) != MPI_SUCCESS || !found)
-      return flags;
-    int ping = 0;
-    MPI_Recv(&ping, 1, MPI_INT, status.MPI_SOURCE, kPingTag, comm_, MPI_STATUS_IGNORE);
-    flags |= ping;
-  }
-}
-
-void StallInspector::PingOthers(int flags) {
+void StallInspector::Ping(int flags, Clock::time_point now) {
   static const int kPings[] = {0, kInspectWarn, kInspectShutdown, kInspectWarn | kInspectShutdown};
   auto mpi = LockMpi();
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
+  for (int r = 0; r < static_cast<int>(unanswered_.size()); ++r) {
+    // A plain "are you there?" only when the last one was answered: one outstanding.
+    if (r == rank_ || (flags == 0 && unanswered_[r] != Clock::time_point::max())) continue;
     MPI_Request request;
-    // Fire and forget: the buffer is static, and a peer that is gone is no error here.
     if (MPI_Isend(&kPings[flags & 3], 1, MPI_INT, r, kPingTag, comm_, &request) == MPI_SUCCESS)
       MPI_Request_free(&request);
+    unanswered_[r] = std::min(unanswered_[r], now);
   }
 }
 
-void StallInspector::Warn(int set_id, const std::vector<StalledRequest>& stalled,
+std::vector<int> StallInspector::Silent(Clock::time_point now, double* longest_s) const {
+  std::vector<int> silent;
+  for (size_t r = 0; r < unanswered_.size(); ++r) {
+    if (unanswered_[r] == Clock::time_point::max() || now - unanswered_[r] < reply_bound_) continue;
+    silent.push_back(global_ranks_[r]);
+    *longest_s = std::max(*longest_s, SecondsOf(now - unanswered_[r]));
+  }
+  return silent;
+}
+
+void StallInspector::Warn(const std::vector<StalledRequest>& stalled,
                           const std::vector<IdleRank>& idle, Clock::time_point now,
-                          Clock::time_point oldest) {
-  // Other ranks' inspections reach this rank too: warn only about a wait of our own
-  // that has lasted the stall time, and only once per stall time.
-  if (warn_s_ <= 0 || oldest == Clock::time_point::max() || now < next_warn_ ||
-      now - oldest < Seconds(warn_s_))
-    return;
+                          Clock::time_point oldest_pending) {
+  std::lock_guard<std::mutex> lock(mu_);
+  findings_.clear();
+  if (warn_s_ <= 0 || oldest_pending == Clock::time_point::max()) return;
+  // Other ranks' inspections reach this rank too: only the names it submitted count.
   std::ostringstream names;
   size_t shown = 0, held = 0;
   for (const StalledRequest& s : stalled) {
@@ -125,13 +236,19 @@ void StallInspector::Warn(int set_id, const std::vector<StalledRequest>& stalled
   }
   if (held == 0) return;  // only the ranks that submitted warn
   if (held > kMaxNamesShown) names << "; and " << (held - kMaxNamesShown) << " more";
+  findings_ = names.str() + DescribeIdle(idle);
+  findings_for_ = oldest_pending;
+  if (now - oldest_pending >= Seconds(warn_s_) && now >= next_warn_) LogFindings(now, oldest_pending);
+}
+
+void StallInspector::LogFindings(Clock::time_point now, Clock::time_point oldest_pending) {
   next_warn_ = now + Seconds(warn_s_);
-  int waited = static_cast<int>(std::chrono::duration<double>(now - oldest).count());
-  PERSEUS_LOG(kWarning) << "stall in process set " << set_id << ": for " << waited
-                        << " s this rank has been waiting for other ranks to submit " << names.str()
-                        << DescribeIdle(idle)
+  int waited = static_cast<int>(SecondsOf(now - oldest_pending));
+  PERSEUS_LOG(kWarning) << "stall in process set " << set_id_ << ": for " << waited
+                        << " s this rank has been waiting for other ranks to submit " << findings_
                         << ". A rank may be skipping these collectives (e.g. it refused one with "
                            "an error of its own), or be stuck elsewhere.";
+  findings_.clear();
 }
 
 Status StallInspector::ShutdownError(int set_id, const std::vector<StalledRequest>& stalled,

@@ -1,20 +1,41 @@
 // The stall inspector of one process set: notices requests that have waited too long
-// for other ranks, and gets every member into one negotiation round that gathers all
-// pending names, so each rank can say which ranks are missing which tensor.
+// for other ranks and names the members holding them up. Symmetric (no coordinator),
+// and all its traffic flows only while a request waits: the steady-state round is
+// unchanged.
 //
-// Symmetric, no coordinator. A rank whose oldest request has waited past the stall
-// time asks for an inspection: it raises a flag in its next round and pings every
-// other member (a point-to-point message on the negotiation communicator, which never
-// matches the rounds' collectives). A member whose engine is idle (it submitted
-// nothing, so it runs no rounds and the asker's round cannot complete) finds the ping
-// when it next looks, every probe interval, and joins a round with the flag raised.
-// All of it happens only while something is stalled: the steady-state round is unchanged.
+// A member may hold a request up in two ways:
+// - It does not submit it (it refused it, skipped it, or is busy elsewhere, even in a
+//   long native call), but its engine runs. A rank whose oldest pending request has
+//   waited all but two probe intervals of the stall check time asks for an
+//   inspection: it raises a flag in its next round and pings every other member. An
+//   idle member (whose engine runs no rounds, so the round cannot complete) finds the
+//   ping when it next looks, at most a probe interval later, and joins a round with
+//   the flag raised. That round gathers every member's pending names, so each rank
+//   can say who lacks what; the warning goes out at the check time (later only if the
+//   round is late), the stall shutdown is a round every member stops in.
+// - It does not answer at all (stopped with SIGSTOP, hung in the kernel, its node
+//   gone): no round can complete without it. So while any request of the set waits
+//   (negotiating, running on a lane, or joined) for a probe interval, this rank keeps
+//   one ping outstanding to each peer, and every engine answers each ping it finds (a
+//   pong). A peer that leaves a ping unanswered for the reply bound is named as not
+//   responding, in the warning at the check time, and at the shutdown time this rank
+//   stops the set on its own, failing every request in it with an error naming the
+//   peer (Engine::LoseRanks).
+// Pings and pongs are point-to-point messages on the negotiation communicator, which
+// never match the rounds' collectives.
+//
+// Checks run on the thread that steps the engine and, should that thread be blocked
+// in a collective (a batch run inline, whose peer froze), on any thread that waits in
+// one (Engine::WatchFromWait): so a rank answers pings, and finds a lost peer, even
+// then. Hence the inspector's own lock (engine/engine.h gives the lock order).
 #ifndef PERSEUS_STALL_INSPECTOR_H_
 #define PERSEUS_STALL_INSPECTOR_H_
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,38 +64,85 @@ struct IdleRank {
   std::string last;  // the last name it submitted in this set, "" if none
 };
 
+// This rank's waits in the set, as the engine sees them at a check.
+struct SetWaits {
+  Clock::time_point oldest_pending = Clock::time_point::max();  // negotiating, join aside
+  Clock::time_point oldest = Clock::time_point::max();  // any request not completed yet
+  std::string oldest_name;                              // that request's name
+  size_t count = 0;                                     // requests not completed yet
+};
+
+// What a check asks of the engine.
+struct StallVerdict {
+  int inspect_flags = 0;  // kInspect* bits to raise in the next round
+  std::vector<int> lost;  // global ranks that stopped answering: stop the set with `stop`
+  Status stop;
+};
+
 class StallInspector {
  public:
-  StallInspector(const Config& config, MPI_Comm comm, int rank, int size);
+  StallInspector(const Config& config, int set_id, MPI_Comm comm, int rank,
+                 std::vector<int> global_ranks);
   bool enabled() const { return enabled_; }
 
-  // Called on every engine step: whether it is time to look (every probe interval);
-  // lowers *wake_at to the next probe time, so an idle engine wakes up to look.
-  bool Due(Clock::time_point now, Clock::time_point* wake_at);
-  // When Due(): reads peers' pings and checks `oldest`, when this rank's oldest
-  // pending request was submitted (Clock::time_point::max() if none). Returns the
-  // inspection flags to raise in the next round (0: none).
-  int Check(Clock::time_point now, Clock::time_point oldest);
+  // How often an engine looks for pings under `config`: a fraction of the shortest
+  // stall time.
+  static Clock::duration ProbeInterval(const Config& config);
 
-  // After an inspection round: warns about the stalled requests, on the ranks that
-  // submitted them and have waited the stall time, at most once per stall time.
-  void Warn(int set_id, const std::vector<StalledRequest>& stalled,
-            const std::vector<IdleRank>& idle, Clock::time_point now, Clock::time_point oldest);
+  // Whether it is time to Check: every probe interval (to answer peers), and at each
+  // deadline of this rank's waits. Cheap: the engine asks on every step.
+  bool Due(Clock::time_point now) const { return enabled_ && now >= next_check(); }
+  // When the engine must look again, idle or not; max() when off.
+  Clock::time_point next_check() const {
+    return Clock::time_point(Clock::duration(next_check_.load(std::memory_order_relaxed)));
+  }
+  // Answers peers' pings, pings peers while this rank waits, and decides what to ask
+  // for, warn about or stop. `stepping`: the caller runs the engine's step and raises
+  // the returned flags. Otherwise the flags that pings asked for are kept for the next
+  // stepping check, and waits.oldest_pending (the negotiator's) is not read.
+  StallVerdict Check(Clock::time_point now, const SetWaits& waits, bool stepping);
+
+  // After an inspection round: notes who lacks what among the names this rank
+  // submitted, and warns when the oldest has waited the stall time (at most once per
+  // stall time; else Check warns when it has).
+  void Warn(const std::vector<StalledRequest>& stalled, const std::vector<IdleRank>& idle,
+            Clock::time_point now, Clock::time_point oldest_pending);
   // The error every member stops the set with after a stall-shutdown round. Built only
   // from the gathered data, so it is the same text on every rank.
   static Status ShutdownError(int set_id, const std::vector<StalledRequest>& stalled,
                               const std::vector<IdleRank>& idle);
 
  private:
-  int ReceivePings();
-  void PingOthers(int flags);
+  int ReadMessages();
+  // The inspection flags this rank asks for, its oldest pending request being that old.
+  int Asks(Clock::time_point now, Clock::time_point oldest_pending);
+  // Names the peers that leave pings unanswered: a warning at the check time, a stop at
+  // the shutdown time. False when every peer answers.
+  bool JudgeSilent(Clock::time_point now, const SetWaits& waits, StallVerdict* verdict);
+  void Ping(int flags, Clock::time_point now);
+  std::vector<int> Silent(Clock::time_point now, double* longest_s) const;
+  void LogFindings(Clock::time_point now, Clock::time_point oldest_pending);
+  Clock::time_point NextCheck(Clock::time_point now, const SetWaits& waits) const;
 
+  std::mutex mu_;  // everything below that changes
   bool enabled_;
+  int set_id_;
   double warn_s_, shutdown_s_;
-  Clock::duration probe_interval_;
+  Clock::duration probe_interval_;  // how often an engine looks for pings
+  Clock::duration reply_bound_;     // a ping unanswered this long: the peer is not responding
+  Clock::duration ask_lead_;        // inspections are asked for this long before the check time
   MPI_Comm comm_;
-  int rank_, size_;
-  Clock::time_point next_probe_, next_ask_, next_warn_;
+  int rank_;
+  std::vector<int> global_ranks_;
+  // Per set rank: when the oldest ping it has not answered went out; max() if none.
+  std::vector<Clock::time_point> unanswered_;
+  std::atomic<Clock::rep> next_check_;
+  Clock::time_point next_ask_, next_warn_;
+  int deferred_flags_ = 0;  // asked for by pings a non-stepping check read
+  // The last inspection's description of this rank's stalled names, for the warning
+  // at the check time, and the oldest pending request it was gathered for.
+  std::string findings_;
+  Clock::time_point findings_for_;
 };
 
 }  // namespace perseus

@@ -22,6 +22,7 @@ struct LaneSpec {
   int rank, size;        // within the set
   const std::vector<int>* global_ranks;  // the set's, outliving the lane
   BatchDone done;
+  int set_id = 0;        // the process set's (names, messages)
 };
 
 class LaneFactory {
@@ -31,8 +32,10 @@ class LaneFactory {
   // A lane for CPU tensors. May make collective calls on spec.comm (hierarchical
   // mode splits it by node), so every member makes its lanes in the same order.
   virtual Status MakeHostLane(const LaneSpec& spec, std::unique_ptr<Lane>* out) = 0;
-  // A lane for GPU tensors; it opens, with the set's other members, at its first batch.
-  virtual std::unique_ptr<Lane> MakeDeviceLane(const LaneSpec& spec) = 0;
+  // The lanes for a set's GPU tensors, one per spec, made together: they launch their
+  // batches in the set's agreed order (Batch::launch_turn). Each opens, with the set's
+  // other members, at its first batch.
+  virtual std::vector<std::unique_ptr<Lane>> MakeDeviceLanes(const std::vector<LaneSpec>& specs) = 0;
 
   // Enqueue, on the framework's thread. The first GPU request warms the GPU runtime
   // (slow the first time: call outside engine locks).

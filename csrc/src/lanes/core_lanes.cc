@@ -1,6 +1,7 @@
 #include "lanes/core_lanes.h"
 
 #include <utility>
+#include <vector>
 
 #include "lanes/device_lane.h"
 #include "lanes/mpi_lane.h"
@@ -28,8 +29,11 @@ class CoreLanes : public LaneFactory {
     return Status::OK();
   }
 
-  std::unique_ptr<Lane> MakeDeviceLane(const LaneSpec& spec) override {
-    return std::make_unique<DeviceLane>(spec, thread_multiple_, gpu_);
+  std::vector<std::unique_ptr<Lane>> MakeDeviceLanes(const std::vector<LaneSpec>& specs) override {
+    auto turns = std::make_shared<gpu::LaunchSequence>();  // the set's, shared by its lanes
+    std::vector<std::unique_ptr<Lane>> lanes;
+    for (const LaneSpec& spec : specs) lanes.push_back(std::make_unique<DeviceLane>(spec, thread_multiple_, gpu_, turns));
+    return lanes;
   }
 
   void WarmGpu() override { perseus::WarmGpu(gpu_); }

@@ -1,6 +1,7 @@
 #include "lanes/device_lane.h"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -8,11 +9,12 @@
 
 namespace perseus {
 
-DeviceLane::DeviceLane(const LaneSpec& spec, bool thread_multiple, const GpuSettings& settings)
+DeviceLane::DeviceLane(const LaneSpec& spec, bool thread_multiple, const GpuSettings& settings,
+                       std::shared_ptr<gpu::LaunchSequence> turns)
     : index_(spec.index),
       done_(spec.done),
-      runner_(gpu::DeviceRunnerArgs{spec.index, spec.comm, spec.rank, spec.size, spec.global_ranks,
-                                    thread_multiple, settings}),
+      runner_(gpu::DeviceRunnerArgs{spec.index, spec.set_id, spec.comm, spec.rank, spec.size, spec.global_ranks,
+                                    thread_multiple, settings, std::move(turns)}),
       worker_("perseus-gpulane", [this](const Batch& batch) { Execute(batch); }) {}
 
 DeviceLane::~DeviceLane() { worker_.Stop(); }  // then runner_ drains its stream

@@ -4,8 +4,11 @@
 #ifndef PERSEUS_LANES_DEVICE_LANE_H_
 #define PERSEUS_LANES_DEVICE_LANE_H_
 
+#include <memory>
+
 #include "cuda/device_backend.h"
 #include "cuda/device_runner.h"
+#include "cuda/launch_order.h"
 #include "lane_api/lane_factory.h"
 #include "lanes/lane_worker.h"
 
@@ -13,8 +16,10 @@ namespace perseus {
 
 class DeviceLane : public Lane {
  public:
-  // `thread_multiple`: MPI_THREAD_MULTIPLE, without which every batch fails.
-  DeviceLane(const LaneSpec& spec, bool thread_multiple, const GpuSettings& settings);
+  // `thread_multiple`: MPI_THREAD_MULTIPLE, without which every batch fails. `turns`:
+  // the launch order shared by the set's device lanes.
+  DeviceLane(const LaneSpec& spec, bool thread_multiple, const GpuSettings& settings,
+             std::shared_ptr<gpu::LaunchSequence> turns);
   ~DeviceLane() override;  // finishes queued batches, waits for the stream, frees all
   void Push(Batch batch) override;
   bool TryRunInline(const Batch& batch) override;

@@ -1,5 +1,6 @@
 #include "lanes/mpi_lane.h"
 
+#include <csignal>
 #include <cstdlib>
 
 #include "collectives/collectives.h"
@@ -11,14 +12,19 @@ namespace perseus {
 
 namespace {
 
-// Test hook (tests/mpi/exit_in_mpi.py): PERSEUS_TEST_EXIT_IN_LANE=<wire name> makes
-// the lane that runs that request call exit(70) while it holds the MPI lock, as MPI
-// itself does when a call fails fatally. Read once; off unless set.
-void ExitIfHooked(const Batch& batch) {
-  static const char* hooked = std::getenv("PERSEUS_TEST_EXIT_IN_LANE");
-  if (hooked == nullptr) return;
-  for (const BatchItem& item : batch.items)
-    if (item.meta.name == hooked) std::exit(70);
+// Test hooks, read once, off unless set. PERSEUS_TEST_EXIT_IN_LANE=<wire name>
+// (tests/mpi/exit_in_mpi.py) makes the lane that runs that request call exit(70) while
+// it holds the MPI lock, as MPI itself does when a call fails fatally.
+// PERSEUS_TEST_STOP_IN_LANE=<wire name> (tests/mpi/frozen_rank.py) stops the process
+// there (SIGSTOP): its peers are left inside that collective with a frozen rank.
+void FaultIfHooked(const Batch& batch) {
+  static const char* exit_in = std::getenv("PERSEUS_TEST_EXIT_IN_LANE");
+  static const char* stop_in = std::getenv("PERSEUS_TEST_STOP_IN_LANE");
+  if (exit_in == nullptr && stop_in == nullptr) return;
+  for (const BatchItem& item : batch.items) {
+    if (exit_in != nullptr && item.meta.name == exit_in) std::exit(70);
+    if (stop_in != nullptr && item.meta.name == stop_in) raise(SIGSTOP);
+  }
 }
 
 }  // namespace
@@ -55,7 +61,7 @@ void MpiLane::Execute(const Batch& batch) {
   const auto start = traced ? Clock::now() : Clock::time_point();
   {
     auto mpi = LockMpi();
-    ExitIfHooked(batch);
+    FaultIfHooked(batch);
     status = RunMpiBatch(batch, ctx, &results, &statuses);
   }
   if (traced) TraceLaneBatch(batch, index_, start, Clock::now());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <thread>
 
 #include "mpi/mpi_status.h"
@@ -10,6 +11,8 @@ namespace perseus {
 
 namespace {
 std::atomic<int> g_waiters{0};
+std::atomic<bool> g_peer_lost{false};
+std::atomic<const WaitHook*> g_wait_hook{nullptr};
 constexpr auto kMaxPoll = std::chrono::microseconds(200);
 }  // namespace
 
@@ -18,6 +21,9 @@ void RemoveWaiter() { g_waiters.fetch_sub(1, std::memory_order_relaxed); }
 WaiterScope::WaiterScope() { AddWaiter(); }
 WaiterScope::~WaiterScope() { RemoveWaiter(); }
 bool SomeoneWaits() { return g_waiters.load(std::memory_order_relaxed) > 0; }
+void SetWaitHook(const WaitHook* hook) { g_wait_hook.store(hook); }
+void MarkPeerLost() { g_peer_lost.store(true); }
+bool PeerLost() { return g_peer_lost.load(); }
 
 Clock::duration PollGap(Clock::duration waited, Clock::duration spin) {
   if (waited < spin) return Clock::duration::zero();
@@ -36,7 +42,12 @@ Status CompleteRequest(int start_rc, MPI_Request* request, const char* what) {
     // would slow the late peer that everyone waits for.
     Clock::duration gap =
         PollGap(Clock::now() - start, SomeoneWaits() ? kDriverSpin : kBackgroundSpin);
-    if (gap > Clock::duration::zero()) std::this_thread::sleep_for(gap);
+    if (gap == Clock::duration::zero()) continue;
+    if (const WaitHook* hook = g_wait_hook.load()) hook->call(hook->arg);
+    if (PeerLost())
+      return Status::Error(PERSEUS_SHUT_DOWN,
+                           std::string(what) + " abandoned: a rank stopped responding");
+    std::this_thread::sleep_for(gap);
   }
 }
 

@@ -44,8 +44,26 @@ constexpr auto kBackgroundSpin = std::chrono::microseconds(20);
 Clock::duration PollGap(Clock::duration waited, Clock::duration spin);
 
 // Completes the request of a non-blocking MPI call that returned `start_rc`, by the
-// policy above. `what` names the call in errors.
+// policy above. `what` names the call in errors. Once a peer is lost, a request that
+// does not complete within the spin fails instead: it may wait on that peer forever.
 Status CompleteRequest(int start_rc, MPI_Request* request, const char* what);
+
+// Called now and then by a thread that waits long in CompleteRequest (past its spin,
+// once per pause): the engine's stall inspector checks from there, since the waiting
+// thread may be the one that runs the engine. Null: none. Not used with serialized MPI,
+// where the waiting thread holds the MPI lock.
+struct WaitHook {
+  void (*call)(void* arg);
+  void* arg;
+};
+void SetWaitHook(const WaitHook* hook);
+
+// A member stopped answering and the stall inspector gave up on it. From then on this
+// process's MPI waits give up rather than wait for it, and MPI is not finalized at
+// exit (MPI_Finalize would wait for it too): the process exits, and mpirun ends the
+// job. Never cleared.
+void MarkPeerLost();
+bool PeerLost();
 
 }  // namespace perseus
 

@@ -7,6 +7,10 @@ torch: in place for all_reduce and broadcast, into the given output tensor or li
 otherwise. async_op=True returns a Work (wait(), is_completed(), get_future());
 async_op=False returns None. `src` and `dst` ranks are global ranks, as in torch.
 A process outside `group` skips the call with a warning, as torch does.
+
+A Perseus addition: `name` (keyword only) names the request, as Horovod's name does,
+so the core agrees on a repeated call by its cached bit instead of its metadata
+(the "perseus" backend passes names; see backend.py).
 """
 
 import warnings
@@ -60,19 +64,20 @@ def _same_tensor_shapes(tensors, like, what):
                                                                 tuple(like.shape), like.dtype))
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, name=None):
     """Reduces `tensor` over the group, in place."""
     code = core_op(op)
     process_set = _member_set(group, "all_reduce")
     if process_set is None:
         return None
     if not async_op:
-        _mpi_ops.allreduce_(tensor, op=code, process_set=process_set)
+        _mpi_ops.allreduce_(tensor, name=name, op=code, process_set=process_set)
         return None
-    return Work(_mpi_ops.allreduce_async_(tensor, op=code, process_set=process_set), [tensor])
+    return Work(_mpi_ops.allreduce_async_(tensor, name=name, op=code, process_set=process_set),
+                [tensor])
 
 
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, name=None):
     """Overwrites `tensor` with rank `src`'s (global rank; or `group_src`, the rank
     within the group)."""
     process_set = _member_set(group, "broadcast")
@@ -88,12 +93,13 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
         src = process_set.ranks[group_src]
     src = integer(src, "broadcast src")
     if not async_op:
-        _mpi_ops.broadcast_(tensor, src, process_set=process_set)
+        _mpi_ops.broadcast_(tensor, src, name=name, process_set=process_set)
         return None
-    return Work(_mpi_ops.broadcast_async_(tensor, src, process_set=process_set), [tensor])
+    return Work(_mpi_ops.broadcast_async_(tensor, src, name=name, process_set=process_set),
+                [tensor])
 
 
-def all_gather(tensor_list, tensor, group=None, async_op=False):
+def all_gather(tensor_list, tensor, group=None, async_op=False, *, name=None):
     """Fills tensor_list[i] with rank i's `tensor` (every rank's has the same shape)."""
     _tensors("all_gather", tensor=tensor)
     process_set = _member_set(group, "all_gather")
@@ -105,7 +111,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     _same_tensor_shapes(tensor_list, tensor, "all_gather tensor_list")
     # One row per rank: the core concatenates along dim 0.
     handle = _mpi_ops.allgather_async(tensor.reshape((1,) + tuple(tensor.shape)),
-                                      process_set=process_set)
+                                      name=name, process_set=process_set)
 
     def finish(gathered):
         torch._foreach_copy_(list(tensor_list), list(gathered.unbind(0)))
@@ -113,7 +119,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     return _run(handle, list(tensor_list), finish, async_op)
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *,
+                           name=None):
     """Concatenates every rank's input into output_tensor, in rank order: output is
     (world * d0, ...) or (world, *input.shape)."""
     _tensors("all_gather_into_tensor", output_tensor=output_tensor, input_tensor=input_tensor)
@@ -128,7 +135,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
                                                        output_tensor.dtype, size,
                                                        tuple(input_tensor.shape),
                                                        input_tensor.dtype))
-    handle = _mpi_ops.allgather_async(input_tensor.reshape(1, -1), process_set=process_set)
+    handle = _mpi_ops.allgather_async(input_tensor.reshape(1, -1), name=name,
+                                      process_set=process_set)
 
     def finish(gathered):
         output_tensor.copy_(gathered.view(output_tensor.shape))
@@ -136,7 +144,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return _run(handle, [output_tensor], finish, async_op)
 
 
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
+                          name=None):
     """Reduces `input` (world equal chunks, in rank order) over the group; this rank's
     chunk of the result goes to `output`."""
     _tensors("reduce_scatter_tensor", output=output, input=input)
@@ -151,7 +160,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
                                                                     input.dtype, size,
                                                                     tuple(output.shape),
                                                                     output.dtype))
-    handle = _mpi_ops.reducescatter_async(input.reshape(size, -1), op=code,
+    handle = _mpi_ops.reducescatter_async(input.reshape(size, -1), name=name, op=code,
                                           process_set=process_set)
 
     def finish(mine):
@@ -161,7 +170,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
-                      group=None, async_op=False):
+                      group=None, async_op=False, *, name=None):
     """Sends input_split_sizes[i] rows of `input` (dim 0, in order; None: equal
     parts) to rank i and writes what every rank sent here into `output`, in rank
     order (output_split_sizes[i] rows from rank i)."""
@@ -186,7 +195,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         if output.dim() == 0 or output.shape[0] != expected_rows:
             raise ValueError("all_to_all_single: output_split_sizes sum to %d rows but the "
                              "output has shape %s" % (expected_rows, tuple(output.shape)))
-    handle = _mpi_ops.alltoall_async(input, splits=input_split_sizes, process_set=process_set)
+    handle = _mpi_ops.alltoall_async(input, splits=input_split_sizes, name=name,
+                                     process_set=process_set)
 
     def finish(value):
         received, splits = value

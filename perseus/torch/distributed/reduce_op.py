@@ -41,7 +41,9 @@ def core_op(op):
     for anything else."""
     ours = op
     if not isinstance(op, _Op):
-        # torch.distributed.ReduceOp.SUM (a RedOpType enum) or a ReduceOp instance.
+        # torch.distributed.ReduceOp.SUM (a RedOpType enum) or a ReduceOp instance
+        # (what torch's option structs hold: its `op` is the enum).
+        op = getattr(op, "op", op)
         name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
         ours = getattr(ReduceOp, str(name).upper(), None)
         if not isinstance(ours, _Op):

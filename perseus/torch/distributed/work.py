@@ -1,38 +1,61 @@
 """Work: what a collective called with async_op=True returns, as in torch.
 
 A Work wraps one Perseus handle. wait() synchronizes it (the GIL is released while
-waiting) and then runs the call's `finish` step, e.g. copying an allgather's rows
-into the caller's tensor list. is_completed() polls without blocking.
+waiting, and the waiting thread drives the engine) and then runs the call's `finish`
+step, e.g. copying an allgather's rows into the caller's tensor list. is_completed()
+polls without blocking. It is a torch.distributed.Work, so the "perseus" backend
+(backend.py) hands it to torch's C++ code (DDP's reducer) as it is.
 
-get_future() returns a torch.futures.Future completed with the output tensors. The
-core has no completion callbacks, so one daemon thread (started on first use) waits
-on the works whose futures were asked for, in submission order, and completes the
-futures; their then() callbacks run on that thread, as they run on torch's
-communication thread. Works nobody asks a future of never touch that thread.
+get_future() returns a torch.futures.Future completed with the output tensors.
 
-CUDA outputs: wait() makes the caller's current stream wait for the collective (as
-torch's). That thread has its own current stream, so it synchronizes, and runs the
-callbacks, on the stream that was current where the Work was made.
+CPU outputs: get_future() waits for the collective, as wait() does, and returns the
+future complete; then() callbacks run at once on the caller's thread. On the CPU the
+collective needs the cores the caller computes on: a thread that waits beside it, and
+drives MPI, only competes with that computation (torch's DDP over "perseus" on 2
+cores took 5-15 % longer per step so on ddp_bench's many_small, up to 45 % on large:
+benchmarks/README.md, issue 38). Safe
+where every rank submits collectives in the same order, as torch.distributed
+requires; Work(background=True) is for a caller that does not.
+
+CUDA outputs (and background works): the handle completes once the device work is
+queued, so waiting for it means waiting for the peers, which the caller should not.
+Threads of a small pool (started on first use) wait on those works, in submission
+order, blocked in the core (no polling), and complete the futures; their then()
+callbacks run on that thread, as on torch's communication threads. A callback may
+itself wait for a later collective (PowerSGD's hook does), so before a thread runs
+callbacks it makes sure another is free to complete that one. wait() makes the
+caller's current stream wait for the collective (as torch's); a pool thread
+synchronizes, and completes the future, on the stream that was current where the
+Work was made, and the future, made for the outputs' devices, records its event
+there: whoever uses the result (a callback, DDP's reducer) waits on the device,
+never the host.
 """
 
 import contextlib
+import os
 import queue
 import threading
 import time
 
 import torch
+import torch.distributed as _torch_dist
 
 from perseus.common import requests as _requests
 
 
-class Work:
+class Work(_torch_dist.Work):
     """One asynchronous collective. `finish()` (optional) runs once the handle has
-    completed and returns the output tensors (what result() and the future give)."""
+    completed; result() and the future give `outputs`. background=True: a CPU work's
+    future is completed by the pool too, for a caller whose peers may submit their
+    collectives in another order (the drop-in DDP's reducer), where waiting for one
+    in get_future() could wait for a peer that waits for another."""
 
-    def __init__(self, handle, outputs, finish=None):
+    def __init__(self, handle, outputs, finish=None, background=False):
+        super().__init__()
         self._handle = handle
         self._outputs = outputs
         self._finish = finish
+        self._background = background
         self._lock = threading.Lock()
         self._done = False
         self._error = None
@@ -63,11 +86,12 @@ class Work:
     def wait(self, timeout=None):
         """Blocks until the collective is done; raises its error. Returns True.
 
-        timeout (a datetime.timedelta or seconds): raise TimeoutError when the
-        collective has not completed by then; it stays pending.
+        timeout (a datetime.timedelta or seconds; 0 or None: none, as torch's
+        default): raise TimeoutError when the collective has not completed by then;
+        it stays pending.
         """
-        if timeout is not None and not self._done:
-            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        if seconds and not self._done:
             deadline = time.monotonic() + float(seconds)
             while not self.is_completed():
                 if time.monotonic() >= deadline:
@@ -78,7 +102,8 @@ class Work:
             raise self._error
         return True
 
-    synchronize = wait
+    def synchronize(self):
+        self.wait()
 
     def is_completed(self):
         """True once the collective has finished (successfully or not)."""
@@ -103,22 +128,35 @@ class Work:
         return self._outputs
 
     def get_future(self):
-        """A torch.futures.Future completed with result() (or the error)."""
+        """A torch.futures.Future completed with result() (or the error). For CPU
+        outputs it is complete when returned (see the module's docstring)."""
         if self._future is None:
-            self._future = torch.futures.Future()
+            self._future = torch.futures.Future(devices=_devices(self._outputs))
+            if self._stream is None and not self._background:
+                self._complete()
             if self._done:
                 _settle(self)
             else:
-                _completer().put(self)
+                _pool().put(self)
         return self._future
+
+
+def _tensors(outputs):
+    return outputs if isinstance(outputs, (list, tuple)) else (outputs,)
 
 
 def _creator_stream(outputs):
     """The current stream of the first CUDA output's device, or None."""
-    for t in outputs if isinstance(outputs, (list, tuple)) else (outputs,):
+    for t in _tensors(outputs):
         if isinstance(t, torch.Tensor) and t.is_cuda:
             return torch.cuda.current_stream(t.device)
     return None
+
+
+def _devices(outputs):
+    """The CUDA devices of the outputs (a future holding CUDA tensors must name them)."""
+    devices = {t.device for t in _tensors(outputs) if isinstance(t, torch.Tensor) and t.is_cuda}
+    return sorted(devices, key=lambda d: d.index) or None
 
 
 def _on_creator_stream(work):
@@ -127,33 +165,72 @@ def _on_creator_stream(work):
 
 
 def _settle(work):
-    if work._error is not None:
-        work._future.set_exception(work._error)
-    else:
-        work._future.set_result(work._outputs)
+    try:
+        if work._error is not None:
+            work._future.set_exception(work._error)
+        else:
+            work._future.set_result(work._outputs)
+    except Exception:
+        pass  # a then() callback's failure is already recorded in its own future
 
 
-_queue = None
-_queue_lock = threading.Lock()
+class _Pool:
+    """Threads that complete futures: each takes the next work, waits for it (in the
+    core, GIL released), then settles its future, running its callbacks. A thread
+    about to run callbacks first starts another when none is free, since a callback
+    may wait for a collective queued behind it."""
 
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._free = 0  # threads waiting for a work
+        self._threads = 0
 
-def _completer():
-    """The queue of the thread that completes futures, started on first use."""
-    global _queue
-    with _queue_lock:
-        if _queue is None:
-            _queue = queue.SimpleQueue()
-            threading.Thread(target=_complete_futures, args=(_queue,), daemon=True,
-                             name="perseus-futures").start()
-        return _queue
+    def put(self, work):
+        with self._lock:
+            if self._threads == 0:
+                self._start()
+        self._queue.put(work)
 
+    def _start(self):  # with _lock held
+        self._threads += 1
+        threading.Thread(target=self._run, daemon=True,
+                         name="perseus-futures-%d" % self._threads).start()
 
-def _complete_futures(pending):
-    while True:
-        work = pending.get()
-        with _on_creator_stream(work):
-            work._complete()
-            try:
+    def _run(self):
+        while True:
+            with self._lock:
+                self._free += 1
+            work = self._queue.get()
+            with self._lock:
+                self._free -= 1
+            with _on_creator_stream(work):
+                work._complete()
+                with self._lock:
+                    if self._free == 0:
+                        self._start()
                 _settle(work)
-            except Exception:
-                pass  # a then() callback's failure is already recorded in its own future
+            work = None
+
+
+_the_pool = None
+_pool_lock = threading.Lock()
+
+
+def _pool():
+    """The pool, started on first use (and anew in a forked child)."""
+    global _the_pool
+    if _the_pool is None:
+        with _pool_lock:
+            if _the_pool is None:
+                _the_pool = _Pool()
+    return _the_pool
+
+
+def _forget_pool():
+    global _the_pool
+    _the_pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)

@@ -14,6 +14,8 @@ import torch
 from perseus.common import ops as _ops
 from perseus.torch import mpi_ops as _mpi_ops
 from perseus.torch.distributed.process_group import process_set_of
+# background: the reducer submits buckets as they fill, in an order that may differ
+# between ranks, so a future must not be waited for where it is made.
 from perseus.torch.distributed.work import Work
 
 
@@ -23,7 +25,7 @@ def _reduce(state, bucket, wire_dtype):
     if wire_dtype is None or buffer.dtype == wire_dtype:
         handle = _mpi_ops.allreduce_async_(buffer, name=bucket._name + ".hook", op=_ops.Average,
                                            process_set=process_set)
-        return Work(handle, buffer).get_future()
+        return Work(handle, buffer, background=True).get_future()
     # Divided before the sum, as torch does, so a half-precision sum cannot overflow
     # where the average would not.
     wire = buffer.to(wire_dtype)
@@ -34,7 +36,7 @@ def _reduce(state, bucket, wire_dtype):
     def decompress(future):
         return buffer.copy_(future.value())
 
-    return Work(handle, wire).get_future().then(decompress)
+    return Work(handle, wire, background=True).get_future().then(decompress)
 
 
 def allreduce_hook(process_group, bucket):

@@ -1,0 +1,78 @@
+"""Registers the torch.distributed backend "perseus" (done by `import perseus.torch`).
+
+torch.distributed.init_process_group("perseus") under mpirun then runs torch's own
+collectives, DDP, FSDP2 and ZeroRedundancyOptimizer on Perseus (the backend is
+perseus/torch/distributed/backend.py, imported at the first perseus group, so this
+module loads neither the core nor MPI).
+
+Two of torch's functions are wrapped, and only change what they do for perseus:
+  * init_process_group: ranks come from MPI, not from init_method (torch's env://
+    or tcp:// rendezvous would wait for variables and peers mpirun does not give);
+  * _new_process_group_helper, through which every group is made: a Perseus
+    process set is registered collectively on every rank, while torch asks only the
+    group's members for their group.
+"""
+
+import functools
+import inspect
+
+import torch.distributed as _torch_dist
+import torch.distributed.distributed_c10d as _c10d
+
+NAME = "perseus"
+
+
+def _backend_module():
+    from perseus.torch.distributed import backend
+    return backend
+
+
+def _names_perseus(backend):
+    """Whether a backend argument ("perseus", "cpu:perseus,cuda:nccl", a Backend) uses
+    perseus for some device."""
+    if backend is None:
+        return False
+    return any(part.rpartition(":")[2].strip().lower() == NAME
+               for part in str(backend).split(","))
+
+
+def _create(options, backend_options=None):
+    return _backend_module().create(options, backend_options)
+
+
+def _wrap_init(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if not _names_perseus(bound.arguments.get("backend")):
+            return original(*args, **kwargs)
+        return _backend_module().init_process_group(original, dict(bound.arguments))
+
+    init_process_group._perseus_original = original
+    return init_process_group
+
+
+def _wrap_group_helper(original):
+    @functools.wraps(original)
+    def helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+        if global_ranks_in_group and _names_perseus(backend):
+            _backend_module().register_set(global_ranks_in_group)
+        return original(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs)
+
+    helper._perseus_original = original
+    return helper
+
+
+def register():
+    """Registers "perseus" for CPU and CUDA tensors and wraps torch's two functions;
+    once per process."""
+    if hasattr(_c10d.init_process_group, "_perseus_original"):
+        return
+    _torch_dist.Backend.register_backend(NAME, _create, extended_api=True,
+                                         devices=["cpu", "cuda"])
+    wrapped = _wrap_init(_c10d.init_process_group)
+    _c10d.init_process_group = wrapped
+    _torch_dist.init_process_group = wrapped
+    _c10d._new_process_group_helper = _wrap_group_helper(_c10d._new_process_group_helper)

@@ -1,0 +1,386 @@
+"""The torch.distributed backend "perseus": torch's own collectives, DDP (its C++
+reducer), FSDP2 and ZeroRedundancyOptimizer on Perseus's engine.
+
+perseus/torch/c10d.py registers the name when perseus.torch is imported and routes
+init_process_group("perseus") and new groups here; this module does the work:
+
+  * init_process_group(): ranks from MPI (process_group.init_process_group, which
+    warns once about a script's contradicting world_size or rank), and the store
+    torch wants: a TCPStore served by rank 0 (its port sent over Perseus), or a
+    HashStore in a world of one. The backend itself never uses it; torch's own code
+    may (a gloo group made with new_group(backend="gloo"), store-based barriers).
+  * a group is a process set: the default group the global set, new_group(ranks)
+    the set of those ranks, registered on every rank before torch asks only the
+    members for their group (register_set(), from c10d.py's hook).
+  * ProcessGroupPerseus is a torch ProcessGroup written in Python. Each collective is
+    one Perseus request (a coalesced call one grouped request) made by the
+    functions of collectives.py, and returns their Work, whose get_future() is
+    what DDP's reducer and its comm hooks chain on. Results, mismatch errors and
+    argument checks are those of Perseus's own API.
+"""
+
+import itertools
+import os
+import socket
+
+import torch
+import torch.distributed as _torch_dist
+
+from perseus.common import basics as _basics
+from perseus.common import process_sets as _process_sets
+from perseus.common import requests as _requests
+from perseus.torch import functions as _functions
+from perseus.torch import mpi_ops as _mpi_ops
+from perseus.torch.distributed import collectives as _collectives
+from perseus.torch.distributed import process_group as _process_group
+from perseus.torch.distributed.reduce_op import core_op
+from perseus.torch.distributed.work import Work
+
+NAME = "perseus"
+
+# The torch.distributed calls behind each operation Perseus does not have.
+_UNSUPPORTED = {
+    "send": "send, isend, send_object_list and batch_isend_irecv (point-to-point)",
+    "recv": "recv, irecv, recv_object_list and batch_isend_irecv (point-to-point)",
+    "recv_anysource": "recv and irecv from any rank (point-to-point)",
+    "allgather_coalesced": "all_gather_coalesced (deprecated; all_gather_into_tensor works)",
+}
+
+
+def unsupported(op):
+    """The error for an operation the backend does not have."""
+    return NotImplementedError(
+        "torch.distributed %s: not supported by the 'perseus' backend; the 'gloo' (CPU), "
+        "'nccl' (CUDA) and 'mpi' backends have it: make a group for it with "
+        "torch.distributed.new_group(backend='gloo')" % _UNSUPPORTED[op])
+
+
+# ---- init ------------------------------------------------------------------------
+
+def init_process_group(original, arguments):
+    """torch's init_process_group (`original`, its bound `arguments`) for the perseus
+    backend: starts Perseus, then lets torch build the default group over a store of
+    ours with MPI's rank and size. A store the caller gave is used as it is."""
+    _process_group.init_process_group(world_size=arguments.get("world_size", -1),
+                                      rank=arguments.get("rank", -1))
+    rank, size = _basics.rank(), _basics.size()
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if size == 1 and launched > 1:
+        # torchrun and the like start each process alone: each would train by itself.
+        raise RuntimeError("init_process_group('perseus'): this process is an MPI world of "
+                           "one, but WORLD_SIZE=%d says it is one of %d processes (started "
+                           "by torchrun?); the 'perseus' backend takes its ranks from MPI: "
+                           "launch with mpirun -np %d" % (launched, launched, launched))
+    if arguments.get("store") is None:
+        arguments["store"] = _make_store(rank, size)
+    arguments.update(init_method=None, rank=rank, world_size=size)
+    # The group binds to no device: Perseus picks MPI or NCCL per tensor, and torch
+    # would ask a device backend of a Python group for splitting at once.
+    arguments.pop("device_id", None)
+    return original(**arguments)
+
+
+def _make_store(rank, size):
+    """A store every rank shares: a TCPStore served by rank 0 on a free port, told to
+    the others over Perseus."""
+    if size == 1:
+        return _torch_dist.HashStore()
+    address = None
+    server = None
+    if rank == 0:
+        host = "127.0.0.1" if _basics.local_size() == size else socket.gethostname()
+        server = _torch_dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False)
+        address = (host, server.port)
+    host, port = _functions.broadcast_object(address, 0, name="perseus.torch.store")
+    return server or _torch_dist.TCPStore(host, port, size, is_master=False)
+
+
+# ---- groups ----------------------------------------------------------------------
+
+def register_set(ranks):
+    """The process set of a new group's global ranks, registered now if it is not yet:
+    collective, so every rank calls it as torch makes the group, members or not."""
+    return _process_group.new_group(ranks).process_set
+
+
+def create(options, backend_options=None):
+    """register_backend's creator (extended API): the group of
+    options.global_ranks_in_group (empty: every rank), whose set register_set()
+    registered."""
+    ranks = list(options.global_ranks_in_group) or None
+    process_set = (_process_sets.global_process_set if ranks is None
+                   else _process_sets.find_process_set(ranks))
+    if process_set is None:
+        raise RuntimeError("the 'perseus' backend found no process set for the group of "
+                           "ranks %s; make groups with torch.distributed.new_group() after "
+                           "importing perseus.torch" % ranks)
+    if process_set.rank() != options.group_rank or process_set.size() != options.group_size:
+        raise RuntimeError("the 'perseus' backend: torch places this rank at %d of %d in the "
+                           "group of ranks %s, Perseus at %d of %d"
+                           % (options.group_rank, options.group_size, ranks,
+                              process_set.rank(), process_set.size()))
+    return ProcessGroupPerseus(process_set)
+
+
+# ---- the process group -----------------------------------------------------------
+
+# Names per kind of collective and group that the core caches: a call takes the next
+# of them in turn, so a sequence of collectives that repeats with a period dividing
+# this (a DDP step's buckets and buffer broadcasts) is agreed by cached bits alone.
+# Names carry no shape or dtype: ranks that disagree on those still meet under one
+# name, and the core fails the call on every rank.
+_NAMES = 60
+_groups_per_set = {}  # process set id -> groups made over it so far (name prefixes)
+
+
+def _one(tensors, what):
+    if len(tensors) != 1:
+        raise ValueError("the 'perseus' backend's %s takes one tensor per call, got %d"
+                         % (what, len(tensors)))
+    return tensors[0]
+
+
+def _flat(tensors):
+    """One contiguous 1-D tensor holding `tensors` in order (a copy)."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+
+def _scatter_into(targets, flat):
+    """Copies consecutive pieces of the 1-D `flat` into `targets`."""
+    offset = 0
+    for t in targets:
+        t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()
+
+
+class ProcessGroupPerseus(_torch_dist.ProcessGroup):
+    """The group of a process set's ranks (rank() and size() within it). Every
+    collective returns a Work (work.py); CPU and CUDA tensors."""
+
+    def __init__(self, process_set):
+        super().__init__(process_set.rank(), process_set.size())
+        self.process_set = process_set
+        sid = process_set.process_set_id
+        # Every member makes the groups over one set in the same order: the same
+        # prefix on every rank, and none shared with another group over that set.
+        self._prefix = "torch%d" % _groups_per_set.get(sid, 0)
+        _groups_per_set[sid] = _groups_per_set.get(sid, 0) + 1
+        self._calls = {}  # kind -> itertools.count of calls
+        self._in_flight = {}  # (kind, k) -> the handle that last used that name
+        self._group_name = self._group_desc = ""
+
+    def getBackendName(self):
+        return NAME
+
+    # torch keeps a group's name and description in its C++ backends, which a group
+    # written in Python has none of: kept here (DeviceMesh and FSDP2 look groups up by
+    # name).
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def getGroupDesc(self):
+        return self._group_desc
+
+    def __repr__(self):
+        return "ProcessGroupPerseus(ranks=%s)" % self.process_set.ranks
+
+    def _named(self, kind, start):
+        """start(name) -> Work, under this call's name: the next of the kind's names.
+        A name is used again once the call that had it has completed here (waiting
+        for it if need be: every rank submitted it before this one)."""
+        calls = self._calls.get(kind) or self._calls.setdefault(kind, itertools.count())
+        key = (kind, next(calls) % _NAMES)
+        previous = self._in_flight.get(key)
+        if previous is not None:
+            _requests.settle(previous)
+        work = start("%s.%s.%d" % (self._prefix, kind, key[1]))
+        self._in_flight[key] = work._handle
+        return work
+
+    # -- reductions
+
+    def allreduce(self, tensors, opts=None):
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        op = _torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp
+        return self._named("allreduce", lambda name: _collectives.all_reduce(
+            tensors[0], op, self.process_set, async_op=True, name=name))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """One grouped request: the core fuses what fits in a buffer."""
+        code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
+        tensors = list(tensors)
+        return self._named("allreduce_coalesced", lambda name: Work(
+            _mpi_ops.grouped_allreduce_async_(tensors, name=name, op=code,
+                                              process_set=self.process_set), tensors))
+
+    def reduce(self, tensors, opts):
+        """An allreduce; ranks other than the root reduce a copy, so their tensor is
+        left as it was."""
+        tensor = _one(tensors, "reduce")
+        target = tensor if self.rank() == opts.rootRank else tensor.clone()
+        work = self._named("reduce", lambda name: _collectives.all_reduce(
+            target, opts.reduceOp, self.process_set, async_op=True, name=name))
+        work._outputs = [tensor]
+        return work
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts):
+        output = _one(output_tensors, "reduce_scatter")
+        chunks = _one(input_tensors, "reduce_scatter")
+        if len(chunks) != self.size() or any(c.numel() != output.numel() for c in chunks):
+            raise ValueError("reduce_scatter: the input list needs %d tensors of the output's "
+                             "%d elements" % (self.size(), output.numel()))
+        return self.reduce_scatter_single(output, _flat(chunks), opts)
+
+    def reduce_scatter_single(self, output, input, opts):
+        return self._named("reducescatter", lambda name: _collectives.reduce_scatter_tensor(
+            output, input, opts.reduceOp, self.process_set, async_op=True, name=name))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        """One grouped reducescatter (FSDP's coalesced gradients)."""
+        size = self.size()
+        for output, input in zip(outputs, inputs):
+            if input.numel() != size * output.numel() or input.dtype != output.dtype:
+                raise ValueError("reduce_scatter_tensor_coalesced: an input of shape %s and %s "
+                                 "must hold %d chunks of its output's shape %s and dtype %s"
+                                 % (tuple(input.shape), input.dtype, size,
+                                    tuple(output.shape), output.dtype))
+        outputs = list(outputs)
+        code = core_op(opts.reduceOp)
+
+        def finish(mine):
+            for output, piece in zip(outputs, mine):
+                output.copy_(piece.view(output.shape))
+
+        return self._named("reducescatter_coalesced", lambda name: Work(
+            _mpi_ops.grouped_reducescatter_async([t.reshape(size, -1) for t in inputs],
+                                                 name=name, op=code,
+                                                 process_set=self.process_set),
+            outputs, finish))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- gathers
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outputs = _one(output_tensors, "allgather")
+        tensor = _one(input_tensors, "allgather")
+        return self._named("allgather", lambda name: _collectives.all_gather(
+            outputs, tensor, self.process_set, async_op=True, name=name))
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._named("allgather_single", lambda name: _collectives.all_gather_into_tensor(
+            output, input, self.process_set, async_op=True, name=name))
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """One grouped allgather."""
+        size = self.size()
+        for output, input in zip(outputs, inputs):
+            if output.numel() != size * input.numel() or output.dtype != input.dtype:
+                raise ValueError("all_gather_into_tensor_coalesced: an output of shape %s and %s "
+                                 "must hold %d inputs of shape %s and dtype %s"
+                                 % (tuple(output.shape), output.dtype, size, tuple(input.shape),
+                                    input.dtype))
+        outputs = list(outputs)
+
+        def finish(gathered):
+            for output, rows in zip(outputs, gathered):
+                output.copy_(rows.view(output.shape))
+
+        return self._named("allgather_coalesced", lambda name: Work(
+            _mpi_ops.grouped_allgather_async([t.reshape(1, -1) for t in inputs], name=name,
+                                             process_set=self.process_set),
+            outputs, finish))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts):
+        """An alltoall in which every rank sends only to the root."""
+        tensor = _one(input_tensors, "gather")
+        root, size = opts.rootRank, self.size()
+        outputs = list(output_tensors[0]) if output_tensors else []
+        if self.rank() == root and (len(outputs) != size or
+                                    any(t.numel() != tensor.numel() for t in outputs)):
+            raise ValueError("gather: the root needs %d output tensors of the input's %d "
+                             "elements" % (size, tensor.numel()))
+        splits = [tensor.numel() if r == root else 0 for r in range(size)]
+        return self._exchange("gather", tensor.reshape(-1), splits, outputs)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        """An alltoall in which only the root sends."""
+        output = _one(output_tensors, "scatter")
+        root, size = opts.rootRank, self.size()
+        if self.rank() == root:
+            chunks = _one(input_tensors, "scatter")
+            if len(chunks) != size or any(c.numel() != output.numel() for c in chunks):
+                raise ValueError("scatter: the root needs %d input tensors of the output's %d "
+                                 "elements" % (size, output.numel()))
+            flat, splits = _flat(chunks), [output.numel()] * size
+        else:
+            flat, splits = output.new_empty(0), [0] * size
+        return self._exchange("scatter", flat, splits, [output])
+
+    def _exchange(self, what, flat, splits, targets):
+        """alltoall of 1-D `flat` (splits[i] elements to rank i); what arrives goes
+        into `targets`, in order."""
+        expected = sum(t.numel() for t in targets)
+
+        def finish(value):
+            received = value[0]
+            if received.numel() != expected:
+                raise ValueError("%s: received %d elements for outputs of %d"
+                                 % (what, received.numel(), expected))
+            _scatter_into(targets, received)
+
+        return self._named(what, lambda name: Work(
+            _mpi_ops.alltoall_async(flat, splits=splits, name=name,
+                                    process_set=self.process_set), targets, finish))
+
+    # -- the rest
+
+    def broadcast(self, tensors, opts):
+        tensor = _one(tensors, "broadcast")
+        return self._named("broadcast", lambda name: _collectives.broadcast(
+            tensor, group=self.process_set, async_op=True, group_src=opts.rootRank,
+            name=name))
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=None):
+        return self._named("alltoall_single", lambda name: _collectives.all_to_all_single(
+            output, input, output_split_sizes or None, input_split_sizes or None,
+            self.process_set, async_op=True, name=name))
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """all_to_all_single of the flattened lists."""
+        if len(output_tensors) != self.size() or len(input_tensors) != self.size():
+            raise ValueError("all_to_all: pass %d input and %d output tensors (one per rank)"
+                             % (self.size(), self.size()))
+        return self._exchange("alltoall", _flat(input_tensors),
+                              [t.numel() for t in input_tensors], list(output_tensors))
+
+    def barrier(self, opts=None):
+        return _collectives.barrier(self.process_set, async_op=True)
+
+    def send(self, tensors, dst, tag=0):
+        raise unsupported("send")
+
+    def recv(self, tensors, src, tag=0):
+        raise unsupported("recv")
+
+    def recv_anysource(self, tensors, tag=0):
+        raise unsupported("recv_anysource")
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        raise unsupported("allgather_coalesced")

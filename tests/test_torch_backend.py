@@ -1,0 +1,108 @@
+"""The torch.distributed backend "perseus" (issue 38).
+
+Multi-process: tests/mpi/torch_backend.py at np 2 and 4 (torch's collectives against
+references, DDP over perseus against DDP over gloo to the bit, FSDP2 against one
+process, ZeroRedundancyOptimizer against Adam, mismatches and refused operations).
+Here: a plain `python` process, a world of one.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, clean_env
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_torch_api_ddp_fsdp_zero(run_mpi, nprocs):
+    run_mpi("torch_backend", nprocs)
+
+
+WORLD_OF_ONE = r"""
+import warnings
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import perseus.torch  # registers "perseus"
+
+assert "perseus" in dist.Backend.backend_list
+for round in range(2):  # again after destroy_process_group()
+    dist.init_process_group("perseus")
+    assert dist.get_backend() == "perseus"
+    assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+    t = torch.arange(4.0)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    assert torch.equal(t, torch.arange(4.0))
+    torch.manual_seed(0)
+    plain = nn.Linear(3, 2)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(3, 2))
+    model.module.load_state_dict(plain.state_dict())
+    x = torch.randn(4, 3)
+    for m in (plain, model):
+        m(x).pow(2).sum().backward()
+    for a, b in zip(plain.parameters(), model.module.parameters()):
+        assert torch.equal(a.grad, b.grad), (a.grad, b.grad)
+    try:
+        dist.recv(t)  # from any rank (torch refuses a send to oneself before asking)
+    except NotImplementedError as e:
+        assert "recv and irecv from any rank" in str(e) and "gloo" in str(e), e
+    else:
+        raise AssertionError("recv did not raise")
+    dist.destroy_process_group()
+import os
+os.environ["WORLD_SIZE"] = "3"  # as torchrun sets it: not what MPI says
+try:
+    dist.init_process_group("perseus")
+except RuntimeError as e:
+    assert "WORLD_SIZE=3" in str(e) and "mpirun" in str(e), e
+else:
+    raise AssertionError("a world of one under WORLD_SIZE=3 did not raise")
+print("ok")
+"""
+
+
+def test_world_of_one():
+    result = subprocess.run([sys.executable, "-c", WORLD_OF_ONE], cwd=str(REPO_ROOT),
+                            env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), \
+        result.stdout + result.stderr
+
+
+class _FakeWork:
+    """What the future pool of perseus.torch.distributed.work needs of a Work."""
+
+    def __init__(self, value):
+        import torch
+        self._outputs = [torch.tensor([value])]
+        self._future = torch.futures.Future()
+        self._stream = None
+        self._error = None
+
+    def _complete(self):
+        pass
+
+
+def test_future_pool_callback_waiting_for_a_later_work():
+    # PowerSGD's pattern on CUDA works: a then() callback, run by a pool thread, queues
+    # another work and waits for its future, which only the pool completes. Without a
+    # second thread the callback waits forever.
+    import threading
+
+    from perseus.torch.distributed import work as work_module
+    pool = work_module._Pool()
+    first, second = _FakeWork(1.0), _FakeWork(2.0)
+
+    def callback(future):
+        pool.put(second)
+        return future.value()[0] + second._future.wait()[0]
+
+    chained = first._future.then(callback)
+    pool.put(first)
+    done = threading.Event()
+    threading.Thread(target=lambda: (chained.wait(), done.set()), daemon=True).start()
+    assert done.wait(30), "the pool did not complete a work queued by a callback"
+    assert float(chained.value()) == 3.0
+    assert pool._threads >= 2
