@@ -52,6 +52,10 @@ std::atomic<bool> g_started{false};
 pid_t g_forked_from = 0;
 // How long an exit path waits for the engine to stop before leaving it to the exit.
 constexpr double kExitShutdownS = 10.0;
+// The exit code of a process that ends the job after giving up on a member, and how
+// long it lets MPI_Abort try before it leaves on its own.
+constexpr int kLostPeerExitCode = 1;
+constexpr double kAbortGraceS = 5.0;
 thread_local std::string g_last_error;
 // How long perseus_wait lets its caller run the engine before sleeping on the handle.
 constexpr double kWaitDriveS = 0.5;
@@ -105,8 +109,17 @@ void FinalizeAtExit() {
   if (InMpiCaller()) return;
   if (perseus_shutdown_within(kExitShutdownS) != PERSEUS_SUCCESS) return;
   // A member stopped answering (the stall inspector gave up on it): MPI_Finalize would
-  // wait for it forever. Leaving without it, the process exits and mpirun ends the job.
-  if (PeerLost()) return;
+  // wait for it forever, and so would mpirun for its host's daemon when the host is
+  // unreachable or its ranks are stopped (no exit status comes). MPI_Abort ends the job
+  // from here: mpirun kills what it can reach and exits. It waits for the launcher to
+  // end this process, which on a host cut off from mpirun never comes: leave anyway.
+  if (PeerLost()) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
+      _exit(kLostPeerExitCode);
+    }).detach();
+    MPI_Abort(MPI_COMM_WORLD, kLostPeerExitCode);
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -121,13 +134,18 @@ const char* ThreadLevelName(int level) {
   }
 }
 
-Status StartMpi(bool* thread_multiple) {
+Status StartMpi(const Config& config, bool* thread_multiple) {
   int initialized = 0, finalized = 0, provided = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (finalized)
     return Status::Error(PERSEUS_MPI_ERROR, "MPI was already finalized; Perseus cannot start");
   if (!initialized) {
+    // UCX (the mpich wheel's transport) notices a dead TCP link by keepalive within
+    // about 20 s, and MPICH, which installs no UCX error handler, then crashes the rank.
+    // With the peer timeout on, Perseus gives up on unreachable peers itself, with an
+    // error naming them on every rank: keepalive off, unless the user set it.
+    if (config.peer_timeout_seconds > 0) setenv("UCX_TCP_KEEPIDLE", "inf", /*overwrite=*/0);
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
     if (!g_finalize_at_exit) std::atexit(FinalizeAtExit);
@@ -225,7 +243,7 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   Status config_status = LoadConfig(&config);
   if (config_status.ok()) SetLogLevel(config.log_level);
   bool thread_multiple = false;
-  status = StartMpi(&thread_multiple);
+  status = StartMpi(config, &thread_multiple);
   if (!status.ok()) return Report(status);
   MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
   MPI_Comm world;

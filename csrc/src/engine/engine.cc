@@ -96,8 +96,7 @@ Status Engine::Init() {
   sets_[0] = std::move(global);
   next_set_id_ = 1;
   // Serialized MPI: a waiting thread holds the MPI lock, the checks could not send.
-  if (thread_multiple_ && topo_.size > 1 &&
-      (config_.stall_check_seconds > 0 || config_.stall_shutdown_seconds > 0))
+  if (thread_multiple_ && topo_.size > 1 && StallInspector::Watches(config_))
     SetWaitHook(&watch_hook_);
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "perseus-engine");  // for top -H, perf, gdb
