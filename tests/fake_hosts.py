@@ -203,6 +203,12 @@ class FakeHosts:
         """Brings `host`'s eth0 up or down (the cable pulled at the host)."""
         self._ip(self._holders[host].pid, "link", "set", "eth0", "up" if up else "down")
 
+    def tc(self, host, *args):
+        """`tc ARGS` in `host`'s network namespace -> CompletedProcess (not checked)."""
+        return subprocess.run(["nsenter", "--target", str(self._holders[host].pid), "--net", "tc"]
+                              + list(args), stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=30)
+
     def eth0_bytes(self, host):
         """(received, sent) bytes of `host`'s eth0, from its namespace's /proc/net/dev."""
         with open("/proc/%d/net/dev" % self._holders[host].pid) as f:
