@@ -109,17 +109,20 @@ void FinalizeAtExit() {
   if (InMpiCaller()) return;
   if (perseus_shutdown_within(kExitShutdownS) != PERSEUS_SUCCESS) return;
   // A member stopped answering (the stall inspector gave up on it): MPI_Finalize would
-  // wait for it forever, and so would mpirun for its host's daemon when the host is
-  // unreachable or its ranks are stopped (no exit status comes). MPI_Abort ends the job
-  // from here: mpirun kills what it can reach and exits. It waits for the launcher to
-  // end this process, which on a host cut off from mpirun never comes: leave anyway.
-  if (PeerLost()) {
+  // wait for it forever. On this host, leaving without it is enough: the host's daemon
+  // sees this process go and ends the job, the lost rank included. On another host,
+  // mpirun would wait for that host's exit status, which never comes when the host is
+  // unreachable or its ranks are stopped: MPI_Abort ends the job, mpirun killing what
+  // it can reach. The abort waits for the launcher to end this process, which on a host
+  // cut off from mpirun never comes: leave anyway after a grace time.
+  if (PeerLostElsewhere()) {
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
       _exit(kLostPeerExitCode);
     }).detach();
     MPI_Abort(MPI_COMM_WORLD, kLostPeerExitCode);
   }
+  if (PeerLost()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
