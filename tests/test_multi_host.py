@@ -128,7 +128,7 @@ def test_two_hosts_open_mpi(hosts, open_mpi, tmp_path):  # noqa: F811 - the fixt
     (plm_rsh_agent); perseusrun forwards the variables the ranks need (-x)."""
     rc, out, err, seconds = perseusrun_on_hosts(
         hosts, tmp_path, [MPI_SCRIPTS / "multi_host.py"],
-        {"PTEST_HOSTS": "2", "PTEST_PARTS": "collectives process_sets",
+        {"PTEST_HOSTS": "2", "PTEST_PARTS": "collectives",
          "PYTHONPATH": open_mpi["pythonpath"], "OMPI_MCA_btl_base_verbose": "30"},
         perseusrun_args=["--mpirun", open_mpi["mpirun"]])
     report = "rc %d after %.1f s\n----- stdout -----\n%s\n----- stderr -----\n%s" % (

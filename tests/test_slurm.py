@@ -32,9 +32,11 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 VENV_BIN = Path(sys.executable).parent
 
-# init(), then this task's rank and size, or the error init() raised, on one line.
+# init(), then this task's rank and size, or the error init() raised, on one line
+# (the framework-neutral API: no framework to import).
 INIT = """
-import os, perseus.torch.horovod as hvd
+import os
+from perseus.common import basics as hvd
 task = os.environ.get("PMI_RANK", os.environ.get("SLURM_PROCID", "-"))
 try:
     hvd.init()
@@ -84,10 +86,10 @@ def test_srun_pmi2_runs_the_collectives(slurm, tmp_path):
 
 def test_srun_pmi2_runs_the_main_job(slurm):
     rc, out, report = on_node(slurm, ["srun", "-n", "2", "--mpi=pmi2", "./train.sh"],
-                              {"EPOCHS": "3", "CHECKPOINT": ""})
+                              {"EPOCHS": "2", "CHECKPOINT": ""})
     assert rc == 0, report
     accuracy = re.search(r"Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out)
-    assert accuracy and float(accuracy.group(1)) > 85, report
+    assert accuracy and float(accuracy.group(1)) > 80, report
 
 
 def test_srun_without_pmi_fails_init_on_every_task(slurm):
@@ -147,7 +149,8 @@ def test_mpich_launcher_with_the_open_mpi_build_fails_init(open_mpi):  # noqa: F
 # The launcher variables init() reads, one process: each set (with MPI a world of 1)
 # must fail init() naming it; an sbatch shell's variables and none at all must not.
 VARIABLES = """
-import os, perseus.torch.horovod as hvd
+import os
+from perseus.common import basics as hvd
 # The first init() starts MPI (a singleton) under the first case's variables, which
 # MPICH ignores; later ones only run Perseus's check (PMIX_RANK, say, would make MPICH
 # look for a PMIx server at its start).
