@@ -11,18 +11,16 @@ with SLURM_CONF pointing at this cluster's configuration.
 """
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
-DAEMONS = ("slurmctld", "slurmd", "munged", "srun", "sbatch")
+# The daemons, the client commands the tests use, and what starts the daemons.
+PROGRAMS = ("slurmctld", "slurmd", "munged", "srun", "sbatch", "sinfo", "setpriv")
 
 _CONF = """\
 ClusterName=perseus-test
 SlurmctldHost={node}
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -56,17 +54,11 @@ PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
 
 
 def unavailable_reason():
-    missing = [d for d in DAEMONS if shutil.which(d) is None]
+    missing = [p for p in PROGRAMS if shutil.which(p) is None]
     if missing:
         return ("Slurm is not installed (%s not found): apt-get install slurm-wlm munge "
                 "(scripts/setup.sh --all does)" % ", ".join(missing))
     return None
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -91,10 +83,9 @@ class SlurmCluster:
         key = self.folder / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        # The ports are the node's own (its network namespace): any free number will do.
-        self.conf.write_text(_CONF.format(
-            node=self.node, address=self.hosts.addresses[self.node], folder=self.folder,
-            ctld_port=_free_port(), slurmd_port=_free_port()))
+        # Slurm's default ports: they are the node's own (its network namespace).
+        self.conf.write_text(_CONF.format(node=self.node, address=self.hosts.addresses[self.node],
+                                          folder=self.folder))
         self._daemon("munged", ["munged", "--foreground", "--force",
                                 "--socket=%s/munge.socket" % self.folder,
                                 "--key-file=%s" % key, "--pid-file=%s/munged.pid" % self.folder,

@@ -77,6 +77,8 @@ def ucx_lanes(text):
 
 
 def test_two_hosts_match_one_host(hosts, run_mpi, tmp_path):
+    """tests/mpi/multi_host.py on 4 ranks of one host, then on hostA and hostB through
+    perseusrun and MPICH's Hydra: the same bits, the hosts' topology, TCP between them."""
     one_host = digests(run_mpi("multi_host", 4, env={"PTEST_HOSTS": "1"}, timeout=240))
     rc, out, err, seconds = perseusrun_on_hosts(
         hosts, tmp_path, [MPI_SCRIPTS / "multi_host.py"],
@@ -137,8 +139,7 @@ def test_two_hosts_open_mpi(hosts, open_mpi, tmp_path):  # noqa: F811 - the fixt
     assert out.count(" ok") == 4, report
     assert sorted(re.findall(r"HOST (\d) (\w+)", out)) == [
         ("0", "hostA"), ("1", "hostA"), ("2", "hostB"), ("3", "hostB")], report
-    # Open MPI's own verbose output: the ranks of one host reach each other through
-    # shared memory (vader), the other host's through TCP.
+    # Open MPI's own verbose output: the ranks of the other host are reached through TCP.
     choices = bml_choices(out + err)
     assert choices.get(("hostA", "hostB")) == {"tcp"} == choices.get(("hostB", "hostA")), (
         choices, report)
