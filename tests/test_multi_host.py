@@ -1,7 +1,7 @@
 """Multi-host runs on one machine (issue 39): two hosts of two ranks each, made of
 Linux namespaces by tests/fake_hosts.py (own network on a veth bridge, hostname,
 /etc/hosts, /dev/shm and IPC), started the way a user starts a job on a cluster:
-logged in on hostA, `perseusrun -np 4 -H hostA:2,hostB:2 python ...`, with MPI's
+logged in on hostA, `perseusrun -H hostA:2,hostB:2 python ...`, with MPI's
 launcher reaching hostB through the agent that plays ssh.
 
 The hosts are made once per session (conftest's `hosts` fixture). Not root: the tests
@@ -40,12 +40,12 @@ def user_env(hosts, scratch, extra=None):
 
 def perseusrun_on_hosts(hosts, scratch, script_argv, extra_env=None, timeout=300,
                         perseusrun_args=()):
-    """`perseusrun -np 4 -H hostA:2,hostB:2 [-x PTEST_...] python SCRIPT...` typed on
+    """`perseusrun -H hostA:2,hostB:2 [-x PTEST_...] python SCRIPT...` typed on
     hostA -> (returncode, stdout, stderr, seconds). The test scripts' own PTEST_*
     variables are named with -x, which Open MPI needs (MPICH forwards everything)."""
     env = user_env(hosts, scratch, dict(extra_env or {}, PTEST_HANG_DUMP_S=str(timeout - 15)))
     forward = [arg for name in sorted(env) if name.startswith("PTEST_") for arg in ("-x", name)]
-    argv = (["perseusrun", "-np", "4", "-H", "hostA:2,hostB:2"] + list(perseusrun_args)
+    argv = (["perseusrun", "-H", "hostA:2,hostB:2"] + list(perseusrun_args)
             + forward + ["python"] + [str(a) for a in script_argv])
     return run_bounded(hosts.command("hostA", argv, env, cwd=REPO_ROOT), os.environ, timeout)
 
@@ -160,7 +160,7 @@ def run_with_fault(hosts, scratch, fault, env, bound_s):
     processes of the job still there 6 s after the end)}."""
     env = user_env(hosts, scratch, dict(env, PTEST_FAULT_WAIT_S=str(FAULT_WAIT_S),
                                         PTEST_HANG_DUMP_S=str(FAULT_WAIT_S + 30)))
-    argv = ["perseusrun", "-np", "4", "-H", "hostA:2,hostB:2", "python",
+    argv = ["perseusrun", "-H", "hostA:2,hostB:2", "python",
             str(MPI_SCRIPTS / "host_faults.py")]
     log = open(scratch / "job.log", "w+")
     proc = subprocess.Popen(hosts.command("hostA", argv, env, cwd=REPO_ROOT), stdin=subprocess.DEVNULL,
