@@ -2,6 +2,7 @@
 
     perseusrun -np 4 python train.py
     perseusrun -np 8 -H node1:4,node2:4 python train.py
+    perseusrun -H node1:4,node2:4 python train.py     # -np: the slots, 8
     perseusrun -np 8 --hostfile hosts.txt --verbose python train.py
     perseusrun --check-build      # frameworks, MPI, and whether CUDA / NCCL load
 
@@ -148,10 +149,6 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     is_root = is_root if is_root is not None else (hasattr(os, "geteuid") and os.geteuid() == 0)
     if flavour not in FLAVOURS:
         raise LauncherError("unknown MPI flavour %r (one of %s)" % (flavour, ", ".join(FLAVOURS)))
-    if args.np is None:
-        raise LauncherError("-np is required")
-    if args.np < 1:
-        raise LauncherError("-np must be at least 1")
     if not args.command:
         raise LauncherError("no command to run")
     if args.hosts and args.hostfile:
@@ -163,12 +160,18 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     elif args.hostfile:
         hosts, form = read_hostfile(args.hostfile)
     slots = sum(n for _, n in hosts) if hosts else cpu_count
+    # Without -np, a host list's slots, as mpirun does: -H a:2,b:2 runs 4 ranks.
+    np = args.np if args.np is not None else (slots if hosts else None)
+    if np is None:
+        raise LauncherError("-np is required (or -H/--hostfile, whose slots it defaults to)")
+    if np < 1:
+        raise LauncherError("-np must be at least 1")
 
-    cmd = [mpirun, "-np", str(args.np)]
+    cmd = [mpirun, "-np", str(np)]
     if flavour == OPENMPI:
         if is_root:
             cmd.append("--allow-run-as-root")
-        if args.np > slots:
+        if np > slots:
             cmd.append("--oversubscribe")
         cmd += ["--bind-to", "none", "--map-by", "slot"]
         if hosts is not None:
@@ -230,8 +233,9 @@ def main(argv=None):
     if args.check_build:
         from perseus import check_build  # loads the core; a plain launch never does
         return check_build.main()
-    if args.np is None:
-        parser.error("the following arguments are required: -np/-n/--num-proc")
+    if args.np is None and not (args.hosts or args.hostfile):
+        parser.error("the following arguments are required: -np/-n/--num-proc "
+                     "(or -H/--hostfile, whose slots it defaults to)")
     try:
         mpirun = find_mpirun(args.mpirun)
         flavour = args.mpi_flavour or detect_flavour(mpirun)

@@ -7,9 +7,10 @@
 #
 # The main job (./train.sh) needs only .venv: PyTorch, numpy, scikit-learn (the digits),
 # MPI from the mpich wheel (mpirun, mpicc, mpi.h), mpi4py, and Perseus built in place.
-# --all adds the test tools, NCCL's library, Debian's Open MPI, the TensorFlow and MXNet
-# venvs and the patched Caffe; PERSEUS_SKIP_TF=1, PERSEUS_SKIP_MX=1, PERSEUS_SKIP_CAFFE=1
-# and PERSEUS_SKIP_OPEN_MPI=1 leave those out (their tests then say so).
+# --all adds the test tools, NCCL's library, Debian's Open MPI, Debian's Slurm and the
+# tools that make namespace hosts, the TensorFlow and MXNet venvs and the patched Caffe;
+# PERSEUS_SKIP_TF=1, PERSEUS_SKIP_MX=1, PERSEUS_SKIP_CAFFE=1, PERSEUS_SKIP_OPEN_MPI=1
+# and PERSEUS_SKIP_SLURM=1 leave those out (their tests then say so).
 # Each step prints what it does and about how long it took on the 2-core CI machine
 # with a warm download cache, then how long it took here.
 set -euo pipefail
@@ -70,6 +71,30 @@ install_open_mpi() {
 }
 if [ "${PERSEUS_SKIP_OPEN_MPI:-0}" != 1 ] && ! command -v mpicxx.openmpi >/dev/null; then
   step "installing Debian's Open MPI (apt, root or sudo)" "15 s" install_open_mpi
+fi
+# Debian's Slurm (slurmctld, slurmd, munge) for tests/test_slurm.py, which starts a
+# one-node cluster of its own; iproute2 and util-linux (ip, unshare, nsenter, setpriv)
+# for the namespace hosts of tests/test_multi_host.py. Installed without starting the
+# packages' services (policy-rc.d, where the machine has none of its own): the tests run
+# their own daemons with their own configuration.
+install_cluster_tools() {
+  local sudo= policy=/usr/sbin/policy-rc.d made=
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  if [ ! -e $policy ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee $policy >/dev/null && $sudo chmod 755 $policy
+    made=1
+  fi
+  apt_cluster_tools() {
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      iproute2 util-linux slurmctld slurmd slurm-client munge >/dev/null
+  }
+  apt_cluster_tools || { $sudo apt-get update -q >/dev/null && apt_cluster_tools; } || {
+    [ -z "$made" ] || $sudo rm -f $policy; return 1; }
+  [ -z "$made" ] || $sudo rm -f $policy
+}
+if [ "${PERSEUS_SKIP_SLURM:-0}" != 1 ] && ! { command -v slurmd >/dev/null && command -v munged >/dev/null \
+    && command -v nsenter >/dev/null && command -v ip >/dev/null; }; then
+  step "installing Debian's Slurm and munge, iproute2 (apt, root or sudo)" "30 s" install_cluster_tools
 fi
 # The TensorFlow and MXNet front ends live in venvs of their own (mxnet 1.9.1 needs
 # numpy 1.23.5); tests/test_tensorflow.py and tests/test_mxnet.py run them.

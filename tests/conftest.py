@@ -302,3 +302,26 @@ def initialized(hvd):
     if not hvd.is_initialized():
         hvd.init()
     return hvd
+
+
+def skip_unless_possible(reason):
+    """Skips a test that cannot run here, saying why; under CI (CI=true) fails it
+    instead, so that a machine that lost a capability cannot pass CI by skipping."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail("CI must run this test, but: " + reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory):
+    """hostA and hostB, made of Linux namespaces for the session (tests/fake_hosts.py):
+    multi-host runs on one machine. Not root: skipped (except under CI). Root without
+    `ip`, `unshare` or `nsenter`: failed, since scripts/setup.sh --all installs them."""
+    import fake_hosts
+    if os.geteuid() != 0:
+        skip_unless_possible("namespace hosts need root (network namespaces, veths, mounts)")
+    missing = fake_hosts.missing_tools()
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    with fake_hosts.FakeHosts(["hostA", "hostB"], tmp_path_factory.mktemp("hosts")) as made:
+        yield made

@@ -96,6 +96,15 @@ def test_openmpi_hosts(tmp_path):
     assert c[c.index("-H") + 1] == "a:2,b:2" and "--hostfile" not in c
 
 
+def test_np_defaults_to_the_slots_of_the_hosts(tmp_path):
+    assert cmd(["-H", "a:2,b:2", "python", "t.py"], MPICH)[:5] == [
+        "/opt/mpi/bin/mpirun", "-np", "4", "-hosts", "a:2,b:2"]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=4\nnode2 slots=2\n")
+    c = cmd(["--hostfile", str(hostfile), "python", "t.py"], OPENMPI)
+    assert c[1:3] == ["-np", "6"] and "--oversubscribe" not in c
+
+
 def test_extra_mpi_args():
     c = cmd(["-np", "2", "--mpi-args", "-genv FOO 'a b'", "python", "t.py"], MPICH)
     assert c[3:] == ["-genv", "FOO", "a b", "python", "t.py"]

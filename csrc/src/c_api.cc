@@ -24,6 +24,7 @@
 #include "engine/config_agreement.h"
 #include "engine/engine.h"
 #include "lanes/core_lanes.h"
+#include "mpi/launcher_world.h"
 #include "mpi/mpi_library.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
@@ -51,6 +52,10 @@ std::atomic<bool> g_started{false};
 pid_t g_forked_from = 0;
 // How long an exit path waits for the engine to stop before leaving it to the exit.
 constexpr double kExitShutdownS = 10.0;
+// The exit code of a process that ends the job after giving up on a member, and how
+// long it lets MPI_Abort try before it leaves on its own.
+constexpr int kLostPeerExitCode = 1;
+constexpr double kAbortGraceS = 5.0;
 thread_local std::string g_last_error;
 // How long perseus_wait lets its caller run the engine before sleeping on the handle.
 constexpr double kWaitDriveS = 0.5;
@@ -104,7 +109,19 @@ void FinalizeAtExit() {
   if (InMpiCaller()) return;
   if (perseus_shutdown_within(kExitShutdownS) != PERSEUS_SUCCESS) return;
   // A member stopped answering (the stall inspector gave up on it): MPI_Finalize would
-  // wait for it forever. Leaving without it, the process exits and mpirun ends the job.
+  // wait for it forever. On this host, leaving without it is enough: the host's daemon
+  // sees this process go and ends the job, the lost rank included. On another host,
+  // mpirun would wait for that host's exit status, which never comes when the host is
+  // unreachable or its ranks are stopped: MPI_Abort ends the job, mpirun killing what
+  // it can reach. The abort waits for the launcher to end this process, which on a host
+  // cut off from mpirun never comes: leave anyway after a grace time.
+  if (PeerLostElsewhere()) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
+      _exit(kLostPeerExitCode);
+    }).detach();
+    MPI_Abort(MPI_COMM_WORLD, kLostPeerExitCode);
+  }
   if (PeerLost()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -120,13 +137,18 @@ const char* ThreadLevelName(int level) {
   }
 }
 
-Status StartMpi(bool* thread_multiple) {
+Status StartMpi(const Config& config, bool* thread_multiple) {
   int initialized = 0, finalized = 0, provided = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (finalized)
     return Status::Error(PERSEUS_MPI_ERROR, "MPI was already finalized; Perseus cannot start");
   if (!initialized) {
+    // UCX (the mpich wheel's transport) notices a dead TCP link by keepalive within
+    // about 20 s, and MPICH, which installs no UCX error handler, then crashes the rank.
+    // With the peer timeout on, Perseus gives up on unreachable peers itself, with an
+    // error naming them on every rank: keepalive off, unless the user set it.
+    if (config.peer_timeout_seconds > 0) setenv("UCX_TCP_KEEPIDLE", "inf", /*overwrite=*/0);
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
     if (!g_finalize_at_exit) std::atexit(FinalizeAtExit);
@@ -142,7 +164,11 @@ Status StartMpi(bool* thread_multiple) {
                              " (with mpi4py, leave mpi4py.rc.thread_level at 'multiple')");
   *thread_multiple = provided == MPI_THREAD_MULTIPLE;
   SetMpiSerialized(!*thread_multiple);
-  return Status::OK();
+  // N processes started by a launcher, each alone in a world of 1: an error, not N
+  // independent trainings.
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  return CheckLauncherWorld(world_size, LoadedMpi(), std::getenv);
 }
 
 // PERSEUS_TIMELINE: rank 0 (of the communicator Perseus runs on) opens the file.
@@ -220,7 +246,7 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   Status config_status = LoadConfig(&config);
   if (config_status.ok()) SetLogLevel(config.log_level);
   bool thread_multiple = false;
-  status = StartMpi(&thread_multiple);
+  status = StartMpi(config, &thread_multiple);
   if (!status.ok()) return Report(status);
   MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
   MPI_Comm world;

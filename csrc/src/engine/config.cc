@@ -282,6 +282,10 @@ const std::vector<Variable>& Table() {
       {"PERSEUS_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
        "fail requests waiting this long on every rank (0 = off)", kAgreed,
        NumberIn(&Config::stall_shutdown_seconds, 0, 1e6)},
+      {"PERSEUS_PEER_TIMEOUT_SECONDS", nullptr,
+       "fail requests that waited this long on a member that answers no ping (stopped, hung, "
+       "its host unreachable), and end the job at exit (0 = off)",
+       kAgreed, NumberIn(&Config::peer_timeout_seconds, 0, 1e6)},
       {"PERSEUS_ALLREDUCE_NANCHECK", nullptr, "NaN/Inf check of allreduce inputs", kAgreed,
        Flag(&Config::nan_check)},
       {"PERSEUS_GRADIENT_AS_BUCKET_VIEW", nullptr,

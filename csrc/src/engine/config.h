@@ -31,6 +31,7 @@ struct Config {
   int cache_capacity = 1024;              // names agreed by bit vector instead of metadata
   double stall_check_seconds = 60.0;      // warn about requests waiting this long; 0 = off
   double stall_shutdown_seconds = 0.0;    // stop the process set after this long; 0 = off
+  double peer_timeout_seconds = 45.0;     // ... or when a member answering no ping held it this long
   bool nan_check = false;                 // look for NaN/Inf in allreduce inputs
   bool gradient_as_bucket_view = true;    // DistributedOptimizer: gradients view bucket buffers
   std::string allreduce_dtype = "none";   // on-the-wire compression of float gradients

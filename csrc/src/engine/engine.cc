@@ -65,6 +65,12 @@ Status Engine::Init() {
   if (!status.ok()) return status;
   MPI_Comm_rank(local_comm_, &topo_.local_rank);
   MPI_Comm_size(local_comm_, &topo_.local_size);
+  node_ranks_.resize(topo_.local_size);
+  status = MpiStatus(MPI_Allgather(&topo_.rank, 1, MPI_INT, node_ranks_.data(), 1, MPI_INT,
+                                   local_comm_),
+                     "MPI_Allgather");
+  if (!status.ok()) return status;
+  std::sort(node_ranks_.begin(), node_ranks_.end());
   status = MpiStatus(MPI_Comm_split(world_, topo_.local_rank, topo_.rank, &cross_comm_),
                      "MPI_Comm_split");
   if (!status.ok()) return status;
@@ -96,8 +102,7 @@ Status Engine::Init() {
   sets_[0] = std::move(global);
   next_set_id_ = 1;
   // Serialized MPI: a waiting thread holds the MPI lock, the checks could not send.
-  if (thread_multiple_ && topo_.size > 1 &&
-      (config_.stall_check_seconds > 0 || config_.stall_shutdown_seconds > 0))
+  if (thread_multiple_ && topo_.size > 1 && StallInspector::Watches(config_))
     SetWaitHook(&watch_hook_);
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "perseus-engine");  // for top -H, perf, gdb
@@ -539,7 +544,10 @@ std::vector<std::shared_ptr<ProcessSet>> Engine::SetsWithLostRanks() {
 }
 
 void Engine::LoseRanks(const std::vector<int>& lost, const Status& status) {
-  MarkPeerLost();  // waits on them give up (this thread's too); MPI is not finalized at exit
+  // Waits on them give up (this thread's too); MPI is not finalized at exit.
+  MarkPeerLost(std::any_of(lost.begin(), lost.end(), [this](int rank) {
+    return !std::binary_search(node_ranks_.begin(), node_ranks_.end(), rank);
+  }));
   std::vector<std::unordered_map<std::string, EntryPtr>> failed;  // released after mu_
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -165,6 +165,7 @@ class Engine {
   bool stopped_ = false;
   std::string autotune_state_;  // for autotune_state(), which user threads call
   std::vector<int> lost_ranks_;  // members that stopped answering (global ranks)
+  std::vector<int> node_ranks_;  // the global ranks on this host (local_comm_), sorted
   Status lost_status_;           // the error their sets stop with
   std::mutex step_mu_;      // held by whichever thread runs Iterate()
   bool single_set_ = true;  // under step_mu_: this rank is in one process set

@@ -29,10 +29,20 @@ Clock::duration Seconds(double s) {
 
 double SecondsOf(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// The shortest stall time set (0: none).
+// The shortest of the times set (0: none).
 double Shortest(const Config& config) {
-  double warn_s = config.stall_check_seconds, shutdown_s = config.stall_shutdown_seconds;
-  return warn_s > 0 && shutdown_s > 0 ? std::min(warn_s, shutdown_s) : std::max(warn_s, shutdown_s);
+  double shortest = 0;
+  for (double s : {config.stall_check_seconds, config.stall_shutdown_seconds,
+                   config.peer_timeout_seconds})
+    if (s > 0 && (shortest == 0 || s < shortest)) shortest = s;
+  return shortest;
+}
+
+// When members that answer no ping are given up on: the stall shutdown time, or the
+// peer timeout if that is sooner (0: never).
+double LostAfter(const Config& config) {
+  double shutdown_s = config.stall_shutdown_seconds, peer_s = config.peer_timeout_seconds;
+  return shutdown_s > 0 && peer_s > 0 ? std::min(shutdown_s, peer_s) : std::max(shutdown_s, peer_s);
 }
 
 std::string Describe(const StalledRequest& s) {
@@ -70,6 +80,8 @@ std::string DescribeSilent(const std::vector<int>& silent, double silent_s, doub
 
 }  // namespace
 
+bool StallInspector::Watches(const Config& config) { return Shortest(config) > 0; }
+
 Clock::duration StallInspector::ProbeInterval(const Config& config) {
   return Seconds(std::min(kMaxProbeS, std::max(kMinProbeS, Shortest(config) * kProbeFraction)));
 }
@@ -79,11 +91,13 @@ StallInspector::StallInspector(const Config& config, int set_id, MPI_Comm comm, 
     : set_id_(set_id),
       warn_s_(config.stall_check_seconds),
       shutdown_s_(config.stall_shutdown_seconds),
+      lost_s_(LostAfter(config)),
+      lost_by_shutdown_(lost_s_ == config.stall_shutdown_seconds),
       comm_(comm),
       rank_(rank),
       global_ranks_(std::move(global_ranks)),
       unanswered_(global_ranks_.size(), Clock::time_point::max()) {
-  enabled_ = global_ranks_.size() > 1 && (warn_s_ > 0 || shutdown_s_ > 0);
+  enabled_ = global_ranks_.size() > 1 && Watches(config);
   probe_interval_ = ProbeInterval(config);
   ask_lead_ = kReplyProbes * probe_interval_;
   reply_bound_ = std::max(ask_lead_, Seconds(Shortest(config) / 2));
@@ -137,12 +151,15 @@ bool StallInspector::JudgeSilent(Clock::time_point now, const SetWaits& waits,
   if (silent.empty()) return false;
   const Clock::duration waited = now - waits.oldest;
   const std::string what = DescribeSilent(silent, silent_s, SecondsOf(waited), waits);
-  if (shutdown_s_ > 0 && waited >= Seconds(shutdown_s_)) {
+  if (lost_s_ > 0 && waited >= Seconds(lost_s_)) {
     verdict->lost = silent;
-    verdict->stop = Status::Error(PERSEUS_SHUT_DOWN,
-                                  "Perseus stopped process set " + std::to_string(set_id_) +
-                                      " at the stall shutdown time "
-                                      "(PERSEUS_STALL_SHUTDOWN_TIME_SECONDS): " + what);
+    verdict->stop = Status::Error(
+        PERSEUS_SHUT_DOWN, "Perseus stopped process set " + std::to_string(set_id_) +
+                               (lost_by_shutdown_ ? " at the stall shutdown time "
+                                                    "(PERSEUS_STALL_SHUTDOWN_TIME_SECONDS): "
+                                                  : " at the peer timeout "
+                                                    "(PERSEUS_PEER_TIMEOUT_SECONDS): ") +
+                               what);
   } else if (warn_s_ > 0 && waited >= Seconds(warn_s_) && now >= next_warn_) {
     next_warn_ = now + Seconds(warn_s_);
     PERSEUS_LOG(kWarning) << "stall in process set " << set_id_ << ": " << what
@@ -161,7 +178,7 @@ Clock::time_point StallInspector::NextCheck(Clock::time_point now, const SetWait
   };
   consider(waits.oldest, SecondsOf(probe_interval_), Clock::duration::zero());  // first pings
   consider(waits.oldest, warn_s_, Clock::duration::zero());
-  consider(waits.oldest, shutdown_s_, Clock::duration::zero());
+  consider(waits.oldest, lost_s_, Clock::duration::zero());
   consider(waits.oldest_pending, warn_s_, ask_lead_);
   consider(waits.oldest_pending, warn_s_, Clock::duration::zero());
   consider(waits.oldest_pending, shutdown_s_, Clock::duration::zero());

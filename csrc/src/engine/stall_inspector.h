@@ -18,9 +18,9 @@
 //   (negotiating, running on a lane, or joined) for a probe interval, this rank keeps
 //   one ping outstanding to each peer, and every engine answers each ping it finds (a
 //   pong). A peer that leaves a ping unanswered for the reply bound is named as not
-//   responding, in the warning at the check time, and at the shutdown time this rank
-//   stops the set on its own, failing every request in it with an error naming the
-//   peer (Engine::LoseRanks).
+//   responding, in the warning at the check time, and at the shutdown time or the peer
+//   timeout (on by default), whichever comes first, this rank stops the set on its
+//   own, failing every request in it with an error naming the peer (Engine::LoseRanks).
 // Pings and pongs are point-to-point messages on the negotiation communicator, which
 // never match the rounds' collectives.
 //
@@ -85,8 +85,10 @@ class StallInspector {
                  std::vector<int> global_ranks);
   bool enabled() const { return enabled_; }
 
+  // Whether `config` asks for any watching: a stall time or the peer timeout.
+  static bool Watches(const Config& config);
   // How often an engine looks for pings under `config`: a fraction of the shortest
-  // stall time.
+  // of those times.
   static Clock::duration ProbeInterval(const Config& config);
 
   // Whether it is time to Check: every probe interval (to answer peers), and at each
@@ -128,6 +130,8 @@ class StallInspector {
   bool enabled_;
   int set_id_;
   double warn_s_, shutdown_s_;
+  double lost_s_;          // members answering no ping are given up on after this wait; 0: never
+  bool lost_by_shutdown_;  // ... at the stall shutdown time (else the peer timeout)
   Clock::duration probe_interval_;  // how often an engine looks for pings
   Clock::duration reply_bound_;     // a ping unanswered this long: the peer is not responding
   Clock::duration ask_lead_;        // inspections are asked for this long before the check time

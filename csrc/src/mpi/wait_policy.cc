@@ -11,7 +11,7 @@ namespace perseus {
 
 namespace {
 std::atomic<int> g_waiters{0};
-std::atomic<bool> g_peer_lost{false};
+std::atomic<bool> g_peer_lost{false}, g_peer_lost_elsewhere{false};
 std::atomic<const WaitHook*> g_wait_hook{nullptr};
 constexpr auto kMaxPoll = std::chrono::microseconds(200);
 }  // namespace
@@ -22,8 +22,12 @@ WaiterScope::WaiterScope() { AddWaiter(); }
 WaiterScope::~WaiterScope() { RemoveWaiter(); }
 bool SomeoneWaits() { return g_waiters.load(std::memory_order_relaxed) > 0; }
 void SetWaitHook(const WaitHook* hook) { g_wait_hook.store(hook); }
-void MarkPeerLost() { g_peer_lost.store(true); }
+void MarkPeerLost(bool elsewhere) {
+  if (elsewhere) g_peer_lost_elsewhere.store(true);
+  g_peer_lost.store(true);
+}
 bool PeerLost() { return g_peer_lost.load(); }
+bool PeerLostElsewhere() { return g_peer_lost_elsewhere.load(); }
 
 Clock::duration PollGap(Clock::duration waited, Clock::duration spin) {
   if (waited < spin) return Clock::duration::zero();

@@ -58,12 +58,13 @@ struct WaitHook {
 };
 void SetWaitHook(const WaitHook* hook);
 
-// A member stopped answering and the stall inspector gave up on it. From then on this
-// process's MPI waits give up rather than wait for it, and MPI is not finalized at
-// exit (MPI_Finalize would wait for it too): the process exits, and mpirun ends the
-// job. Never cleared.
-void MarkPeerLost();
+// A member stopped answering and the stall inspector gave up on it; `elsewhere`: one
+// of them runs on another host. From then on this process's MPI waits give up rather
+// than wait for it, and MPI is not finalized at exit (MPI_Finalize would wait for it
+// too). Never cleared.
+void MarkPeerLost(bool elsewhere);
 bool PeerLost();
+bool PeerLostElsewhere();
 
 }  // namespace perseus
 
