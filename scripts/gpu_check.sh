@@ -39,6 +39,7 @@
 # PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (540: the whole run, build included,
 # fits one 600 s device call), PERSEUS_GPU_CHECK_STRESS_STEPS (1000),
 # PERSEUS_GPU_CHECK_CONFIGS (the test_gpu.py configurations to run, all by default),
+# PERSEUS_GPU_CHECK_BENCH (1; 0 leaves out the benchmark, for a short rerun of some configurations),
 # PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 (test this script on a CPU machine: all steps run,
 # the GPU tests skip, exit code 3).
 set -uo pipefail  # not -e: a failing step is recorded, the others still run
@@ -51,6 +52,7 @@ REPORT=${PERSEUS_GPU_REPORT:-$ROOT/gpu_check_report.md}
 LOGS=${PERSEUS_GPU_LOGS:-$ROOT/gpu_check_logs}
 BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-540}
 STRESS_STEPS=${PERSEUS_GPU_CHECK_STRESS_STEPS:-1000}
+BENCH=${PERSEUS_GPU_CHECK_BENCH:-1}
 EXIT_FAILED=1 EXIT_SETUP=2 EXIT_NO_CUDA=3
 DRY_RUN=0 PLAN_ONLY=0 NCCL_GIVEN=""
 START=$(date +%s)
@@ -292,10 +294,10 @@ if [ -n "$NCCL_CHECK" ] && [ "$CUDA_RC" = 0 ]; then
   [ "$DRY_RUN" = 1 ] || report "## $NCCL_CHECK" "" '```text' "$(tail -30 "$LOGS/nccl_multi_rank.log")" '```' ""
 fi
 
-PYTEST=("$VPY" -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu.py)
+PYTEST=("$VPY" -m pytest -v -p no:cacheprovider -rfEs tests/test_gpu.py)  # -v: a result per test as it ends, also in a run cut short
 CONFIGS=${PERSEUS_GPU_CHECK_CONFIGS:-$("$VPY" scripts/gpu_check_info.py configs)}
 report "## tests/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
-RESERVE_S=100  # the benchmark runs after the tests
+RESERVE_S=$(( BENCH == 1 ? 100 : 0 ))  # the benchmark runs after the tests
 step test_inproc 120 "${PYTEST[@]}" -m "not mpi"
 # The stress run of a shared-GPU NCCL configuration (tests/mpi/gpu_stress.py): STRESS_STEPS
 # steps on GPU 0, sizes to 1 MiB around a small chunk and fusion threshold; the
@@ -315,9 +317,10 @@ for config in $CONFIGS; do
       continue
     fi
     STRESSED="$STRESSED $config"
-    { run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-"
-      run_step "stress_$config" 150 "${STRESS[@]}" PERSEUS_ALLREDUCE_STREAMS="${BASH_REMATCH[2]}" \
-        "$VENV/bin/perseusrun" -np "${BASH_REMATCH[1]}" "$VPY" tests/mpi/gpu_stress.py; } &
+    # The stress run first: it is the shorter, and what a cut-short run most needs to have run.
+    { run_step "stress_$config" 150 "${STRESS[@]}" PERSEUS_ALLREDUCE_STREAMS="${BASH_REMATCH[2]}" \
+        "$VENV/bin/perseusrun" -np "${BASH_REMATCH[1]}" "$VPY" tests/mpi/gpu_stress.py
+      run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-"; } &
   else
     run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-" &
   fi
@@ -350,8 +353,12 @@ done
 RESERVE_S=0
 # Under perseusrun -np 1 (the chosen mpirun, with the flags its MPI needs, e.g. Open MPI's
 # --bind-to none): how users launch; the in-process step already covers a plain python.
-step gpu_bench 150 "$VENV/bin/perseusrun" -np 1 "$VPY" benchmarks/gpu_bench.py --json "$LOGS/gpu_bench.json"
-[ "$DRY_RUN" = 1 ] || report "## Benchmark (benchmarks/gpu_bench.py)" "" "$(cat "$LOGS/gpu_bench.log")" ""
+if [ "$BENCH" = 1 ]; then
+  step gpu_bench 150 "$VENV/bin/perseusrun" -np 1 "$VPY" benchmarks/gpu_bench.py --json "$LOGS/gpu_bench.json"
+  [ "$DRY_RUN" = 1 ] || report "## Benchmark (benchmarks/gpu_bench.py)" "" "$(cat "$LOGS/gpu_bench.log")" ""
+else
+  report "## Benchmark" "" "Not run (PERSEUS_GPU_CHECK_BENCH=0)." ""
+fi
 
 if [ "$DRY_RUN" = 1 ]; then
   say "dry run done: nothing was installed, built or run"
