@@ -60,10 +60,11 @@ def digests(text):
 def ucx_lanes(text):
     """{'inter-node': {'tcp/eth0'}, 'intra-node': {...}, ...}: the transports in UCX's
     protocol tables (UCX_PROTO_INFO=y), by the kind of peer each table is for. Each
-    line starts with [host:pid:thread]; the processes' lines may interleave."""
+    line starts with [host:pid:thread], the pid padded to a width ([hostB:6326 :0]); the
+    processes' lines may interleave."""
     lanes, kind = {}, {}
     for line in text.splitlines():
-        who = re.search(r"\[(\w+:\d+):\d+\]", line)
+        who = re.search(r"\[(\w+:\d+) *:\d+\]", line)
         if who is None:
             continue
         header = re.search(r"\| ucp_context_\d+ ([\w-]+) cfg#\d+ \|", line)
@@ -76,6 +77,18 @@ def ucx_lanes(text):
     return lanes
 
 
+def four_ranks_on_two_hosts(rc, out, err, seconds):
+    """Checks that the job of tests/mpi/multi_host.py passed on its 4 ranks, 0-1 on hostA
+    and 2-3 on hostB (where the agent started them); returns the run's report."""
+    report = "rc %d after %.1f s\n----- stdout -----\n%s\n----- stderr -----\n%s" % (
+        rc, seconds, out, err[-20000:])
+    assert rc == 0, report
+    assert out.count(" ok") == 4, report
+    assert sorted(re.findall(r"HOST (\d) (\w+)", out)) == [
+        ("0", "hostA"), ("1", "hostA"), ("2", "hostB"), ("3", "hostB")], report
+    return report
+
+
 def test_two_hosts_match_one_host(hosts, run_mpi, tmp_path):
     """tests/mpi/multi_host.py on 4 ranks of one host, then on hostA and hostB through
     perseusrun and MPICH's Hydra: the same bits, the hosts' topology, TCP between them."""
@@ -83,13 +96,7 @@ def test_two_hosts_match_one_host(hosts, run_mpi, tmp_path):
     rc, out, err, seconds = perseusrun_on_hosts(
         hosts, tmp_path, [MPI_SCRIPTS / "multi_host.py"],
         {"PTEST_HOSTS": "2", "UCX_PROTO_INFO": "y"})
-    report = "rc %d after %.1f s\n----- stdout -----\n%s\n----- stderr -----\n%s" % (
-        rc, seconds, out, err[-20000:])
-    assert rc == 0, report
-    assert out.count(" ok") == 4, report
-    # Ranks 0-1 on hostA, 2-3 on hostB: the agent started them there.
-    assert sorted(re.findall(r"HOST (\d) (\w+)", out)) == [
-        ("0", "hostA"), ("1", "hostA"), ("2", "hostB"), ("3", "hostB")], report
+    report = four_ranks_on_two_hosts(rc, out, err, seconds)
 
     # Bit-identical to one host, part by part and rank by rank.
     two_hosts = digests(out)
@@ -133,12 +140,7 @@ def test_two_hosts_open_mpi(hosts, open_mpi, tmp_path):  # noqa: F811 - the fixt
         {"PTEST_HOSTS": "2", "PTEST_PARTS": "collectives",
          "PYTHONPATH": open_mpi["pythonpath"], "OMPI_MCA_btl_base_verbose": "30"},
         perseusrun_args=["--mpirun", open_mpi["mpirun"]])
-    report = "rc %d after %.1f s\n----- stdout -----\n%s\n----- stderr -----\n%s" % (
-        rc, seconds, out, err[-20000:])
-    assert rc == 0, report
-    assert out.count(" ok") == 4, report
-    assert sorted(re.findall(r"HOST (\d) (\w+)", out)) == [
-        ("0", "hostA"), ("1", "hostA"), ("2", "hostB"), ("3", "hostB")], report
+    report = four_ranks_on_two_hosts(rc, out, err, seconds)
     # Open MPI's own verbose output: the ranks of the other host are reached through TCP.
     choices = bml_choices(out + err)
     assert choices.get(("hostA", "hostB")) == {"tcp"} == choices.get(("hostB", "hostA")), (
