@@ -147,6 +147,18 @@ def test_packed_requests_serve_every_route(initialized):
     assert adapter._packed_requests == before, "the optimizer's route packed its own"
     assert hvd.synchronize(handle) == [y]
     torch.testing.assert_close(y, x * 2.0)
+    # A batch of a request packed before and a new one: the new one is packed and kept
+    # beside the other, each result is its reduction.
+    y, z = x.clone(), x[:4].clone()
+    handle = adapter.submit(ops.ALLREDUCE, [y, z], ["sp.packed", "sp.packed.new"],
+                            hvd.global_process_set, inplace=True, op=hvd.Sum, prescale=0.5,
+                            postscale=4.0, pin=False)
+    added = [k for k in adapter._packed_requests if k not in before]
+    assert len(added) == 1 and "sp.packed.new" in added[0], added
+    assert all(adapter._packed_requests[k] is p for k, p in before.items())
+    assert hvd.synchronize(handle) == [y, z]
+    torch.testing.assert_close(y, x * 2.0)
+    torch.testing.assert_close(z, x[:4] * 2.0)
 
 
 def test_allreduce_defaults_to_average(initialized):

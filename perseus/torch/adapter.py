@@ -199,20 +199,15 @@ _PACKED_REQUESTS_LIMIT = 4096
 def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
            op=_ops.Sum, prescale=1.0, postscale=1.0, root_rank=0, splits=None, drive=False,
            pin=True):
-    """Submits one collective call on `tensors` (a sequence) in one perseus_enqueue;
-    returns the handle for synchronize(), which returns a list (grouped, or `name` a
-    list) or the one result.
-
-    name: None (numbered names), a str (a grouped call's members get "<name>.<i>"),
-    or a list of str, one per tensor: requests enqueued together, each on its own,
-    not as a group (DistributedOptimizer's gradients).
-    inplace: allreduce and broadcast write the result into the tensors.
-    op, prescale, postscale: allreduce's and reducescatter's. root_rank: broadcast's
-    root, a global rank. splits: alltoall's, or None for an even split.
-    drive: the caller waits at once, so this thread runs the engine (requests.enqueue).
+    """Submits one collective call on `tensors` in one perseus_enqueue; returns the
+    handle for synchronize(), which returns a list (grouped, or `name` a list) or the
+    one result. name: None (numbered names), a str (a grouped call's members get
+    "<name>.<i>"), or a list, a name per tensor: requests enqueued together, not a
+    group (DistributedOptimizer's gradients). inplace: allreduce and broadcast write
+    into the tensors. root_rank: broadcast's, a global rank. splits: alltoall's, or
+    None (even). drive: the caller waits at once, so this thread runs the engine.
     pin: pin CPU storages against a growing resize_() while in flight (hold.py);
-    False for a caller that owns the tensors until synchronize() (the optimizer).
-    """
+    False for a caller that owns the tensors until synchronize() (the optimizer)."""
     sid = _builder.set_id(process_set)
     if op_type == _ops.BROADCAST:
         root_rank = _builder.root_in_set(process_set, root_rank)
@@ -239,13 +234,9 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
             _builder.check_code(op_type, op, code)
         input_at = output_at = source.data_ptr()
         if inplace:
-            if source is not tensor:
+            if source is not tensor or tensor.requires_grad and torch.is_grad_enabled():
                 _in_place(tensor, source, op_type)
-                placed.append((tensor, tensor.data_ptr(), source))
-            else:
-                if tensor.requires_grad and torch.is_grad_enabled():
-                    _in_place(tensor, source, op_type)
-                placed.append((tensor, input_at, tensor))
+            placed.append((tensor, input_at if source is tensor else tensor.data_ptr(), source))
             results.append(tensor)
         else:
             output = _output(op_type, tensor, source, code, device, process_set)
@@ -267,35 +258,33 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
         _increment_version(results)
     if pin and not drive:
         held.append(_pin(held, drive))
+    return _requests.submit(_pack(op_type, name, grouped, requests, items, held),
+                            _FINISH[op_type], (held, results, listed, placed), drive, consumer)
+
+
+def _pack(op_type, name, grouped, requests, items, held):
+    """submit()'s call packed: an unnamed call's new `requests`; a named call from
+    `items`, those packed before copied (`held` keeps them alive until
+    synchronize()), the others (`requests`) packed now and kept for the next calls."""
     if name is None:
-        packed = _builder.pack(_builder.group(requests, grouped))
-    else:
-        if requests:
-            _pack_new(op_type, name, grouped, requests, items)
-        held.append(items)  # keeps the packed requests alive until synchronize()
-        packed = _builder.pack_prebuilt(items)
-    return _requests.submit(packed, _FINISH[op_type], (held, results, listed, placed), drive,
-                            consumer)
-
-
-def _pack_new(op_type, name, grouped, requests, items):
-    """Packs the requests of a named call that were not packed before (those of the
-    items submit() left without a Prebuilt), keeps them for the next calls, and puts
-    them in their items."""
-    if isinstance(name, list):
-        wires = [_builder.wire_name(op_type, n) for n in name]
-    else:
-        wires = _builder.names(op_type, name, len(items), grouped)
-    missing = [i for i, item in enumerate(items) if item[0] is None]
-    for request, i in zip(requests, missing):
-        request.name = wires[i]
-    buf, n = _builder.pack(requests)
-    if len(_packed_requests) + n > _PACKED_REQUESTS_LIMIT:
-        _packed_requests.clear()
-    for j, i in enumerate(missing):
-        _, input_at, output_at, stream, key = items[i]
-        prebuilt = _packed_requests[key] = _builder.Prebuilt(buf, n, j)
-        items[i] = (prebuilt, input_at, output_at, stream, key)
+        return _builder.pack(_builder.group(requests, grouped))
+    if requests:
+        if isinstance(name, list):
+            wires = [_builder.wire_name(op_type, n) for n in name]
+        else:
+            wires = _builder.names(op_type, name, len(items), grouped)
+        missing = [i for i, item in enumerate(items) if item[0] is None]
+        for request, i in zip(requests, missing):
+            request.name = wires[i]
+        buf, n = _builder.pack(requests)
+        if len(_packed_requests) + n > _PACKED_REQUESTS_LIMIT:
+            _packed_requests.clear()
+        for j, i in enumerate(missing):
+            _, input_at, output_at, stream, key = items[i]
+            prebuilt = _packed_requests[key] = _builder.Prebuilt(buf, n, j)
+            items[i] = (prebuilt, input_at, output_at, stream, key)
+    held.append(items)
+    return _builder.pack_prebuilt(items)
 
 
 def join():
