@@ -564,7 +564,8 @@ def run_cpp_test(tmp_path, test, sources, optimize="-O0"):
 
 def test_fusion_plan_with_cpu_and_gpu_of_different_ordinals(tmp_path):
     run_cpp_test(tmp_path, "fusion_plan_test",
-                 ["engine/fusion.cc", "common/request.cc", "common/dtype.cc"])
+                 ["engine/fusion.cc", "common/request.cc", "common/request_rules.cc",
+                  "common/dtype.cc"])
 
 
 def test_one_rank_nccl_reductions_are_split_into_whole_pieces(tmp_path):

@@ -1,7 +1,7 @@
 """builder's packers against the ctypes mirror of perseus_request_t.
 
-builder.pack() and builder.pack_prebuilt() write records with struct, their field
-order derived from library.Request; here each packed record is read back through
+builder.pack() and builder.pack_prebuilt() write records with struct, their fields
+written out in library.Request's order; here each packed record is read back through
 library.Request (the layout test_header_mirror.py checks against the header) and
 every field compared with what the Request asked for, so a field packed into
 another's place, a wrong address or a lost flag fails. Needs the built core (for
@@ -95,8 +95,14 @@ def test_many_requests():
 
 
 def test_prebuilt_requests():
-    requests = [_request(b"allreduce.p%d" % i, (i + 1, 2), None) for i in range(3)]
-    prebuilts = [builder.Prebuilt(r) for r in requests]
+    """Requests kept from a packed batch (builder.Prebuilt), packed again with other
+    addresses and streams: every other field as first packed, the stream of the
+    first packing not kept (a stream of 0 stays 0)."""
+    requests = [_request(b"allreduce.p%d" % i, (i + 1, 2), (i, 1) if i == 1 else None)
+                for i in range(3)]
+    first, n = builder.pack(requests)
+    prebuilts = [builder.Prebuilt(first, n, i) for i in range(n)]
+    assert [p.device for p in prebuilts] == [r.device for r in requests]
     addresses = [(0x10000 * (i + 1), 0x10000 * (i + 1) + 8, 0x7000 + i if i else 0)
                  for i in range(3)]
     buf, n = builder.pack_prebuilt([(p, *a) for p, a in zip(prebuilts, addresses)])
@@ -104,8 +110,7 @@ def test_prebuilt_requests():
     records, handles = _records(buf, n)
     assert handles == [0] * n
     for record, request, (input, output, stream) in zip(records, requests, addresses):
-        # A stream of 0 leaves the packed request's (0x3000) as it was.
-        request.input, request.output, request.stream = input, output, stream or 0x3000
+        request.input, request.output, request.stream = input, output, stream
         _assert_record(record, request, request.name, anonymous=0)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from cpp_build import build_cpp_test
 
-SOURCES = ["engine/schedule.cc", "common/request.cc", "common/dtype.cc"]
+SOURCES = ["engine/schedule.cc", "common/request.cc", "common/request_rules.cc", "common/dtype.cc"]
 
 
 @pytest.fixture(scope="module")

@@ -117,27 +117,48 @@ def test_adasum_of_one_is_the_scaled_input(initialized, dtype):
     assert_same(outs[1], x[:5])
 
 
-def test_packed_requests_serve_both_fast_paths(initialized):
-    """allreduce_ under a name packs its request at the second call and reuses it;
-    the optimizer's InplaceAllreduce of that name and settings takes the same one;
-    another shape under the name has its own; every result is the reduction."""
+def test_packed_requests_serve_every_route(initialized):
+    """allreduce_ under a name packs its request at the first call and reuses it from
+    the second; DistributedOptimizer's route (a list of names, not pinned) takes the
+    same one for that name and settings; another shape under the name has its own;
+    every result is the reduction."""
     hvd = initialized
+    from perseus.common import ops
     from perseus.torch import adapter
     settings = dict(name="sp.packed", op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
-    key = ("sp.packed", hvd.Sum, 0.5, 4.0, 0, torch.float32, (6,))
+    packed = {}
     for shape, seed in [((6,), 0), ((2, 3), 1), ((6,), 2), ((6,), 3), ((2, 3), 4), ((2, 3), 5)]:
         x = make(shape, torch.float32, seed=seed)
         y = x.clone()
+        before = dict(adapter._packed_requests)
         assert hvd.allreduce_(y, **settings) is y
         torch.testing.assert_close(y, x * 2.0)  # one rank: the sum is x, scaled by 0.5 * 4
-    packed = adapter._packed_requests[key]
-    assert packed is not None and packed is not adapter._packed_requests[key[:6] + ((2, 3),)]
-    inplace = adapter.InplaceAllreduce("sp.packed", hvd.Sum, 0.5, 4.0, hvd.global_process_set)
+        added = [v for k, v in adapter._packed_requests.items() if k not in before]
+        if shape in packed:
+            assert not added, "%s was packed again" % (shape,)
+        else:
+            packed[shape], = added
+    assert packed[(6,)] is not packed[(2, 3)]
     x = make((6,), torch.float32, seed=6)
     y = x.clone()
-    assert inplace.prepared(y) is packed
-    assert hvd.synchronize(inplace.submit(y)) is y
+    before = dict(adapter._packed_requests)
+    handle = adapter.submit(ops.ALLREDUCE, [y], ["sp.packed"], hvd.global_process_set,
+                            inplace=True, op=hvd.Sum, prescale=0.5, postscale=4.0, pin=False)
+    assert adapter._packed_requests == before, "the optimizer's route packed its own"
+    assert hvd.synchronize(handle) == [y]
     torch.testing.assert_close(y, x * 2.0)
+    # A batch of a request packed before and a new one: the new one is packed and kept
+    # beside the other, each result is its reduction.
+    y, z = x.clone(), x[:4].clone()
+    handle = adapter.submit(ops.ALLREDUCE, [y, z], ["sp.packed", "sp.packed.new"],
+                            hvd.global_process_set, inplace=True, op=hvd.Sum, prescale=0.5,
+                            postscale=4.0, pin=False)
+    added = [k for k in adapter._packed_requests if k not in before]
+    assert len(added) == 1 and "sp.packed.new" in added[0], added
+    assert all(adapter._packed_requests[k] is p for k, p in before.items())
+    assert hvd.synchronize(handle) == [y, z]
+    torch.testing.assert_close(y, x * 2.0)
+    torch.testing.assert_close(z, x[:4] * 2.0)
 
 
 def test_allreduce_defaults_to_average(initialized):
@@ -254,18 +275,23 @@ def test_inplace_ops_and_autograd(initialized):
     one shows as well: the optimizer's path, and inference tensors, which have no
     version counter and are taken as before (as by Horovod and torch.distributed)."""
     hvd = initialized
+    from perseus.common import ops
     from perseus.torch import adapter
-    inplace = adapter.InplaceAllreduce("sp.grad", hvd.Sum, 2.0, 1.0, hvd.global_process_set)
-    for step in range(2):  # prepared at the first, reused at the second
+
+    def submit(tensor):  # as DistributedOptimizer submits a gradient
+        return adapter.submit(ops.ALLREDUCE, [tensor], ["sp.grad"], hvd.global_process_set,
+                              inplace=True, op=hvd.Sum, prescale=2.0, pin=False)
+
+    for step in range(2):  # packed at the first, reused at the second
         g = torch.arange(4.0)
         before = g._version
-        handle = inplace.submit(g)
+        handle = submit(g)
         assert g._version > before, "the optimizer's in-place allreduce did not bump the version"
         hvd.synchronize(handle)
         assert_same(g, torch.arange(4.0) * 2)
     leaf = torch.ones(4, requires_grad=True)
     with pytest.raises(RuntimeError, match="in-place allreduce: a leaf Variable that requires grad"):
-        inplace.submit(leaf)
+        submit(leaf)
     with torch.inference_mode():
         made_there = torch.arange(3.0)
         assert_same(hvd.allreduce_(made_there, name="sp.inference", op=hvd.Sum), torch.arange(3.0))

@@ -8,6 +8,7 @@ import ctypes
 import pytest
 import torch
 
+from perseus.common import library
 from perseus.common import ops
 from perseus.common import requests
 from perseus.torch import adapter
@@ -40,11 +41,19 @@ class FakeCudaTensor:
 
 @pytest.fixture
 def captured(monkeypatch):
-    """adapter._submit replaced by a recorder; streams are fake ints; the library
-    folders count as handed over."""
+    """requests.submit replaced by a recorder of its arguments, the packed batch as
+    its records (library.Request); streams are fake ints; the library folders count
+    as handed over; no version counter to bump on a fake tensor."""
     calls = []
-    monkeypatch.setattr(adapter, "_submit", lambda *args: calls.append(args) or 1)
-    # A fake tensor has no version counter for in-place calls to bump.
+
+    def record(packed, *rest):
+        buf, n = packed
+        records = [library.Request.from_buffer(buf, 8 * n + library.REQUEST_SIZE * i)
+                   for i in range(n)]
+        calls.append((records,) + rest)
+        return 1
+
+    monkeypatch.setattr(requests, "submit", record)
     monkeypatch.setattr(adapter, "_increment_version", lambda tensors: None)
     monkeypatch.setattr(torch_device, "current_stream", lambda index: 0x5000 + index)
     monkeypatch.setattr(torch_device, "_ready", True)
@@ -52,41 +61,48 @@ def captured(monkeypatch):
     return calls
 
 
+def _shape(record):
+    return tuple(record.shape[i] for i in range(record.ndim))
+
+
 def test_cuda_tensor_becomes_a_gpu_request(captured):
     x = FakeCudaTensor(1)
-    adapter.allreduce_async([x], True, "t", ops.Sum, 1.0, 1.0, mpi_ops.global_process_set, False)
+    adapter.submit(ops.ALLREDUCE, [x], "t", mpi_ops.global_process_set, inplace=True)
     reqs, finish, state, drive, consumer = captured[0]
     r, = reqs
     assert (r.device, r.stream, r.input, r.output) == (1, 0x5001, 0xD000, 0xD000)
-    assert tuple(r.shape) == (3, 2) and r.dtype == ops.FLOAT32
+    assert _shape(r) == (3, 2) and r.dtype == ops.FLOAT32
     assert consumer is torch_device.consumer(1)  # the stream wait at synchronize()
 
-    adapter.allgather_async([FakeCudaTensor(1, dtype=torch.bool)], None,
-                            mpi_ops.global_process_set, True)
+    adapter.submit(ops.ALLGATHER, [FakeCudaTensor(1, dtype=torch.bool)], None,
+                   mpi_ops.global_process_set, True)
     reqs, _, state, _, consumer = captured[1]
     assert (reqs[0].device, reqs[0].stream, reqs[0].dtype) == (1, 0x5001, ops.BOOL)
-    assert state[2] == [1] and consumer is not None  # devices: outputs made on cuda:1
+    # Outputs made on cuda:1 at synchronize.
+    assert state[1] == [(ops.BOOL, 1)] and consumer is not None
 
 
 def test_cpu_tensor_adds_nothing(captured):
     x = torch.ones(4)
-    adapter.allreduce_async([x], True, "t", ops.Sum, 1.0, 1.0, mpi_ops.global_process_set, False)
+    adapter.submit(ops.ALLREDUCE, [x], "t", mpi_ops.global_process_set, inplace=True)
     reqs, _, _, _, consumer = captured[0]
-    assert (reqs[0].device, reqs[0].stream, consumer) == (ops.CPU_DEVICE, 0, None)
+    assert (reqs[0].device, reqs[0].stream, consumer) == (ops.CPU_DEVICE, None, None)
 
 
 def test_packed_requests_keep_devices_apart(captured):
     """One name, settings, dtype and shape on cuda:1, cuda:0 and the CPU: the cache of
     packed requests (adapter._packed_requests) gives each its own, whose record names
-    its device."""
-    from perseus.common import library
-    records = []
-    for tensor in (FakeCudaTensor(1), FakeCudaTensor(0), torch.ones(3, 2)):
-        inplace = adapter.InplaceAllreduce("t.packed", ops.Sum, 1.0, 1.0,
-                                           mpi_ops.global_process_set)
-        records.append(library.Request.from_buffer(inplace.prepared(tensor)._buf, 8))
-    assert [r.device for r in records] == [1, 0, ops.CPU_DEVICE]
-    assert [r.name for r in records] == [b"allreduce.t.packed"] * 3
+    its device; a second call of each reuses it with its own stream."""
+    for round in range(2):
+        for tensor in (FakeCudaTensor(1), FakeCudaTensor(0), torch.ones(3, 2)):
+            adapter.submit(ops.ALLREDUCE, [tensor], "t.packed", mpi_ops.global_process_set,
+                           inplace=True)
+    records = [call[0][0] for call in captured]
+    assert [r.device for r in records] == [1, 0, ops.CPU_DEVICE] * 2
+    assert [r.stream for r in records] == [0x5001, 0x5000, None] * 2
+    assert [r.name for r in records] == [b"allreduce.t.packed"] * 6
+    packed = [p for key, p in adapter._packed_requests.items() if "t.packed" in key]
+    assert sorted(p.device for p in packed) == [ops.CPU_DEVICE, 0, 1]
 
 
 def test_other_devices_are_refused():
@@ -96,11 +112,11 @@ def test_other_devices_are_refused():
 
 def test_synchronize_waits_on_the_consumer_stream(monkeypatch):
     waits = []
-    monkeypatch.setattr(requests, "enqueue", lambda reqs, drive: ((41, 42), None))
-    monkeypatch.setattr(requests, "_wait", lambda h, t: 0)
-    monkeypatch.setattr(requests, "_release", lambda h: 0)
-    monkeypatch.setattr(requests, "_stream_wait", lambda h, s: waits.append(((h,), s)) or 0)
-    monkeypatch.setattr(requests, "_stream_wait_many", lambda address, n, s: waits.append(
+    monkeypatch.setattr(requests, "enqueue", lambda packed, drive: ((41, 42), None))
+    monkeypatch.setattr(library, "perseus_wait", lambda h, t: 0)
+    monkeypatch.setattr(library, "perseus_release", lambda h: 0)
+    monkeypatch.setattr(library, "perseus_stream_wait", lambda h, s: waits.append(((h,), s)) or 0)
+    monkeypatch.setattr(library, "perseus_stream_wait_all", lambda address, n, s: waits.append(
         (tuple((ctypes.c_int64 * n).from_address(address)), s)) or 0)
 
     def finish(state, handles):
@@ -119,11 +135,11 @@ def test_synchronize_waits_on_the_consumer_stream(monkeypatch):
 def test_synchronize_all_waits_once_per_consumer_stream(monkeypatch):
     waits = []
     handles = iter([(61, 62), (63,), (64,)])
-    monkeypatch.setattr(requests, "enqueue", lambda reqs, drive: (next(handles), None))
-    monkeypatch.setattr(requests, "_wait_many", lambda address, n, timeout, index: 0)
-    monkeypatch.setattr(requests, "_release", lambda h: 0)
-    monkeypatch.setattr(requests, "_stream_wait", lambda h, s: waits.append(((h,), s)) or 0)
-    monkeypatch.setattr(requests, "_stream_wait_many", lambda address, n, s: waits.append(
+    monkeypatch.setattr(requests, "enqueue", lambda packed, drive: (next(handles), None))
+    monkeypatch.setattr(library, "perseus_wait_all", lambda address, n, timeout, index: 0)
+    monkeypatch.setattr(library, "perseus_release", lambda h: 0)
+    monkeypatch.setattr(library, "perseus_stream_wait", lambda h, s: waits.append(((h,), s)) or 0)
+    monkeypatch.setattr(library, "perseus_stream_wait_all", lambda address, n, s: waits.append(
         (tuple((ctypes.c_int64 * n).from_address(address)), s)) or 0)
     finish = lambda state, hs: waits.append(state) or state  # noqa: E731
     a = requests.submit([None, None], finish, "a", consumer_stream=lambda: 5)
@@ -135,10 +151,10 @@ def test_synchronize_all_waits_once_per_consumer_stream(monkeypatch):
 
 def test_failed_gpu_request_is_still_stream_waited(monkeypatch):
     waits = []
-    monkeypatch.setattr(requests, "enqueue", lambda reqs, drive: ((51,), None))
-    monkeypatch.setattr(requests, "_wait", lambda h, t: 2)  # a failure status
-    monkeypatch.setattr(requests, "_release", lambda h: 0)
-    monkeypatch.setattr(requests, "_stream_wait", lambda h, s: waits.append((h, s)) or 0)
+    monkeypatch.setattr(requests, "enqueue", lambda packed, drive: ((51,), None))
+    monkeypatch.setattr(library, "perseus_wait", lambda h, t: 2)  # a failure status
+    monkeypatch.setattr(library, "perseus_release", lambda h: 0)
+    monkeypatch.setattr(library, "perseus_stream_wait", lambda h, s: waits.append((h, s)) or 0)
     h = requests.submit([None], lambda s, hs: None, None, consumer_stream=lambda: 9)
     with pytest.raises(Exception):
         requests.synchronize(h)

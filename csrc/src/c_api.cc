@@ -18,6 +18,7 @@
 
 #include "collectives/wire_dtype.h"
 #include "common/logging.h"
+#include "common/request_rules.h"
 #include "common/timeline.h"
 #include "cuda/device_backend.h"
 #include "engine/config.h"
@@ -476,6 +477,32 @@ perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* out, int32_t cap
   *size_out = static_cast<int32_t>(ranks.size());
   for (int32_t i = 0; i < capacity && i < *size_out; ++i) out[i] = ranks[i];
   return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_check_reduction(int32_t op_type, int32_t reduce_op, int32_t dtype) {
+  Status status = CheckReduction(op_type, reduce_op, dtype);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_check_rows(int32_t op_type, int32_t process_set, int32_t ndim,
+                                    int64_t rows, const int64_t* splits, int32_t nsplits,
+                                    int64_t* rows_out) {
+  if (rows_out != nullptr) *rows_out = -1;
+  std::vector<int> ranks;
+  int set_rank;
+  int32_t rank = 0;
+  perseus_status_t s = Describe(process_set, &ranks, &set_rank);
+  if (s == PERSEUS_SUCCESS) s = perseus_rank(&rank);
+  if (s != PERSEUS_SUCCESS) return s;
+  int size = static_cast<int>(ranks.size());
+  // In perseus_enqueue's order: membership, then the request's own rules.
+  Status status = CheckMember(rank, set_rank, process_set);
+  if (status.ok()) status = CheckDims(op_type, ndim);
+  if (status.ok() && op_type == PERSEUS_ALLTOALL)
+    status = AlltoallSplits(rows, splits, nsplits, size, nullptr);
+  if (status.ok() && op_type == PERSEUS_REDUCESCATTER && rows_out != nullptr)
+    *rows_out = ScatterRows(rows, set_rank, size);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 
 perseus_status_t perseus_enqueue(const perseus_request_t* requests, int32_t n,

@@ -1,30 +1,31 @@
-"""The one request builder: every rule that turns a collective call into requests.
+"""The request builder: what turns a collective call into requests.
 
 A front end converts its tensors to (dtype code, shape, addresses, device, stream)
 and asks this module for everything else: the process set's id and this rank's
-place in it, the broadcast root as a set rank, names, alltoall splits,
-reducescatter rows, dtype rules, compression. It builds Request objects, which
-pack() lays out as perseus_request_t records for perseus_enqueue.
+place in it, the broadcast root as a set rank, names, compression. The rules on
+dtypes, reduce ops and dim 0 (bool, Adasum, alltoall splits, reducescatter rows) are
+the core's: this module asks it (check_code, check_rows). It builds Request
+objects, which pack() lays out as perseus_request_t records for perseus_enqueue.
 
-A request field is added to the header, to library.Request (which gives the packers
-their field order) and here to Request (or to _COMPUTED_FIELDS, where packing
-computes it), nowhere else.
+A request field is added to the header, to library.Request and here to Request and
+the packers, nowhere else.
 
 This is the hot path of every collective: Request is a plain __slots__ class (no
 validation), and pack() does little per request (struct packing, cached layouts).
 """
 
 import array
+import ctypes
 import itertools
-import linecache
 import struct
 
 from perseus.common import library as _lib
 from perseus.common import process_sets as _process_sets
 from perseus.common.compression import NoneCompressor
-from perseus.common.exceptions import CollectiveArgumentError, CollectiveTypeError
-from perseus.common.ops import (ALLREDUCE, BOOL, CPU_DEVICE, DTYPE_NAMES, GLOBAL_PROCESS_SET,
-                                OP_TYPE_NAMES, REDUCESCATTER, Adasum, check_adasum, integer)
+from perseus.common.exceptions import CollectiveTypeError, exception_for
+from perseus.common.ops import (ALLTOALL, CPU_DEVICE, DTYPE_NAMES, FLOAT32, GLOBAL_PROCESS_SET,
+                                NUM_DTYPES, OP_TYPE_NAMES, REDUCE_OP_NAMES, REDUCESCATTER,
+                                integer)
 
 
 class Request:
@@ -218,69 +219,90 @@ def group(requests, grouped):
     return requests
 
 
-# ---- shapes and dtypes ----------------------------------------------------------
+# ---- the core's rules ------------------------------------------------------------
+# The rules on reduce ops, dtypes and dim 0 are the core's (csrc/src/common/
+# request_rules.cc), applied to every request at perseus_enqueue. A front end asks the
+# core for them before it sends anything (perseus_check_reduction, perseus_check_rows),
+# so the call is refused at once and reads as perseus_enqueue's refusal would.
+
+def _reduction_refusals():
+    """(op type, reduce op, dtype code) -> (status, message) of the core's refusal, for
+    every combination perseus_check_reduction refuses. Asked once, at import (it
+    needs no init), so that the check at each call is one dict lookup."""
+    refusals = {}
+    for key in itertools.product(range(len(OP_TYPE_NAMES)), range(len(REDUCE_OP_NAMES)),
+                                 range(NUM_DTYPES)):
+        status = _lib.perseus_check_reduction(*key)
+        if status:
+            refusals[key] = (status, _lib.error(status).args[0])
+    return refusals
+
+
+_REDUCTION_REFUSALS = _reduction_refusals()
+_DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES)}
+
+
+def check_code(op_type, reduce_op, code):
+    """The core's rules for reductions (bool tensors, Adasum) for a tensor of dtype
+    code `code`: raises what perseus_enqueue would (ValueError, NotImplementedError)."""
+    refusal = _REDUCTION_REFUSALS.get((op_type, reduce_op, code))
+    if refusal is not None:
+        raise exception_for(*refusal)
+
+
+def check_dtype(op_type, reduce_op, dtype_name):
+    """check_code() for a dtype named as in ops.DTYPE_NAMES (TensorFlow's and numpy's
+    spelling); a dtype the core has no code for is the framework's to refuse."""
+    code = _DTYPE_CODES.get(dtype_name)
+    if code is not None:
+        check_code(op_type, reduce_op, code)
+
 
 def check_op(op_type, reduce_op):
-    """NotImplementedError for a reduce op the collective does not have (Adasum is
-    an allreduce only); checked at the call, before the tensors."""
-    if reduce_op == Adasum and op_type != ALLREDUCE:
-        check_adasum(op_type)
+    """The rules on the reduce op alone (Adasum is an allreduce only), at the call,
+    before the tensors: a float32 tensor meets every dtype rule, so what the core
+    refuses here is the operation."""
+    check_code(op_type, reduce_op, FLOAT32)
 
 
-def check_dtype(op_type, reduce_op, dtype_name, what="tensors"):
-    """The dtype rules a rank can check alone before anything is sent: Adasum is an
-    allreduce of floats, reductions refuse bool. dtype_name: ops.DTYPE_NAMES'
-    spelling (TensorFlow's and numpy's too)."""
-    if reduce_op == Adasum:
-        check_adasum(op_type, dtype_name)
-    if dtype_name == "bool" and (op_type == ALLREDUCE or op_type == REDUCESCATTER):
-        raise ValueError("%s does not support bool %s" % (OP_TYPE_NAMES[op_type], what))
+def check_rows(op_type, process_set, shape, splits=None):
+    """The core's rules on dim 0 (perseus_check_rows) for a tensor of `shape` (None:
+    not known yet) in the registered `process_set`: allgather, alltoall and
+    reducescatter need a dim 0; alltoall's splits (a tuple of ints, or None: even)
+    must fit the set and the tensor. Returns this rank's rows of a reducescatter's
+    output, else -1."""
+    ndim, rows = (1, -1) if shape is None else (len(shape), shape[0] if len(shape) else 0)
+    ints = array.array("q", splits or ())
+    out = ctypes.c_int64()
+    status = _lib.perseus_check_rows(op_type, set_id(process_set), ndim, rows,
+                                     ints.buffer_info()[0] if splits else None, len(ints),
+                                     ctypes.byref(out))
+    if status:
+        raise _lib.error(status)
+    return out.value
 
 
-def check_code(op_type, reduce_op, code, what="tensors"):
-    """check_dtype() for a dtype code; cheap for the common case."""
-    if code == BOOL or reduce_op == Adasum:
-        check_dtype(op_type, reduce_op, DTYPE_NAMES[code], what)
-
-
-def alltoall_splits(splits, process_set, rows):
-    """alltoall's splits as a tuple of ints (None stays None: an even split),
-    checked against the set's size and the input's `rows` (None: unknown)."""
-    if splits is None:
-        return None
-    if hasattr(splits, "tolist"):
-        # Integer arrays only (numpy, torch, TensorFlow dtypes all spell "int"), as
-        # Horovod refuses float splits rather than truncating them.
-        if "int" not in str(getattr(splits, "dtype", "int")):
-            raise CollectiveTypeError("alltoall splits must be integers, got dtype %s"
-                                      % splits.dtype)
-        splits = splits.tolist()
-    splits = tuple([integer(s, "an alltoall split") for s in splits])
-    size = process_set.size()
-    if len(splits) != size:
-        raise CollectiveArgumentError("alltoall splits has %d entries; it needs one per rank "
-                                      "of the process set (%d)" % (len(splits), size))
-    if min(splits) < 0:
-        raise CollectiveArgumentError("alltoall splits must be non-negative, got %s" % (splits,))
-    if rows is not None and sum(splits) != rows:
-        raise CollectiveArgumentError("alltoall splits sum to %d but the tensor's first "
-                                      "dimension is %d" % (sum(splits), rows))
+def alltoall_splits(splits, process_set, shape):
+    """alltoall's splits as a tuple of ints (None stays None: an even split), checked
+    by the core against the set and the input's `shape` (None: not known yet)."""
+    if splits is not None:
+        if hasattr(splits, "tolist"):
+            # Integer arrays only (numpy, torch, TensorFlow dtypes all spell "int"), as
+            # Horovod refuses float splits rather than truncating them.
+            if "int" not in str(getattr(splits, "dtype", "int")):
+                raise CollectiveTypeError("alltoall splits must be integers, got dtype %s"
+                                          % splits.dtype)
+            splits = splits.tolist()
+        splits = tuple([integer(s, "an alltoall split") for s in splits])
+    check_rows(ALLTOALL, process_set, shape, splits)
     return splits
 
 
-def check_rows(op_type, shape, what="tensor"):
-    """Ops that split dim 0 (alltoall, reducescatter) need one."""
-    if not len(shape):
-        raise CollectiveArgumentError("%s needs a %s with at least one dimension"
-                                      % (OP_TYPE_NAMES[op_type], what))
-
-
-def scatter_rows(rows, process_set):
-    """Rows of this rank's reducescatter output for an input of `rows` rows: dim 0
-    split evenly, the first (rows % size) ranks of the set one more."""
-    rank = member_rank(process_set)
-    base, extra = divmod(rows, process_set.size())
-    return base + (rank < extra)
+def scatter_rows(shape, process_set):
+    """Rows of this rank's reducescatter output for an input of `shape`, as the core
+    splits dim 0 (ValueError for a scalar, or when this rank is not a member)."""
+    member_rank(process_set)  # its message names the set as the script knows it
+    return check_rows(REDUCESCATTER, process_set, shape)
 
 
 # ---- compression ----------------------------------------------------------------
@@ -296,10 +318,15 @@ def compressed(compression, tensors, reduce):
 
 
 # ---- layout for perseus_enqueue -------------------------------------------------
+# A record is one struct call with its fields in library.Request's order (the
+# header's, tests/test_header_mirror.py), written out in the packers below;
+# tests/test_request_packing.py reads every field back through library.Request, so
+# a field written in another's place fails there. A field added to the header is
+# added to library.Request, to Request above and to the packers, nowhere else.
 _STRIDE = _lib.REQUEST_SIZE
 _RECORD = _lib.REQUEST_STRUCT.format.lstrip("@")
 _RECORD_PAD = _STRIDE - _lib.REQUEST_STRUCT.size
-_pack_request = _lib.REQUEST_STRUCT.pack_into
+_pack_record = _lib.REQUEST_STRUCT.pack_into
 _int64_structs = {}
 _single_layouts = {}  # (ndim, nsplits, name length) -> struct of a one-request batch
 
@@ -312,48 +339,6 @@ def int64s(count):
     return packer
 
 
-# The fields of a perseus_request_t record that the packers compute rather than take
-# from the Request attribute of the same name: addresses inside the packed buffer,
-# counts, and the anonymous flag (forced for the requests pack() names).
-_COMPUTED_FIELDS = {
-    "name": "name_at",
-    "ndim": "ndim",
-    "shape": "shape_at",
-    "splits": "splits_at",
-    "nsplits": "nsplits",
-    "anonymous": "1 if r.name is None else r.anonymous",
-}
-
-
-def _record_arguments():
-    """Request `r`'s record as struct arguments, in library.Request's field order (the
-    header's, checked by tests/test_header_mirror.py), as source text reading r and
-    the packer's locals name_at, ndim, shape_at, splits_at and nsplits: the one place
-    that lays a Request onto perseus_request_t."""
-    fields = [field for field, _ in _lib.Request._fields_]
-    missing = [f for f in fields if f not in _COMPUTED_FIELDS and f not in Request.__slots__]
-    if missing:
-        raise ImportError("perseus_request_t fields %s are not builder.Request attributes"
-                          % missing)
-    return ", ".join(_COMPUTED_FIELDS.get(f, "r." + f) for f in fields)
-
-
-def _compile_packers(source):
-    """Defines the functions of `source` in this module with {RECORD} replaced by
-    _record_arguments(), as collections.namedtuple compiles its methods: each record
-    is then one struct call with its fields in order, as cheap as written out by hand
-    (a helper function per record would add a Python call to every request). Their
-    lines are registered with linecache, where the traceback module (pytest, logging)
-    finds them."""
-    source = source.replace("{RECORD}", _record_arguments())
-    filename = "<perseus.common.builder packers>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), globals())
-
-
-# The packers, compiled by _compile_packers() below. A record is packed from r and
-# the locals that _COMPUTED_FIELDS names.
-_PACKERS = r'''
 def pack(requests):
     """Lays a batch out for perseus_enqueue, drawing names for unnamed requests.
 
@@ -362,38 +347,44 @@ def pack(requests):
     [names]; the records' name/shape/splits pointers point into buf. A front end
     that enqueues later (perseus.mxnet's engine ops) copies buf and moves them.
     """
-    if len(requests) != 1:
-        return _pack_many(requests)
-    # One request, the common case: one struct call, with the layout of
-    # [handle][record][shape, splits][name] cached per (ndim, nsplits, name length).
-    r = requests[0]
-    wire = r.name or unnamed(r.op_type, r.process_set)
-    shape = r.shape
-    splits = r.splits
-    ndim = len(shape)
-    nsplits = 0 if splits is None else len(splits)
-    key = (ndim, nsplits, len(wire))
-    layout = _single_layouts.get(key)
-    if layout is None:
-        if len(_single_layouts) > 4096:  # bound it against endless distinct names
-            _single_layouts.clear()
-        layout = _single_layouts[key] = struct.Struct(
-            "@q%s%dx%dq%ds" % (_RECORD, _RECORD_PAD, ndim + nsplits, len(wire) + 1))
-    buf = array.array("B", bytes(layout.size))
-    shape_at = buf.buffer_info()[0] + 8 + _STRIDE
     try:
-        if splits is None:
-            splits_at = 0
-            name_at = shape_at + 8 * ndim
-            layout.pack_into(buf, 0, 0, {RECORD}, *shape, wire)
-        else:
-            splits_at = shape_at + 8 * ndim
-            name_at = splits_at + 8 * nsplits
-            layout.pack_into(buf, 0, 0, {RECORD}, *shape, *splits, wire)
+        if len(requests) == 1:
+            return _pack_one(requests[0]), 1
+        return _pack_many(requests), len(requests)
     except struct.error as e:
         # A field out of its C type's range (e.g. a root rank > 2**31).
         raise ValueError("invalid request field: %s" % e) from None
-    return buf, 1
+
+
+def _one_layout(key):
+    """The struct of [handle][record][shape, splits][name] for a one-request batch."""
+    if len(_single_layouts) > 4096:  # bound it against endless distinct names
+        _single_layouts.clear()
+    ndim, nsplits, name_length = key
+    layout = _single_layouts[key] = struct.Struct(
+        "@q%s%dx%dq%ds" % (_RECORD, _RECORD_PAD, ndim + nsplits, name_length + 1))
+    return layout
+
+
+def _pack_one(r):
+    """pack() of one request, the common case: one struct call, with the layout
+    cached per (ndim, nsplits, name length)."""
+    wire = r.name or unnamed(r.op_type, r.process_set)
+    shape = r.shape
+    splits = r.splits or ()
+    ndim = len(shape)
+    nsplits = len(splits)
+    key = (ndim, nsplits, len(wire))
+    layout = _single_layouts.get(key) or _one_layout(key)
+    buf = array.array("B", bytes(layout.size))
+    shape_at = buf.buffer_info()[0] + 8 + _STRIDE
+    splits_at = shape_at + 8 * ndim if nsplits else 0
+    layout.pack_into(buf, 0, 0, shape_at + 8 * (ndim + nsplits), r.op_type, r.reduce_op,
+                     r.dtype, r.device, ndim, shape_at, r.input, r.output, r.prescale,
+                     r.postscale, r.root_rank, r.process_set, splits_at, nsplits,
+                     1 if r.name is None else r.anonymous, r.stream, r.group_size,
+                     *shape, *splits, wire)
+    return buf
 
 
 def _pack_many(requests):
@@ -407,91 +398,81 @@ def _pack_many(requests):
     wires = []
     for r in requests:
         ints += r.shape
-        if r.splits is not None:
+        if r.splits:
             ints += r.splits
         wires.append(r.name or unnamed(r.op_type, r.process_set))
     names = b"\0".join(wires) + b"\0"
-    req_at = 8 * n
-    ints_at = req_at + _STRIDE * n
+    ints_at = (8 + _STRIDE) * n
     chars_at = ints_at + 8 * len(ints)
     buf = array.array("B", bytes(chars_at + len(names)))
     base = buf.buffer_info()[0]
     memoryview(buf)[chars_at:] = names
-    try:
-        if ints:
-            int64s(len(ints)).pack_into(buf, ints_at, *ints)
-        rec = req_at
-        ip = base + ints_at   # address of this request's shape, then its splits
-        name_at = base + chars_at  # address of this request's name
-        for r, wire in zip(requests, wires):
-            ndim = len(r.shape)
-            shape_at = ip
-            ip += 8 * ndim
-            splits = r.splits
-            if splits is None:
-                splits_at = nsplits = 0
-            else:
-                nsplits = len(splits)
-                splits_at = ip
-                ip += 8 * nsplits
-            _pack_request(buf, rec, {RECORD})
-            name_at += len(wire) + 1
-            rec += _STRIDE
-    except struct.error as e:
-        # A field out of its C type's range (e.g. a root rank > 2**31).
-        raise ValueError("invalid request field: %s" % e) from None
-    return buf, n
-'''
-_compile_packers(_PACKERS)
+    if ints:
+        int64s(len(ints)).pack_into(buf, ints_at, *ints)
+    at = 8 * n  # this request's record
+    shape_at = base + ints_at  # its shape, then its splits
+    name_at = base + chars_at  # its name
+    for r, wire in zip(requests, wires):
+        ndim = len(r.shape)
+        splits_at = shape_at + 8 * ndim
+        nsplits = len(r.splits) if r.splits else 0
+        _pack_record(buf, at, name_at, r.op_type, r.reduce_op, r.dtype, r.device, ndim,
+                     shape_at, r.input, r.output, r.prescale, r.postscale, r.root_rank,
+                     r.process_set, splits_at if nsplits else 0, nsplits,
+                     1 if r.name is None else r.anonymous, r.stream, r.group_size)
+        shape_at = splits_at + 8 * nsplits
+        name_at += len(wire) + 1
+        at += _STRIDE
+    return buf
 
 
-# Where pack_prebuilt() patches a packed one-request batch: the record's shape,
-# input and output pointers (adjacent in perseus_request_t), and its stream.
-_ADDRESSES_AT = 8 + _lib.Request.shape.offset
+# Where pack_prebuilt() patches a record: its shape, input and output pointers
+# (adjacent in perseus_request_t), and its stream.
+_ADDRESSES_AT = _lib.Request.shape.offset
 _pack_addresses = struct.Struct("@PPP").pack_into
-_STREAM_AT = 8 + _lib.Request.stream.offset
+_STREAM_AT = _lib.Request.stream.offset
 _pack_stream = struct.Struct("@P").pack_into
+_DEVICE_AT = _lib.Request.device.offset
 if not (_lib.Request.input.offset == _lib.Request.shape.offset + 8
         and _lib.Request.output.offset == _lib.Request.input.offset + 8):
     raise ImportError("perseus_request_t: shape, input and output are not adjacent")
 
 
 class Prebuilt:
-    """A named request packed once, for a front end that submits the same request
-    again and again with only its buffers changing (an optimizer's in-place allreduce
-    of a gradient, every step). Its name and shape stay in the Prebuilt's own
-    buffer; pack_prebuilt() copies only the record and fills in the addresses,
-    skipping names, struct layouts and checks. Keep the Prebuilt alive until the
-    requests packed from it complete. `device` is the request's (ops.CPU_DEVICE or a
-    GPU ordinal)."""
+    """Request i of a batch that pack() laid out in `buf`, kept for a front end that
+    submits the same named request again and again with only its buffers changing
+    (an optimizer's in-place allreduce of a gradient, every step): pack_prebuilt()
+    copies its record and fills in the addresses, skipping names, struct layouts and
+    checks. Its name and shape stay in `buf`, which it keeps alive; keep the Prebuilt
+    alive until the requests packed from it complete. `device` is the request's
+    (ops.CPU_DEVICE or a GPU ordinal)."""
 
     __slots__ = ("_buf", "_record", "_shape_address", "device")
 
-    def __init__(self, request):
-        if request.name is None:
-            raise ValueError("Prebuilt needs a named request (unnamed ones are numbered "
-                             "per call)")
-        self._buf, _ = pack([request])
-        self._record = self._buf[8:8 + _STRIDE].tobytes()
-        self._shape_address = struct.unpack_from("@P", self._buf, _ADDRESSES_AT)[0]
-        self.device = request.device
+    def __init__(self, buf, n, i):
+        at = 8 * n + _STRIDE * i
+        record = bytearray(buf[at:at + _STRIDE])
+        _pack_stream(record, _STREAM_AT, 0)  # pack_prebuilt() writes a stream, if any
+        self._buf = buf
+        self._record = bytes(record)
+        self._shape_address = struct.unpack_from("@P", record, _ADDRESSES_AT)[0]
+        self.device = struct.unpack_from("@i", record, _DEVICE_AT)[0]
 
 
 def pack_prebuilt(items):
-    """(buf, n) as pack() returns it, for a batch of (Prebuilt, input address, output
-    address, stream): one perseus_enqueue for many gradients. stream: the GPU stream
-    that produced the input (0 on CPU, or for the legacy default stream)."""
+    """(buf, n) as pack() returns it, for a batch of items that start (Prebuilt, input
+    address, output address, stream), the rest of each item unread: one
+    perseus_enqueue for many gradients. stream: the GPU stream that produced the
+    input (0 on CPU, or for the legacy default stream)."""
     n = len(items)
     buf = array.array("B", bytes(8 * n))
     buf.frombytes(b"".join([item[0]._record for item in items]))
-    at = _ADDRESSES_AT + (n - 1) * 8  # the first record's shape pointer
-    stream_at = _STREAM_AT + (n - 1) * 8
-    for prebuilt, input, output, stream in items:
-        _pack_addresses(buf, at, prebuilt._shape_address, input, output)
-        if stream:
-            _pack_stream(buf, stream_at, stream)
+    at = 8 * n  # the first record
+    for item in items:
+        _pack_addresses(buf, at + _ADDRESSES_AT, item[0]._shape_address, item[1], item[2])
+        if item[3]:
+            _pack_stream(buf, at + _STREAM_AT, item[3])
         at += _STRIDE
-        stream_at += _STRIDE
     return buf, n
 
 

@@ -134,6 +134,11 @@ _SIGNATURES = {
     "perseus_process_set_hold": (_status, [ctypes.c_int32, ctypes.c_int32, _i64p,
                                            ctypes.POINTER(ctypes.c_double)]),
     "perseus_process_set_ranks": (_status, [ctypes.c_int32, _i32p, ctypes.c_int32, _i32p]),
+    # request rules; perseus_check_rows's splits is declared c_void_p, as perseus_enqueue's
+    # pointers are (below), for the address of an array of int64s.
+    "perseus_check_reduction": (_status, [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
+    "perseus_check_rows": (_status, [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, _i64p]),
     # requests. perseus_enqueue's pointers are declared c_void_p (same ABI as
     # const perseus_request_t* / int64_t*) so requests.py can pass the plain integer
     # addresses of its packed buffer without building ctypes objects per call.
@@ -194,6 +199,8 @@ perseus_process_set_rank = _bind("perseus_process_set_rank")
 perseus_process_set_size = _bind("perseus_process_set_size")
 perseus_process_set_hold = _bind("perseus_process_set_hold")
 perseus_process_set_ranks = _bind("perseus_process_set_ranks")
+perseus_check_reduction = _bind("perseus_check_reduction")
+perseus_check_rows = _bind("perseus_check_rows")
 perseus_enqueue = _bind("perseus_enqueue")
 perseus_enqueue_and_drive = _bind("perseus_enqueue_and_drive")
 perseus_poll = _bind("perseus_poll")

@@ -28,7 +28,8 @@ def _broadcast_(array, root_rank, name, process_set):
                                array.shape, address, address,
                                name=_builder.wire_name(_ops.BROADCAST, name),
                                root_rank=_builder.root_in_set(process_set, root_rank))
-    return _requests.synchronize(_requests.submit([request], _finish_array, (array, array), True))
+    return _requests.synchronize(_requests.submit(_builder.pack([request]), _finish_array,
+                                                  (array, array), True))
 
 
 def _finish_gathered(state, handles):
@@ -43,7 +44,8 @@ def _allgather(array, name, process_set):
     request = _builder.Request(_ops.ALLGATHER, _builder.set_id(process_set), _DTYPES[array.dtype],
                                array.shape, array.ctypes.data if array.size else 0,
                                name=_builder.wire_name(_ops.ALLGATHER, name))
-    return _requests.synchronize(_requests.submit([request], _finish_gathered, array, True))
+    return _requests.synchronize(_requests.submit(_builder.pack([request]), _finish_gathered,
+                                                  array, True))
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

@@ -68,16 +68,6 @@ ADASUM_HAS_NO_GRADIENT = ("allreduce with op=Adasum has no gradient (Adasum is n
                           "its inputs); reduce the gradients with op=Adasum instead")
 
 
-def check_adasum(op_type, dtype_name=None):
-    """Adasum's rules a rank can check alone, applied at the call before anything
-    is sent (the core checks again): allreduce only, of floating tensors only.
-    dtype_name: the tensor's dtype as the framework names it ("float32", "int64")."""
-    if op_type != ALLREDUCE:
-        raise NotImplementedError("Adasum is not supported for %s" % OP_TYPE_NAMES[op_type])
-    if dtype_name not in FLOATING_DTYPE_NAMES:
-        raise ValueError("Adasum needs a floating-point tensor (float16, bfloat16, float32 "
-                         "or float64), got %s" % dtype_name)
-
 # perseus_op_type_t
 ALLREDUCE = 0
 ALLGATHER = 1
@@ -108,7 +98,6 @@ NUM_DTYPES = 10
 DTYPE_SIZES = (1, 1, 4, 8, 2, 2, 4, 8, 1, 2)
 DTYPE_NAMES = ("uint8", "int8", "int32", "int64", "float16", "bfloat16",
                "float32", "float64", "bool", "int16")
-FLOATING_DTYPE_NAMES = frozenset(DTYPE_NAMES[code] for code in (FLOAT16, BFLOAT16, FLOAT32, FLOAT64))
 
 # Device id of host memory (PERSEUS_CPU_DEVICE) and the id of the set of all
 # ranks (PERSEUS_GLOBAL_PROCESS_SET).

@@ -1,12 +1,10 @@
 """Request submission: enqueue, handles, outputs.
 
-Front ends build Request objects (perseus.common.builder) and hand a whole batch
-to submit(): a grouped op or a list of tensors becomes ONE perseus_enqueue call,
-so the core negotiates it as one unit. The handle table lives here too, so no
-front end re-implements it.
-
-This is the hot path of every collective: builder.pack() lays a batch out in one
-buffer with struct, and the ctypes functions are bound once at import.
+Front ends build Request objects (perseus.common.builder), pack a whole batch
+(builder.pack, or builder.pack_prebuilt for requests packed before) and hand it to
+submit(): a grouped op or a list of tensors becomes ONE perseus_enqueue call, so
+the core negotiates it as one unit. The handle table lives here too, so no front
+end re-implements it.
 """
 
 import array
@@ -19,42 +17,32 @@ from perseus.common import exceptions
 from perseus.common import library as _lib
 from perseus.common.ops import DTYPE_SIZES
 
-
-# ---- enqueue --------------------------------------------------------------------
-_enqueue = _lib.perseus_enqueue
-_enqueue_and_drive = _lib.perseus_enqueue_and_drive
 # How long a caller that waits at once runs the engine itself before leaving the
 # rest to the engine thread (and to sliced waits, so Ctrl-C is honoured).
 DRIVE_S = 0.5
-_pack = _builder.pack
-_int64s = _builder.int64s
 
 
-def enqueue(requests, drive=False):
-    """Submits a batch of requests in one perseus_enqueue call.
+def enqueue(packed, drive=False):
+    """Submits a batch packed by builder.pack() or builder.pack_prebuilt(), (buf, n),
+    in one perseus_enqueue call.
 
     drive=True is for a caller that waits at once: this thread then runs the engine
     until the requests complete, so no thread hand-off is on the latency path.
 
-    Returns (handles, keepalive): the core handles (a tuple, one per request) and the
+    Returns (handles, buf): the core handles (a tuple, one per request) and the
     buffer that holds the names, shapes and splits the core may read until every
-    handle completes. The caller keeps `keepalive` (and the tensors behind the
+    handle completes. The caller keeps `buf` (and the tensors behind the
     input/output addresses) alive until then; submit() does this for you.
     """
-    buf, n = _pack(requests)
-    return enqueue_packed(buf, n, drive)
-
-
-def enqueue_packed(buf, n, drive=False):
-    """enqueue() of a batch packed already (builder.pack(), builder.pack_prebuilt())."""
+    buf, n = packed
     base = buf.buffer_info()[0]
     if drive:
-        status = _enqueue_and_drive(base + 8 * n, n, base, DRIVE_S)
+        status = _lib.perseus_enqueue_and_drive(base + 8 * n, n, base, DRIVE_S)
     else:
-        status = _enqueue(base + 8 * n, n, base)
+        status = _lib.perseus_enqueue(base + 8 * n, n, base)
     if status:
         raise _lib.error(status)
-    return _int64s(n).unpack_from(buf), buf
+    return _builder.int64s(n).unpack_from(buf), buf
 
 
 # ---- handles --------------------------------------------------------------------
@@ -62,17 +50,14 @@ def enqueue_packed(buf, n, drive=False):
 # one user handle (its first core handle) over all its core handles.
 _pending = {}
 
-_wait = _lib.perseus_wait
-_release = _lib.perseus_release
-_poll = _lib.perseus_poll
 # Waits are sliced so Ctrl-C is honoured within this many seconds; a completed
 # request returns at once, so the slice costs nothing on the latency path.
 _WAIT_SLICE_S = 0.5
-_TIMEOUT = exceptions.TIMEOUT
 
 
-def submit(requests, finish, state, drive=False, consumer_stream=None):
-    """Enqueues a batch and registers it under one handle (an int).
+def submit(packed, finish, state, drive=False, consumer_stream=None):
+    """Enqueues a packed batch (see enqueue()) and registers it under one handle (an
+    int).
 
     finish(state, core_handles) runs in synchronize() once every request has
     completed successfully, before the handles are released (so it may call
@@ -85,14 +70,7 @@ def submit(requests, finish, state, drive=False, consumer_stream=None):
     before finish runs, failed requests included, since their inputs may still be
     read on the device.
     """
-    return _register(enqueue(requests, drive), finish, state, consumer_stream)
-
-
-def submit_packed(packed, finish, state, drive=False, consumer_stream=None):
-    """submit() of a batch packed already: `packed` is (buf, n) as builder.pack()
-    returns it."""
-    return _register(enqueue_packed(packed[0], packed[1], drive), finish, state,
-                     consumer_stream)
+    return _register(enqueue(packed, drive), finish, state, consumer_stream)
 
 
 def _register(enqueued, finish, state, consumer_stream):
@@ -116,7 +94,7 @@ def poll(handle):
     done = ctypes.c_int32()
     ref = ctypes.byref(done)
     for h in entry[0]:
-        status = _poll(h, ref)
+        status = _lib.perseus_poll(h, ref)
         if status:
             raise _lib.error(status)
         if not done.value:
@@ -137,9 +115,9 @@ def _wait_all(handles):
     """Waits for every handle; returns the first failure as an exception, or None."""
     failure = None
     for h in handles:
-        status = _wait(h, _WAIT_SLICE_S)
-        while status == _TIMEOUT:
-            status = _wait(h, _WAIT_SLICE_S)
+        status = _lib.perseus_wait(h, _WAIT_SLICE_S)
+        while status == exceptions.TIMEOUT:
+            status = _lib.perseus_wait(h, _WAIT_SLICE_S)
         if status and failure is None:
             failure = _lib.error(status)
     return failure
@@ -183,14 +161,11 @@ def _complete(entry, failure, stream_waited=False):
         return finish(state, handles)
     finally:
         for h in handles:
-            _release(h)  # cannot fail for a completed handle; never mask the result
+            _lib.perseus_release(h)  # cannot fail for a completed handle; never mask the result
         # A raised failure's traceback keeps this frame alive (until the caller lets
         # the exception go, or longer through `failure`'s cycle): let the state go
         # now, with whatever it holds (e.g. torch's pinned storages, see hold.py).
         entry = state = None
-
-
-_wait_many = _lib.perseus_wait_all
 
 
 def synchronize_all(handles):
@@ -217,9 +192,9 @@ def synchronize_all(handles):
     index = ctypes.c_int32(-1)
     ref = ctypes.byref(index)
     address = core.buffer_info()[0]
-    status = _wait_many(address, len(core), _WAIT_SLICE_S, ref)
-    while status == _TIMEOUT:  # sliced so Ctrl-C is honoured; the handles stay valid
-        status = _wait_many(address, len(core), _WAIT_SLICE_S, ref)
+    status = _lib.perseus_wait_all(address, len(core), _WAIT_SLICE_S, ref)
+    while status == exceptions.TIMEOUT:  # sliced so Ctrl-C is honoured; the handles stay valid
+        status = _lib.perseus_wait_all(address, len(core), _WAIT_SLICE_S, ref)
     failure = _lib.error(status) if status else None
     failed_at = index.value if failure is not None else len(core)
     if failure is not None and failed_at < 0:
@@ -251,21 +226,15 @@ def synchronize_all(handles):
     return results
 
 
-_stream_wait = _lib.perseus_stream_wait
-
-
-_stream_wait_many = _lib.perseus_stream_wait_all
-
-
 def _stream_wait_all(handles, stream):
     """Makes `stream` wait on the device for every handle's device work (no host
     wait; a no-op for CPU handles): one wait per batch the handles ran in. Returns
     the first failure, or None."""
     if len(handles) == 1:
-        status = _stream_wait(handles[0], stream)
+        status = _lib.perseus_stream_wait(handles[0], stream)
     else:
         core = array.array("q", handles)
-        status = _stream_wait_many(core.buffer_info()[0], len(core), stream)
+        status = _lib.perseus_stream_wait_all(core.buffer_info()[0], len(core), stream)
     return _lib.error(status) if status else None
 
 
@@ -292,14 +261,14 @@ def wait(handle, timeout_s=-1.0):
     timeout_s < 0 waits forever; on expiry raises TimeoutError and the request is
     still pending.
     """
-    status = _wait(handle, timeout_s)
+    status = _lib.perseus_wait(handle, timeout_s)
     if status:
         raise _lib.error(status)
 
 
 def release(handle):
     """Forgets a completed core handle."""
-    _lib.check(_release(handle))
+    _lib.check(_lib.perseus_release(handle))
 
 
 def _free(address):

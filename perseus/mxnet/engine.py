@@ -119,8 +119,9 @@ def _run_now(requests, inputs, outputs):
     for request, i, o in zip(requests, inputs, outputs):
         if math.prod(request.shape):
             request.input, request.output = _address(i), _address(o)
-    _requests.synchronize(_requests.submit(requests, lambda state, handles: None,
-                                           (inputs, outputs), drive=True))
+    _requests.synchronize(_requests.submit(_builder.pack(requests),
+                                           lambda state, handles: None, (inputs, outputs),
+                                           drive=True))
 
 
 def shutdown():

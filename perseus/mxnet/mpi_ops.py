@@ -62,7 +62,7 @@ def _code(array, op_type, reduce_op=0):
         raise ValueError("Perseus does not support arrays of dtype %s (supported: %s)"
                          % (np.dtype(array.dtype).name,
                             ", ".join(d.name for d in _DTYPE_CODES)))
-    _builder.check_code(op_type, reduce_op, code, "arrays")
+    _builder.check_code(op_type, reduce_op, code)
     return code
 
 
@@ -179,8 +179,7 @@ def _reducescatter(tensors, op, name, priority, process_set, prescale, postscale
     for tensor, wire in zip(tensors, _builder.names(_ops.REDUCESCATTER, name, len(tensors),
                                                     grouped)):
         code = _code(tensor, _ops.REDUCESCATTER, op)
-        _builder.check_rows(_ops.REDUCESCATTER, tensor.shape, "array")  # ValueError, as Horovod
-        rows = _builder.scatter_rows(tensor.shape[0], process_set)
+        rows = _builder.scatter_rows(tuple(tensor.shape), process_set)  # ValueError, as Horovod
         outputs.append(mx.nd.empty((rows,) + tuple(tensor.shape[1:]), ctx=tensor.context,
                                    dtype=tensor.dtype))
         requests.append(_Request(_ops.REDUCESCATTER, set_id, code, tuple(tensor.shape),
@@ -230,8 +229,7 @@ def _allgather(tensors, name, process_set, grouped):
     hosts, codes = [], []
     for tensor in tensors:
         host, code = _host(tensor, _ops.ALLGATHER)
-        if host.ndim == 0:
-            raise ValueError("allgather needs an array with at least one dimension")
+        _builder.check_rows(_ops.ALLGATHER, process_set, host.shape)
         hosts.append(host)
         codes.append(code)
     set_id = _set_id(process_set)
@@ -242,7 +240,7 @@ def _allgather(tensors, name, process_set, grouped):
 
     def finish(state, handles):
         return [_to_ndarray(h, code, t)[0] for h, code, t in zip(handles, codes, tensors)]
-    return _requests.synchronize(_requests.submit(requests, finish, hosts, True))
+    return _requests.synchronize(_requests.submit(_builder.pack(requests), finish, hosts, True))
 
 
 def allgather(tensor, name=None, priority=0, process_set=global_process_set):
@@ -264,18 +262,17 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     splits as an int32 NDArray), as Horovod. Waits for `tensor`; the results are
     finished NDArrays."""
     host, code = _host(tensor, _ops.ALLTOALL)
-    _builder.check_rows(_ops.ALLTOALL, host.shape, "array")
     given = splits is not None
     if isinstance(splits, mx.nd.NDArray):
         splits = splits.asnumpy().reshape(-1)
     request = _Request(_ops.ALLTOALL, _set_id(process_set), code, host.shape,
                        host.ctypes.data if host.size else 0,
                        name=_builder.names(_ops.ALLTOALL, name)[0],
-                       splits=_builder.alltoall_splits(splits, process_set, host.shape[0]))
+                       splits=_builder.alltoall_splits(splits, process_set, host.shape))
 
     def finish(state, handles):
         output, received = _to_ndarray(handles[0], code, tensor)
         if not given:
             return output
         return output, mx.nd.array(np.asarray(received, dtype=np.int32), dtype=np.int32)
-    return _requests.synchronize(_requests.submit([request], finish, host, True))
+    return _requests.synchronize(_requests.submit(_builder.pack([request]), finish, host, True))

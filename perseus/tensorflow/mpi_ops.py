@@ -352,7 +352,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
         splits = tf.cast(splits, tf.int32)
         if tf.executing_eagerly():  # in a graph, the core checks them when the op runs
             _builder.alltoall_splits(splits.numpy(), process_set,
-                                     tensor.shape[0] if tensor.shape.rank else None)
+                                     None if tensor.shape.rank is None else tuple(tensor.shape))
     names, anonymous = _names(_ops.ALLTOALL, name, 1, set_id)
     output, received = _OPS.perseus_alltoall(tensor, splits, names[0], process_set=set_id,
                                              anonymous=anonymous, drive_s=_drive_s())

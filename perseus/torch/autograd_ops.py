@@ -32,8 +32,8 @@ class Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (op, prescale, postscale, process_set)
-        return _synchronize(_adapter.allreduce_async((tensor,), False, name, op, prescale,
-                                                     postscale, process_set, False))
+        return _synchronize(_adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, op=op,
+                                            prescale=prescale, postscale=postscale))
 
     @staticmethod
     def backward(ctx, grad):
@@ -48,8 +48,9 @@ class GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(_synchronize(_adapter.allreduce_async(tensors, False, name, op, prescale,
-                                                           postscale, process_set, True)))
+        return tuple(_synchronize(_adapter.submit(_ops.ALLREDUCE, tensors, name, process_set,
+                                                  True, op=op, prescale=prescale,
+                                                  postscale=postscale)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -69,7 +70,7 @@ def _row_offsets(rows, process_set):
 class Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        output = _synchronize(_adapter.allgather_async((tensor,), name, process_set, False))
+        output = _synchronize(_adapter.submit(_ops.ALLGATHER, (tensor,), name, process_set))
         ctx.rows = tensor.shape[0]
         ctx.process_set = process_set
         return output
@@ -84,7 +85,7 @@ class Allgather(torch.autograd.Function):
 class GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
-        outputs = _synchronize(_adapter.allgather_async(tensors, name, process_set, True))
+        outputs = _synchronize(_adapter.submit(_ops.ALLGATHER, tensors, name, process_set, True))
         ctx.rows = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
         return tuple(outputs)
@@ -102,8 +103,8 @@ class Broadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.set_root = _builder.root_in_set(process_set, root_rank)
         ctx.process_set = process_set
-        return _synchronize(_adapter.broadcast_async((tensor,), False, root_rank, name,
-                                                     process_set))
+        return _synchronize(_adapter.submit(_ops.BROADCAST, (tensor,), name, process_set,
+                                            root_rank=root_rank))
 
     @staticmethod
     def backward(ctx, grad):
@@ -116,8 +117,8 @@ class Broadcast(torch.autograd.Function):
 class Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = _synchronize(_adapter.alltoall_async(tensor, splits, name,
-                                                                process_set))
+        output, received = _synchronize(_adapter.submit(_ops.ALLTOALL, (tensor,), name,
+                                                        process_set, splits=splits))
         ctx.mark_non_differentiable(received)
         ctx.received = received
         ctx.process_set = process_set
@@ -141,8 +142,8 @@ class Reducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, process_set, prescale, postscale):
         ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
         ctx.process_set = process_set
-        return _synchronize(_adapter.reducescatter_async((tensor,), name, op, prescale,
-                                                         postscale, process_set, False))
+        return _synchronize(_adapter.submit(_ops.REDUCESCATTER, (tensor,), name, process_set,
+                                            op=op, prescale=prescale, postscale=postscale))
 
     @staticmethod
     def backward(ctx, grad):
@@ -157,8 +158,9 @@ class GroupedReducescatter(torch.autograd.Function):
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
         ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
         ctx.process_set = process_set
-        return tuple(_synchronize(_adapter.reducescatter_async(tensors, name, op, prescale,
-                                                               postscale, process_set, True)))
+        return tuple(_synchronize(_adapter.submit(_ops.REDUCESCATTER, tensors, name,
+                                                  process_set, True, op=op, prescale=prescale,
+                                                  postscale=postscale)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -197,15 +199,15 @@ def allreduce(tensor, name, op, prescale, postscale, process_set):
         raise
     if tracked:
         return Allreduce.apply(tensor, name, op, prescale, postscale, process_set)
-    return _synchronize(_adapter.allreduce_async((tensor,), False, name, op, prescale,
-                                                 postscale, process_set, False, drive=True))
+    return _synchronize(_adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, op=op,
+                                        prescale=prescale, postscale=postscale, drive=True))
 
 
 def grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
     if _requires_grad(_ops.ALLREDUCE, tensors):
         return list(GroupedAllreduce.apply(name, op, prescale, postscale, process_set, *tensors))
-    return _synchronize(_adapter.allreduce_async(tensors, False, name, op, prescale, postscale,
-                                                 process_set, True, drive=True))
+    return _synchronize(_adapter.submit(_ops.ALLREDUCE, tensors, name, process_set, True, op=op,
+                                        prescale=prescale, postscale=postscale, drive=True))
 
 
 def allgather(tensor, name, process_set):
@@ -216,14 +218,15 @@ def allgather(tensor, name, process_set):
         raise
     if tracked:
         return Allgather.apply(tensor, name, process_set)
-    return _synchronize(_adapter.allgather_async((tensor,), name, process_set, False,
-                                                 drive=True))
+    return _synchronize(_adapter.submit(_ops.ALLGATHER, (tensor,), name, process_set,
+                                        drive=True))
 
 
 def grouped_allgather(tensors, name, process_set):
     if _requires_grad(_ops.ALLGATHER, tensors):
         return list(GroupedAllgather.apply(name, process_set, *tensors))
-    return _synchronize(_adapter.allgather_async(tensors, name, process_set, True, drive=True))
+    return _synchronize(_adapter.submit(_ops.ALLGATHER, tensors, name, process_set, True,
+                                        drive=True))
 
 
 def broadcast(tensor, root_rank, name, process_set):
@@ -234,8 +237,8 @@ def broadcast(tensor, root_rank, name, process_set):
         raise
     if tracked:
         return Broadcast.apply(tensor, root_rank, name, process_set)
-    return _synchronize(_adapter.broadcast_async((tensor,), False, root_rank, name, process_set,
-                                                 drive=True))
+    return _synchronize(_adapter.submit(_ops.BROADCAST, (tensor,), name, process_set,
+                                        root_rank=root_rank, drive=True))
 
 
 def alltoall(tensor, splits, name, process_set):
@@ -246,7 +249,8 @@ def alltoall(tensor, splits, name, process_set):
         raise
     if tracked:
         return Alltoall.apply(tensor, splits, name, process_set)
-    return _synchronize(_adapter.alltoall_async(tensor, splits, name, process_set, drive=True))
+    return _synchronize(_adapter.submit(_ops.ALLTOALL, (tensor,), name, process_set,
+                                        splits=splits, drive=True))
 
 
 def reducescatter(tensor, name, op, prescale, postscale, process_set):
@@ -257,13 +261,15 @@ def reducescatter(tensor, name, op, prescale, postscale, process_set):
         raise
     if tracked:
         return Reducescatter.apply(tensor, name, op, process_set, prescale, postscale)
-    return _synchronize(_adapter.reducescatter_async((tensor,), name, op, prescale, postscale,
-                                                     process_set, False, drive=True))
+    return _synchronize(_adapter.submit(_ops.REDUCESCATTER, (tensor,), name, process_set,
+                                        op=op, prescale=prescale, postscale=postscale,
+                                        drive=True))
 
 
 def grouped_reducescatter(tensors, name, op, prescale, postscale, process_set):
     if _requires_grad(_ops.REDUCESCATTER, tensors):
         return list(GroupedReducescatter.apply(name, op, process_set, prescale, postscale,
                                                *tensors))
-    return _synchronize(_adapter.reducescatter_async(tensors, name, op, prescale, postscale,
-                                                     process_set, True, drive=True))
+    return _synchronize(_adapter.submit(_ops.REDUCESCATTER, tensors, name, process_set, True,
+                                        op=op, prescale=prescale, postscale=postscale,
+                                        drive=True))

@@ -27,6 +27,7 @@ gradient_as_bucket_view=False)) turns the whole mode off.
 
 import torch
 
+from perseus.common.ops import ALLREDUCE
 from perseus.torch import adapter as _adapter
 from perseus.torch.buckets import FIRST_BUCKET_BYTES, assign_buckets, flat_with_views
 
@@ -34,7 +35,7 @@ BUCKET_BYTES = 25 << 20
 
 
 class _Bucket:
-    __slots__ = ("index", "name", "params", "ids", "flat", "views", "ready", "submitted", "request")
+    __slots__ = ("index", "name", "params", "ids", "flat", "views", "ready", "submitted")
 
     def __init__(self, index, name, params):
         self.index = index
@@ -44,7 +45,6 @@ class _Bucket:
         self.flat, self.views = flat_with_views(params)
         self.ready = set()       # ids of the members whose slot is final this step
         self.submitted = False   # this step's reduction started
-        self.request = None      # (scales, adapter.InplaceAllreduce) for self.flat
 
 
 class GradBuckets:
@@ -142,15 +142,13 @@ class GradBuckets:
         return sparse
 
     def submit(self, bucket, scales, process_set):
-        """Starts the bucket's in-place allreduce; returns its handle."""
-        if bucket.request is None or bucket.request[0] != scales:
-            bucket.request = (scales, _adapter.InplaceAllreduce(bucket.name, *scales, process_set))
-        request = bucket.request[1]
+        """Starts the bucket's in-place allreduce; returns its handle. Held, not
+        pinned: the optimizer owns the bucket until synchronize()."""
         bucket.submitted = True
-        prebuilt = request.prepared(bucket.flat)
-        if prebuilt is None:
-            return request.submit_unprepared(bucket.flat)
-        return _adapter.submit_prepared(((prebuilt, bucket.flat),), grouped=False)
+        op, prescale, postscale = scales
+        return _adapter.submit(ALLREDUCE, (bucket.flat,), bucket.name, process_set,
+                               inplace=True, op=op, prescale=prescale, postscale=postscale,
+                               pin=False)
 
     def deliver(self):
         """After the reductions: a .grad the script replaced meanwhile gets the result

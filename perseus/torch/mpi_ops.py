@@ -22,7 +22,6 @@ from perseus.torch import adapter as _adapter
 from perseus.torch import autograd_ops as _autograd
 from perseus.torch.compression import Compression
 
-_allreduce_async = _adapter.allreduce_async
 _compressed = _builder.compressed
 
 poll = _adapter.poll
@@ -43,16 +42,16 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Starts reducing `tensor` over the process set into a new tensor; returns a
     handle for poll()/synchronize(). The input is not modified."""
     op = _resolve_op(op, average)
-    return _allreduce_async((tensor,), False, name, op, prescale_factor, postscale_factor,
-                            process_set, False)
+    return _adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, op=op,
+                           prescale=prescale_factor, postscale=postscale_factor)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing `tensor` in place; returns a handle."""
     op = _resolve_op(op, average)
-    return _allreduce_async((tensor,), True, name, op, prescale_factor, postscale_factor,
-                            process_set, False)
+    return _adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, inplace=True, op=op,
+                           prescale=prescale_factor, postscale=postscale_factor)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -69,8 +68,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` in place and returns it."""
     op = _resolve_op(op, average)
-    return synchronize(_adapter.allreduce_now_(tensor, name, op, prescale_factor,
-                                               postscale_factor, process_set))
+    return synchronize(_adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set,
+                                       inplace=True, op=op, prescale=prescale_factor,
+                                       postscale=postscale_factor, drive=True))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -78,16 +78,18 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """Starts reducing a list of tensors as one unit; synchronize() returns a list
     of new tensors."""
     op = _resolve_op(op, average)
-    return _allreduce_async(_nonempty(tensors, "grouped_allreduce"), False, name, op,
-                            prescale_factor, postscale_factor, process_set, True)
+    return _adapter.submit(_ops.ALLREDUCE, _nonempty(tensors, "grouped_allreduce"), name,
+                           process_set, True, op=op, prescale=prescale_factor,
+                           postscale=postscale_factor)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing a list of tensors in place as one unit; returns a handle."""
     op = _resolve_op(op, average)
-    return _allreduce_async(_nonempty(tensors, "grouped_allreduce_"), True, name, op,
-                            prescale_factor, postscale_factor, process_set, True)
+    return _adapter.submit(_ops.ALLREDUCE, _nonempty(tensors, "grouped_allreduce_"), name,
+                           process_set, True, inplace=True, op=op, prescale=prescale_factor,
+                           postscale=postscale_factor)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -104,9 +106,10 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                        postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors in place as one unit; returns the list."""
     op = _resolve_op(op, average)
-    return synchronize(_allreduce_async(_nonempty(tensors, "grouped_allreduce_"), True, name, op,
-                                        prescale_factor, postscale_factor, process_set, True,
-                                        drive=True))
+    return synchronize(_adapter.submit(_ops.ALLREDUCE, _nonempty(tensors, "grouped_allreduce_"),
+                                       name, process_set, True, inplace=True, op=op,
+                                       prescale=prescale_factor, postscale=postscale_factor,
+                                       drive=True))
 
 
 # ---- allgather ------------------------------------------------------------------
@@ -114,7 +117,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating `tensor` from every rank along dim 0 (ranks may differ
     in dim 0 only); returns a handle."""
-    return _adapter.allgather_async((tensor,), name, process_set, False)
+    return _adapter.submit(_ops.ALLGATHER, (tensor,), name, process_set)
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -124,8 +127,8 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts allgathering a list of tensors as one unit; returns a handle."""
-    return _adapter.allgather_async(_nonempty(tensors, "grouped_allgather"), name, process_set,
-                                    True)
+    return _adapter.submit(_ops.ALLGATHER, _nonempty(tensors, "grouped_allgather"), name,
+                           process_set, True)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -139,12 +142,13 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting root_rank's `tensor` into a new tensor; returns a handle.
     root_rank is a global rank (as in Horovod), a member of the process set."""
-    return _adapter.broadcast_async((tensor,), False, root_rank, name, process_set)
+    return _adapter.submit(_ops.BROADCAST, (tensor,), name, process_set, root_rank=root_rank)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting root_rank's `tensor` in place; returns a handle."""
-    return _adapter.broadcast_async((tensor,), True, root_rank, name, process_set)
+    return _adapter.submit(_ops.BROADCAST, (tensor,), name, process_set, inplace=True,
+                           root_rank=root_rank)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -154,23 +158,23 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites `tensor` with root_rank's value; returns it."""
-    return synchronize(_adapter.broadcast_async((tensor,), True, root_rank, name, process_set,
-                                                drive=True))
+    return synchronize(_adapter.submit(_ops.BROADCAST, (tensor,), name, process_set,
+                                       inplace=True, root_rank=root_rank, drive=True))
 
 
 def grouped_broadcast_async_(tensors, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting a list of tensors in place as one unit (one request batch,
     fused by the core); returns a handle. A Perseus extension (Horovod has none): DDP
     syncs a module's buffers with it before every forward."""
-    return _adapter.broadcast_async(_nonempty(tensors, "grouped_broadcast_"), True, root_rank,
-                                    name, process_set, grouped=True)
+    return _adapter.submit(_ops.BROADCAST, _nonempty(tensors, "grouped_broadcast_"), name,
+                           process_set, True, inplace=True, root_rank=root_rank)
 
 
 def grouped_broadcast_(tensors, root_rank, name=None, process_set=global_process_set):
     """Overwrites every tensor of the list with root_rank's, as one unit; returns the list."""
-    return synchronize(_adapter.broadcast_async(_nonempty(tensors, "grouped_broadcast_"), True,
-                                                root_rank, name, process_set, grouped=True,
-                                                drive=True))
+    return synchronize(_adapter.submit(_ops.BROADCAST, _nonempty(tensors, "grouped_broadcast_"),
+                                       name, process_set, True, inplace=True,
+                                       root_rank=root_rank, drive=True))
 
 
 # ---- alltoall -------------------------------------------------------------------
@@ -178,7 +182,7 @@ def grouped_broadcast_(tensors, root_rank, name=None, process_set=global_process
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; synchronize() returns (output, received_splits) whether or
     not splits were given (as Horovod's does)."""
-    return _adapter.alltoall_async(tensor, splits, name, process_set)
+    return _adapter.submit(_ops.ALLTOALL, (tensor,), name, process_set, splits=splits)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -209,10 +213,10 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     # Allgather joins along dim 0, so indices (ndim x nnz) travel as nnz x ndim.
     indices_name = None if name is None else "%s.indices" % name
     values_name = None if name is None else "%s.values" % name
-    indices_handle = _adapter.allgather_async((tensor._indices().t().contiguous(),),
-                                              indices_name, process_set, False)
-    values_handle = _adapter.allgather_async((tensor._values(),), values_name, process_set,
-                                             False)
+    indices_handle = _adapter.submit(_ops.ALLGATHER, (tensor._indices().t().contiguous(),),
+                                     indices_name, process_set)
+    values_handle = _adapter.submit(_ops.ALLGATHER, (tensor._values(),), values_name,
+                                    process_set)
     shape, size = tensor.shape, process_set.size()
 
     def handle():
@@ -231,8 +235,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; returns a handle."""
     op = _resolve_op(op, None)
-    return _adapter.reducescatter_async((tensor,), name, op, prescale_factor, postscale_factor,
-                                        process_set, False)
+    return _adapter.submit(_ops.REDUCESCATTER, (tensor,), name, process_set, op=op,
+                           prescale=prescale_factor, postscale=postscale_factor)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -249,8 +253,9 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducescattering a list of tensors as one unit; returns a handle."""
     op = _resolve_op(op, None)
-    return _adapter.reducescatter_async(_nonempty(tensors, "grouped_reducescatter"), name, op,
-                                        prescale_factor, postscale_factor, process_set, True)
+    return _adapter.submit(_ops.REDUCESCATTER, _nonempty(tensors, "grouped_reducescatter"),
+                           name, process_set, True, op=op, prescale=prescale_factor,
+                           postscale=postscale_factor)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,

@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from perseus.common import basics as _basics
+from perseus.common.ops import ALLREDUCE
 from perseus.common.requests import synchronize_all
 from perseus.torch import adapter as _adapter
 from perseus.torch.compression import Compression
@@ -119,8 +120,6 @@ class _DistributedMixin:
         # id(param) -> (param, handle or None, ctx); an entry exists from the param's
         # first backward pass after a step until synchronize() has finished it.
         self._handles = {}
-        # id(param) -> (scales, its gradient's request packed once: adapter.InplaceAllreduce).
-        self._requests = {}
         # Ungrouped gradients ready but not enqueued yet (_gather): their
         # parameters, bytes, and (since, limit, ms): when the first came, and the hold.
         self._gathered = []
@@ -315,14 +314,11 @@ class _DistributedMixin:
 
     def _submit_all(self, params, drive=False):
         """Starts the reductions of ungrouped parameters: a sparse gradient alone, as
-        Horovod; the dense ones of the packed path in one enqueue, under one handle
-        (the first parameter's; the others are marked as covered). drive=True from
-        synchronize(), which waits at once: its thread runs the round rather than
-        waking the engine's thread to run it while it sleeps."""
-        # Scales per step: with a predivide factor they follow the set's size, which
-        # an elastic reset changes.
-        scales = self._scales()
-        packed, covered = [], []
+        Horovod; the dense ones in one enqueue, each under its parameter's name, with
+        one handle (the first parameter's; the others are marked as covered).
+        drive=True from synchronize(), which waits at once: its thread runs the round
+        rather than waking the engine's thread to run it while it sleeps."""
+        wires, names, covered = [], [], []
         for p in params:
             tensor = self._to_reduce(p)
             if tensor.layout is torch.sparse_coo:
@@ -332,18 +328,17 @@ class _DistributedMixin:
                 self._handles[id(p)] = (p, handle, (None, None))
                 continue
             wire, ctx = self._compression.compress(tensor)
-            cached = self._requests.get(id(p))
-            if cached is None or cached[0] != scales:
-                cached = self._requests[id(p)] = (scales, _adapter.InplaceAllreduce(
-                    self._parameter_names[id(p)], *scales, self._process_set))
-            prebuilt = cached[1].prepared(wire)
-            if prebuilt is None:  # e.g. a non-contiguous gradient: the general path
-                self._handles[id(p)] = (p, cached[1].submit_unprepared(wire), (wire, ctx))
-            else:
-                packed.append((prebuilt, wire))
-                covered.append((p, (wire, ctx)))
-        if packed:
-            handle = _adapter.submit_prepared(packed, drive=drive)
+            wires.append(wire)
+            names.append(self._parameter_names[id(p)])
+            covered.append((p, (wire, ctx)))
+        if wires:
+            # Scales per step: with a predivide factor they follow the set's size, which
+            # an elastic reset changes. Held, not pinned: the optimizer owns its
+            # gradients until synchronize().
+            op, prescale, postscale = self._scales()
+            handle = _adapter.submit(ALLREDUCE, wires, names, self._process_set, inplace=True,
+                                     op=op, prescale=prescale, postscale=postscale,
+                                     drive=drive, pin=False)
             for i, (p, wire_ctx) in enumerate(covered):
                 self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, wire_ctx)
 
@@ -377,8 +372,8 @@ class _DistributedMixin:
             ctxs.append(ctx)
         name = "group%d.%s" % (index, self._parameter_names[id(members[0])])
         # Held, not pinned: the optimizer owns its gradients until synchronize().
-        handle = _adapter.allreduce_async(wires, True, name, op, prescale, postscale,
-                                          self._process_set, True, pin=False)
+        handle = _adapter.submit(ALLREDUCE, wires, name, self._process_set, True, inplace=True,
+                                 op=op, prescale=prescale, postscale=postscale, pin=False)
         # The group's first member holds the handle; the others are marked as covered.
         for i, p in enumerate(members):
             self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, (wires[i], ctxs[i]))

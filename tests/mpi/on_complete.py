@@ -49,7 +49,7 @@ def submit(name, tensors):
                              name=builder.wire_name(ops.ALLREDUCE, "%s.%d" % (name, i)),
                              reduce_op=ops.Sum)
              for i, t in enumerate(tensors)]
-    handles, keep = requests.enqueue(specs)
+    handles, keep = requests.enqueue(builder.pack(specs))
     submit.keep.append((keep, tensors))
     return list(handles)
 

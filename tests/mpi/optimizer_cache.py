@@ -1,6 +1,6 @@
-"""DistributedOptimizer packs each parameter's request once and refreshes only the
-gradient's address every step (adapter.InplaceAllreduce); what would make a stale
-request wrong must rebuild it or take the general path. Each case trains the same
+"""DistributedOptimizer's requests are packed once and only the gradient's address is
+refreshed every step (adapter.submit's packed requests); what would make a stale
+request wrong must pack it anew. Each case trains the same
 float64 model distributed (this rank's slice of the batch) and in plain torch (the
 whole batch) and compares the weights after every phase:
 - zero_grad(set_to_none=False): the same gradient storage every step;

@@ -131,17 +131,17 @@ def against_plain_torch(rank, size):
 def no_copies(rank, size):
     """set_to_none=False: the gradients stay bucket views; only buckets are reduced."""
     calls = []
-    real = adapter.submit_prepared
+    real = adapter.submit
 
-    def counted(items, grouped=True, drive=False):
-        calls[-1].extend(prebuilt for prebuilt, _ in items)
-        return real(items, grouped, drive)
+    def counted(op_type, tensors, *args, **kwargs):
+        calls[-1].extend(tensors)
+        return real(op_type, tensors, *args, **kwargs)
 
-    adapter.submit_prepared = counted
+    adapter.submit = counted
     try:
         model, opt = train(True, torch.float32, size, rank, set_to_none=False, requests=calls)
     finally:
-        adapter.submit_prepared = real
+        adapter.submit = real
     buckets = opt._buckets.buckets
     flats = [(b.flat.data_ptr(), b.flat.data_ptr() + b.flat.numel() * b.flat.element_size())
              for b in buckets]

@@ -32,7 +32,7 @@ def enqueue(name, tensor):
     spec = builder.Request(ops.ALLREDUCE, ops.GLOBAL_PROCESS_SET, DTYPES[tensor.dtype],
                            tuple(tensor.shape), tensor.data_ptr(), tensor.data_ptr(),
                            name=builder.wire_name(ops.ALLREDUCE, name), reduce_op=ops.Sum)
-    handles, keep = requests.enqueue([spec])
+    handles, keep = requests.enqueue(builder.pack([spec]))
     _keep.append((keep, tensor))
     return handles[0]
 

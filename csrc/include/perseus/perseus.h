@@ -168,6 +168,27 @@ perseus_status_t perseus_process_set_hold(int32_t id, int32_t gpu, int64_t* byte
 perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* ranks, int32_t capacity,
                                            int32_t* size_out);
 
+/* ---- request rules ------------------------------------------------------ */
+/* The rules perseus_enqueue applies to a request that its buffers do not decide, for
+ * a front end that must know before it enqueues: to size an output, or to refuse a
+ * call at once whose request is enqueued later (an engine's queue, a graph). Each
+ * refuses with the status and message perseus_enqueue would give (there after
+ * "request '<name>': "), so the rules have one owner, the core. */
+/* Reductions (allreduce, reducescatter; other operations pass): a known reduce op;
+ * Adasum only for allreduce (PERSEUS_UNSUPPORTED) and only of float16, bfloat16,
+ * float32 or float64 tensors; no bool tensors. Works before perseus_init. */
+perseus_status_t perseus_check_reduction(int32_t op_type, int32_t reduce_op, int32_t dtype);
+/* The rules on dim 0 of a tensor of `ndim` dimensions whose dim 0 is `rows` (< 0: not
+ * known yet, then not checked against), after the one on the set (this rank must be a
+ * member), in perseus_enqueue's order: allgather, alltoall and reducescatter need
+ * ndim >= 1; alltoall's splits (nsplits entries, or NULL: an even split, which `rows`
+ * must allow) are one per rank of the process set, non-negative, and add up to rows.
+ * rows_out (may be NULL) gets this rank's rows of a reducescatter's output (dim 0
+ * split evenly over the set, the first rows % size ranks one more), else -1. */
+perseus_status_t perseus_check_rows(int32_t op_type, int32_t process_set, int32_t ndim,
+                                    int64_t rows, const int64_t* splits, int32_t nsplits,
+                                    int64_t* rows_out);
+
 /* ---- requests ----------------------------------------------------------- */
 /* Enqueues n requests atomically (they reach the engine together, so a group is
  * negotiated as one unit). handles_out receives n handles. On failure nothing is

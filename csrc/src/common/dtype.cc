@@ -249,8 +249,8 @@ Status MpiReduceOp(int dtype, int op, MPI_Op* out) {
       return Status::Error(PERSEUS_UNSUPPORTED,
                            std::string("reduce op ") + ReduceOpName(op) + " is not supported");
   }
-  if (dtype == PERSEUS_BOOL) {
-    return Status::Error(PERSEUS_INVALID_ARGUMENT, "bool tensors cannot be reduced");
+  if (dtype == PERSEUS_BOOL) {  // refused at enqueue (CheckReduction): not reached
+    return Status::Error(PERSEUS_INTERNAL_ERROR, "MPI has no reduce operator for bool");
   }
   if (IsFloatingDtype(dtype)) {  // ours, for results identical on every rank (see above)
     *out = g_float_ops[FloatFormatIndex(dtype)][index];

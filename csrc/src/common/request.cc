@@ -7,6 +7,7 @@
 
 #include "common/dtype.h"
 #include "common/list_string.h"
+#include "common/request_rules.h"
 
 namespace perseus {
 
@@ -68,9 +69,12 @@ std::string TensorMeta::Difference(const TensorMeta& o) const {
 }
 
 Status MakeEntry(const perseus_request_t& r, int set_rank, int set_size, EntryPtr* out) {
+  auto named = [&](const Status& why) {
+    return Status::Error(why.code, std::string("request '") + (r.name ? r.name : "?") + "': " +
+                                       why.message);
+  };
   auto bad = [&](const std::string& why) {
-    return Status::Error(PERSEUS_INVALID_ARGUMENT,
-                         std::string("request '") + (r.name ? r.name : "?") + "': " + why);
+    return named(Status::Error(PERSEUS_INVALID_ARGUMENT, why));
   };
   if (r.name == nullptr || r.name[0] == '\0') return bad("a request needs a name");
   if (r.op_type < PERSEUS_ALLREDUCE || r.op_type > PERSEUS_JOIN) return bad("unknown operation");
@@ -97,31 +101,23 @@ Status MakeEntry(const perseus_request_t& r, int set_rank, int set_size, EntryPt
   // Barrier and join carry no tensor: whatever device the front end named, they are
   // control operations (a joined rank's zeros are made by the lane of the data).
   if (!has_data) m.device = PERSEUS_CPU_DEVICE;
+  Status rule = CheckReduction(r.op_type, r.reduce_op, r.dtype);
+  if (rule.ok()) rule = CheckDims(r.op_type, r.ndim);
+  if (!rule.ok()) return named(rule);
+  int64_t dim0 = m.shape.empty() ? 0 : m.shape[0];
   switch (r.op_type) {
     case PERSEUS_ALLREDUCE:
-    case PERSEUS_REDUCESCATTER:
-      if (r.reduce_op < PERSEUS_SUM || r.reduce_op > PERSEUS_ADASUM)
-        return bad("unknown reduce op " + std::to_string(r.reduce_op));
-      if (r.dtype == PERSEUS_BOOL) return bad("bool tensors cannot be reduced");
-      if (r.reduce_op == PERSEUS_ADASUM && r.op_type == PERSEUS_REDUCESCATTER)
-        return Status::Error(PERSEUS_UNSUPPORTED, std::string("request '") + r.name +
-                                                      "': Adasum is not supported for reducescatter");
-      if (r.reduce_op == PERSEUS_ADASUM && !IsFloatingDtype(r.dtype))
-        return bad(std::string("Adasum needs a floating-point tensor (float16, bfloat16, "
-                               "float32 or float64), got ") + DtypeName(r.dtype));
+    case PERSEUS_REDUCESCATTER: {
       if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale))
         return bad("scale factors must be finite");
       m.reduce_op = r.reduce_op;
       m.prescale = r.prescale;
       m.postscale = r.postscale;
-      if (r.op_type == PERSEUS_REDUCESCATTER) {
-        if (m.shape.empty()) return bad("reducescatter needs at least one dimension");
-        int64_t rows = m.shape[0] / set_size + (set_rank < m.shape[0] % set_size ? 1 : 0);
-        if (rows * m.RowElements() > 0 && r.output == nullptr) return bad("output pointer is NULL");
-      } else if (m.NumElements() > 0 && r.output == nullptr) {
-        return bad("output pointer is NULL");
-      }
+      int64_t rows = r.op_type == PERSEUS_REDUCESCATTER ? ScatterRows(dim0, set_rank, set_size)
+                                                        : dim0;
+      if (rows * m.RowElements() > 0 && r.output == nullptr) return bad("output pointer is NULL");
       break;
+    }
     case PERSEUS_BROADCAST:
       if (r.root_rank < 0 || r.root_rank >= set_size)
         return bad("root rank " + std::to_string(r.root_rank) + " is outside [0, " +
@@ -129,33 +125,10 @@ Status MakeEntry(const perseus_request_t& r, int set_rank, int set_size, EntryPt
       m.root_rank = r.root_rank;
       if (m.NumElements() > 0 && r.output == nullptr) return bad("output pointer is NULL");
       break;
-    case PERSEUS_ALLGATHER:
-      if (m.shape.empty()) return bad("allgather needs at least one dimension");
+    case PERSEUS_ALLTOALL:
+      rule = AlltoallSplits(dim0, r.splits, r.nsplits, set_size, &e->splits);
+      if (!rule.ok()) return named(rule);
       break;
-    case PERSEUS_ALLTOALL: {
-      if (m.shape.empty()) return bad("alltoall needs at least one dimension");
-      if (r.splits == nullptr || r.nsplits == 0) {
-        if (m.shape[0] % set_size != 0)
-          return bad("first dimension " + std::to_string(m.shape[0]) +
-                     " is not divisible by the process set size " + std::to_string(set_size) +
-                     "; pass splits");
-        e->splits.assign(set_size, m.shape[0] / set_size);
-      } else {
-        if (r.nsplits != set_size)
-          return bad("splits has " + std::to_string(r.nsplits) + " entries, expected " +
-                     std::to_string(set_size));
-        e->splits.assign(r.splits, r.splits + r.nsplits);
-        int64_t total = 0;
-        for (int64_t s : e->splits) {
-          if (s < 0) return bad("splits must be non-negative");
-          total += s;
-        }
-        if (total != m.shape[0])
-          return bad("splits sum to " + std::to_string(total) + " but the first dimension is " +
-                     std::to_string(m.shape[0]));
-      }
-      break;
-    }
     default:
       break;
   }

@@ -71,7 +71,8 @@ struct ReadyEvents {
   std::vector<Recorded> recorded;
 };
 
-// Checks one request from the C ABI and converts it. Errors are INVALID_ARGUMENT.
+// Checks one request from the C ABI (the rules of request_rules.h among others) and
+// converts it. Errors are INVALID_ARGUMENT, or the rule's own, after "request '<name>': ".
 Status MakeEntry(const perseus_request_t& request, int set_rank, int set_size, EntryPtr* out);
 
 // Byte streams for negotiation messages.

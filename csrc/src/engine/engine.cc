@@ -9,6 +9,7 @@
 #include "common/dtype.h"
 #include "common/list_string.h"
 #include "common/logging.h"
+#include "common/request_rules.h"
 #include "common/timeline.h"
 #include "engine/fusion.h"
 #include "mpi/mpi_lock.h"
@@ -163,13 +164,11 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
         return Status::Error(PERSEUS_INVALID_ARGUMENT,
                              "unknown process set " + std::to_string(r.process_set));
       ProcessSet* set = it->second.get();
-      if (set->rank < 0)
-        return Status::Error(PERSEUS_INVALID_ARGUMENT, "this rank (" + std::to_string(topo_.rank) +
-                                                           ") is not a member of process set " +
-                                                           std::to_string(set->id));
+      Status status = CheckMember(topo_.rank, set->rank, set->id);
+      if (!status.ok()) return status;
       if (set->stopped) return set->stop_status;
       EntryPtr entry;
-      Status status = MakeEntry(r, set->rank, set->size(), &entry);
+      status = MakeEntry(r, set->rank, set->size(), &entry);
       // GPU: an event on the caller's stream, which the device lane will wait for.
       if (status.ok() && entry->meta.device != PERSEUS_CPU_DEVICE)
         status = lane_factory_->PrepareGpuEntry(entry.get(), &ready);

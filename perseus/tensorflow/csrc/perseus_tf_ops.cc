@@ -9,7 +9,11 @@
 // The thread that runs the kernel first drives the engine itself (drive_s > 0,
 // perseus_enqueue_and_drive): a small collective then completes, done() included,
 // on that thread, with no hand-off to the engine thread and back.
-// No Python runs on this path. Names arrive as a string tensor, not an attribute:
+// The kernel fills perseus_request_t itself (no Python runs on this path), from what
+// the Python side decided with perseus.common.builder (names, set id, root); the
+// rules on requests are the core's: it asks the core for a reducescatter's rows
+// (perseus_check_rows), and perseus_enqueue refuses what breaks the others.
+// Names arrive as a string tensor, not an attribute:
 // eager mode caches one kernel per attribute set, and unnamed eager calls get a
 // new name each time.
 //
@@ -131,15 +135,6 @@ class CollectiveOp : public AsyncOpKernel {
     batch->requests.resize(n);
     batch->dtypes.resize(n);
     batch->handles.resize(n);
-    int32_t set_rank = 0, set_size = 1;
-    if (op_type_ == PERSEUS_REDUCESCATTER) {
-      perseus_status_t s = perseus_process_set_rank(process_set_, &set_rank);
-      if (s == PERSEUS_SUCCESS) s = perseus_process_set_size(process_set_, &set_size);
-      OP_REQUIRES_OK_ASYNC(ctx, ToStatus(s, s ? perseus_last_error() : ""), done);
-      OP_REQUIRES_ASYNC(ctx, set_rank >= 0,
-                        absl::InvalidArgumentError("this process is not a member of the process set"),
-                        done);
-    }
     for (int i = 0; i < n; ++i) {
       const Tensor& input = ctx->input(i);
       int32_t code;
@@ -160,12 +155,12 @@ class CollectiveOp : public AsyncOpKernel {
                              done);
         output = const_cast<char*>(out->tensor_data().data());
       } else if (op_type_ == PERSEUS_REDUCESCATTER) {
-        OP_REQUIRES_ASYNC(ctx, input.dims() >= 1,
-                          absl::InvalidArgumentError("reducescatter needs a tensor with at least "
-                                                     "one dimension"),
-                          done);
-        // This rank's share of dim 0: the first (dim0 % size) ranks get one more row.
-        int64_t rows = input.dim_size(0) / set_size + (set_rank < input.dim_size(0) % set_size);
+        // This rank's share of dim 0, as the core splits it (and refuses a scalar).
+        int64_t rows = 0;
+        perseus_status_t s = perseus_check_rows(op_type_, process_set_, input.dims(),
+                                                input.dims() ? input.dim_size(0) : 0, nullptr,
+                                                0, &rows);
+        OP_REQUIRES_OK_ASYNC(ctx, ToStatus(s, s ? perseus_last_error() : ""), done);
         TensorShape shape = input.shape();
         shape.set_dim(0, rows);
         Tensor* out = nullptr;
@@ -309,10 +304,6 @@ class AlltoallOp : public CollectiveOp {
     OP_REQUIRES_ASYNC(ctx, CoreDtype(input.dtype(), &code),
                       absl::InvalidArgumentError("Perseus does not support tensors of dtype " +
                                                  tensorflow::DataTypeString(input.dtype())),
-                      done);
-    OP_REQUIRES_ASYNC(ctx, input.dims() >= 1,
-                      absl::InvalidArgumentError("alltoall needs a tensor with at least one "
-                                                 "dimension"),
                       done);
     batch->inputs.push_back(input);
     batch->names.push_back(name.scalar<tensorflow::tstring>()());
