@@ -10,7 +10,7 @@ in a temporary folder, started on hostA of the namespace hosts, stopped at the e
   comes up alone in each task) and MPICH's mpiexec starting the Open MPI build: init()
   raises on every task, naming the variable it read, what MPI said and the fix.
   (Combinations MPI itself refuses, e.g. Open MPI under `--mpi=pmi2` or `none`, and
-  MPICH under `--mpi=pmix`, abort in MPI_Init with MPI's own message: README, "On a
+  MPICH under `--mpi=pmix`, abort in MPI_Init with MPI's own message: docs/install.md, "On a
   Slurm cluster".)
 
 Not root: skipped (under CI=true, failed). Root without Slurm: failed, since
