@@ -174,7 +174,12 @@ def flag_text(script):
 def check_flags(script, tokens):
     text = flag_text(script)
     return ["%s has no option %s" % (script.relative_to(REPO_ROOT), t.split("=")[0])
-            for t in tokens if t.startswith("--") and t.split("=")[0] not in text]
+            for t in tokens if t.startswith("--") and not mentions(text, t.split("=")[0])]
+
+
+def mentions(text, option):
+    """Whether `text` has `option` as a whole word (--repeat is not --repeats)."""
+    return re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(option), text) is not None
 
 
 def check_paths(tokens):
@@ -205,7 +210,7 @@ def check_command(tokens):
             launcher = REPO_ROOT / "perseus" / "launcher.py"
             opts = [t for t in rest if t.startswith("-")]
             problems += ["perseusrun has no option %s" % t for t in opts
-                         if t.startswith("--") and t not in launcher.read_text()]
+                         if t.startswith("--") and not mentions(launcher.read_text(), t)]
         for i, t in enumerate(rest):  # the launched command: the first program word
             if t in PYTHONS | {"./train.sh"} or re.match(r"^(\.venv[-\w]*/bin/|\$)", t):
                 return problems + check_command(rest[i:])
