@@ -161,13 +161,12 @@ def words(command):
 
 
 def flag_text(script):
-    """The text a script's --flags must appear in: the script and the repo files it names
+    """The text a script's --flags must appear in: the script and the examples it names
     (train.sh passes its arguments to examples/pytorch/*.py)."""
     text = script.read_text(encoding="utf-8", errors="replace")
-    for name in set(re.findall(r"[\w/]+\.py", text)):
-        for found in REPO_ROOT.glob("**/" + Path(name).name):
-            if ".venv" not in found.parts and "build" not in found.parts:
-                text += found.read_text(encoding="utf-8", errors="replace")
+    for name in set(re.findall(r"examples/[\w/]+\.py", text)):
+        if (REPO_ROOT / name).exists():
+            text += (REPO_ROOT / name).read_text(encoding="utf-8", errors="replace")
     return text
 
 
