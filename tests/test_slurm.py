@@ -25,7 +25,7 @@ import pytest
 
 import fake_hosts
 import slurm_cluster
-from conftest import MPI_SCRIPTS, REPO_ROOT, clean_env, find_mpirun, run_bounded
+from conftest import RANK_SCRIPTS, REPO_ROOT, clean_env, find_mpirun, run_bounded
 from test_open_mpi import open_mpi  # noqa: F401 - a fixture: the core built with Open MPI
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
@@ -77,7 +77,7 @@ def on_node(slurm, argv, env=None, timeout=180):
 
 def test_srun_pmi2_runs_the_collectives(slurm, tmp_path):
     rc, out, report = on_node(slurm, ["srun", "-n", "2", "--mpi=pmi2", "python",
-                                      MPI_SCRIPTS / "multi_host.py"],
+                                      RANK_SCRIPTS / "multi_host.py"],
                               {"PTEST_HOSTS": "1", "PTEST_PARTS": "collectives",
                                "PTEST_TMPDIR": str(tmp_path)})
     assert rc == 0 and out.count(" ok") == 2, report
