@@ -23,9 +23,9 @@ from perseus.common import library as _lib
 from perseus.common import process_sets as _process_sets
 from perseus.common.compression import NoneCompressor
 from perseus.common.exceptions import CollectiveTypeError, exception_for
-from perseus.common.ops import (ALLTOALL, CPU_DEVICE, DTYPE_NAMES, FLOAT32, GLOBAL_PROCESS_SET,
-                                NUM_DTYPES, OP_TYPE_NAMES, REDUCE_OP_NAMES, REDUCESCATTER,
-                                integer)
+from perseus.common.ops import (ALLREDUCE, ALLTOALL, CPU_DEVICE, DTYPE_NAMES, FLOAT32,
+                                GLOBAL_PROCESS_SET, NUM_DTYPES, OP_TYPE_NAMES, REDUCE_OP_NAMES,
+                                REDUCESCATTER, integer)
 
 
 class Request:
@@ -83,7 +83,7 @@ def set_id(process_set):
     """The id requests carry for `process_set`; ValueError when it is not registered
     (no id, or an id that names no registered set of these ranks, e.g. one set by
     hand), before anything is sent, on every front end, as Horovod. Membership is the
-    core's check at enqueue (member_rank() checks it here)."""
+    core's rule (member_rank() asks it here)."""
     sid = process_set.process_set_id
     if sid is None:
         raise ValueError("%r is not registered: call hvd.add_process_set() on every rank first"
@@ -96,13 +96,11 @@ def set_id(process_set):
 
 
 def member_rank(process_set):
-    """This process's rank within the (registered) set; ValueError when not a member.
-    For front ends that need it before the core sees the request."""
-    set_id(process_set)
-    rank = process_set.rank()
-    if rank < 0:
-        raise ValueError("this process is not a member of %r" % (process_set,))
-    return rank
+    """This process's rank within the (registered) set; ValueError when not a member,
+    the core's (perseus_check_rows checks membership first). For front ends that
+    need it before the core sees the request."""
+    check_rows(ALLREDUCE, process_set, None)
+    return process_set.rank()
 
 
 def root_in_set(process_set, root_rank):
@@ -301,7 +299,6 @@ def alltoall_splits(splits, process_set, shape):
 def scatter_rows(shape, process_set):
     """Rows of this rank's reducescatter output for an input of `shape`, as the core
     splits dim 0 (ValueError for a scalar, or when this rank is not a member)."""
-    member_rank(process_set)  # its message names the set as the script knows it
     return check_rows(REDUCESCATTER, process_set, shape)
 
 

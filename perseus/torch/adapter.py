@@ -258,33 +258,34 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
         _increment_version(results)
     if pin and not drive:
         kept.append(_pin(kept, drive))
-    return _requests.submit(_pack(op_type, name, grouped, requests, items, kept),
-                            _FINISH[op_type], (kept, results, listed, placed), drive, consumer)
-
-
-def _pack(op_type, name, grouped, requests, items, kept):
-    """submit()'s call packed: an unnamed call's new `requests`; a named call from
-    `items`, those packed before copied (`kept` keeps them alive until
-    synchronize()), the others (`requests`) packed now and kept for the next calls."""
     if name is None:
-        return _builder.pack(_builder.group(requests, grouped))
-    if requests:
-        if isinstance(name, list):
-            wires = [_builder.wire_name(op_type, n) for n in name]
-        else:
-            wires = _builder.names(op_type, name, len(items), grouped)
-        missing = [i for i, item in enumerate(items) if item[0] is None]
-        for request, i in zip(requests, missing):
-            request.name = wires[i]
-        buf, n = _builder.pack(requests)
-        if len(_packed_requests) + n > _PACKED_REQUESTS_LIMIT:
-            _packed_requests.clear()
-        for j, i in enumerate(missing):
-            _, input_at, output_at, stream, key = items[i]
-            prebuilt = _packed_requests[key] = _builder.Prebuilt(buf, n, j)
-            items[i] = (prebuilt, input_at, output_at, stream, key)
-    kept.append(items)
-    return _builder.pack_prebuilt(items)
+        packed = _builder.pack(_builder.group(requests, grouped))
+    else:  # copies of the records packed before (`kept` keeps them until synchronize())
+        if requests:
+            _pack_new(op_type, name, grouped, requests, items)
+        kept.append(items)
+        packed = _builder.pack_prebuilt(items)
+    return _requests.submit(packed, _FINISH[op_type], (kept, results, listed, placed), drive,
+                            consumer)
+
+
+def _pack_new(op_type, name, grouped, requests, items):
+    """Packs the `requests` of a named call's `items` that were not packed before,
+    and keeps them for the next calls: each item gets its Prebuilt."""
+    if isinstance(name, list):
+        wires = [_builder.wire_name(op_type, n) for n in name]
+    else:
+        wires = _builder.names(op_type, name, len(items), grouped)
+    missing = [i for i, item in enumerate(items) if item[0] is None]
+    for request, i in zip(requests, missing):
+        request.name = wires[i]
+    buf, n = _builder.pack(requests)
+    if len(_packed_requests) + n > _PACKED_REQUESTS_LIMIT:
+        _packed_requests.clear()
+    for j, i in enumerate(missing):
+        _, input_at, output_at, stream, key = items[i]
+        prebuilt = _packed_requests[key] = _builder.Prebuilt(buf, n, j)
+        items[i] = (prebuilt, input_at, output_at, stream, key)
 
 
 def join():

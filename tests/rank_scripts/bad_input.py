@@ -9,9 +9,13 @@
    Only the last rank makes these calls. Then every rank runs a correct request under
    each of the same names: had anything been enqueued or sent, that name would still
    be in flight on the culprit or would not match, so this proves nothing left the
-   rank and the engine kept working.
+   rank and the engine kept working. A set this rank is not in is refused with the
+   core's own message (its one owner), as a raw perseus_enqueue gives it.
 """
+import numpy as np
 import torch
+
+from perseus.common import builder, library, ops
 
 from common import (assert_equal, assert_reduced, assert_unchanged, expect_raises, hvd, init,
                     main, make_tensor, split_rows)
@@ -127,6 +131,18 @@ def run_correctly(name, rank, size):
         raise AssertionError("no correct request for " + name)
 
 
+def core_member_refusal(process_set):
+    """What perseus_enqueue says, raw (no front end's check before it), of an
+    allreduce on `process_set` from a rank that is not in it; nothing is enqueued."""
+    data = np.zeros(4, dtype=np.float32)
+    request = builder.Request(ops.ALLREDUCE, process_set.process_set_id, ops.FLOAT32, (4,),
+                              data.ctypes.data, data.ctypes.data, b"bi.member.raw")
+    buf, n = builder.pack([request])
+    base = buf.buffer_info()[0]
+    assert library.perseus_enqueue(base + 8 * n, n, base), "perseus_enqueue took it"
+    return library.perseus_last_error().decode()
+
+
 def body():
     rank, size = init()
     noncontiguous(rank, size)
@@ -135,6 +151,10 @@ def body():
     outside = hvd.add_process_set(list(range(size - 1)))  # every rank but the culprit
     calls = bad_calls(size, outside)
     if rank == culprit:
+        member = core_member_refusal(outside)
+        assert "not a member" in member, member
+        calls = [(name, call, [member] if ".member." in name else words)
+                 for name, call, words in calls]
         for name, call, words in calls:
             expect_raises(ValueError, name, call, name, contains=words, within_s=5)
     for name, _, _ in calls:
