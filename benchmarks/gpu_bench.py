@@ -41,7 +41,7 @@ What each row measures (samples interleaved A/B iteration by iteration, medians)
     run, torch's DistributedDataParallel at world size 1 against the same plain step,
     so the two overheads stand side by side.
 
-CUDA graphs: what a captured step may contain is in README.md ("GPU").
+CUDA graphs: what a captured step may contain is in docs/gpu.md.
 """
 
 import argparse

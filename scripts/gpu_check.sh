@@ -30,7 +30,7 @@
 #      given one (NCCL alone); tests/test_gpu.py once per configuration (in this process
 #      first; then NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL
 #      np=2 if two GPUs, and with that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4
-#      lanes, each followed by a stress run of 1,000 steps, tests/mpi/gpu_stress.py; all at
+#      lanes, each followed by a stress run of 1,000 steps, tests/rank_scripts/gpu_stress.py; all at
 #      once), and benchmarks/gpu_bench.py under perseusrun -np 1;
 #   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md) and exits
 #      0 if every step passed, 1 if one failed, 2 if the machine could not be set up,
@@ -299,7 +299,7 @@ CONFIGS=${PERSEUS_GPU_CHECK_CONFIGS:-$("$VPY" scripts/gpu_check_info.py configs)
 report "## tests/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
 RESERVE_S=$(( BENCH == 1 ? 100 : 0 ))  # the benchmark runs after the tests
 step test_inproc 120 "${PYTEST[@]}" -m "not mpi"
-# The stress run of a shared-GPU NCCL configuration (tests/mpi/gpu_stress.py): STRESS_STEPS
+# The stress run of a shared-GPU NCCL configuration (tests/rank_scripts/gpu_stress.py): STRESS_STEPS
 # steps on GPU 0, sizes to 1 MiB around a small chunk and fusion threshold; the
 # configuration adds its lanes and runs it under perseusrun -np with its ranks.
 STRESS=(env STRESS_DEVICE=cuda:0 STRESS_STEPS="$STRESS_STEPS" STRESS_LARGEST=1048592 NCCL_MULTI_RANK_GPU_ENABLE=1
@@ -319,7 +319,7 @@ for config in $CONFIGS; do
     STRESSED="$STRESSED $config"
     # The stress run first: it is the shorter, and what a cut-short run most needs to have run.
     { run_step "stress_$config" 150 "${STRESS[@]}" PERSEUS_ALLREDUCE_STREAMS="${BASH_REMATCH[2]}" \
-        "$VENV/bin/perseusrun" -np "${BASH_REMATCH[1]}" "$VPY" tests/mpi/gpu_stress.py
+        "$VENV/bin/perseusrun" -np "${BASH_REMATCH[1]}" "$VPY" tests/rank_scripts/gpu_stress.py
       run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-"; } &
   else
     run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-" &
@@ -335,7 +335,7 @@ for config in inproc $RUN_CONFIGS; do
   report "| $config | ${line:-no summary line (see gpu_check_logs/test_$config.log)} |"
 done
 report ""
-report "## Stress runs (tests/mpi/gpu_stress.py, $STRESS_STEPS steps each)" ""
+report "## Stress runs (tests/rank_scripts/gpu_stress.py, $STRESS_STEPS steps each)" ""
 for config in $STRESSED; do
   record_step "stress_$config"
   [ "$DRY_RUN" = 1 ] || report "- $config: $(grep -h -E 'stress: |HANG|FAILED|Error' "$LOGS/stress_$config.log" 2>/dev/null | head -3 | tr '\n' ' ')"

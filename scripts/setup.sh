@@ -52,9 +52,12 @@ fi
 
 # ---------------------------------------------------------------- --all: the tests' needs
 # nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on a CPU-only
-# machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot.
-step "installing the test tools, h5py, matplotlib and NCCL's library into .venv" "25 s" \
-  pip_install pytest pytest-timeout h5py matplotlib "nvidia-nccl-cu13==2.32.3"
+# machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot;
+# mkdocs and mkdocstrings (pinned: strict mode's warnings change between versions): the
+# documentation site, which tests/test_docs.py builds.
+step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "25 s" \
+  pip_install pytest pytest-timeout h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
+  "mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11"
 # Debian's Open MPI as a second MPI, for tests/test_open_mpi.py (the core built against
 # it: a plain python and mpirun -np 2) and tests/test_build_mpi.py (its libmpi.so in
 # Debian python's library folder, which once got linked into the MPICH build). It puts

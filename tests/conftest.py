@@ -1,8 +1,12 @@
-"""Shared fixtures: launching the scripts in tests/mpi/ under mpirun.
+"""Shared fixtures: launching rank scripts under mpirun.
 
-`run_mpi(script, np, env=None, timeout=...)` runs `mpirun -np N python tests/mpi/<script>.py`
-and fails the calling test, showing the job's stdout and stderr, when the job exits
-non-zero or outlives its timeout. On timeout every process of the job is killed, so a
+A rank script is what each rank of a test job runs. tests/rank_scripts/ holds those of
+the torch front end (most of them) and of the core alone (through its C ABI); the
+TensorFlow and MXNet ones, run by their own venvs, are in tests/tensorflow/ and
+tests/mxnet/. `run_mpi(script, np, env=None, timeout=...)` runs
+`mpirun -np N python tests/rank_scripts/<script>.py` and fails the calling test,
+showing the job's stdout and stderr, when the job exits non-zero or outlives its
+timeout. On timeout every process of the job is killed, so a
 hang fails one test and never stalls the suite.
 """
 import importlib
@@ -20,7 +24,7 @@ from perseus.launcher import LAUNCHER_STATE_PREFIXES
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
-MPI_SCRIPTS = TESTS_DIR / "mpi"
+RANK_SCRIPTS = TESTS_DIR / "rank_scripts"  # torch and core-only rank scripts
 
 DEFAULT_TIMEOUT_S = 150
 
@@ -172,7 +176,7 @@ def _report(what, cmd, env_extra, out, err):
 @pytest.fixture
 def run_mpi(tmp_path):
     """Returns run_mpi(script, np, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
-    scripts_dir=MPI_SCRIPTS, launcher=None) -> stdout.
+    scripts_dir=RANK_SCRIPTS, launcher=None) -> stdout.
 
     Each job gets an empty scratch directory in $PTEST_TMPDIR, which ranks use to
     signal one another through files without going through the library under test.
@@ -182,13 +186,14 @@ def run_mpi(tmp_path):
     """
 
     def run(script, np, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
-            scripts_dir=MPI_SCRIPTS, launcher=None):
+            scripts_dir=RANK_SCRIPTS, launcher=None):
         path = Path(scripts_dir) / ("%s.py" % script)
         assert path.exists(), path
         scratch = tmp_path / ("%s-np%d-%d" % (script, np, time.monotonic_ns()))
         scratch.mkdir()
         extra = dict(env or {})
-        # Ranks dump every thread's stack shortly before the kill (see tests/mpi/common.py).
+        # Ranks dump every thread's stack shortly before the kill (see
+        # tests/rank_scripts/common.py).
         child_env = clean_env(dict(extra, PTEST_TMPDIR=str(scratch),
                                    PTEST_HANG_DUMP_S=str(max(1, timeout - 15))))
         cmd = list(launcher or [find_mpirun()]) + ["-np", str(np), str(python or sys.executable),

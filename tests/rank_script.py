@@ -1,5 +1,5 @@
 """What every per-rank test script shares, whichever framework and venv runs it
-(tests/mpi, tests/tensorflow, tests/mxnet): no framework import here.
+(tests/rank_scripts, tests/tensorflow, tests/mxnet): no framework import here.
 
 - A stack dump of every thread shortly before the driver's timeout
   (PTEST_HANG_DUMP_S), so a hang shows its place.

@@ -1,5 +1,5 @@
 """benchmarks/allreduce_bench.py runs end to end at np=2 on a small configuration and
-draws its figure (--plot): the README's Performance section shows one made this way."""
+draws its figure (--plot): docs/performance.md shows one made this way."""
 import re
 import sys
 

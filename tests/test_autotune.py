@@ -1,4 +1,4 @@
-"""PERSEUS_AUTOTUNE under mpirun (tests/mpi/autotune.py): the ranks reach one
+"""PERSEUS_AUTOTUNE under mpirun (tests/rank_scripts/autotune.py): the ranks reach one
 decision together, results stay right during and after tuning, and training under
 autotune equals single-process training. Short samples keep the jobs quick."""
 

@@ -1,8 +1,8 @@
 """Drop-in DDP: perseus.torch.distributed and perseus.torch.nn.parallel.DistributedDataParallel.
 
-Multi-process: tests/mpi/ddp.py (gradients equal torch's own DDP over gloo in the
-same job), tests/mpi/ddp_training.py (training equals single-process training,
-join, groups, pickling, errors) and tests/mpi/distributed_api.py (the collectives),
+Multi-process: tests/rank_scripts/ddp.py (gradients equal torch's own DDP over gloo in the
+same job), tests/rank_scripts/ddp_training.py (training equals single-process training,
+join, groups, pickling, errors) and tests/rank_scripts/distributed_api.py (the collectives),
 each at np 2 and 4. Single-process: the import paths, bucket assignment, and DDP
 in a world of one.
 """

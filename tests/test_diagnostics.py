@@ -1,4 +1,4 @@
-"""Diagnostics under mpirun: the stall inspector (tests/mpi/stall.py), with stall times
+"""Diagnostics under mpirun: the stall inspector (tests/rank_scripts/stall.py), with stall times
 of a second or two so each case takes a few seconds. Both spellings of the variables
 are exercised."""
 import pytest

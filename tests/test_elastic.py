@@ -2,7 +2,7 @@
 and 4: sync from rank 0, commit / restore, run() retrying after an injected and a
 real HorovodInternalError, reset callbacks, and the error for a resize request.
 
-PyTorch: tests/mpi/elastic.py; TensorFlow and Keras: tests/tensorflow/elastic.py
+PyTorch: tests/rank_scripts/elastic.py; TensorFlow and Keras: tests/tensorflow/elastic.py
 in .venv-tf (see tests/test_tensorflow.py).
 """
 import pytest

@@ -1,5 +1,5 @@
 """Failure behaviour across ranks: a rank that dies or leaves mid-training must never
-leave the others hanging. Each case runs tests/mpi/dead_rank.py under mpirun and checks
+leave the others hanging. Each case runs tests/rank_scripts/dead_rank.py under mpirun and checks
 how fast the job ended after the victim left, and what the survivors said.
 
 What ends the survivors depends on how the victim left:
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import MPI_SCRIPTS, clean_env, find_mpirun, run_bounded
+from conftest import RANK_SCRIPTS, clean_env, find_mpirun, run_bounded
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
@@ -26,7 +26,7 @@ HARD_TIMEOUT_S = 90
 
 
 def run_dead_rank(tmp_path, np, leave, workload):
-    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "dead_rank.py")]
+    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(RANK_SCRIPTS / "dead_rank.py")]
     # A live rank prints its Python stacks shortly before the hard timeout.
     env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_LEAVE": leave,
                      "PTEST_WORKLOAD": workload, "PTEST_HANG_DUMP_S": str(HARD_TIMEOUT_S - 10)})
@@ -66,7 +66,7 @@ def test_exit_inside_an_mpi_call_ends_the_job(tmp_path, np):
     stands in for MPI giving up on a failed call) ends that process at once, with its
     code, and mpirun ends the job; before, the exit handler waited for the engine."""
     victim = np - 1
-    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "exit_in_mpi.py")]
+    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(RANK_SCRIPTS / "exit_in_mpi.py")]
     env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_EXIT_RANK": str(victim),
                      "PTEST_HANG_DUMP_S": "50"})
     rc, out, err, _ = run_bounded(cmd, env, 60)
@@ -147,10 +147,10 @@ def test_stopped_rank_is_named_and_the_job_ends(tmp_path, np, where):
     before it submitted it (np 2) or inside the collective itself (np 4: the others are
     blocked in it). Each other rank warns within the check time that it is not
     responding, fails at the shutdown time with an error naming it (checked in
-    tests/mpi/frozen_rank.py), and exits; mpirun then ends the job, the stopped rank
+    tests/rank_scripts/frozen_rank.py), and exits; mpirun then ends the job, the stopped rank
     included. Before, nothing was reported and the job hung."""
     check_s, shutdown_s = 2.0, 3.0
-    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(MPI_SCRIPTS / "frozen_rank.py")]
+    cmd = [find_mpirun(), "-np", str(np), sys.executable, str(RANK_SCRIPTS / "frozen_rank.py")]
     env = clean_env({"PTEST_TMPDIR": str(tmp_path), "PTEST_FROZEN": where,
                      "PERSEUS_STALL_CHECK_TIME_SECONDS": str(check_s),
                      "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS": str(shutdown_s),

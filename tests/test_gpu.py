@@ -18,8 +18,9 @@ Configurations (CONFIGS):
                          PERSEUS_KEEP_ENV so that the jobs get it), 1, 2 and 4 lanes; skipped
                          where that NCCL cannot. NCCL's INIT log must show a communicator
                          made with that NCCL (not the host-staged fallback).
-Scripts: the CPU collective scripts of tests/mpi rerun on CUDA tensors (PTEST_DEVICE,
-see tests/mpi/common.py), and the torch CUDA ones (tests/mpi/gpu_torch_*.py, PTEST_GPU).
+Scripts: the CPU collective scripts of tests/rank_scripts rerun on CUDA tensors
+(PTEST_DEVICE, see tests/rank_scripts/common.py), and the torch CUDA ones
+(tests/rank_scripts/gpu_torch_*.py, PTEST_GPU).
 """
 import re
 import subprocess

@@ -289,7 +289,7 @@ def test_device_lanes_on_fake_gpu(run_mpi, fake_gpu, case):
     run_mpi("gpu_collectives", nprocs, env=dict(fake_gpu, **env), timeout=180)
 
 
-# Every collective on both sides of every size boundary (tests/mpi/gpu_sizes.py). The
+# Every collective on both sides of every size boundary (tests/rank_scripts/gpu_sizes.py). The
 # fake reports NCCL 2.23.5 and models the one-rank bug that NCCL < 2.29.7 has, so the
 # np1 NCCL cases fail unless such calls are made in whole pieces; "nccl_fixed" reports
 # 2.29.7 (one call). Chunk and fusion threshold made small, so that their boundaries
@@ -315,7 +315,7 @@ def test_sizes_across_boundaries_on_fake_gpu(run_mpi, fake_gpu, case):
 
 
 # Stream ordering under the fake's checker, with producer and consumer streams
-# (tests/mpi/gpu_ordering.py); every other device-lane test runs under it too.
+# (tests/rank_scripts/gpu_ordering.py); every other device-lane test runs under it too.
 ORDER_CASES = {
     "nccl-np1": (1, {"GPU_MODE": "nccl"}),
     "nccl-np2-lanes3": (2, {"GPU_MODE": "nccl", "PERSEUS_ALLREDUCE_STREAMS": "3"}),
@@ -332,7 +332,7 @@ def test_stream_ordering_on_fake_gpu(run_mpi, fake_gpu, case):
     run_mpi("gpu_ordering", nprocs, env=dict(fake_gpu, **env), timeout=120)
 
 
-# Packing fused batches (tests/mpi/gpu_packing.py), each way the core may take
+# Packing fused batches (tests/rank_scripts/gpu_packing.py), each way the core may take
 # (csrc/src/cuda/batched_copy.h), reached through the fake's switches: the pack kernel;
 # cudaMemcpyBatchAsync of CUDA 12.8 (9 arguments) and 13 (8), also after the kernel's
 # first launch fails as lazy loading reports a PTX the driver cannot compile; one copy
@@ -382,7 +382,7 @@ def test_packing_on_fake_gpu_runtime_without_kernel_calls(run_mpi, tmp_path):
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_gpu_calls_per_request_on_fake_gpu(run_mpi, fake_gpu, nprocs):
     """Shared ready events, one lane wait per producer stream, one consumer wait per
-    batch (tests/mpi/gpu_calls.py)."""
+    batch (tests/rank_scripts/gpu_calls.py)."""
     run_mpi("gpu_calls", nprocs, env=dict(fake_gpu, GPU_MODE="nccl"), timeout=120)
 
 
@@ -391,7 +391,7 @@ def staged_collectives(nprocs, env, says):
     and returns the lines of its stderr that contain `says`."""
     from conftest import clean_env, find_mpirun
     result = subprocess.run([find_mpirun(), "-np", str(nprocs), sys.executable,
-                             str(TESTS_DIR / "mpi" / "gpu_collectives.py")],
+                             str(TESTS_DIR / "rank_scripts" / "gpu_collectives.py")],
                             cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=180,
                             env=clean_env(dict(env, GPU_MODE="staged", PERSEUS_ALLREDUCE_STREAMS="2")))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -452,7 +452,7 @@ def test_ranks_sharing_a_gpu_use_nccl_where_it_allows(run_mpi, fake_gpu, case):
 def test_nccl_functions_come_from_the_library_perseus_loaded(run_mpi, fake_gpu, tmp_path):
     """With another NCCL global in the process (as torch's own is), Perseus's NCCL,
     loaded by path, runs its own functions: Perseus's calls and the library's calls to
-    itself (tests/mpi/gpu_nccl_copy.py)."""
+    itself (tests/rank_scripts/gpu_nccl_copy.py)."""
     import shutil
     import fake_gpu as fake
     other = fake.build_other_nccl(find_mpi_compiler("mpicc"), tmp_path)
@@ -479,7 +479,7 @@ def test_gpu_failures_on_fake_gpu(run_mpi, fake_gpu, case):
     run_mpi("gpu_failures", nprocs, env=dict(fake_gpu, **env), timeout=120)
 
 
-# The fake's device model by itself (tests/mpi/gpu_device_model.py): NCCL kernels hold a
+# The fake's device model by itself (tests/rank_scripts/gpu_device_model.py): NCCL kernels hold a
 # slot of their GPU until every peer starts them, so two communicators launched in
 # opposite orders on two ranks deadlock a GPU of one slot; the fake reports the cycle,
 # naming both calls, their communicators and the ranks, and fails them instead of
@@ -500,7 +500,7 @@ def test_fake_gpu_device_model(run_mpi, fake_gpu, case):
     run_mpi("gpu_device_model", nprocs, env=dict(fake_gpu, FAKE_NCCL_VERSION="23203", **env), timeout=120)
 
 
-# Lanes that cannot deadlock each other (tests/mpi/gpu_launch_order.py): 4 lanes, a GPU of
+# Lanes that cannot deadlock each other (tests/rank_scripts/gpu_launch_order.py): 4 lanes, a GPU of
 # one kernel slot, launches delayed differently on each rank; every rank must launch
 # its device collectives in the one order the negotiation agreed. "implicit" reports
 # NCCL 2.32.3, whose communicators Perseus makes with launchOrderImplicit=1 (and names
@@ -522,7 +522,7 @@ def test_device_lanes_launch_in_the_agreed_order(run_mpi, fake_gpu, case):
     run_mpi("gpu_launch_order", nprocs, env=dict(fake_gpu, **LAUNCH_ORDER, **env), timeout=150)
 
 
-# The stress run scripts/gpu_check.sh makes on a GPU (tests/mpi/gpu_stress.py: random
+# The stress run scripts/gpu_check.sh makes on a GPU (tests/rank_scripts/gpu_stress.py: random
 # bursts of every boundary on 4 lanes and two process sets, each result checked against
 # the host's), a few steps on the fake so that it is known to work before a GPU runs it;
 # the second case as on the lent GPU machine: ranks sharing one GPU through NCCL 2.32.
@@ -544,7 +544,8 @@ def test_stress_run_on_fake_gpu(run_mpi, fake_gpu, case):
 @pytest.mark.mpi
 def test_stress_watchdog_turns_a_hang_into_a_failure_naming_the_step(fake_gpu):
     from conftest import clean_env, find_mpirun
-    result = subprocess.run([find_mpirun(), "-np", "2", sys.executable, str(TESTS_DIR / "mpi" / "gpu_stress.py")],
+    script = str(TESTS_DIR / "rank_scripts" / "gpu_stress.py")
+    result = subprocess.run([find_mpirun(), "-np", "2", sys.executable, script],
                             cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120,
                             env=clean_env(dict(fake_gpu, **dict(STRESS, STRESS_STEPS="1000", STRESS_STEP_TIMEOUT_S="0"))))
     assert result.returncode != 0, result.stdout + result.stderr

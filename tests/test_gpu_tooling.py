@@ -515,7 +515,8 @@ def test_gpu_check_dry_run_with_a_multi_rank_nccl(machine, tmp_path):
             line = [l for l in out.splitlines() if "would run (stress_%s," % config in l]
             assert len(line) == 1, config
             assert "STRESS_STEPS=1000" in line[0] and "PERSEUS_ALLREDUCE_STREAMS=%d" % lanes in line[0]
-            assert "perseusrun -np %d " % np_ in line[0] and line[0].endswith("tests/mpi/gpu_stress.py")
+            assert "perseusrun -np %d " % np_ in line[0]
+            assert line[0].endswith("tests/rank_scripts/gpu_stress.py")
     assert not (REPO_ROOT / ".gpu_check_nccl").exists(), "the dry run unpacked NCCL"
 
 
@@ -633,8 +634,8 @@ def test_gpu_scripts_run_on_the_cpu(run_mpi, script, np):
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 def test_gpu_stress_runs_through_torch_on_the_cpu(run_mpi):
-    """The torch front end's part of tests/mpi/gpu_stress.py (what scripts/gpu_check.sh runs
-    on a GPU) with CPU tensors on both sides; its C ABI part runs on the fake GPU in
+    """The torch front end's part of tests/rank_scripts/gpu_stress.py (what
+    scripts/gpu_check.sh runs on a GPU) with CPU tensors on both sides; its C ABI part runs on the fake GPU in
     tests/test_gpu_core.py."""
     out = run_mpi("gpu_stress", 2, timeout=240, env={"STRESS_DEVICE": "cpu", "STRESS_STEPS": "12",
                                                      "STRESS_LARGEST": "300000", "PERSEUS_CHUNK_SIZE": "65536",

@@ -1,5 +1,5 @@
 """PERSEUS_ALLREDUCE_DTYPE (fp16/bf16 on the wire) and PERSEUS_ALLREDUCE_MODE
-(hierarchical allreduce) under mpirun: tests/mpi/allreduce_modes.py checks every op,
+(hierarchical allreduce) under mpirun: tests/rank_scripts/allreduce_modes.py checks every op,
 dtype and scaling against a reference and the result bytes across ranks, on the
 global set and on sets that span the simulated nodes unevenly (flat fallback)."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import fake_hosts
-from conftest import MPI_SCRIPTS, REPO_ROOT, kill_job, run_bounded
+from conftest import RANK_SCRIPTS, REPO_ROOT, kill_job, run_bounded
 from test_open_mpi import open_mpi  # noqa: F401 - a fixture: the core built with Open MPI
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(400)]
@@ -78,7 +78,7 @@ def ucx_lanes(text):
 
 
 def four_ranks_on_two_hosts(rc, out, err, seconds):
-    """Checks that the job of tests/mpi/multi_host.py passed on its 4 ranks, 0-1 on hostA
+    """Checks that the job of tests/rank_scripts/multi_host.py passed on its 4 ranks, 0-1 on hostA
     and 2-3 on hostB (where the agent started them); returns the run's report."""
     report = "rc %d after %.1f s\n----- stdout -----\n%s\n----- stderr -----\n%s" % (
         rc, seconds, out, err[-20000:])
@@ -90,11 +90,11 @@ def four_ranks_on_two_hosts(rc, out, err, seconds):
 
 
 def test_two_hosts_match_one_host(hosts, run_mpi, tmp_path):
-    """tests/mpi/multi_host.py on 4 ranks of one host, then on hostA and hostB through
+    """tests/rank_scripts/multi_host.py on 4 ranks of one host, then on hostA and hostB through
     perseusrun and MPICH's Hydra: the same bits, the hosts' topology, TCP between them."""
     one_host = digests(run_mpi("multi_host", 4, env={"PTEST_HOSTS": "1"}, timeout=240))
     rc, out, err, seconds = perseusrun_on_hosts(
-        hosts, tmp_path, [MPI_SCRIPTS / "multi_host.py"],
+        hosts, tmp_path, [RANK_SCRIPTS / "multi_host.py"],
         {"PTEST_HOSTS": "2", "UCX_PROTO_INFO": "y"})
     report = four_ranks_on_two_hosts(rc, out, err, seconds)
 
@@ -136,7 +136,7 @@ def test_two_hosts_open_mpi(hosts, open_mpi, tmp_path):  # noqa: F811 - the fixt
     """Debian's Open MPI: its mpirun starts orted on hostB through the agent
     (plm_rsh_agent); perseusrun forwards the variables the ranks need (-x)."""
     rc, out, err, seconds = perseusrun_on_hosts(
-        hosts, tmp_path, [MPI_SCRIPTS / "multi_host.py"],
+        hosts, tmp_path, [RANK_SCRIPTS / "multi_host.py"],
         {"PTEST_HOSTS": "2", "PTEST_PARTS": "collectives",
          "PYTHONPATH": open_mpi["pythonpath"], "OMPI_MCA_btl_base_verbose": "30"},
         perseusrun_args=["--mpirun", open_mpi["mpirun"]])
@@ -155,7 +155,7 @@ FAULT_WAIT_S = 60  # how long the job's ranks run on without an error before giv
 
 
 def run_with_fault(hosts, scratch, fault, env, bound_s):
-    """Runs tests/mpi/host_faults.py on the hosts, applies `fault` to hostB once every
+    """Runs tests/rank_scripts/host_faults.py on the hosts, applies `fault` to hostB once every
     rank is in its allreduce loop, and waits at most bound_s + 30 s for the job to end
     (then it is killed and the test fails). -> {"rc", "ended" (s after the fault),
     "errors": {rank: (s after the fault, host, line)}, "output", "left" (hostB's
@@ -163,7 +163,7 @@ def run_with_fault(hosts, scratch, fault, env, bound_s):
     env = user_env(hosts, scratch, dict(env, PTEST_FAULT_WAIT_S=str(FAULT_WAIT_S),
                                         PTEST_HANG_DUMP_S=str(FAULT_WAIT_S + 30)))
     argv = ["perseusrun", "-H", "hostA:2,hostB:2", "python",
-            str(MPI_SCRIPTS / "host_faults.py")]
+            str(RANK_SCRIPTS / "host_faults.py")]
     log = open(scratch / "job.log", "w+")
     proc = subprocess.Popen(hosts.command("hostA", argv, env, cwd=REPO_ROOT), stdin=subprocess.DEVNULL,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -285,7 +285,7 @@ def test_delay_and_loss_give_the_same_results(hosts, run_mpi, tmp_path):
         one_host = digests(run_mpi("multi_host", 4, env={"PTEST_HOSTS": "1",
                                                          "PTEST_PARTS": "collectives"}))
         rc, out, err, seconds = perseusrun_on_hosts(
-            hosts, tmp_path, [MPI_SCRIPTS / "multi_host.py"],
+            hosts, tmp_path, [RANK_SCRIPTS / "multi_host.py"],
             {"PTEST_HOSTS": "2", "PTEST_PARTS": "collectives"})
         assert rc == 0, out + err
         assert digests(out) == one_host, out

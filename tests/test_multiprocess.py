@@ -1,7 +1,7 @@
 """Multi-process tests of the core's collectives and lifecycle: each script in SCRIPTS
-(tests/mpi/) runs on every rank under `mpirun -np 2` and `-np 4` (oversubscribed on
+(tests/rank_scripts/) runs on every rank under `mpirun -np 2` and `-np 4` (oversubscribed on
 small machines) and checks its results against a reference computed independently on
-each rank. See each script's docstring. The other scripts of tests/mpi/ are run by the
+each rank. See each script's docstring. The other scripts of tests/rank_scripts/ are run by the
 test file of their subject (training API, DDP, failures, GPU, ...);
 tests/test_rank_scripts_covered.py fails if any script is run by none."""
 import pytest
@@ -56,7 +56,8 @@ def test_adasum_lanes_and_small_pieces(run_mpi):
                               "PERSEUS_CHUNK_SIZE": "4096"})
 
 
-# Bit-identical results on every rank with NaN/Inf/-0.0 inputs (tests/mpi/identical_results.py):
+# Bit-identical results on every rank with NaN/Inf/-0.0 inputs
+# (tests/rank_scripts/identical_results.py):
 # 2 and 3 ranks (3 changes MPI's algorithms), then 3 lanes with 4 KiB MPI pieces.
 @pytest.mark.parametrize("nprocs,env", [
     (2, {}), (3, {}),
@@ -86,7 +87,7 @@ def test_config_names(run_mpi, nprocs):
                          ids=["bytes", "auto"])
 def test_what_ends_a_hold(run_mpi, nprocs, hold):
     # A hold far longer than the script's bounds: only a waiter, a poll or enough
-    # bytes may end it, and control operations never wait for it (tests/mpi/hold.py).
+    # bytes may end it, and control operations never wait for it (tests/rank_scripts/hold.py).
     run_mpi("hold", nprocs, env=dict(hold, PERSEUS_HOLD_TIME="20000"))
 
 

@@ -4,7 +4,7 @@ mpicxx and runs the two things that differ most between the two:
 
 - a plain `python` (no mpirun) is an Open MPI singleton, whose start forks inside
   MPI_Init_thread: init() used to deadlock there in Perseus's fork handler;
-- `mpirun -np 2` of Open MPI runs a collective script (tests/mpi/allreduce.py).
+- `mpirun -np 2` of Open MPI runs a collective script (tests/rank_scripts/allreduce.py).
 
 The build (about a minute on 2 cores) is cached in ~/.cache/perseus/open_mpi_core/
 under a hash of the core's sources and build files, so it is redone only when they

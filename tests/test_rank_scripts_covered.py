@@ -1,4 +1,4 @@
-"""Every rank script in tests/mpi, tests/tensorflow and tests/mxnet is run by some test.
+"""Every rank script in tests/rank_scripts, tests/tensorflow and tests/mxnet is run by some test.
 
 A script that no test runs looks like coverage and is none. The test modules name
 their scripts in two ways, both read here from each tests/test_*.py:
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MPI_SCRIPTS, TESTS_DIR
+from conftest import RANK_SCRIPTS, TESTS_DIR
 
-SCRIPT_DIRS = [MPI_SCRIPTS, TESTS_DIR / "tensorflow", TESTS_DIR / "mxnet"]
+SCRIPT_DIRS = [RANK_SCRIPTS, TESTS_DIR / "tensorflow", TESTS_DIR / "mxnet"]
 
 # Imported by the rank scripts, never run on their own.
 HELPERS = {
-    MPI_SCRIPTS / "common.py": "init, references and checks shared by the torch scripts",
-    MPI_SCRIPTS / "gpu_torch_common.py": "the torch CUDA scripts' GPU and stream helpers",
+    RANK_SCRIPTS / "common.py": "init, references and checks shared by the torch scripts",
+    RANK_SCRIPTS / "gpu_torch_common.py": "the torch CUDA scripts' GPU and stream helpers",
     TESTS_DIR / "tensorflow" / "common.py": "init and checks shared by the TensorFlow scripts",
     TESTS_DIR / "tensorflow" / "tiny_model.py": "the small Keras model the TensorFlow scripts train",
     TESTS_DIR / "mxnet" / "common.py": "init and checks shared by the MXNet scripts",
@@ -125,7 +125,7 @@ def scripts_named_by(path):
             where = "%s:%d: %s" % (path.name, call.lineno, ast.unparse(call))
             script_expr, dir_expr = argument(call, "script"), argument(call, "scripts_dir")
             scripts = evaluate(script_expr, namespace, marks) if script_expr else None
-            dirs = evaluate(dir_expr, namespace, marks) if dir_expr else [MPI_SCRIPTS]
+            dirs = evaluate(dir_expr, namespace, marks) if dir_expr else [RANK_SCRIPTS]
             if scripts is None or dirs is None:
                 unresolved.append(where)
                 continue

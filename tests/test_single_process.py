@@ -271,7 +271,7 @@ def test_local_argument_errors(initialized):
 
 def test_inplace_ops_and_autograd(initialized):
     """In-place ops bump the version counter and refuse a leaf in grad mode (issue 37;
-    every in-place op at np 2 and 4: tests/mpi/torch_arguments.py). Here what a world of
+    every in-place op at np 2 and 4: tests/rank_scripts/torch_arguments.py). Here what a world of
     one shows as well: the optimizer's path, and inference tensors, which have no
     version counter and are taken as before (as by Horovod and torch.distributed)."""
     hvd = initialized

@@ -10,7 +10,7 @@ in a temporary folder, started on hostA of the namespace hosts, stopped at the e
   comes up alone in each task) and MPICH's mpiexec starting the Open MPI build: init()
   raises on every task, naming the variable it read, what MPI said and the fix.
   (Combinations MPI itself refuses, e.g. Open MPI under `--mpi=pmi2` or `none`, and
-  MPICH under `--mpi=pmix`, abort in MPI_Init with MPI's own message: README, "On a
+  MPICH under `--mpi=pmix`, abort in MPI_Init with MPI's own message: docs/install.md, "On a
   Slurm cluster".)
 
 Not root: skipped (under CI=true, failed). Root without Slurm: failed, since
@@ -25,7 +25,7 @@ import pytest
 
 import fake_hosts
 import slurm_cluster
-from conftest import MPI_SCRIPTS, REPO_ROOT, clean_env, find_mpirun, run_bounded
+from conftest import RANK_SCRIPTS, REPO_ROOT, clean_env, find_mpirun, run_bounded
 from test_open_mpi import open_mpi  # noqa: F401 - a fixture: the core built with Open MPI
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
@@ -77,7 +77,7 @@ def on_node(slurm, argv, env=None, timeout=180):
 
 def test_srun_pmi2_runs_the_collectives(slurm, tmp_path):
     rc, out, report = on_node(slurm, ["srun", "-n", "2", "--mpi=pmi2", "python",
-                                      MPI_SCRIPTS / "multi_host.py"],
+                                      RANK_SCRIPTS / "multi_host.py"],
                               {"PTEST_HOSTS": "1", "PTEST_PARTS": "collectives",
                                "PTEST_TMPDIR": str(tmp_path)})
     assert rc == 0 and out.count(" ok") == 2, report

@@ -1,4 +1,4 @@
-"""Randomized soak (tests/mpi/soak.py): a bounded run of thousands of random
+"""Randomized soak (tests/rank_scripts/soak.py): a bounded run of thousands of random
 collectives at np 2 and 4 under different lane counts, tiny fusion thresholds and a
 small negotiation cache; every result exact and identical across ranks, memory flat."""
 import pytest

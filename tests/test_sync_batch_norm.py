@@ -1,4 +1,4 @@
-"""SyncBatchNorm: tests/mpi/sync_batch_norm.py under mpirun at 2 and 4 ranks (against
+"""SyncBatchNorm: tests/rank_scripts/sync_batch_norm.py under mpirun at 2 and 4 ranks (against
 torch BatchNorm over the concatenated global batch), plus a world of one in this
 process: the module, and the synchronized autograd function itself, against torch."""
 import copy

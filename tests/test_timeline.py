@@ -1,4 +1,4 @@
-"""The timeline: events written by rank 0 under mpirun (tests/mpi/timeline.py), a file
+"""The timeline: events written by rank 0 under mpirun (tests/rank_scripts/timeline.py), a file
 left by a SIGKILLed process, bad paths, and `python -m perseus.timeline_summary`."""
 import json
 import signal

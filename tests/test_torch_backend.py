@@ -1,6 +1,6 @@
 """The torch.distributed backend "perseus" (issue 38).
 
-Multi-process: tests/mpi/torch_backend.py at np 2 and 4 (torch's collectives against
+Multi-process: tests/rank_scripts/torch_backend.py at np 2 and 4 (torch's collectives against
 references, DDP over perseus against DDP over gloo to the bit, FSDP2 against one
 process, ZeroRedundancyOptimizer against Adam, mismatches and refused operations).
 Here: a plain `python` process, a world of one.

@@ -21,7 +21,7 @@ class FakeCudaTensor:
     """Just what adapter.prepare and the request building read of a CUDA tensor."""
     is_cpu = False
     is_cuda = True
-    requires_grad = False
+    requires_grad = False  # in-place calls check it (autograd's rule for in-place ops)
 
     def __init__(self, index, shape=(3, 2), dtype=torch.float32, address=0xD000):
         self.device = torch.device("cuda", index)

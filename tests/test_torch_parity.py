@@ -1,4 +1,4 @@
-"""Horovod parity of the PyTorch front end (tests/mpi/torch_parity.py: sparse
+"""Horovod parity of the PyTorch front end (tests/rank_scripts/torch_parity.py: sparse
 allreduce, alltoall's return forms, collective gradients, optimizer-state
 initialisation, warning/error texts, duplicate process sets, storage replaced in
 flight), at 2 and 4 ranks, each job under a hard timeout."""

@@ -1,11 +1,12 @@
 """Training API under mpirun -np 2 and 4: DistributedOptimizer against single-process
-training on the whole batch (tests/mpi/optimizer.py), and the broadcast helpers
-restoring identical model and optimizer state (tests/mpi/broadcast_state.py), and
-DistributedOptimizer(op=Adasum) against a simulation (tests/mpi/adasum_optimizer.py), and
-DistributedOptimizer's per-parameter request cache (tests/mpi/optimizer_cache.py), its
-gradients as bucket views against one request per gradient (tests/mpi/optimizer_views.py),
-and its gathering of CPU gradients while the core holds (tests/mpi/optimizer_gather.py). Each
-script computes its reference on every rank with plain torch; see their docstrings."""
+training on the whole batch (tests/rank_scripts/optimizer.py), and the broadcast helpers
+restoring identical model and optimizer state (tests/rank_scripts/broadcast_state.py), and
+DistributedOptimizer(op=Adasum) against a simulation (tests/rank_scripts/adasum_optimizer.py), and
+DistributedOptimizer's per-parameter request cache (tests/rank_scripts/optimizer_cache.py),
+its gradients as bucket views against one request per gradient
+(tests/rank_scripts/optimizer_views.py), and its gathering of CPU gradients while the core
+holds (tests/rank_scripts/optimizer_gather.py). Each script computes its reference on every
+rank with plain torch; see their docstrings."""
 import pytest
 import torch
 
@@ -29,7 +30,7 @@ def test_script(run_mpi, script, nprocs):
                                   {"PERSEUS_HOLD_BYTES": "0"}, {"PERSEUS_HOLD_TIME": "0"}],
                          ids=["default", "300-bytes", "bytes-0", "time-0"])
 def test_optimizer_gathers_while_the_core_holds(run_mpi, hold, nprocs):
-    """tests/mpi/optimizer_gather.py: the hooks gather CPU gradients exactly while the
+    """tests/rank_scripts/optimizer_gather.py: the hooks gather CPU gradients exactly while the
     core would hold them, and training stays exact."""
     run_mpi("optimizer_gather", nprocs, env=hold)
 

@@ -164,7 +164,7 @@ def _complete(entry, failure, stream_waited=False):
             _lib.perseus_release(h)  # cannot fail for a completed handle; never mask the result
         # A raised failure's traceback keeps this frame alive (until the caller lets
         # the exception go, or longer through `failure`'s cycle): let the state go
-        # now, with whatever it holds (e.g. torch's pinned storages, see hold.py).
+        # now, with whatever it holds (e.g. torch's pinned storages, see keepalive.py).
         entry = state = None
 
 

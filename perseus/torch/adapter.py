@@ -26,7 +26,7 @@ from perseus.common import ops as _ops
 from perseus.common import requests as _requests
 from perseus.common.exceptions import HorovodInternalError
 from perseus.torch import device as _device
-from perseus.torch.hold import hold as _hold, pin as _pin  # what a call keeps in flight
+from perseus.torch.keepalive import keep as _keep, pin as _pin  # what a call keeps in flight
 
 # The one torch dtype <-> core dtype table.
 DTYPE_CODES = {
@@ -206,14 +206,14 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
     group (DistributedOptimizer's gradients). inplace: allreduce and broadcast write
     into the tensors. root_rank: broadcast's, a global rank. splits: alltoall's, or
     None (even). drive: the caller waits at once, so this thread runs the engine.
-    pin: pin CPU storages against a growing resize_() while in flight (hold.py);
+    pin: pin CPU storages against a growing resize_() while in flight (keepalive.py);
     False for a caller that owns the tensors until synchronize() (the optimizer)."""
     sid = _builder.set_id(process_set)
     if op_type == _ops.BROADCAST:
         root_rank = _builder.root_in_set(process_set, root_rank)
     listed = grouped or isinstance(name, list)
     group_size = len(tensors) if grouped else 0
-    held, results, requests, items = [], [], [], []
+    kept, results, requests, items = [], [], [], []
     placed = [] if inplace else ()  # in-place targets: (tensor, its address, its data)
     consumer = None
     for i, tensor in enumerate(tensors):
@@ -242,7 +242,7 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
             output = _output(op_type, tensor, source, code, device, process_set)
             results.append(output)
             output_at = output.data_ptr() if isinstance(output, torch.Tensor) else 0
-        _hold(held, source)
+        _keep(kept, source)
         stream = 0
         if device != _CPU:
             stream = _device.current_stream(device)
@@ -257,15 +257,15 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
         # backward that needs a value saved before it.
         _increment_version(results)
     if pin and not drive:
-        held.append(_pin(held, drive))
+        kept.append(_pin(kept, drive))
     if name is None:
         packed = _builder.pack(_builder.group(requests, grouped))
-    else:  # copies of the records packed before (`held` keeps them until synchronize())
+    else:  # copies of the records packed before (`kept` keeps them until synchronize())
         if requests:
             _pack_new(op_type, name, grouped, requests, items)
-        held.append(items)
+        kept.append(items)
         packed = _builder.pack_prebuilt(items)
-    return _requests.submit(packed, _FINISH[op_type], (held, results, listed, placed), drive,
+    return _requests.submit(packed, _FINISH[op_type], (kept, results, listed, placed), drive,
                             consumer)
 
 

@@ -142,8 +142,8 @@ class GradBuckets:
         return sparse
 
     def submit(self, bucket, scales, process_set):
-        """Starts the bucket's in-place allreduce; returns its handle. Held, not
-        pinned: the optimizer owns the bucket until synchronize()."""
+        """Starts the bucket's in-place allreduce; returns its handle. Kept alive,
+        not pinned: the optimizer owns the bucket until synchronize()."""
         bucket.submitted = True
         op, prescale, postscale = scales
         return _adapter.submit(ALLREDUCE, (bucket.flat,), bucket.name, process_set,

@@ -333,7 +333,7 @@ class _DistributedMixin:
             covered.append((p, (wire, ctx)))
         if wires:
             # Scales per step: with a predivide factor they follow the set's size, which
-            # an elastic reset changes. Held, not pinned: the optimizer owns its
+            # an elastic reset changes. Kept alive, not pinned: the optimizer owns its
             # gradients until synchronize().
             op, prescale, postscale = self._scales()
             handle = _adapter.submit(ALLREDUCE, wires, names, self._process_set, inplace=True,
@@ -371,7 +371,7 @@ class _DistributedMixin:
             wires.append(wire)
             ctxs.append(ctx)
         name = "group%d.%s" % (index, self._parameter_names[id(members[0])])
-        # Held, not pinned: the optimizer owns its gradients until synchronize().
+        # Kept alive, not pinned: the optimizer owns its gradients until synchronize().
         handle = _adapter.submit(ALLREDUCE, wires, name, self._process_set, True, inplace=True,
                                  op=op, prescale=prescale, postscale=postscale, pin=False)
         # The group's first member holds the handle; the others are marked as covered.

@@ -1,5 +1,5 @@
 /* A second NCCL in the process, as torch's own NCCL 2.28.9 is beside the one Perseus
- * loads by path (PERSEUS_NCCL_LIB): tests/mpi/gpu_nccl_copy.py loads it global before
+ * loads by path (PERSEUS_NCCL_LIB): tests/rank_scripts/gpu_nccl_copy.py loads it global before
  * Perseus starts, as torch does its NCCL. It reports version 2.28.9, and every NCCL
  * function Perseus calls counts a call here and fails, so that a call that reaches this
  * copy instead of the one Perseus loaded shows: Perseus's own (through its dlopen

@@ -323,7 +323,7 @@ def run_horovod_modules(rank, size):
 
 def run_communicator_sets(rank, size):
     """Process sets of per-rank mpi4py communicators under TensorFlow (Horovod's cases:
-    tests/mpi/init_mpi4py.py): add_process_set(ProcessSet(sub)) registers every
+    tests/rank_scripts/init_mpi4py.py): add_process_set(ProcessSet(sub)) registers every
     rank's set, sorted; an allreduce on this rank's."""
     from mpi4py import MPI  # MPI is up: Perseus initialised it
 

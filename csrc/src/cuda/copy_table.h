@@ -1,6 +1,6 @@
 // The tables of the pack kernel (kernels/batched_copy_table.h), filled from a batch's
 // copies. Arithmetic only, no CUDA call, so that it is tested on its own
-// (tests/cpp/batched_copy_kernel_test.cc).
+// (tests/cpp/pack_kernel_test.cc).
 #ifndef PERSEUS_CUDA_COPY_TABLE_H_
 #define PERSEUS_CUDA_COPY_TABLE_H_
 

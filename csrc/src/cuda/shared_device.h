@@ -1,6 +1,7 @@
 // Ranks that drive the same GPU. NCCL refuses a communicator with two ranks on one
 // device, so a device lane that finds such ranks in its set runs host-staged instead
-// (cuda/device_lane.cc), with one warning, rather than failing in ncclCommInitRank.
+// (cuda/device_runner.cc, which the device lane runs), with one warning, rather than
+// failing in ncclCommInitRank.
 #ifndef PERSEUS_CUDA_SHARED_DEVICE_H_
 #define PERSEUS_CUDA_SHARED_DEVICE_H_
 

@@ -270,7 +270,7 @@ const std::vector<Variable>& Table() {
        "while no thread waits, start a round at the latest when the oldest pending request is "
        "this old, ms (0 = at once)",
        kAgreed, NumberIn(&Config::hold_time_ms, 0, 3.6e6)},
-      {"PERSEUS_ALLREDUCE_STREAMS", nullptr, "concurrent execution lanes (auto: autotuned)",
+      {"PERSEUS_ALLREDUCE_STREAMS", nullptr, "the number of lanes, for every collective (auto: autotuned)",
        kAgreed, LanesField()},
       {"PERSEUS_CHUNK_SIZE", nullptr, "bytes per MPI call on large buffers", kAgreed,
        IntIn(&Config::chunk_bytes, 4096, 1ll << 30)},

@@ -13,9 +13,9 @@ namespace perseus {
 namespace {
 
 // Test hooks, read once, off unless set. PERSEUS_TEST_EXIT_IN_LANE=<wire name>
-// (tests/mpi/exit_in_mpi.py) makes the lane that runs that request call exit(70) while
+// (tests/rank_scripts/exit_in_mpi.py) makes the lane that runs that request call exit(70) while
 // it holds the MPI lock, as MPI itself does when a call fails fatally.
-// PERSEUS_TEST_STOP_IN_LANE=<wire name> (tests/mpi/frozen_rank.py) stops the process
+// PERSEUS_TEST_STOP_IN_LANE=<wire name> (tests/rank_scripts/frozen_rank.py) stops the process
 // there (SIGSTOP): its peers are left inside that collective with a frozen rank.
 void FaultIfHooked(const Batch& batch) {
   static const char* exit_in = std::getenv("PERSEUS_TEST_EXIT_IN_LANE");

@@ -6,6 +6,7 @@ tf.function, with gradients), gradient_tape, functions and compat_v1 (TF1 graphs
 """
 
 from perseus.common.horovod_api import *  # noqa: F401,F403
+from perseus.common.horovod_api import __all__ as _common_all
 from perseus.tensorflow import elastic  # noqa: F401 (hvd.elastic)
 from perseus.tensorflow.compat_v1 import BroadcastGlobalVariablesHook, DistributedOptimizer
 from perseus.tensorflow.compression import Compression
@@ -51,6 +52,20 @@ def is_homogeneous():
     """Whether every node runs the same number of ranks."""
     return size() == local_size() * cross_size()
 
+
+# The public names (what `import *` gives, and what the API reference lists), with
+# Horovod's submodule paths registered below.
+__all__ = _common_all + [  # a plain sum: the docs read it without importing
+    "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object",
+    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
+    "broadcast_object", "broadcast_variables", "BroadcastGlobalVariablesHook", "Compression",
+    "DistributedGradientTape", "DistributedOptimizer", "elastic", "grouped_allgather",
+    "grouped_allreduce", "grouped_broadcast", "grouped_reducescatter", "is_homogeneous", "join",
+    "local_rank_op", "local_size_op", "PartialDistributedGradientTape",
+    "process_set_included_op", "rank_op", "reducescatter", "size_op", "SyncBatchNormalization",
+    "compression", "functions", "gradient_aggregation", "gradient_aggregation_eager", "mpi_ops",
+    "sync_batch_norm", "util",
+]
 
 # Horovod's submodule paths (horovod.tensorflow.mpi_ops, ...), holding these same objects.
 from perseus.common.horovod_modules import add_submodules as _add_submodules  # noqa: E402

@@ -78,7 +78,7 @@ def body():
     assert not hvd.is_initialized()
 
     # Files only rank 0 writes (issue 37, 9): set on some ranks only is refused; a path
-    # per rank is fine (tests/mpi/timeline.py sets one).
+    # per rank is fine (tests/rank_scripts/timeline.py sets one).
     for variable in ("HOROVOD_TIMELINE", "PERSEUS_AUTOTUNE_LOG"):
         path = os.path.join(os.environ["PTEST_TMPDIR"], "%s-%d" % (variable, rank))
         expect_raises(ValueError, variable + " on rank %d only" % last, init_with,

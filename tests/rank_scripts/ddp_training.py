@@ -93,7 +93,7 @@ def reference(make_opt=sgd, **model_kwargs):
 def train(rank, size, make_opt=sgd, micro=1, hook=None, model_kwargs=None, device=None,
           **ddp_kwargs):
     """device: a GPU for torch's single-device form, DDP(model.cuda(), device_ids=[i])
-    (tests/mpi/gpu_torch_training.py); the weights come back from there."""
+    (tests/rank_scripts/gpu_torch_training.py); the weights come back from there."""
     # A different seed per rank: DDP's construction broadcast makes them equal.
     module = make_model(seed=1234 + rank, **(model_kwargs or {}))
     if device is not None and device.type == "cuda":

@@ -1,4 +1,4 @@
-"""What the torch CUDA scripts (tests/mpi/gpu_torch_*.py) add to common.py: this rank's
+"""What the torch CUDA scripts (tests/rank_scripts/gpu_torch_*.py) add to common.py: this rank's
 GPU, and a way to keep a CUDA stream busy so that ordering mistakes show up as wrong
 values.
 

@@ -146,7 +146,7 @@ def broadcast_parameters_in_grad_mode(rank, size):
     """broadcast_parameters(model.named_parameters()) takes the parameters (leaves that
     require grad) in grad mode, as in Horovod. (With broadcast_optimizer_state and
     DistributedOptimizer's own in-place reductions it is checked against plain torch
-    in tests/mpi/broadcast_state.py and optimizer*.py, which test_training_api.py runs.)"""
+    in tests/rank_scripts/broadcast_state.py and optimizer*.py, which test_training_api.py runs.)"""
     torch.manual_seed(100 + rank)  # every rank starts elsewhere
     model = torch.nn.Linear(4, 3)
     torch.manual_seed(100)

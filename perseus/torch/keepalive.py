@@ -4,10 +4,10 @@ for CPU storages the memory itself, pinned against reallocation.
 The core reads a request's input memory (and writes an in-place result into it)
 at some time after the call returned, on its own threads. So that memory must
 outlive the request whatever the caller does to the tensor meanwhile:
-- set_() / `.data =` give the tensor another storage: holding the old storage
+- set_() / `.data =` give the tensor another storage: keeping the old storage
   object keeps the old memory alive;
 - a resize_() (or an out= op) that grows the tensor reallocates inside the SAME
-  storage and frees the old memory at once: holding the storage does not help.
+  storage and frees the old memory at once: keeping the storage does not help.
   While an asynchronous request is in flight (the *_async calls; a synchronous
   call needs no pin, see pin()) its CPU storages are made non-resizable:
   the storage's memory is handed (StorageImpl swap_data_ptr, torch's
@@ -20,8 +20,11 @@ outlive the request whatever the caller does to the tensor meanwhile:
   shape before it finds the storage cannot grow). Shrinking, reading and writing
   the tensor in flight are unaffected; its address never changes.
 Storages that are not resizable to begin with (from numpy, frombuffer) are only
-held. CUDA storages are only held: torch frees a grown CUDA tensor's old block
+kept. CUDA storages are only kept: torch frees a grown CUDA tensor's old block
 stream-ordered, and the swap is untested there (no GPU in CI).
+
+("Keep", not "hold": the engine's hold, PERSEUS_HOLD_BYTES, delays a negotiation
+round, csrc/src/engine/schedule.h.)
 
 Several requests in flight may share a storage (e.g. views of one flat gradient
 buffer): the pin is counted, and the last release swaps back.
@@ -31,7 +34,7 @@ import threading
 
 import torch
 
-# Private torch functions (a torch without them only holds, as for CUDA storages):
+# Private torch functions (a torch without them only keeps, as for CUDA storages):
 # a non-owning, non-resizable storage over an address, and StorageImpl's swap.
 _view_of = getattr(torch._C, "_construct_storage_from_data_pointer", None)
 _CAN_PIN = _view_of is not None and hasattr(torch.UntypedStorage, "_swap_data_ptr_")
@@ -44,7 +47,7 @@ _lock = threading.RLock()
 _pinned = {}
 
 
-def hold(kept, tensor):
+def keep(kept, tensor):
     """Keeps `tensor` and its storage referenced (in `kept`, which the caller keeps
     until synchronize()): what set_() / `.data =` would otherwise free."""
     kept.append(tensor)
@@ -52,7 +55,7 @@ def hold(kept, tensor):
 
 
 def pin(kept, drive):
-    """Pins the storages in `kept` (filled by hold()) of CPU tensors until the
+    """Pins the storages in `kept` (filled by keep()) of CPU tensors until the
     returned Pins is dropped (kept with the call's state). None if nothing to pin.
 
     drive: the caller waits for the request at once (a synchronous call). Then no

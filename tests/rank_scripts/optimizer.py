@@ -105,7 +105,7 @@ def reference(make_opt=sgd, clip=None, model_kwargs=None, data=batch, model_cls=
 def distributed(rank, size, make_opt=sgd, passes=1, clip=None, loss_scale=1.0,
                 model_kwargs=None, data=batch, model_cls=Net, check_pending=True, groups_of=None,
                 device=None, **dist_kwargs):
-    """device: where the model and this rank's data live (tests/mpi/gpu_torch_training.py
+    """device: where the model and this rank's data live (tests/rank_scripts/gpu_torch_training.py
     passes a GPU); the weights come back from there."""
     model = make_model(model_cls, **(model_kwargs or {})).to(device)
     base = make_opt(model)

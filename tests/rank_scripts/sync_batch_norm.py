@@ -119,7 +119,7 @@ def init_params(tag, *modules):
 
 def run_case(rank, size, dims, trailing, dtype, config, pattern, rows, device=None):
     """device: where the SyncBatchNorm and this rank's batch live (a GPU in
-    tests/mpi/gpu_torch_training.py); the torch reference always runs on the CPU."""
+    tests/rank_scripts/gpu_torch_training.py); the torch reference always runs on the CPU."""
     affine, momentum, track = config
     tag = "sbn.%dd.%s.%s.%s.%s" % (dims, "x".join(map(str, trailing)), str(dtype), config, pattern)
     mine = SyncBatchNorm(C, momentum=momentum, affine=affine,

@@ -1,7 +1,7 @@
 """init(process_sets=[...]) of rank lists is all or nothing, its ids follow the order
 given, and a set registered before keeps its id (Horovod's static process sets); a
 ProcessSet whose id names no registered set of its ranks is a ValueError before
-anything is sent. (Sets of per-rank communicators: tests/mpi/init_mpi4py.py.)"""
+anything is sent. (Sets of per-rank communicators: tests/rank_scripts/init_mpi4py.py.)"""
 import torch
 
 from common import hvd, init, main

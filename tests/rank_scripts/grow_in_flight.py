@@ -6,11 +6,11 @@ so freed memory is unmapped and an engine still using it would crash the process
 
 Every round, on some ranks (rank 0, or all: the plan is the same on every rank):
 - the growing resize_() raises torch's "not resizable" RuntimeError on the caller's
-  thread (perseus.torch.hold pins the storage while in flight);
+  thread (perseus.torch.keepalive pins the storage while in flight);
 - the request completes on every rank with the reference result (plain torch
   from every rank's reproducible inputs) in the tensor's first elements;
 - after synchronize() the tensor has the shape it was resized to, over memory of
-  that size (hold grows it: torch set the shape before it refused), and grows again;
+  that size (keepalive grows it: torch set the shape before it refused), and grows again;
 - nothing stays pinned, also after a request that failed.
 In place and out of place, allreduce / broadcast / allgather / reducescatter, several
 dtypes and shapes, views of one storage in two requests at once.
@@ -22,7 +22,7 @@ import torch
 from common import (assert_equal, assert_reduced, expect_raises, hvd, init, log, main,
                     make_tensor)
 
-from perseus.torch import hold
+from perseus.torch import keepalive
 
 GROWTH = 100
 ROUNDS = 4
@@ -125,7 +125,7 @@ def check_failed_request_unpins(rank, size):
     t = torch.ones(10 + rank)
     handle = hvd.allreduce_async_(t, name="grow.mismatch", op=hvd.Sum)
     expect_raises(Exception, "mismatch", hvd.synchronize, handle)
-    assert hold.pinned_count() == 0, hold.pinned_count()
+    assert keepalive.pinned_count() == 0, keepalive.pinned_count()
     assert t.untyped_storage().resizable()
 
 
@@ -140,7 +140,7 @@ def body():
                 check_allreduce(rank, size, rnd, growers, how, inplace)
         check_data_movement(rank, size, rnd, growers)
         check_shared_storage(rank, size, rnd)
-        assert hold.pinned_count() == 0, hold.pinned_count()
+        assert keepalive.pinned_count() == 0, keepalive.pinned_count()
         if rank == 0:
             log("round %d ok" % rnd)
     check_failed_request_unpins(rank, size)
