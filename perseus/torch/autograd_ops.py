@@ -178,6 +178,15 @@ def _refuse(op_type, tensors, grouped=False):
     _adapter.refuse_non_tensors(_ops.OP_TYPE_NAMES[op_type], tensors, grouped)
 
 
+def _tracked(op_type, tensor):
+    """Whether autograd records this collective of one tensor (it requires grad, in grad mode)."""
+    try:
+        return tensor.requires_grad and _grad_enabled()
+    except AttributeError:
+        _refuse(op_type, (tensor,))
+        raise
+
+
 def _requires_grad(op_type, tensors):
     if not _grad_enabled():
         return False
@@ -192,12 +201,7 @@ def _requires_grad(op_type, tensors):
 
 
 def allreduce(tensor, name, op, prescale, postscale, process_set):
-    try:
-        tracked = tensor.requires_grad and _grad_enabled()
-    except AttributeError:
-        _refuse(_ops.ALLREDUCE, (tensor,))
-        raise
-    if tracked:
+    if _tracked(_ops.ALLREDUCE, tensor):
         return Allreduce.apply(tensor, name, op, prescale, postscale, process_set)
     return _synchronize(_adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, op=op,
                                         prescale=prescale, postscale=postscale, drive=True))
@@ -211,12 +215,7 @@ def grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
 
 
 def allgather(tensor, name, process_set):
-    try:
-        tracked = tensor.requires_grad and _grad_enabled()
-    except AttributeError:
-        _refuse(_ops.ALLGATHER, (tensor,))
-        raise
-    if tracked:
+    if _tracked(_ops.ALLGATHER, tensor):
         return Allgather.apply(tensor, name, process_set)
     return _synchronize(_adapter.submit(_ops.ALLGATHER, (tensor,), name, process_set,
                                         drive=True))
@@ -230,36 +229,21 @@ def grouped_allgather(tensors, name, process_set):
 
 
 def broadcast(tensor, root_rank, name, process_set):
-    try:
-        tracked = tensor.requires_grad and _grad_enabled()
-    except AttributeError:
-        _refuse(_ops.BROADCAST, (tensor,))
-        raise
-    if tracked:
+    if _tracked(_ops.BROADCAST, tensor):
         return Broadcast.apply(tensor, root_rank, name, process_set)
     return _synchronize(_adapter.submit(_ops.BROADCAST, (tensor,), name, process_set,
                                         root_rank=root_rank, drive=True))
 
 
 def alltoall(tensor, splits, name, process_set):
-    try:
-        tracked = tensor.requires_grad and _grad_enabled()
-    except AttributeError:
-        _refuse(_ops.ALLTOALL, (tensor,))
-        raise
-    if tracked:
+    if _tracked(_ops.ALLTOALL, tensor):
         return Alltoall.apply(tensor, splits, name, process_set)
     return _synchronize(_adapter.submit(_ops.ALLTOALL, (tensor,), name, process_set,
                                         splits=splits, drive=True))
 
 
 def reducescatter(tensor, name, op, prescale, postscale, process_set):
-    try:
-        tracked = tensor.requires_grad and _grad_enabled()
-    except AttributeError:
-        _refuse(_ops.REDUCESCATTER, (tensor,))
-        raise
-    if tracked:
+    if _tracked(_ops.REDUCESCATTER, tensor):
         return Reducescatter.apply(tensor, name, op, process_set, prescale, postscale)
     return _synchronize(_adapter.submit(_ops.REDUCESCATTER, (tensor,), name, process_set,
                                         op=op, prescale=prescale, postscale=postscale,
