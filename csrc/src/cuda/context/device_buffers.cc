@@ -1,4 +1,4 @@
-#include "cuda/device_buffers.h"
+#include "cuda/context/device_buffers.h"
 
 namespace perseus {
 namespace gpu {

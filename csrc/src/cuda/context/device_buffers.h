@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "cuda/cuda_api.h"
+#include "cuda/runtime/cuda_api.h"
 
 namespace perseus {
 namespace gpu {

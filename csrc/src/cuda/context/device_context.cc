@@ -1,4 +1,4 @@
-#include "cuda/device_context.h"
+#include "cuda/context/device_context.h"
 
 #include <chrono>
 #include <thread>

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "common/result.h"
-#include "cuda/cuda_api.h"
-#include "cuda/device_buffers.h"
-#include "cuda/launch_order.h"
+#include "cuda/runtime/cuda_api.h"
+#include "cuda/context/device_buffers.h"
+#include "cuda/context/launch_order.h"
 
 #define PERSEUS_RETURN_IF_ERROR(expr)    \
   do {                                   \

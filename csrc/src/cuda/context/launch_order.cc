@@ -1,4 +1,4 @@
-#include "cuda/launch_order.h"
+#include "cuda/context/launch_order.h"
 
 #include <condition_variable>
 #include <mutex>

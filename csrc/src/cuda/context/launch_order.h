@@ -10,7 +10,7 @@
 // numbered by the engine), one launch at a time. A lane waits for its batch's turn to
 // *launch* (the NCCL calls queue device work and return), not for the previous
 // collective to finish, so lanes still run together on the GPU; NCCL's launch order
-// implicit (set per communicator where NCCL has it, cuda/nccl_features.h) makes the
+// implicit (set per communicator where NCCL has it, cuda/runtime/nccl_features.h) makes the
 // launch order the order the GPU starts them in.
 //
 // One launch at a time holds across process sets too (a lock per process, which drives

@@ -1,12 +1,12 @@
-#include "cuda/batched_copy.h"
+#include "cuda/memory/batched_copy.h"
 
 #include <atomic>
 #include <mutex>
 #include <string>
 
 #include "common/logging.h"
-#include "cuda/copy_kernel.h"
-#include "cuda/device_guard.h"
+#include "cuda/memory/copy_kernel.h"
+#include "cuda/runtime/device_guard.h"
 
 namespace perseus {
 namespace gpu {

@@ -23,8 +23,8 @@
 
 #include <vector>
 
-#include "cuda/copy_table.h"
-#include "cuda/device_context.h"
+#include "cuda/memory/copy_table.h"
+#include "cuda/context/device_context.h"
 
 namespace perseus {
 namespace gpu {

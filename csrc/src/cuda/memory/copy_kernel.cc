@@ -1,4 +1,4 @@
-#include "cuda/copy_kernel.h"
+#include "cuda/memory/copy_kernel.h"
 
 namespace perseus {
 namespace gpu {
@@ -8,7 +8,7 @@ namespace {
 // The PTX of kernels/batched_copy.cu, made by scripts/gen_pack_ptx.sh (NUL-terminated
 // text, as cudaLibraryLoadData takes PTX).
 const char kPtx[] =
-#include "cuda/kernels/batched_copy_ptx.inc"
+#include "cuda/memory/kernels/batched_copy_ptx.inc"
     ;
 constexpr char kKernelName[] = "perseus_batched_copy";
 

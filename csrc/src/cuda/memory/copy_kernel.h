@@ -5,14 +5,14 @@
 #ifndef PERSEUS_CUDA_COPY_KERNEL_H_
 #define PERSEUS_CUDA_COPY_KERNEL_H_
 
-#include "cuda/cuda_api.h"
-#include "cuda/copy_table.h"
+#include "cuda/runtime/cuda_api.h"
+#include "cuda/memory/copy_table.h"
 
 namespace perseus {
 namespace gpu {
 
 // Loads the kernel. The library stays loaded for the life of the process (the caller
-// loads it once: cuda/batched_copy.cc). PERSEUS_UNSUPPORTED when the runtime lacks the
+// loads it once: cuda/memory/batched_copy.cc). PERSEUS_UNSUPPORTED when the runtime lacks the
 // calls; otherwise an error naming the call that failed.
 Status LoadCopyKernel(const CudaApi& cuda, cudaKernel_t* kernel);
 

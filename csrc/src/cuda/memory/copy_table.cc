@@ -1,4 +1,4 @@
-#include "cuda/copy_table.h"
+#include "cuda/memory/copy_table.h"
 
 #include <algorithm>
 

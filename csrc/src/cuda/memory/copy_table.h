@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/kernels/batched_copy_table.h"
+#include "cuda/memory/kernels/batched_copy_table.h"
 
 namespace perseus {
 namespace gpu {

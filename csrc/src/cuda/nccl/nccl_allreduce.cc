@@ -1,13 +1,13 @@
 // Allreduce with NCCL. One tensor is reduced straight from its input into its output
 // (which may differ: ncclAllReduce(in, out)); several are packed into the lane's
-// fusion buffer, reduced by one call, and unpacked (batched_copy.h: one kernel launch
+// fusion buffer, reduced by one call, and unpacked (cuda/memory/batched_copy.h: one kernel launch
 // each way). A joined rank's slots are zeros.
 #include <vector>
 
 #include "common/dtype.h"
-#include "cuda/batched_copy.h"
-#include "cuda/nccl_ops.h"
-#include "cuda/staged_ops.h"
+#include "cuda/memory/batched_copy.h"
+#include "cuda/nccl/nccl_ops.h"
+#include "cuda/staged/staged_ops.h"
 
 namespace perseus {
 namespace gpu {
@@ -28,7 +28,8 @@ Status NcclAllreduce(const Batch& batch, DeviceContext& ctx) {
                           "ncclAllReduce");
   }
 
-  // Slots start on 16-byte boundaries (batched_copy.h); `total` ends at the last one's end.
+  // Slots start on 16-byte boundaries (cuda/memory/batched_copy.h); `total` ends at the
+  // last one's end.
   int64_t total = 0, offset = 0;
   for (const BatchItem& item : batch.items) {
     const int64_t bytes = item.meta.NumElements() * esize;

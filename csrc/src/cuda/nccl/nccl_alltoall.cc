@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "common/dtype.h"
-#include "cuda/nccl_ops.h"
+#include "cuda/nccl/nccl_ops.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/wait_policy.h"
 

@@ -1,11 +1,11 @@
 // Broadcast with NCCL, as bytes (so tensors of any dtype fuse): one tensor straight
 // from the root's input into every output; several packed into the fusion buffer
-// (batched_copy.h) by the root, broadcast by one call, and unpacked.
+// (cuda/memory/batched_copy.h) by the root, broadcast by one call, and unpacked.
 #include <vector>
 
 #include "common/dtype.h"
-#include "cuda/batched_copy.h"
-#include "cuda/nccl_ops.h"
+#include "cuda/memory/batched_copy.h"
+#include "cuda/nccl/nccl_ops.h"
 
 namespace perseus {
 namespace gpu {
@@ -26,7 +26,8 @@ Status NcclBroadcast(const Batch& batch, DeviceContext& ctx) {
                   "ncclBroadcast");
   }
 
-  // Slots start on 16-byte boundaries (batched_copy.h); `total` ends at the last one's end.
+  // Slots start on 16-byte boundaries (cuda/memory/batched_copy.h); `total` ends at the
+  // last one's end.
   int64_t total = 0, offset = 0;
   for (const BatchItem& item : batch.items) {
     total = offset + bytes_of(item);

@@ -1,4 +1,4 @@
-#include "cuda/nccl_one_rank.h"
+#include "cuda/nccl/nccl_one_rank.h"
 
 #include <algorithm>
 

@@ -1,10 +1,10 @@
 // What NCCL can run, its types and reduction operators, and the switch to each op.
-#include "cuda/nccl_ops.h"
+#include "cuda/nccl/nccl_ops.h"
 
 #include <cstdint>
 
 #include "common/dtype.h"
-#include "cuda/nccl_one_rank.h"
+#include "cuda/nccl/nccl_one_rank.h"
 
 namespace perseus {
 namespace gpu {

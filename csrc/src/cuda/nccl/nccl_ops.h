@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/batch.h"
-#include "cuda/device_context.h"
+#include "cuda/context/device_context.h"
 
 namespace perseus {
 namespace gpu {

@@ -3,7 +3,7 @@
 // splits are one ncclReduceScatter; uneven ones one ncclReduce per rank, grouped.
 // Over one rank it is an allreduce, made whole (AllReduceWhole).
 #include "common/dtype.h"
-#include "cuda/nccl_ops.h"
+#include "cuda/nccl/nccl_ops.h"
 
 namespace perseus {
 namespace gpu {

@@ -1,4 +1,4 @@
-#include "cuda/cuda_api.h"
+#include "cuda/runtime/cuda_api.h"
 
 #include <dlfcn.h>
 
@@ -7,7 +7,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cuda/library_loader.h"
+#include "cuda/runtime/library_loader.h"
 
 namespace perseus {
 namespace gpu {

@@ -67,7 +67,7 @@ struct CudaApi {
   // Optional: null where the runtime lacks it (cuda/shared_device.h then names the
   // device by its ordinal).
   cudaError_t (*DeviceGetPCIBusId)(char* bus_id, int length, int device);
-  // Optional: null where the runtime lacks them (cuda/batched_copy.h then falls back).
+  // Optional: null where the runtime lacks them (cuda/memory/batched_copy.h then falls back).
   // CUDA 12.0: a kernel loaded from PTX text; a cudaKernel_t is launched as the `func`
   // of cudaLaunchKernel, cast to const void*.
   cudaError_t (*LibraryLoadData)(cudaLibrary_t*, const void* code, int* jit_options,

@@ -3,7 +3,7 @@
 #ifndef PERSEUS_CUDA_DEVICE_GUARD_H_
 #define PERSEUS_CUDA_DEVICE_GUARD_H_
 
-#include "cuda/cuda_api.h"
+#include "cuda/runtime/cuda_api.h"
 
 namespace perseus {
 namespace gpu {

@@ -1,4 +1,4 @@
-#include "cuda/event_pool.h"
+#include "cuda/runtime/event_pool.h"
 
 #include <map>
 #include <mutex>

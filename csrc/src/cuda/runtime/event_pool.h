@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "cuda/cuda_api.h"
+#include "cuda/runtime/cuda_api.h"
 
 namespace perseus {
 namespace gpu {

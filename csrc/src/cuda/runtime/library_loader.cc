@@ -1,4 +1,4 @@
-#include "cuda/library_loader.h"
+#include "cuda/runtime/library_loader.h"
 
 #include <dlfcn.h>
 #include <link.h>

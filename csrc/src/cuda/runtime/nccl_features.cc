@@ -1,9 +1,9 @@
-#include "cuda/nccl_features.h"
+#include "cuda/runtime/nccl_features.h"
 
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/cuda_api.h"
+#include "cuda/runtime/cuda_api.h"
 
 namespace perseus {
 namespace gpu {

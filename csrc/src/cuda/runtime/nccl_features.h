@@ -13,10 +13,10 @@ namespace gpu {
 // (NCCL 2.30 release notes; forcing NCCL_NVLS_ENABLE=1 with it is an error). Earlier
 // versions refuse ("Duplicate GPU detected"), and the lanes then run host-staged.
 constexpr int kNcclMultiRankGpu = 23000;
-// Launch order implicit (launch_order.h): NCCL 2.26 reads NCCL_LAUNCH_ORDER_IMPLICIT from
-// the environment, for every communicator of the library in the process; NCCL 2.31 also
-// takes it per communicator (ncclConfig_t.launchOrderImplicit), which the environment
-// variable, when set, overrides.
+// Launch order implicit (cuda/context/launch_order.h): NCCL 2.26 reads
+// NCCL_LAUNCH_ORDER_IMPLICIT from the environment, for every communicator of the library
+// in the process; NCCL 2.31 also takes it per communicator
+// (ncclConfig_t.launchOrderImplicit), which the environment variable, when set, overrides.
 constexpr int kNcclLaunchOrderEnv = 22600;
 constexpr int kNcclLaunchOrderConfig = 23100;
 

@@ -1,4 +1,4 @@
-#include "cuda/staged_ops.h"
+#include "cuda/staged/staged_ops.h"
 
 #include <algorithm>
 

@@ -1,14 +1,14 @@
 // The host-staged path: a GPU batch runs with the MPI algorithms (collectives/) on
 // copies in the lane's pinned host buffer. Used for every GPU batch when
 // PERSEUS_GPU_OPERATIONS=mpi or NCCL cannot be loaded (also how several ranks share
-// one GPU), and for the batches NCCL cannot run exactly (nccl_ops.h, NcclServes).
+// one GPU), and for the batches NCCL cannot run exactly (cuda/nccl/nccl_ops.h, NcclServes).
 #ifndef PERSEUS_CUDA_STAGED_OPS_H_
 #define PERSEUS_CUDA_STAGED_OPS_H_
 
 #include <vector>
 
 #include "common/batch.h"
-#include "cuda/device_context.h"
+#include "cuda/context/device_context.h"
 
 namespace perseus {
 namespace gpu {

@@ -4,7 +4,7 @@
 // a large tensor is spread over many blocks and a small one costs a single block.
 //
 // The core is built without nvcc: it embeds the PTX that scripts/gen_pack_ptx.sh makes
-// from this file (batched_copy_ptx.inc) and loads it at run time (cuda/copy_kernel.cc).
+// from this file (batched_copy_ptx.inc) and loads it at run time (cuda/memory/copy_kernel.cc).
 // After editing this file, run the script; tests/test_pack_kernel.py checks that the
 // committed PTX is what the script makes, and runs this code on the CPU.
 //

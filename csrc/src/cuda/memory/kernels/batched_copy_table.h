@@ -1,7 +1,7 @@
 /* The parameter of the pack/unpack kernel (batched_copy.cu): a table of copies passed
  * BY VALUE, so that a launch needs no device memory of its own and no host-to-device
  * copy before it. The one definition of its layout, read by the kernel, by the host
- * code that fills it (cuda/copy_table.cc) and by the fake CUDA runtime that interprets
+ * code that fills it (cuda/memory/copy_table.cc) and by the fake CUDA runtime that interprets
  * it on machines without a GPU (tests/gpu_fakes/fake_kernel.c). Plain C, so that nvcc,
  * the C++ core and the C fake all compile it.
  *
