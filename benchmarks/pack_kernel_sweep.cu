@@ -1,4 +1,4 @@
-// The pack kernel (csrc/src/cuda/kernels/batched_copy.cu) alone on a real GPU: one pack
+// The pack kernel (csrc/src/cuda/memory/kernels/batched_copy.cu) alone on a real GPU: one pack
 // of a gradient set into 16-byte-aligned slots of a fusion buffer, as the device lanes
 // launch it, timed with CUDA events against one cudaMemcpyAsync of the same bytes.
 // Built by benchmarks/pack_kernel_sweep.sh once per (chunk bytes, threads) pair, as PTX
@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "../csrc/src/cuda/copy_table.cc"
-#include "../csrc/src/cuda/kernels/batched_copy.cu"
+#include "../csrc/src/cuda/memory/copy_table.cc"
+#include "../csrc/src/cuda/memory/kernels/batched_copy.cu"
 
 #define CHECK(call)                                                                   \
   do {                                                                                \

@@ -2,7 +2,9 @@
 """Checks that the core's #include arrows run one way: down the layers of csrc/.
 
 Each directory of csrc/src (a file directly in it, such as c_api.cc, by its stem) and
-csrc/include is a layer. LAYERS names each, lowest first, with the layers it stands on
+csrc/include is a layer, and so is each subfolder of one that LAYERS names as
+"folder/sub" (cuda/'s runtime/, context/, memory/, staged/, nccl/; the files directly in
+cuda/ are layer cuda). LAYERS names each, lowest first, with the layers it stands on
 directly. A file may include its own layer and every layer below it, following those
 lists down; any other #include "..." is reported with its file, line and both layers,
 and so is a file outside every declared layer or an include that names no file.
@@ -28,7 +30,15 @@ LAYERS = [
     ("common", ["include"]),         # status, dtypes, requests, batches, clock, logging, timeline
     ("mpi", ["common"]),             # what wraps MPI: status, lock, wait policy, node communicators
     ("collectives", ["mpi"]),        # the MPI algorithms on host buffers
-    ("cuda", ["collectives"]),       # CUDA and NCCL loaded at run time, the device batch runner
+    # cuda/, the GPU backend, by purpose, lowest first (what each subfolder holds:
+    # docs/ARCHITECTURE.md); the files directly in cuda/ on top: the backend that lanes/
+    # and the C ABI see, and the device batch runner.
+    ("cuda/runtime", ["common"]),    # CUDA and NCCL loaded at run time, device guard, events
+    ("cuda/context", ["cuda/runtime"]),  # what a lane's ops share: context, buffers, launch turn
+    ("cuda/memory", ["cuda/context"]),  # packing and unpacking: the pack kernel, its fallbacks
+    ("cuda/staged", ["cuda/context", "collectives"]),  # host-staged ops: the MPI algorithms
+    ("cuda/nccl", ["cuda/memory", "cuda/staged", "mpi"]),  # one NCCL op per collective
+    ("cuda", ["cuda/nccl"]),         # the device backend and batch runner
     ("lane_api", ["common"]),        # the Lane interface and the LaneFactory the engine is handed
     ("lanes", ["cuda", "lane_api"]),  # the MPI lane, the device lane, their worker, the factory
     ("engine", ["mpi", "lane_api"]),  # the scheduler: negotiation, fusion planning, process sets
@@ -51,12 +61,15 @@ def below(layers):
     return reach
 
 
-def layer_of(csrc, path):
-    """The layer of a file under csrc/, or None where no directory names one."""
+def layer_of(csrc, path, declared=()):
+    """The layer of a file under csrc/, or None where no directory names one: its
+    subfolder's ("cuda/nccl") where `declared` names that, else its folder's."""
     rel = os.path.relpath(path, csrc).split(os.sep)
     if rel[0] == "include":
         return "include"
     if rel[0] == "src":
+        if len(rel) > 3 and "/".join(rel[1:3]) in declared:
+            return "/".join(rel[1:3])
         return os.path.splitext(rel[1])[0] if len(rel) == 2 else rel[1]
     return None
 
@@ -88,7 +101,7 @@ def check(root, layers=LAYERS):
     problems = []
     for path in sources(csrc):
         shown = os.path.relpath(path, root)
-        mine = layer_of(csrc, path)
+        mine = layer_of(csrc, path, reach)
         if mine not in reach:
             problems.append("%s: in no declared layer (%r); add it to LAYERS in %s"
                             % (shown, mine, os.path.relpath(__file__, root)))
@@ -104,7 +117,7 @@ def check(root, layers=LAYERS):
                     problems.append('%s:%d: #include "%s" names no file under csrc/'
                                     % (shown, number, target))
                     continue
-                theirs = layer_of(csrc, found)
+                theirs = layer_of(csrc, found, reach)
                 if theirs in reach[mine]:
                     continue
                 if theirs in reach and mine in reach[theirs]:

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Regenerates the PTX of the pack/unpack kernel that the core embeds:
-#   csrc/src/cuda/kernels/batched_copy.cu  ->  csrc/src/cuda/kernels/batched_copy_ptx.inc
+#   csrc/src/cuda/memory/kernels/batched_copy.cu
+#     ->  csrc/src/cuda/memory/kernels/batched_copy_ptx.inc
 #
 #   bash scripts/gen_pack_ptx.sh [OUTPUT]     (default: the committed .inc; NVCC=... to pick nvcc)
 #
 # The core is built without nvcc or CUDA headers, so the kernel travels as PTX text and
-# the driver compiles it for the GPU at hand when it is loaded (cuda/copy_kernel.cc).
+# the driver compiles it for the GPU at hand when it is loaded (cuda/memory/copy_kernel.cc).
 # How it is made, deterministically (the same nvcc release gives the same bytes;
 # tests/test_pack_kernel.py checks that the committed file is what this script makes):
 #   1. nvcc -ptx for compute_75 (Turing), the oldest target CUDA 13 supports: the driver
 #      JITs it for every newer GPU (A100 is sm_80, H100 sm_90, B200 sm_100). Volta and
-#      older cannot run it; there the core falls back (cuda/batched_copy.h).
+#      older cannot run it; there the core falls back (cuda/memory/batched_copy.h).
 #   2. The .version line is lowered from the ISA of this nvcc (9.0 for CUDA 13.0) to 8.0,
 #      the ISA of CUDA 12.0: a driver JITs PTX only up to its own CUDA version's ISA,
 #      and the runtime call that loads the kernel (cudaLibraryLoadData) arrived in CUDA
@@ -23,8 +24,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-nvcc}
-SRC=csrc/src/cuda/kernels/batched_copy.cu
-OUT=${1:-csrc/src/cuda/kernels/batched_copy_ptx.inc}
+SRC=csrc/src/cuda/memory/kernels/batched_copy.cu
+OUT=${1:-csrc/src/cuda/memory/kernels/batched_copy_ptx.inc}
 ARCH=75
 PTX_ISA=8.0
 

@@ -12,7 +12,7 @@ _lib = None
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ["fake_gpu.c", "fake_nccl.c", "fake_device.c", "fake_order.c", "fake_kernel.c"]
 # The pack kernel's table (its layout is shared with the core and the kernel).
-TABLE_DIR = os.path.join(os.path.dirname(HERE), "csrc", "src", "cuda", "kernels")
+TABLE_DIR = os.path.join(os.path.dirname(HERE), "csrc", "src", "cuda", "memory", "kernels")
 
 
 def build(mpicc, folder, flags=("-O1", "-Wall", "-Werror"), kernels=True):

@@ -63,3 +63,26 @@ def test_a_directory_outside_the_declared_layers_is_reported(tmp_path):
     result = run_check(tmp_path)
     assert result.returncode == 1
     assert "csrc/src/extras/tool.cc: in no declared layer ('extras')" in result.stdout
+
+
+def test_a_subfolder_of_cuda_is_a_layer_of_its_own(tmp_path):
+    # The runtime loader is cuda/'s lowest sub-layer: it may not include an NCCL op.
+    # The files directly in cuda/ stand on every subfolder, and a kernel folder below
+    # memory/ is memory's.
+    write(tmp_path, "csrc/src/common/status.h", "")
+    write(tmp_path, "csrc/src/cuda/nccl/nccl_ops.h", "")
+    write(tmp_path, "csrc/src/cuda/memory/kernels/table.h", "")
+    write(tmp_path, "csrc/src/cuda/memory/batched_copy.h",
+          '#include "cuda/memory/kernels/table.h"\n#include "cuda/nccl/nccl_ops.h"\n')
+    write(tmp_path, "csrc/src/cuda/runtime/cuda_api.h",
+          '#include "common/status.h"\n#include "cuda/nccl/nccl_ops.h"\n')
+    write(tmp_path, "csrc/src/cuda/device_runner.cc",
+          '#include "cuda/nccl/nccl_ops.h"\n#include "cuda/runtime/cuda_api.h"\n')
+    result = run_check(tmp_path)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        'csrc/src/cuda/memory/batched_copy.h:2: #include "cuda/nccl/nccl_ops.h": '
+        "layer cuda/memory -> layer cuda/nccl runs up: cuda/nccl stands on cuda/memory",
+        'csrc/src/cuda/runtime/cuda_api.h:2: #include "cuda/nccl/nccl_ops.h": '
+        "layer cuda/runtime -> layer cuda/nccl runs up: cuda/nccl stands on cuda/runtime",
+        "2 include arrow(s) not running down the layers"]

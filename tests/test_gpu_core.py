@@ -333,7 +333,7 @@ def test_stream_ordering_on_fake_gpu(run_mpi, fake_gpu, case):
 
 
 # Packing fused batches (tests/rank_scripts/gpu_packing.py), each way the core may take
-# (csrc/src/cuda/batched_copy.h), reached through the fake's switches: the pack kernel;
+# (csrc/src/cuda/memory/batched_copy.h), reached through the fake's switches: the pack kernel;
 # cudaMemcpyBatchAsync of CUDA 12.8 (9 arguments) and 13 (8), also after the kernel's
 # first launch fails as lazy loading reports a PTX the driver cannot compile; one copy
 # per tensor where the runtime predates batched copies, the driver refuses them, or the
@@ -570,4 +570,4 @@ def test_fusion_plan_with_cpu_and_gpu_of_different_ordinals(tmp_path):
 
 
 def test_one_rank_nccl_reductions_are_split_into_whole_pieces(tmp_path):
-    run_cpp_test(tmp_path, "nccl_one_rank_test", ["cuda/nccl_one_rank.cc"], optimize="-O2")
+    run_cpp_test(tmp_path, "nccl_one_rank_test", ["cuda/nccl/nccl_one_rank.cc"], optimize="-O2")

@@ -1,4 +1,4 @@
-"""The pack kernel of the GPU lanes (csrc/src/cuda/kernels/batched_copy.cu) where no GPU is:
+"""The pack kernel of the GPU lanes (cuda/memory/kernels/batched_copy.cu) where no GPU is:
 
 - the PTX the core embeds (batched_copy_ptx.inc) is what scripts/gen_pack_ptx.sh makes
   from the source (skipped, saying why, without nvcc or with an nvcc release other than
@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO_ROOT, TESTS_DIR
 
-KERNELS = REPO_ROOT / "csrc" / "src" / "cuda" / "kernels"
+KERNELS = REPO_ROOT / "csrc" / "src" / "cuda" / "memory" / "kernels"
 RELEASE = re.compile(r"release (\d+\.\d+), V([\d.]+)")
 
 
@@ -39,7 +39,7 @@ def test_committed_ptx_is_what_the_script_makes(tmp_path):
                             env=dict(os.environ, NVCC=nvcc), capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert out.read_text() == committed, (
-        "csrc/src/cuda/kernels/batched_copy_ptx.inc is stale: run scripts/gen_pack_ptx.sh")
+        "csrc/src/cuda/memory/kernels/batched_copy_ptx.inc is stale: run scripts/gen_pack_ptx.sh")
 
 
 def test_kernel_device_code_on_cpu_cpp(tmp_path):
@@ -50,7 +50,7 @@ def test_kernel_device_code_on_cpu_cpp(tmp_path):
     subprocess.run([compiler, "-std=c++17", "-O1", "-fsanitize=alignment,undefined",
                     "-fno-sanitize-recover=all", "-I%s" % (REPO_ROOT / "csrc" / "src"),
                     str(TESTS_DIR / "cpp" / "pack_kernel_test.cc"),
-                    str(REPO_ROOT / "csrc" / "src" / "cuda" / "copy_table.cc"), "-o", str(binary)],
+                    str(KERNELS.parent / "copy_table.cc"), "-o", str(binary)],
                    check=True)
     result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr

@@ -1,4 +1,4 @@
-// The pieces a one-rank NCCL reduction is split into (cuda/nccl_one_rank.h), checked
+// The pieces a one-rank NCCL reduction is split into (cuda/nccl/nccl_one_rank.h), checked
 // against a literal re-enactment of the kernel's blocks: every piece is written whole,
 // the pieces add up, and no call needs more than two. Built and run by
 // tests/test_gpu_core.py; prints "ok" or what went wrong.
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "cuda/nccl_one_rank.h"
+#include "cuda/nccl/nccl_one_rank.h"
 
 using namespace perseus::gpu;
 

@@ -1,5 +1,5 @@
-// The pack kernel (csrc/src/cuda/kernels/batched_copy.cu) run on the CPU, over tables
-// filled by the core's FillCopyTable (cuda/copy_table.cc): the device code itself, not
+// The pack kernel (csrc/src/cuda/memory/kernels/batched_copy.cu) run on the CPU, over tables
+// filled by the core's FillCopyTable (cuda/memory/copy_table.cc): the device code itself, not
 // a model of it. The kernel has no shared memory and no barrier, so its threads are
 // independent and running them one after another is exact. Built with
 // -fsanitize=alignment (uint4 is 16-byte aligned here as on the GPU): an access the
@@ -26,8 +26,8 @@ static Index blockIdx, threadIdx, blockDim;
 #define __launch_bounds__(threads)
 #define __grid_constant__
 
-#include "cuda/kernels/batched_copy.cu"
-#include "cuda/copy_table.h"
+#include "cuda/memory/kernels/batched_copy.cu"
+#include "cuda/memory/copy_table.h"
 
 using perseus::gpu::CopyCursor;
 using perseus::gpu::DeviceCopy;

@@ -1,8 +1,8 @@
 /* The fake CUDA runtime's kernel library and batched copies: what Perseus packs and
- * unpacks fusion buffers with (csrc/src/cuda/batched_copy.h).
+ * unpacks fusion buffers with (csrc/src/cuda/memory/batched_copy.h).
  *
  * cudaLibraryLoadData takes the pack kernel's PTX; cudaLaunchKernel runs it as the GPU
- * would, block by block from its table (csrc/src/cuda/kernels/batched_copy_table.h, the
+ * would, block by block from its table (csrc/src/cuda/memory/kernels/batched_copy_table.h, the
  * layout the real kernel reads): each block's chunk is copied or zero-filled and
  * declared to the ordering checker (consecutive chunks of an entry as one range), and a
  * launch whose blocks would write the same bytes twice, or read bytes it writes, is a

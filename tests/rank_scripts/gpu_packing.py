@@ -1,4 +1,4 @@
-"""Packing and unpacking of fused GPU batches (csrc/src/cuda/batched_copy.h) on the fake
+"""Packing and unpacking of fused GPU batches (csrc/src/cuda/memory/batched_copy.h) on the fake
 CUDA runtime: each fused batch makes the calls its way promises, and every byte lands
 where it should.
 

@@ -26,7 +26,7 @@ struct Batch {
   std::chrono::steady_clock::time_point agreed;  // when negotiation ended (for the timeline)
   int64_t chunk_bytes = 0;  // bytes per MPI call, as planned (the autotuner may change it); 0 = the lane's
   // A GPU batch's place in its set's agreed sequence of GPU batches (Engine::Apply), the
-  // order in which every rank's device lanes launch them (cuda/launch_order.h); -1 else.
+  // order in which every rank's device lanes launch them (cuda/context/launch_order.h); -1 else.
   int64_t launch_turn = -1;
   int op_type() const { return items.front().meta.op_type; }
   int64_t Bytes() const {

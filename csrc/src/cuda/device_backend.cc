@@ -4,10 +4,10 @@
 #include <atomic>
 #include <sstream>
 
-#include "cuda/cuda_api.h"
-#include "cuda/device_guard.h"
-#include "cuda/event_pool.h"
-#include "cuda/nccl_features.h"
+#include "cuda/runtime/cuda_api.h"
+#include "cuda/runtime/device_guard.h"
+#include "cuda/runtime/event_pool.h"
+#include "cuda/runtime/nccl_features.h"
 #include "cuda/process_device.h"
 
 namespace perseus {

@@ -1,6 +1,6 @@
 // The GPU backend as the rest of the core sees it (lanes/ and the C ABI): no
 // CUDA or NCCL type crosses this header. CUDA and NCCL are loaded at run time
-// (cuda/cuda_api.h); a build without them serves GPU requests all the same.
+// (cuda/runtime/cuda_api.h); a build without them serves GPU requests all the same.
 #ifndef PERSEUS_CUDA_DEVICE_BACKEND_H_
 #define PERSEUS_CUDA_DEVICE_BACKEND_H_
 

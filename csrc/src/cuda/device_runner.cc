@@ -5,14 +5,14 @@
 
 #include "common/list_string.h"
 #include "common/logging.h"
-#include "cuda/batched_copy.h"
-#include "cuda/device_guard.h"
-#include "cuda/event_pool.h"
-#include "cuda/nccl_features.h"
-#include "cuda/nccl_ops.h"
+#include "cuda/memory/batched_copy.h"
+#include "cuda/runtime/device_guard.h"
+#include "cuda/runtime/event_pool.h"
+#include "cuda/runtime/nccl_features.h"
+#include "cuda/nccl/nccl_ops.h"
 #include "cuda/process_device.h"
 #include "cuda/shared_device.h"
-#include "cuda/staged_ops.h"
+#include "cuda/staged/staged_ops.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
 
@@ -182,7 +182,7 @@ Status DeviceRunner::Open() {
     DropStream();
     return opened;
   }
-  PreparePacking(Context());  // before this lane's first NCCL kernel (batched_copy.h)
+  PreparePacking(Context());  // before this lane's first NCCL kernel (cuda/memory/batched_copy.h)
   mode_ = Mode::kNccl;
   return Status::OK();
 }
@@ -198,7 +198,7 @@ Status DeviceRunner::OpenNccl() {
                                       "MPI_Bcast (NCCL unique id)"));
   }
   // Blocking and collective over the set; no MPI lock held meanwhile. Where NCCL takes
-  // it per communicator, launch order implicit: the launch order (launch_order.h) is
+  // it per communicator, launch order implicit: the launch order (cuda/context/launch_order.h) is
   // then the order the GPU starts kernels of different communicators in.
   Status local;
   {

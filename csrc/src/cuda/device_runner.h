@@ -10,12 +10,12 @@
 // broadcasts it over MPI, and all call ncclCommInitRank.
 //
 // Ranks that share a GPU use NCCL where every one of them can (NCCL 2.30+ with
-// NCCL_MULTI_RANK_GPU_ENABLE=1, cuda/nccl_features.h); otherwise they run host-staged,
+// NCCL_MULTI_RANK_GPU_ENABLE=1, cuda/runtime/nccl_features.h); otherwise they run host-staged,
 // with one warning saying why.
 //
 // Per batch: the stream waits for each input's ready event (recorded at enqueue on
 // the framework's stream), the operation's device work is queued in the batch's
-// launch turn (cuda/launch_order.h), a completion event is recorded, and the handles
+// launch turn (cuda/context/launch_order.h), a completion event is recorded, and the handles
 // complete at once, carrying that event: no host wait on the NCCL path. After an NCCL or CUDA failure mid-batch the communicator is
 // aborted and the runner fails its later batches, rather than hang.
 #ifndef PERSEUS_CUDA_DEVICE_RUNNER_H_
@@ -30,9 +30,9 @@
 #include "common/batch.h"
 #include "common/result.h"
 #include "cuda/device_backend.h"
-#include "cuda/device_buffers.h"
-#include "cuda/device_context.h"
-#include "cuda/launch_order.h"
+#include "cuda/context/device_buffers.h"
+#include "cuda/context/device_context.h"
+#include "cuda/context/launch_order.h"
 
 namespace perseus {
 namespace gpu {

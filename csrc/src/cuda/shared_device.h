@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_api.h"
+#include "cuda/runtime/cuda_api.h"
 
 namespace perseus {
 namespace gpu {

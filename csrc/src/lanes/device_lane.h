@@ -8,7 +8,7 @@
 
 #include "cuda/device_backend.h"
 #include "cuda/device_runner.h"
-#include "cuda/launch_order.h"
+#include "cuda/context/launch_order.h"
 #include "lane_api/lane_factory.h"
 #include "lanes/lane_worker.h"
 
