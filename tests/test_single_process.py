@@ -161,6 +161,64 @@ def test_packed_requests_serve_every_route(initialized):
     torch.testing.assert_close(z, x[:4] * 2.0)
 
 
+def test_repeated_inplace_call_skips_preparing(initialized, monkeypatch):
+    """A named in-place call that repeats the last one under its settings (dtype,
+    shape, a contiguous CPU tensor) reuses its packed request without preparing the
+    tensor again, synchronous or async (pinned); any change takes the general path,
+    with its result or its refusal, and what every call does stays (the version
+    bump, the grad-mode check, an unregistered set's error)."""
+    hvd = initialized
+    from perseus.torch import adapter, keepalive
+    prepared = []
+    real = adapter.prepare
+    monkeypatch.setattr(adapter, "prepare", lambda t: prepared.append(t) or real(t))
+    settings = dict(name="sp.repeat", op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
+
+    def check(x, preparing, **changed):
+        y = x.clone() if x.is_contiguous() else x.clone().t().contiguous().t()
+        version = y._version
+        del prepared[:]
+        assert hvd.allreduce_(y, **dict(settings, **changed)) is y
+        torch.testing.assert_close(y, x * 2.0)  # one rank: x, scaled by 0.5 * 4
+        assert len(prepared) == preparing and y._version > version
+        return y
+
+    x = make((6,), torch.float32, seed=1)
+    check(x, 1)  # packs
+    check(x, 0)  # the repeat
+    y = x.clone()
+    del prepared[:]
+    handle = hvd.allreduce_async_(y, **settings)
+    assert not prepared
+    if keepalive._CAN_PIN:
+        assert keepalive.pinned_count() == 1
+    assert hvd.synchronize(handle) is y and keepalive.pinned_count() == 0
+    torch.testing.assert_close(y, x * 2.0)
+    x = make((2, 3), torch.float32, seed=2)
+    check(x, 1)  # another shape
+    check(x, 0)
+    x = x.double()
+    check(x, 1)  # another dtype
+    check(x, 0)
+    check(make((3, 2), torch.float64, seed=3).t(), 1)  # not contiguous: a copy
+    check(x, 0)  # the last packed request is still the one of the contiguous call
+    check(x, 1, postscale_factor=2.0 * 4.0, prescale_factor=0.25)  # other settings
+    leaf = x.clone().requires_grad_()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="in-place allreduce"):
+            hvd.allreduce_(leaf, **settings)
+    with torch.no_grad():
+        check(x, 0)
+    with pytest.raises(TypeError, match="allreduce expects a torch.Tensor as tensor, got list"):
+        hvd.allreduce_([1.0] * 6, **settings)
+    # The global set's id on a set of other ranks (one forged, or since removed):
+    # refused, though its settings are those of the request packed last.
+    forged = hvd.ProcessSet([1])
+    forged.process_set_id = hvd.global_process_set.process_set_id
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allreduce_(x.clone(), process_set=forged, **settings)
+
+
 def test_allreduce_defaults_to_average(initialized):
     hvd = initialized
     x = make((5,), torch.float32)

@@ -7,7 +7,9 @@ group, or a batch of named tensors) and returns a handle for synchronize(), whic
 returns the result tensor(s): outputs we allocated, the inputs themselves for
 in-place calls (non-contiguous ones written back), or the core-allocated output
 viewed as a tensor (allgather, alltoall). Its fast path: a named request submitted
-before with the same settings, dtype, shape and device reuses its packed record.
+before with the same settings, dtype, shape and device reuses its packed record;
+a named in-place call of one CPU tensor that repeats its last call (allreduce_ in
+a loop) finds that record by its settings alone (_submit_repeat).
 
 Everything else about a request (set id, root, names) is perseus.common.builder's,
 and the rules on dtypes and dim 0 are the core's, asked through builder; handles
@@ -194,6 +196,11 @@ def _finish_nothing(state, handles):
 # Cleared when full, so names made anew per call cannot grow it.
 _packed_requests = {}
 _PACKED_REQUESTS_LIMIT = 4096
+# The fast path of a repeated named in-place call of one CPU tensor (allreduce_ in a
+# loop, a DistributedOptimizer bucket): its settings (op type, name, set id, op,
+# scales, root) -> (Prebuilt, dtype, shape) of its last call, checked before the
+# general path's preparing, checks and longer key.
+_repeats = {}
 
 
 def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
@@ -211,6 +218,12 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
     sid = _builder.set_id(process_set)
     if op_type == _ops.BROADCAST:
         root_rank = _builder.root_in_set(process_set, root_rank)
+    repeat = None
+    if inplace and not grouped and type(name) is str and len(tensors) == 1:
+        repeat = (op_type, name, sid, op, prescale, postscale, root_rank)
+        handle = _submit_repeat(repeat, tensors[0], drive, pin)
+        if handle is not None:
+            return handle
     listed = grouped or isinstance(name, list)
     group_size = len(tensors) if grouped else 0
     kept, results, requests, items = [], [], [], []
@@ -265,8 +278,39 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
             _pack_new(op_type, name, grouped, requests, items)
         kept.append(items)
         packed = _builder.pack_prebuilt(items)
+        if repeat is not None and device == _CPU and source is tensor:
+            _repeats[repeat] = (items[0][0], tensor.dtype, source.shape)
     return _requests.submit(packed, _FINISH[op_type], (kept, results, listed, placed), drive,
                             consumer)
+
+
+def _submit_repeat(repeat, tensor, drive, pin):
+    """submit() of one named in-place CPU tensor under settings `repeat` whose last
+    call had this tensor's dtype and shape, contiguous: the handle, from the request
+    packed then (the rules were met then, and dtype, shape and device are all that
+    the request takes from the tensor); None for anything else (the general path)."""
+    entry = _repeats.get(repeat)
+    if entry is None:
+        return None
+    prebuilt, dtype, shape = entry
+    try:
+        if not (tensor.is_cpu and tensor.dtype is dtype and tensor.shape == shape
+                and tensor.is_contiguous()):
+            return None
+    except AttributeError:
+        return None  # not a tensor: the general path says so
+    if tensor.requires_grad and torch.is_grad_enabled():
+        _in_place(tensor, tensor, repeat[0])
+    address = tensor.data_ptr()
+    kept = [tensor, tensor.untyped_storage()]  # as keep()
+    results = [tensor]
+    _increment_version(results)
+    if pin and not drive:
+        kept.append(_pin(kept, drive))
+    items = [(prebuilt, address, address, 0, None)]
+    kept.append(items)
+    return _requests.submit(_builder.pack_prebuilt(items), _finish_outputs,
+                            (kept, results, False, [(tensor, address, tensor)]), drive)
 
 
 def _pack_new(op_type, name, grouped, requests, items):
@@ -282,6 +326,7 @@ def _pack_new(op_type, name, grouped, requests, items):
     buf, n = _builder.pack(requests)
     if len(_packed_requests) + n > _PACKED_REQUESTS_LIMIT:
         _packed_requests.clear()
+        _repeats.clear()  # so it stays no larger than _packed_requests
     for j, i in enumerate(missing):
         _, input_at, output_at, stream, key = items[i]
         prebuilt = _packed_requests[key] = _builder.Prebuilt(buf, n, j)
