@@ -94,13 +94,18 @@ fi
 # ---- 3. build the library and the tool --------------------------------------------
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
-if [ ! -f build/CMakeCache.txt ]; then
+# Configured again when the cached build links another checkout's libperseus (the cache
+# is shared by every clone on the machine, and that clone may be gone): the objects stay;
+# -U drops the library that find_library cached for the old path.
+linked=$(sed -n 's/^Perseus_LIBRARY:[A-Z]*=//p' build/CMakeCache.txt 2>/dev/null || true)
+if [ "$linked" != "$LIB_DIR/libperseus.so" ]; then
   # CMAKE_POLICY_VERSION_MINIMUM: CMake 4 refuses Caffe's cmake_minimum_required(2.8.7).
   cmake -S src -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCPU_ONLY=ON -DBLAS=Open \
     -DUSE_OPENCV=OFF -DUSE_LEVELDB=OFF -DUSE_LMDB=OFF \
     -DBUILD_python=OFF -DBUILD_matlab=OFF -DBUILD_docs=OFF \
     -DUSE_PERSEUS=ON -DPERSEUS_LIBRARY_PATH="$LIB_DIR" -DPERSEUS_INCLUDE_DIR="$INCLUDE_DIR" \
+    -UPerseus_LIBRARY \
     > build.configure.log 2>&1 || { cat build.configure.log >&2; exit 1; }
 fi
 cmake --build build --target caffe.bin -j "$JOBS" > build.log 2>&1 || {
