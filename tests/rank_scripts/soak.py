@@ -17,6 +17,7 @@ the run must be within a small bound of its size after warm-up.
 PTEST_SOAK_SECONDS bounds the run; PTEST_SOAK_SEED picks the sequence (printed, so
 a failure can be replayed).
 """
+import gc
 import os
 import random
 import time
@@ -36,10 +37,15 @@ REPLICATED = {"allreduce", "allreduce_", "grouped_allreduce", "allgather", "grou
               "broadcast", "broadcast_"}  # every member ends with the same result
 MAX_REQUESTS = 10
 MAX_COLLECTIVES = int(os.environ.get("PTEST_SOAK_COLLECTIVES", "50000"))
-# By then torch and the allocator have seen most kinds of request; what grows after
-# is allocator noise (a few MB, measured) or a leak.
+# By then torch and the allocator have seen most kinds of request. What the resident
+# memory gains after is mostly the allocator's: it grows in steps of a few MB that a
+# longer run does not multiply (np 4, 27 Nov: 9-14 MB after 15-45 s, the code of 26 Nov
+# alike), so RSS_BOUND_MB catches only a large leak; a leak of tensors, however small,
+# shows in the count of live tensors: besides the last round's own (a few), it must
+# not grow, where one leaked tensor in 16 rounds would add about 70.
 WARM_ROUNDS = 300
-RSS_BOUND_MB = 10
+RSS_BOUND_MB = 16
+LAST_ROUND_TENSORS = 32
 
 
 def subsets(size):
@@ -49,6 +55,12 @@ def subsets(size):
 def resident_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def live_tensors():
+    """The tensors Python holds, between rounds (no request in flight)."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
 
 
 # ---------------------------------------------------------------- drawing requests
@@ -249,7 +261,7 @@ def body():
         log("seed %d, lanes %d, config %s" % (seed, hvd.lane_count(), hvd.config()))
     digests = {}
     collectives = 0
-    warm_rss = None
+    warm_rss = warm_tensors = None
     start = time.monotonic()
     rnd = 0
     while True:
@@ -259,7 +271,7 @@ def body():
             if hvd.broadcast(more, 0, name="soak.more").item() == 0:
                 break
         if rnd == WARM_ROUNDS:
-            warm_rss = resident_mb()
+            warm_rss, warm_tensors = resident_mb(), live_tensors()
         reqs = [draw(draw_rng, rnd, i, [members_of[id(ps)] for ps in sets])
                 for i in range(draw_rng.randint(1, MAX_REQUESTS))]
         ps_of = {tuple(members_of[id(ps)]): ps for ps in sets}
@@ -283,7 +295,7 @@ def body():
             digests[members] = digest(got, digests.get(members, 0))
         collectives += len(reqs)
         rnd += 1
-    end_rss = resident_mb()
+    end_rss, end_tensors = resident_mb(), live_tensors()
 
     # Bitwise identical across ranks: every member of a set holds the same digest.
     everyone = hvd.allgather_object(digests)
@@ -292,9 +304,11 @@ def body():
             assert everyone[other].get(members) == value, \
                 "results in process set %s differ between rank %d and rank %d" % (members, rank, other)
     log("%d rounds, %d collectives in %.1f s; digests of %d sets agree; "
-        "resident %.1f MB after warm-up, %.1f MB at the end"
-        % (rnd, collectives, time.monotonic() - start, len(digests), warm_rss or -1, end_rss))
+        "resident %.1f MB after warm-up, %.1f MB at the end; live tensors %s then %d"
+        % (rnd, collectives, time.monotonic() - start, len(digests), warm_rss or -1, end_rss, warm_tensors, end_tensors))
     assert rnd > WARM_ROUNDS, "too few rounds (%d) to judge memory" % rnd
+    assert end_tensors <= warm_tensors + LAST_ROUND_TENSORS, \
+        "live tensors grew from %d to %d: something keeps them after their requests ended" % (warm_tensors, end_tensors)
     assert end_rss - warm_rss < RSS_BOUND_MB, \
         "resident memory grew by %.1f MB (from %.1f to %.1f MB)" % (end_rss - warm_rss, warm_rss, end_rss)
     hvd.shutdown()
