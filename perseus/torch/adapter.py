@@ -302,7 +302,8 @@ def _submit_repeat(repeat, tensor, drive, pin):
     if tensor.requires_grad and torch.is_grad_enabled():
         _in_place(tensor, tensor, repeat[0])
     address = tensor.data_ptr()
-    kept = [tensor, tensor.untyped_storage()]  # as keep()
+    kept = []
+    _keep(kept, tensor)
     results = [tensor]
     _increment_version(results)
     if pin and not drive:
