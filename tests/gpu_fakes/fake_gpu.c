@@ -37,6 +37,7 @@
  * Failure injection (environment): FAKE_CUDA_DEVICES (device count, default 1; 0 = no
  * device); the NCCL ones are in fake_nccl.c.
  */
+#include <mpi.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -50,7 +51,12 @@
 #define STREAM_MAGIC 0x5eea0001
 #define EVENT_MAGIC 0x5eea0002
 
-typedef struct { int magic; int device; OrderAgent* order; } FakeStream;
+typedef struct {
+  int magic, device;
+  OrderAgent* order;
+  long serial; /* created so many streams into this process (for the wait jitter) */
+  long waits;  /* cudaStreamWaitEvent calls on it so far */
+} FakeStream;
 typedef struct { int magic; int device; OrderSnapshot* recorded; } FakeEvent;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -58,6 +64,7 @@ static long g_stats[kStats];
 static long g_calls[kCallKinds]; /* by kind (fake_gpu.h) */
 static char g_misuse_text[512];
 static __thread int t_device = 0;
+static long g_streams_made;
 
 static void tally(long* counter, long delta) {
   pthread_mutex_lock(&g_mu);
@@ -166,8 +173,12 @@ int cudaStreamCreateWithFlags(void** s, unsigned flags) {
   fs->magic = STREAM_MAGIC;
   fs->device = t_device;
   fs->order = order_new_stream(t_device);
+  fs->waits = 0;
+  pthread_mutex_lock(&g_mu);
+  fs->serial = g_streams_made++;
+  g_stats[kStatStreams]++;
+  pthread_mutex_unlock(&g_mu);
   *s = fs;
-  tally(&g_stats[kStatStreams], 1);
   return 0;
 }
 int cudaStreamDestroy(void* s) {
@@ -186,9 +197,27 @@ static int host_sync(void* s) {
 }
 int cudaStreamSynchronize(void* s) { return host_sync(s); }
 int cudaStreamQuery(void* s) { return host_sync(s); }
+/* FAKE_GPU_WAIT_JITTER_US=<n>: a wait on a created stream first sleeps up to n
+ * microseconds, by a hash of (world rank, the stream's serial, its count of waits): a
+ * device lane waits for its inputs before it takes its launch turn, so lanes (of
+ * different process sets too) reach their launches in different orders on different
+ * ranks, the same in every run. */
+static void wait_jitter(FakeStream* fs) {
+  int most = env_int("FAKE_GPU_WAIT_JITTER_US", 0), initialized = 0, world = 0;
+  if (most <= 0) return;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  uint64_t h = ((uint64_t)world * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)fs->serial << 40) ^
+               (uint64_t)__sync_fetch_and_add(&fs->waits, 1);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 29;
+  usleep((useconds_t)(h % (uint64_t)most));
+}
 int cudaStreamWaitEvent(void* s, void* e, unsigned flags) {
   tally(&g_calls[kCallWait], 1);
   if (stream_device(s) < 0 || ((FakeEvent*)e)->magic != EVENT_MAGIC) return 400;
+  if (s != NULL && s != (void*)1 && s != (void*)2) wait_jitter((FakeStream*)s); /* not legacy, per-thread */
   order_stream_wait(agent(s), ((FakeEvent*)e)->recorded);
   return 0;
 }
