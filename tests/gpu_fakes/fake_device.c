@@ -12,13 +12,16 @@
  * the wait-for cycle through it, each step naming a rank, the kernel its GPU runs and
  * the one it queued behind that. The report fails the waiting calls of this process,
  * and those of any process waiting on its kernels, with that text (ncclGetLastError).
- * A kernel whose peer is unknown or has not launched the call yet is assumed to be
- * able to go on (that rank's host may still launch it), so only a device deadlock is
- * reported; anything else ends with the bounded wait (FAKE_GPU_DEVICE_TIMEOUT_S).
+ * A call a peer has not launched yet is modelled as queued last on its GPU (where that
+ * host would launch it), so a cycle through a rank whose host waits to launch is
+ * reported too; a kernel whose peer is unknown is assumed to be able to go on, so only
+ * a device deadlock is reported; anything else ends with the bounded wait
+ * (FAKE_GPU_DEVICE_TIMEOUT_S).
  *
  * FAKE_GPU_LAUNCH_JITTER_US=<n>: each launch waits up to n microseconds first, by a hash
  * of (rank, communicator, kernel): the host timing that makes lanes launch in different
- * orders on different ranks, the same in every run.
+ * orders on different ranks, the same in every run. (FAKE_GPU_WAIT_JITTER_US, fake_gpu.c,
+ * delays the stream waits a lane makes before its launch turn, so across process sets.)
  */
 #include <fcntl.h>
 #include <mpi.h>
@@ -37,6 +40,7 @@
 #define DEV_KERNELS 64 /* kernels alive on one GPU at once */
 #define DEV_PEERS 64   /* ranks of a communicator the model follows */
 #define DEV_PROCS 64   /* processes one check reads */
+#define DEV_COMMS 64   /* communicators whose last launch a GPU records */
 #define DEV_MAGIC 0x5eea0d01u
 #define CHECK_AFTER_S 0.2 /* a wait this long is checked, every CHECK_EVERY_S */
 #define CHECK_EVERY_S 0.1
@@ -54,11 +58,18 @@ typedef struct {
 } SharedKernel;
 
 typedef struct {
+  int tag;
+  long seq; /* the communicator's last kernel launched on this GPU */
+} Launched;
+
+typedef struct {
   uint32_t magic;
   int pid, world, slots;
   volatile long version; /* odd while this process changes the table */
   char report[1024];     /* why this process's GPU work failed, once it has */
   SharedKernel k[DEV_KERNELS];
+  Launched launched[DEV_COMMS];
+  int launched_overflow; /* a communicator found no room in `launched` */
 } SharedDevice;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -226,15 +237,34 @@ static int runs(const Model* m, int i, int k) {
   return before < (d->slots > 0 ? d->slots : 1);
 }
 
+/* Whether a table's GPU has not launched kernel `seq` of communicator `tag` yet. */
+static int not_launched(const SharedDevice* d, int tag, long seq) {
+  for (int c = 0; c < DEV_COMMS; ++c)
+    if (d->launched[c].tag == tag) return d->launched[c].seq < seq;
+  return !d->launched_overflow; /* no record: none launched, unless there was no room */
+}
+
+/* Whether a kernel launched now would run (or will, once the finished ones are gone):
+ * it would queue behind every live kernel of the GPU. */
+static int would_run(const Model* m, int i) {
+  const SharedDevice* d = &m->procs[i].copy;
+  int before = 0;
+  for (int j = 0; j < DEV_KERNELS; ++j) before += live(&d->k[j]) && !finished(m, i, j);
+  return before < (d->slots > 0 ? d->slots : 1);
+}
+
 /* The rank (communicator rank) whose matching kernel keeps a running kernel waiting:
- * launched there but not running; -1 if none (it can finish, as far as is known). */
+ * launched there but not running, or not launched where a launch would not run
+ * (*kernel = -1); -1 if none (it can finish, as far as is known). */
 static int blocking_peer(const Model* m, int i, int k, int* proc, int* kernel) {
   const SharedKernel* r = &m->procs[i].copy.k[k];
   for (int q = 0; q < r->nranks && q < DEV_PEERS; ++q) {
     if (q == r->rank) continue;
     int j = find_proc(m->procs, m->n, r->pids[q]);
-    int mk = j < 0 ? -1 : matching(&m->procs[j].copy, r->tag, r->seq, 0);
-    if (mk < 0 || finished(m, j, mk) || runs(m, j, mk)) continue;
+    if (j < 0) continue;
+    int mk = matching(&m->procs[j].copy, r->tag, r->seq, 0);
+    if (mk < 0 && (!not_launched(&m->procs[j].copy, r->tag, r->seq) || would_run(m, j))) continue;
+    if (mk >= 0 && (finished(m, j, mk) || runs(m, j, mk))) continue;
     *proc = j;
     *kernel = mk;
     return q;
@@ -256,12 +286,12 @@ static void reduce_model(Model* m) {
   }
 }
 
-/* The first running kernel a queued one waits behind. */
+/* The first running kernel a queued one (k), or one not launched yet (k = -1), waits behind. */
 static int blocker(const Model* m, int i, int k) {
   const SharedDevice* d = &m->procs[i].copy;
   int best = -1;
   for (int j = 0; j < DEV_KERNELS; ++j)
-    if (live(&d->k[j]) && !finished(m, i, j) && runs(m, i, j) && d->k[j].order < d->k[k].order &&
+    if (live(&d->k[j]) && !finished(m, i, j) && runs(m, i, j) && (k < 0 || d->k[j].order < d->k[k].order) &&
         (best < 0 || d->k[j].order < d->k[best].order))
       best = j;
   return best;
@@ -287,8 +317,9 @@ static void describe_cycle(const Model* m, int i, int k, char* out, size_t n) {
           const SharedKernel* r = &m->procs[path_i[t]].copy.k[path_k[t]];
           blocking_peer(m, path_i[t], path_k[t], &j, &mk);
           used += snprintf(out + used, n - used,
-                           " rank %d runs %s and waits for rank %d to start it, but rank %d queued it behind %s;",
+                           " rank %d runs %s and waits for rank %d to start it, but rank %d %s behind %s;",
                            m->procs[path_i[t]].copy.world, r->what, m->procs[j].copy.world, m->procs[j].copy.world,
+                           mk < 0 ? "has not launched it yet, and would queue it" : "queued it",
                            m->procs[path_i[after]].copy.k[path_k[after]].what);
         }
         if (used < n)
@@ -385,6 +416,25 @@ static void jitter(const KernelInfo* info) {
   usleep((useconds_t)(h % (uint64_t)most));
 }
 
+/* Called with g_mu held, inside a change. */
+static void note_launch(int tag, long seq) {
+  Launched* free_entry = NULL;
+  for (int c = 0; c < DEV_COMMS; ++c) {
+    Launched* l = &g_dev->launched[c];
+    if (l->tag == tag) {
+      l->seq = seq;
+      return;
+    }
+    if (l->tag == 0 && free_entry == NULL) free_entry = l;
+  }
+  if (free_entry == NULL) {
+    g_dev->launched_overflow = 1;
+    return;
+  }
+  free_entry->tag = tag;
+  free_entry->seq = seq;
+}
+
 int device_start(const KernelInfo* info, const char* what, char* why, size_t n) {
   device_register();
   jitter(info);
@@ -413,6 +463,7 @@ int device_start(const KernelInfo* info, const char* what, char* why, size_t n) 
   k->nranks = info->nranks;
   for (int r = 0; r < info->nranks && r < DEV_PEERS; ++r) k->pids[r] = info->pids[r];
   snprintf(k->what, sizeof k->what, "%s", what);
+  note_launch(info->tag, info->seq);
   end_change();
   g_next_check[slot] = 0;
   g_candidate[slot][0] = '\0';
@@ -485,6 +536,8 @@ void device_forget(int tag) {
     begin_change();
     for (int j = 0; j < DEV_KERNELS; ++j)
       if (g_dev->k[j].tag == tag && g_dev->k[j].state == kFailed) g_dev->k[j].state = kFree;
+    for (int c = 0; c < DEV_COMMS; ++c)
+      if (g_dev->launched[c].tag == tag) g_dev->launched[c] = (Launched){0, 0};
     end_change();
   }
   pthread_mutex_unlock(&g_mu);
