@@ -501,17 +501,24 @@ def test_fake_gpu_device_model(run_mpi, fake_gpu, case):
 
 
 # Lanes that cannot deadlock each other (tests/rank_scripts/gpu_launch_order.py): 4 lanes, a GPU of
-# one kernel slot, launches delayed differently on each rank; every rank must launch
-# its device collectives in the one order the negotiation agreed. "implicit" reports
-# NCCL 2.32.3, whose communicators Perseus makes with launchOrderImplicit=1 (and names
-# after their set and lane); the fake then also checks that no two threads launch at once.
+# one kernel slot, launches and the lanes' waits for their inputs delayed differently on
+# each rank; every rank must launch its device collectives in the one order the
+# negotiation agreed. "implicit" reports NCCL 2.32.3, whose communicators Perseus makes
+# with launchOrderImplicit=1 (and names after their set and lane); the fake then also
+# checks that no two threads launch at once. "sets": process sets sharing two or more
+# ranks with the global set (and each other) have batches in flight at once, so the
+# ranks must also agree one launch order across sets (issue 36).
 LAUNCH_ORDER = {"PERSEUS_ALLREDUCE_STREAMS": "4", "PERSEUS_FUSION_THRESHOLD": "65536",
-                "FAKE_GPU_KERNEL_SLOTS": "1", "FAKE_GPU_LAUNCH_JITTER_US": "3000"}
+                "FAKE_GPU_KERNEL_SLOTS": "1", "FAKE_GPU_LAUNCH_JITTER_US": "3000",
+                "FAKE_GPU_WAIT_JITTER_US": "3000"}
 LAUNCH_ORDER_CASES = {
     "np2-lanes4": (2, {}),
     "np4-lanes4": (4, {}),
     "np2-lanes4-implicit": (2, {"FAKE_NCCL_VERSION": "23203"}),
     "np4-lanes4-implicit": (4, {"FAKE_NCCL_VERSION": "23203"}),
+    "np3-sets": (3, {"LAUNCH_ORDER_SETS": "0,1"}),
+    "np4-sets": (4, {"LAUNCH_ORDER_SETS": "0,1,2;1,2,3"}),
+    "np4-sets-implicit": (4, {"LAUNCH_ORDER_SETS": "0,1,2;1,2,3", "FAKE_NCCL_VERSION": "23203"}),
 }
 
 

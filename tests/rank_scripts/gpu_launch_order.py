@@ -8,6 +8,14 @@ rank, so lanes finish their host work in different orders on different ranks. Un
 every rank launches its device collectives in one agreed order, two ranks launch two
 lanes' kernels in opposite orders and the fake reports the wait-for cycle (the batch
 fails naming it). Every result is checked against the sum computed here.
+
+LAUNCH_ORDER_SETS="0,1,2;1,2,3" adds these process sets: each step then also spreads
+requests over them, all of a rank's requests of a step in one submission, so the
+batches of sets that share ranks are in flight at once, each set negotiated on its
+own. FAKE_GPU_WAIT_JITTER_US delays each lane's wait for its inputs, which comes
+before its launch turn, so the sets' lanes reach their launches in different orders
+on different ranks: unless the ranks also agree one order across sets, two sets'
+kernels deadlock the GPU of one slot.
 """
 import os
 import sys
@@ -25,41 +33,62 @@ STEPS = int(os.environ.get("LAUNCH_ORDER_STEPS", "8"))
 DTYPES = [np.float32, np.int32, np.float16, np.int64]
 
 
-def step_plan(step):
-    """The same requests on every rank: (kind, name, shape, dtype, root)."""
-    rng = np.random.default_rng(zlib.crc32(b"launch-order|%d" % step))
+def set_ranks(size):
+    """LAUNCH_ORDER_SETS: the added process sets' ranks, e.g. "0,1,2;1,2,3"."""
+    text = os.environ.get("LAUNCH_ORDER_SETS", "")
+    sets = [sorted(int(r) for r in part.split(",")) for part in text.split(";") if part.strip()]
+    assert all(0 <= r < size for ranks in sets for r in ranks), (text, size)
+    return sets
+
+
+def step_plan(step, set_index):
+    """The same requests of one set on each of its members: (kind, name, shape, dtype, draw)."""
+    seed = b"launch-order|%d" % step if set_index == 0 else b"launch-order|%d|%d" % (step, set_index)
+    rng = np.random.default_rng(zlib.crc32(seed))
     plan = []
     for i in range(int(rng.integers(5, 10))):
         size = int(rng.choice([1, 17, 700, 3000, 9000, 20000, 40000]))
         dtype = DTYPES[int(rng.integers(len(DTYPES)))]
         kind = BROADCAST if rng.random() < 0.25 else ALLREDUCE
-        plan.append((kind, "lo.%d.%d" % (step, i), (size,), dtype, int(rng.integers(0, 64))))
+        plan.append((kind, "lo.%d.%d.%d" % (set_index, step, i), (size,), dtype, int(rng.integers(0, 64))))
     return plan
+
+
+def set_requests(rank, set_id, members, plan):
+    """This rank's requests of one set's plan and their expected results."""
+    requests, expected = [], []
+    for kind, name, shape, dtype, draw in plan:
+        x = capi.make(name, rank, shape, dtype, low=-3, high=3)
+        if kind == ALLREDUCE:
+            want = sum(capi.make(name, r, shape, dtype, low=-3, high=3).astype(np.int64) for r in members)
+            requests.append(capi.request(ALLREDUCE, name, x, device=0, process_set=set_id))
+        else:
+            root = draw % len(members)  # the C ABI's root is a rank in the set
+            want = capi.make(name, members[root], shape, dtype, low=-3, high=3)
+            requests.append(capi.request(BROADCAST, name, x, device=0, root=root, process_set=set_id))
+        expected.append((name, np.asarray(want).astype(dtype)))
+    return requests, expected
 
 
 def body():
     rank, size = capi.init()
     assert "PERSEUS_ALLREDUCE_STREAMS=4" in capi.config(), capi.config()
+    sets = [(0, list(range(size)))] + [(capi.add_process_set(ranks), ranks) for ranks in set_ranks(size)]
+    mine = [(index, set_id, members) for index, (set_id, members) in enumerate(sets) if rank in members]
     for step in range(STEPS):
-        plan = step_plan(step)
         requests, expected = [], []
-        for kind, name, shape, dtype, root in plan:
-            x = capi.make(name, rank, shape, dtype, low=-3, high=3)
-            if kind == ALLREDUCE:
-                want = sum(capi.make(name, r, shape, dtype, low=-3, high=3).astype(np.int64) for r in range(size))
-                requests.append(capi.request(ALLREDUCE, name, x, device=0))
-            else:
-                want = capi.make(name, root % size, shape, dtype, low=-3, high=3)
-                requests.append(capi.request(BROADCAST, name, x, device=0, root=root % size))
-            expected.append(np.asarray(want).astype(dtype))
-        for (_, name, _, _, _), pending, want in zip(plan, capi.submit(*requests), expected):
+        for index, set_id, members in mine:
+            more, want = set_requests(rank, set_id, members, step_plan(step, index))
+            requests += more
+            expected += want
+        for (name, want), pending in zip(expected, capi.submit(*requests)):
             out = pending.value()
             assert np.array_equal(out, want), "step %d, %s: got %r, expected %r" % (step, name, out[:8], want[:8])
     capi.shutdown()
     stats = fake_gpu.stats()
     log("fake GPU:", stats)
     assert stats["misuses"] == 0, stats
-    assert stats["nccl_calls"] >= STEPS and stats["comms_created"] == 4, stats
+    assert stats["nccl_calls"] >= STEPS * len(mine) and stats["comms_created"] == 4 * len(mine), stats
 
 
 if __name__ == "__main__":
