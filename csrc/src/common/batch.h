@@ -28,12 +28,22 @@ struct Batch {
   // A GPU batch's place in its set's agreed sequence of GPU batches (Engine::Apply), the
   // order in which every rank's device lanes launch them (cuda/context/launch_order.h); -1 else.
   int64_t launch_turn = -1;
+  // The batch launches only when the order across process sets reaches it (a grant,
+  // below): set by the engine once more than one set can have GPU work.
+  bool launch_gated = false;
   int op_type() const { return items.front().meta.op_type; }
   int64_t Bytes() const {
     int64_t bytes = 0;
     for (const BatchItem& item : items) bytes += PayloadBytes(item.meta);
     return bytes;
   }
+};
+
+// Launch turns [from, to) of one process set's GPU batches, which the launch rounds
+// (engine/launch_rounds.h) let this rank launch next, after every earlier grant.
+struct LaunchGrant {
+  int set_id;
+  int64_t from, to;
 };
 
 }  // namespace perseus

@@ -35,6 +35,8 @@ void WarmGpu(const GpuSettings& settings) {
   if (LoadCuda(settings.cuda_lib).ok()) DeviceCount(&count);  // the driver starts here, unlocked
 }
 
+bool CudaLoads(const GpuSettings& settings) { return LoadCuda(settings.cuda_lib).ok(); }
+
 Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings, ReadyEvents* call) {
   int count = 0;
   if (!LoadCuda(settings.cuda_lib).ok() || !DeviceCount(&count).ok())

@@ -26,6 +26,8 @@ struct GpuSettings {
 // Loads the CUDA runtime and asks the device count if not yet (both may take a
 // while the first time: call outside engine locks; the outcomes are kept).
 void WarmGpu(const GpuSettings& settings);
+// Whether a CUDA runtime loads here (tried once; the outcome is kept).
+bool CudaLoads(const GpuSettings& settings);
 // For a GPU request: makes its device current for the call, records a pooled event
 // on its stream (entry->stream; NULL = the legacy default stream) into
 // entry->ready_event, or reuses the one `call` recorded there already (ReadyEvents,

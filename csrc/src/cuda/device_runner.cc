@@ -78,7 +78,7 @@ DeviceRunner::DeviceRunner(DeviceRunnerArgs args) : args_(std::move(args)) {}
 DeviceRunner::~DeviceRunner() { Close(); }
 
 Status DeviceRunner::Execute(const Batch& batch, std::vector<Result>* results) {
-  LaunchTurn turn(args_.turns.get(), batch.launch_turn);  // passed on however this ends
+  LaunchTurn turn(args_.turns.get(), batch.launch_turn, batch.launch_gated);  // passed on however this ends
   Status status;
   if (mode_ == Mode::kClosed) status = Open();
   if (status.ok() && mode_ == Mode::kBroken) status = broken_;

@@ -24,6 +24,17 @@ namespace {
 // before it sleeps on the handle (as perseus_wait does).
 constexpr double kMeetDriveS = 0.5;
 
+// add_process_set's meeting (Meet): where the global set agrees it, the order of GPU
+// launches across sets begins.
+constexpr const char* kAddSetMeeting = "perseus.add_process_set";
+
+bool AgreesToAddSet(const std::vector<BatchItem>& agreed) {
+  for (const BatchItem& item : agreed)
+    if (item.meta.anonymous && item.meta.op_type == PERSEUS_BARRIER && item.meta.name == kAddSetMeeting)
+      return true;
+  return false;
+}
+
 // Negotiation spans end when the round agrees on the requests.
 void TraceAgreed(int set_id, const std::vector<BatchItem>& agreed, Clock::time_point now) {
   for (const BatchItem& item : agreed)
@@ -244,6 +255,11 @@ bool Engine::Iterate(bool driving) {
     polled_ = poked_;
     poked_ = false;
     stopping = stop_requested_;
+    if (launch_rounds_made_ && !launch_rounds_taken_) {
+      launch_rounds_taken_ = true;
+      launch_rounds_ = std::move(made_launch_rounds_);
+      if (!launch_rounds_) lane_factory_->EndLaunchGrants();  // no rank can use a GPU
+    }
     for (auto& kv : sets_)
       if (kv.second->negotiator) sets.push_back(kv.second);
   }
@@ -266,6 +282,8 @@ bool Engine::Iterate(bool driving) {
     Step(set.get(), stopping, driving, now, &wake_at, &busy, &hold_headroom);
     all_stopped = all_stopped && set->stopped;
   }
+  if (launch_rounds_)
+    StepLaunchRounds(sets, stopping && all_stopped, driving, Clock::now(), &wake_at, &busy);
   {
     std::lock_guard<std::mutex> lock(mu_);
     hold_headroom_ = SchedulePolicy::QuietBytes(hold_headroom, single_set_,
@@ -273,7 +291,7 @@ bool Engine::Iterate(bool driving) {
   }
   wake_at_ = wake_at.time_since_epoch().count();
   busy_ = busy;
-  return stopping && all_stopped;
+  return stopping && all_stopped && LaunchOrderOver();
 }
 
 Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t* handles_out,
@@ -427,6 +445,8 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       set->holds[1] = Hold(set->knobs, true);
       if (!set->tuner->tuning()) autotune_state_ = set->tuner->State();
     }
+    if (!launches_gated_ && set->id == PERSEUS_GLOBAL_PROCESS_SET && AgreesToAddSet(outcome.agreed))
+      BeginLaunchOrder(set);
     const Knobs& knobs = set->knobs;
     std::vector<Batch> batches =
         PlanBatches(std::move(outcome.agreed), knobs.fusion_threshold, knobs.chunk_bytes);
@@ -435,7 +455,10 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       batch.agreed = now;
       batch.chunk_bytes = knobs.chunk_bytes;
       // The same place on every member: device lanes launch in this order.
-      if (batch.items.front().meta.device != PERSEUS_CPU_DEVICE) batch.launch_turn = set->device_batches++;
+      if (batch.items.front().meta.device != PERSEUS_CPU_DEVICE) {
+        batch.launch_turn = set->device_batches++;
+        batch.launch_gated = launches_gated_;
+      }
       Lane& lane = LaneFor(set, batch);
       bool inline_ok = SchedulePolicy::MayRunInline(knobs, batch, only_batch, driving, single_set_);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
@@ -514,6 +537,12 @@ void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::ti
 SetWaits Engine::WaitsOf(ProcessSet* set, bool stepping) {
   SetWaits waits;
   if (stepping) waits.oldest_pending = set->negotiator->OldestSubmitted();
+  const Clock::rep ungranted = ungranted_since_.load(std::memory_order_relaxed);
+  if (set->id == PERSEUS_GLOBAL_PROCESS_SET && ungranted != 0) {
+    ++waits.count;
+    waits.oldest = Clock::time_point(Clock::duration(ungranted));
+    waits.oldest_name = "(GPU launches waiting for the order across process sets)";
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& kv : set->in_flight) {
     const Entry& entry = *kv.second;
@@ -569,6 +598,7 @@ void Engine::LoseRanks(const std::vector<int>& lost, const Status& status) {
 
 void Engine::StopLostSets() {
   lost_pending_.store(false);
+  EndLaunchOrder(/*abandon=*/true);  // its rounds would wait for the lost rank
   std::vector<std::shared_ptr<ProcessSet>> affected;
   Status status;
   {
@@ -622,8 +652,9 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
       return Status::Error(PERSEUS_INVALID_ARGUMENT,
                            "process set lists rank " + std::to_string(sorted[i]) + " twice");
   }
-  Status met = Meet("perseus.add_process_set", "add_process_set", "no process set was added");
+  Status met = Meet(kAddSetMeeting, "add_process_set", "no process set was added");
   if (!met.ok()) return met;
+  MakeLaunchRounds();  // before anything below can fail: every rank that met makes them
   // Every rank must pass the same list: compare with rank 0's.
   auto mpi = LockMpi();
   std::vector<int> reference = sorted;
@@ -668,6 +699,119 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
   }
   *id_out = id;
   return Status::OK();
+}
+
+void Engine::BeginLaunchOrder(ProcessSet* global) {
+  if (topo_.size == 1 || !thread_multiple_) return;  // one rank, or no GPU batches at all
+  launches_gated_ = true;
+  global->launches_granted = global->device_batches;  // those launch ungated, first
+  lane_factory_->BeginLaunchOrder(global->device_batches);
+}
+
+void Engine::MakeLaunchRounds() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (launch_rounds_made_) return;
+  }
+  std::unique_ptr<LaunchRounds> rounds;
+  if (topo_.size > 1 && thread_multiple_) {
+    // Rounds poll while they run: only where some rank could have GPU work.
+    int mine = lane_factory_->MayUseGpu() ? 1 : 0, anyone = 0;
+    MPI_Comm comm = MPI_COMM_NULL;
+    auto mpi = LockMpi();
+    Status status = MpiStatus(MPI_Allreduce(&mine, &anyone, 1, MPI_INT, MPI_MAX, world_), "MPI_Allreduce");
+    if (status.ok() && anyone) status = MpiStatus(MPI_Comm_dup(world_, &comm), "MPI_Comm_dup");
+    if (!status.ok())
+      PERSEUS_LOG(kWarning) << "GPU launches of different process sets are not ordered: " << status.message;
+    else if (anyone)
+      rounds = std::make_unique<LaunchRounds>(comm);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  made_launch_rounds_ = std::move(rounds);
+  launch_rounds_made_ = true;
+}
+
+void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& sets, bool leaving,
+                              bool driving, Clock::time_point now, Clock::time_point* wake_at,
+                              bool* busy) {
+  LaunchRounds& rounds = *launch_rounds_;
+  if (rounds.ended()) return;
+  if (rounds.in_flight()) {
+    std::vector<uint64_t> agreed;
+    bool changed = false;
+    Status error;
+    if (!rounds.Test(&agreed, &changed, &error)) {
+      *busy = true;
+      *wake_at = std::min(*wake_at, now + PollGap(now - rounds.round_start, driving ? kDriverSpin : kBackgroundSpin));
+      return;
+    }
+    if (!error.ok()) {
+      PERSEUS_LOG(kWarning) << "GPU launches of different process sets are no longer ordered: " << error.message;
+      EndLaunchOrder(/*abandon=*/true);
+      return;
+    }
+    GrantLaunches(sets, agreed);
+    // Backs off alike on every rank: `changed` is the same everywhere.
+    const Retry retry = SchedulePolicy::AfterRound(changed, rounds.backoff, now);
+    rounds.backoff = retry.backoff;
+    rounds.retry_at = retry.at;
+    if (rounds.ended()) {
+      EndLaunchOrder(/*abandon=*/false);  // someone shut down: no round will come
+      return;
+    }
+  }
+  std::vector<uint64_t> counts;
+  int64_t total = 0;
+  bool waiting = false;
+  for (const auto& set : sets) {
+    if (static_cast<size_t>(set->id) >= counts.size()) counts.resize(set->id + 1, LaunchRounds::kAny);
+    counts[set->id] = static_cast<uint64_t>(set->device_batches);
+    total += set->device_batches;
+    waiting = waiting || set->launches_granted < set->device_batches;
+  }
+  if (!waiting) ungranted_since_.store(0, std::memory_order_relaxed);
+  else if (ungranted_since_.load(std::memory_order_relaxed) == 0)
+    ungranted_since_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  leaving = leaving && !waiting;  // a rank shutting down leaves once its own batches may launch
+  if (!leaving && total == launch_counted_ && now < rounds.retry_at) {
+    *wake_at = std::min(*wake_at, rounds.retry_at);
+    return;
+  }
+  Status status = rounds.Start(counts, leaving);
+  if (!status.ok()) {
+    PERSEUS_LOG(kWarning) << "GPU launches of different process sets are no longer ordered: " << status.message;
+    EndLaunchOrder(/*abandon=*/true);
+    return;
+  }
+  launch_counted_ = total;
+  rounds.round_start = now;
+  *busy = true;
+  *wake_at = now;  // test it straight away
+}
+
+void Engine::GrantLaunches(const std::vector<std::shared_ptr<ProcessSet>>& sets,
+                           const std::vector<uint64_t>& agreed) {
+  std::vector<LaunchGrant> grants;
+  for (const auto& set : sets) {  // by id: sets_ is ordered
+    if (static_cast<size_t>(set->id) >= agreed.size() || agreed[set->id] == LaunchRounds::kAny) continue;
+    const int64_t to = std::min<int64_t>(static_cast<int64_t>(agreed[set->id]), set->device_batches);
+    if (to <= set->launches_granted) continue;
+    grants.push_back(LaunchGrant{set->id, set->launches_granted, to});
+    set->launches_granted = to;
+  }
+  lane_factory_->GrantLaunches(grants);
+}
+
+void Engine::EndLaunchOrder(bool abandon) {
+  if (!launch_rounds_) return;
+  if (abandon) launch_rounds_->Abandon();
+  lane_factory_->EndLaunchGrants();  // what waits launches in its own set's order
+  ungranted_since_.store(0, std::memory_order_relaxed);
+}
+
+bool Engine::LaunchOrderOver() const {
+  if (!launches_gated_) return true;
+  return launch_rounds_taken_ && (!launch_rounds_ || launch_rounds_->ended());
 }
 
 // A control operation's MPI calls block until every rank makes them, and cannot be

@@ -43,6 +43,7 @@
 
 #include "engine/config.h"
 #include "engine/handle_table.h"
+#include "engine/launch_rounds.h"
 #include "engine/process_set.h"
 #include "engine/schedule.h"
 #include "lane_api/lane_factory.h"
@@ -141,6 +142,21 @@ class Engine {
   // <outcome>". `name`: the meeting's request name, one per operation.
   Status Meet(const char* name, const char* operation, const char* outcome);
 
+  // The order of GPU launches across process sets (launch_rounds.h). It begins where the
+  // global set agrees the first add_process_set's meeting, the same point of the agreed
+  // sequence on every rank: GPU batches planned from there on are gated (BeginLaunchOrder,
+  // in Apply). AddProcessSet then makes the rounds (MakeLaunchRounds: none when no rank
+  // can load CUDA), and the steps run them (StepLaunchRounds).
+  void BeginLaunchOrder(ProcessSet* global);
+  void MakeLaunchRounds();
+  void StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& sets, bool leaving,
+                        bool driving, Clock::time_point now, Clock::time_point* wake_at, bool* busy);
+  // Hands the lanes what a round agreed, in (set id, turn) order; `sets`: this rank's.
+  void GrantLaunches(const std::vector<std::shared_ptr<ProcessSet>>& sets,
+                     const std::vector<uint64_t>& agreed);
+  void EndLaunchOrder(bool abandon);
+  bool LaunchOrderOver() const;  // no round will run any more (shutdown may end)
+
   const Config config_;
   MPI_Comm world_;  // control communicator: process-set creation, start_timeline
   MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
@@ -180,6 +196,19 @@ class Engine {
   std::atomic<Clock::rep> watch_at_{0};
   const Clock::duration watch_interval_;
   WaitHook watch_hook_{&Engine::WatchFromWait, this};
+
+  // The order across sets. Under step_mu_: whether batches are gated, the rounds once
+  // taken from AddProcessSet, and the sum of agreed GPU batches the last round carried
+  // (more starts a round at once). Under mu_: what AddProcessSet made.
+  bool launches_gated_ = false;
+  std::unique_ptr<LaunchRounds> launch_rounds_;
+  bool launch_rounds_taken_ = false;
+  int64_t launch_counted_ = 0;
+  std::unique_ptr<LaunchRounds> made_launch_rounds_;
+  bool launch_rounds_made_ = false;
+  // Since when GPU batches of this rank have waited for a round's grant (0: none): a
+  // wait of the global set for the stall inspector, which a frozen rank anywhere causes.
+  std::atomic<Clock::rep> ungranted_since_{0};
 
   std::mutex control_mu_;  // serialises process-set changes made by user threads
   std::thread thread_;

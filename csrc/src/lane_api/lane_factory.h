@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/batch.h"
 #include "common/request.h"
 #include "common/status.h"
 #include "lane_api/lane.h"
@@ -44,6 +45,17 @@ class LaneFactory {
   // sharing the one `call` recorded on the same stream (see ReadyEvents). An error
   // belongs to this request only.
   virtual Status PrepareGpuEntry(Entry* entry, ReadyEvents* call) = 0;
+
+  // The order of GPU launches across process sets (engine/launch_rounds.h), on the
+  // thread that steps the engine.
+  // Whether this rank could ever run GPU work (a CUDA runtime loads).
+  virtual bool MayUseGpu() = 0;
+  // Batches marked launch_gated from now on wait for grants, after the first `ungated`
+  // GPU batches of the global set.
+  virtual void BeginLaunchOrder(int64_t ungated) = 0;
+  virtual void GrantLaunches(const std::vector<LaunchGrant>& grants) = 0;
+  // No more grants: gated batches launch in their own set's order only.
+  virtual void EndLaunchGrants() = 0;
 };
 
 }  // namespace perseus

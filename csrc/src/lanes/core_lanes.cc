@@ -30,7 +30,8 @@ class CoreLanes : public LaneFactory {
   }
 
   std::vector<std::unique_ptr<Lane>> MakeDeviceLanes(const std::vector<LaneSpec>& specs) override {
-    auto turns = std::make_shared<gpu::LaunchSequence>();  // the set's, shared by its lanes
+    // The set's, shared by its lanes.
+    auto turns = std::make_shared<gpu::LaunchSequence>(specs.empty() ? 0 : specs[0].set_id, across_);
     std::vector<std::unique_ptr<Lane>> lanes;
     for (const LaneSpec& spec : specs) lanes.push_back(std::make_unique<DeviceLane>(spec, thread_multiple_, gpu_, turns));
     return lanes;
@@ -42,10 +43,16 @@ class CoreLanes : public LaneFactory {
     return perseus::PrepareGpuEntry(entry, gpu_, call);
   }
 
+  bool MayUseGpu() override { return CudaLoads(gpu_); }
+  void BeginLaunchOrder(int64_t ungated) override { across_->Begin(ungated); }
+  void GrantLaunches(const std::vector<LaunchGrant>& grants) override { across_->Grant(grants); }
+  void EndLaunchGrants() override { across_->End(); }
+
  private:
   const MpiLaneSettings mpi_;
   const GpuSettings gpu_;
   const bool thread_multiple_;
+  const std::shared_ptr<gpu::CrossSetOrder> across_ = std::make_shared<gpu::CrossSetOrder>();
 };
 
 }  // namespace

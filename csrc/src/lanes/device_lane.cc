@@ -23,6 +23,8 @@ void DeviceLane::Push(Batch batch) { worker_.Push(std::move(batch)); }
 
 bool DeviceLane::TryRunInline(const Batch& batch) {
   // Opening blocks in collective calls (ncclCommInitRank): only on the lane's thread.
+  // A gated batch waits for grants that the thread running the engine hands out.
+  if (batch.launch_gated) return false;
   return worker_.TryRunInline(batch, [this] { return runner_.open(); });
 }
 

@@ -22,11 +22,52 @@ Device& TheDevice() {
 
 }  // namespace
 
+void CrossSetOrder::Begin(int64_t ungated) {
+  std::lock_guard<std::mutex> lock(TheDevice().mu);
+  ungated_total_ = ungated;
+}
+
+void CrossSetOrder::Grant(const std::vector<LaunchGrant>& grants) {
+  if (grants.empty()) return;
+  Device& d = TheDevice();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    grants_.insert(grants_.end(), grants.begin(), grants.end());
+  }
+  d.cv.notify_all();
+}
+
+void CrossSetOrder::End() {
+  Device& d = TheDevice();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    ended_ = true;
+    grants_.clear();
+  }
+  d.cv.notify_all();
+}
+
+bool CrossSetOrder::MayLaunch(int set_id, int64_t turn) const {
+  if (ended_) return true;
+  return ungated_passed_ >= ungated_total_ && !grants_.empty() && grants_.front().set_id == set_id &&
+         grants_.front().from == turn;
+}
+
+void CrossSetOrder::Launched(int set_id, int64_t turn) {
+  if (grants_.empty() || grants_.front().set_id != set_id || grants_.front().from != turn) return;
+  if (++grants_.front().from == grants_.front().to) grants_.pop_front();
+}
+
+bool LaunchTurn::Reached() const {
+  if (sequence_->next_ != turn_) return false;
+  return !gated_ || sequence_->across_->MayLaunch(sequence_->set_id_, turn_);
+}
+
 void LaunchTurn::Take() {
   if (sequence_ == nullptr || taken_ || passed_) return;
   Device& d = TheDevice();
   std::unique_lock<std::mutex> lock(d.mu);
-  d.cv.wait(lock, [&] { return sequence_->next_ == turn_ && !d.launching; });
+  d.cv.wait(lock, [&] { return Reached() && !d.launching; });
   d.launching = true;
   taken_ = true;
 }
@@ -37,8 +78,11 @@ void LaunchTurn::Pass() {
   {
     std::unique_lock<std::mutex> lock(d.mu);
     if (taken_) d.launching = false;
-    else d.cv.wait(lock, [&] { return sequence_->next_ == turn_; });
+    else d.cv.wait(lock, [&] { return Reached(); });
     sequence_->next_ = turn_ + 1;
+    CrossSetOrder& across = *sequence_->across_;
+    if (gated_) across.Launched(sequence_->set_id_, turn_);
+    else ++across.ungated_passed_;
     passed_ = true;
   }
   d.cv.notify_all();

@@ -15,25 +15,58 @@
 //
 // One launch at a time holds across process sets too (a lock per process, which drives
 // one GPU): NCCL's implicit order takes the GPU's order from the order of launches and
-// refuses two threads launching at once. The order between two sets' collectives is
-// each rank's own (their negotiations are separate).
+// refuses two threads launching at once. Once more than one set can have GPU work, the
+// order across sets is agreed too (engine/launch_rounds.h): a batch marked
+// Batch::launch_gated launches only when the grants the engine hands in
+// (CrossSetOrder::Grant, in the same order on every rank) reach it.
 #ifndef PERSEUS_CUDA_LAUNCH_ORDER_H_
 #define PERSEUS_CUDA_LAUNCH_ORDER_H_
 
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "common/batch.h"
 
 namespace perseus {
 namespace gpu {
 
+// One engine's order across its process sets, shared by every set's LaunchSequence.
+// Guarded by the process's launch lock.
+class CrossSetOrder {
+ public:
+  // From now on gated batches launch in the order of the grants, and only after the
+  // first `ungated` batches of the global set (agreed before the order began, launched
+  // without grants) have launched.
+  void Begin(int64_t ungated);
+  // Appends grants, in the order this rank launches them.
+  void Grant(const std::vector<LaunchGrant>& grants);
+  // No more grants will come (the rounds ended, or no rank can use a GPU): gated
+  // batches launch in their own set's order only.
+  void End();
+
+ private:
+  friend class LaunchTurn;
+  bool MayLaunch(int set_id, int64_t turn) const;
+  void Launched(int set_id, int64_t turn);
+  int64_t ungated_total_ = 0, ungated_passed_ = 0;
+  std::deque<LaunchGrant> grants_;
+  bool ended_ = false;
+};
+
 // The launch turns of one process set's device lanes (shared by them).
 class LaunchSequence {
  public:
-  LaunchSequence() = default;
+  LaunchSequence(int set_id, std::shared_ptr<CrossSetOrder> across)
+      : set_id_(set_id), across_(std::move(across)) {}
   LaunchSequence(const LaunchSequence&) = delete;
   LaunchSequence& operator=(const LaunchSequence&) = delete;
 
  private:
   friend class LaunchTurn;
+  const int set_id_;
+  const std::shared_ptr<CrossSetOrder> across_;
   int64_t next_ = 0;  // the turn whose batch launches next; guarded by the process's launch lock
 };
 
@@ -43,20 +76,25 @@ class LaunchSequence {
 class LaunchTurn {
  public:
   // `turn` < 0 or no sequence: no ordering (a batch the engine did not number).
-  LaunchTurn(LaunchSequence* sequence, int64_t turn) : sequence_(turn >= 0 ? sequence : nullptr), turn_(turn) {}
+  // `gated`: Batch::launch_gated.
+  LaunchTurn(LaunchSequence* sequence, int64_t turn, bool gated = false)
+      : sequence_(turn >= 0 ? sequence : nullptr), turn_(turn), gated_(gated) {}
   ~LaunchTurn() { Pass(); }
   LaunchTurn(const LaunchTurn&) = delete;
   LaunchTurn& operator=(const LaunchTurn&) = delete;
 
-  // Waits until every earlier batch of the set has launched and no other lane of the
-  // process is launching; the GPU is this batch's to launch on until Pass().
+  // Waits until every earlier batch of the set has launched (and, gated, every batch
+  // granted before it), and no other lane of the process is launching; the GPU is this
+  // batch's to launch on until Pass().
   void Take();
   // Lets the next batch launch (waiting first for this one's turn if it was not taken).
   void Pass();
 
  private:
+  bool Reached() const;  // under the launch lock: earlier batches have launched
   LaunchSequence* sequence_;
   int64_t turn_;
+  bool gated_;
   bool taken_ = false, passed_ = false;
 };
 
