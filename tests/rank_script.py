@@ -4,6 +4,7 @@
 - A stack dump of every thread shortly before the driver's timeout
   (PTEST_HANG_DUMP_S), so a hang shows its place.
 - `log()` lines tagged with the rank.
+- `CapturedStderr`: what the core logs to fd 2 inside a block.
 - `main(body)`: any exception prints a traceback tagged with the rank and ends the
   process with exit code 1 at once, without atexit hooks (MPICH then tears the job
   down); success prints "ok".
@@ -11,6 +12,7 @@
 import faulthandler
 import os
 import sys
+import tempfile
 import traceback
 
 if os.environ.get("PTEST_HANG_DUMP_S"):
@@ -52,3 +54,21 @@ def main(body):
     log("ok")
     sys.stdout.flush()
     sys.exit(0)
+
+
+class CapturedStderr:
+    """Everything written to fd 2 (by the C++ core too) while inside the block."""
+
+    def __enter__(self):
+        self.file = tempfile.TemporaryFile(mode="w+b")
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.file.seek(0)
+        self.text = self.file.read().decode(errors="replace")
+        os.write(2, self.file.read())
+        return False

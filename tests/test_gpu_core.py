@@ -529,6 +529,31 @@ def test_device_lanes_launch_in_the_agreed_order(run_mpi, fake_gpu, case):
     run_mpi("gpu_launch_order", nprocs, env=dict(fake_gpu, **LAUNCH_ORDER, **env), timeout=150)
 
 
+@pytest.mark.mpi
+def test_a_stopped_rank_outside_the_set_holds_its_launches_until_given_up(fake_gpu, tmp_path):
+    """Every rank takes part in the rounds that order GPU launches across process sets, so
+    a stopped rank 2 holds set {0, 1}'s GPU batch: the global set's stall inspector names
+    it (warning at T) and gives it up at S; the batch then launches and completes
+    (tests/rank_scripts/gpu_launch_order.py, LAUNCH_ORDER_STOP). Without that wait in the
+    inspector, nothing was reported and the batch waited forever."""
+    from conftest import clean_env, find_mpirun, run_bounded
+    env = dict(fake_gpu, **LAUNCH_ORDER, LAUNCH_ORDER_SETS="0,1", LAUNCH_ORDER_STEPS="2", LAUNCH_ORDER_STOP="1",
+               PTEST_TMPDIR=str(tmp_path), PERSEUS_STALL_CHECK_TIME_SECONDS="2",
+               PERSEUS_STALL_SHUTDOWN_TIME_SECONDS="3")
+    cmd = [find_mpirun(), "-np", "3", sys.executable, str(TESTS_DIR / "rank_scripts" / "gpu_launch_order.py")]
+    victim = tmp_path / "stopped"
+    try:
+        rc, out, err, _ = run_bounded(cmd, clean_env(env), 60)
+    finally:
+        if victim.exists():
+            try:
+                os.kill(int(victim.read_text().split()[0]), 9)
+            except ProcessLookupError:
+                pass
+    for rank in (0, 1):
+        assert "SURVIVOR %d ok" % rank in out, "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err[-6000:])
+
+
 # The stress run scripts/gpu_check.sh makes on a GPU (tests/rank_scripts/gpu_stress.py: random
 # bursts of every boundary on 4 lanes and two process sets, each result checked against
 # the host's), a few steps on the fake so that it is known to work before a GPU runs it;

@@ -33,7 +33,7 @@ import time
 import torch
 
 from common import hvd, init, launcher_rank_size, main
-from stall import CapturedStderr
+from rank_script import CapturedStderr
 
 T = float(os.environ["PERSEUS_STALL_CHECK_TIME_SECONDS"])
 S = float(os.environ["PERSEUS_STALL_SHUTDOWN_TIME_SECONDS"])

@@ -16,9 +16,19 @@ own. FAKE_GPU_WAIT_JITTER_US delays each lane's wait for its inputs, which comes
 before its launch turn, so the sets' lanes reach their launches in different orders
 on different ranks: unless the ranks also agree one order across sets, two sets'
 kernels deadlock the GPU of one slot.
+
+LAUNCH_ORDER_STOP=1 (np 3, LAUNCH_ORDER_SETS="0,1", small stall times T and S): after
+the steps, rank 2 stops itself with SIGSTOP (its pid goes to $PTEST_TMPDIR/stopped), and
+ranks 0 and 1 allreduce on the GPU in their set. Every rank takes part in the rounds
+that order launches across sets, so the batch waits for rank 2: the global set's stall
+inspector must name it (a warning at T) and give it up at S, after which the batch
+launches in its set's order and completes. Each survivor prints "SURVIVOR <rank> ok";
+then rank 0 kills the stopped rank, which ends the job.
 """
 import os
+import signal
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -27,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import capi  # noqa: E402
 import fake_gpu  # noqa: E402
 from capi import ALLREDUCE, BROADCAST  # noqa: E402
-from rank_script import log, main  # noqa: E402
+from rank_script import CapturedStderr, log, main  # noqa: E402
 
 STEPS = int(os.environ.get("LAUNCH_ORDER_STEPS", "8"))
 DTYPES = [np.float32, np.int32, np.float16, np.int64]
@@ -84,11 +94,52 @@ def body():
         for (name, want), pending in zip(expected, capi.submit(*requests)):
             out = pending.value()
             assert np.array_equal(out, want), "step %d, %s: got %r, expected %r" % (step, name, out[:8], want[:8])
+    if os.environ.get("LAUNCH_ORDER_STOP"):
+        stop_outside_the_set(rank, sets[1][0])
     capi.shutdown()
     stats = fake_gpu.stats()
     log("fake GPU:", stats)
     assert stats["misuses"] == 0, stats
     assert stats["nccl_calls"] >= STEPS * len(mine) and stats["comms_created"] == 4 * len(mine), stats
+
+
+def stop_outside_the_set(rank, set_id):
+    """LAUNCH_ORDER_STOP: rank 2, in no set but the global one, stops; the others' GPU
+    allreduce in set {0, 1} completes once the stall inspector gives rank 2 up."""
+    T = float(os.environ["PERSEUS_STALL_CHECK_TIME_SECONDS"])
+    S = float(os.environ["PERSEUS_STALL_SHUTDOWN_TIME_SECONDS"])
+    victim_file = os.path.join(os.environ["PTEST_TMPDIR"], "stopped")
+    if rank == 2:
+        with open(victim_file + ".tmp", "w") as f:
+            f.write("%d %f" % (os.getpid(), time.time()))
+        os.replace(victim_file + ".tmp", victim_file)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        raise AssertionError("the stopped rank was continued")
+    while not os.path.exists(victim_file):
+        time.sleep(0.01)
+    with open(victim_file) as f:
+        pid = int(f.read().split()[0])
+    while open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] != "T":
+        time.sleep(0.01)
+    x = capi.make("stopped.x", rank, (3000,), np.float32, low=-3, high=3)
+    want = sum(capi.make("stopped.x", r, (3000,), np.float32, low=-3, high=3) for r in (0, 1))
+    start = time.monotonic()
+    with CapturedStderr() as err:
+        (pending,) = capi.submit(capi.request(ALLREDUCE, "stopped.x", x, device=0, process_set=set_id))
+        out = pending.value()
+        took = time.monotonic() - start
+    log("the set's allreduce completed after %.2f s" % took)
+    assert np.array_equal(out, want), (out[:8], want[:8])
+    assert "rank(s) [2] not responding" in err.text, err.text
+    assert S - 0.1 <= took <= S + 5, "completed after %.2f s; stall shutdown time %.1f s" % (took, S)
+    sys.stdout.write("SURVIVOR %d ok\n" % rank)
+    sys.stdout.flush()
+    open(victim_file + ".survivor%d" % rank, "w").close()
+    if rank == 0:
+        while not os.path.exists(victim_file + ".survivor1"):
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+    os._exit(0)  # MPI_Finalize would wait for the stopped rank
 
 
 if __name__ == "__main__":

@@ -11,30 +11,12 @@ PTEST_STALL=shutdown  as idle, with a stall shutdown time: every rank gets the s
 The core logs to file descriptor 2; the script points it at a file to read the warnings.
 """
 import os
-import tempfile
 import time
 
 import torch
 
 from common import expect_raises, hvd, init, main
-
-
-class CapturedStderr:
-    """Everything written to fd 2 (by the C++ core too) while inside the block."""
-
-    def __enter__(self):
-        self.file = tempfile.TemporaryFile(mode="w+b")
-        self.saved = os.dup(2)
-        os.dup2(self.file.fileno(), 2)
-        return self
-
-    def __exit__(self, *exc):
-        os.dup2(self.saved, 2)
-        os.close(self.saved)
-        self.file.seek(0)
-        self.text = self.file.read().decode(errors="replace")
-        os.write(2, self.file.read())
-        return False
+from rank_script import CapturedStderr
 
 
 def ranks(rs):

@@ -737,6 +737,7 @@ void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& se
   LaunchRounds& rounds = *launch_rounds_;
   if (rounds.ended()) return;
   if (rounds.in_flight()) {
+    NoteUngranted(sets, now);
     std::vector<uint64_t> agreed;
     bool changed = false;
     Status error;
@@ -762,16 +763,12 @@ void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& se
   }
   std::vector<uint64_t> counts;
   int64_t total = 0;
-  bool waiting = false;
   for (const auto& set : sets) {
     if (static_cast<size_t>(set->id) >= counts.size()) counts.resize(set->id + 1, LaunchRounds::kAny);
     counts[set->id] = static_cast<uint64_t>(set->device_batches);
     total += set->device_batches;
-    waiting = waiting || set->launches_granted < set->device_batches;
   }
-  if (!waiting) ungranted_since_.store(0, std::memory_order_relaxed);
-  else if (ungranted_since_.load(std::memory_order_relaxed) == 0)
-    ungranted_since_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  const bool waiting = NoteUngranted(sets, now);
   leaving = leaving && !waiting;  // a rank shutting down leaves once its own batches may launch
   if (!leaving && total == launch_counted_ && now < rounds.retry_at) {
     *wake_at = std::min(*wake_at, rounds.retry_at);
@@ -787,6 +784,15 @@ void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& se
   rounds.round_start = now;
   *busy = true;
   *wake_at = now;  // test it straight away
+}
+
+bool Engine::NoteUngranted(const std::vector<std::shared_ptr<ProcessSet>>& sets, Clock::time_point now) {
+  bool waiting = false;
+  for (const auto& set : sets) waiting = waiting || set->launches_granted < set->device_batches;
+  if (!waiting) ungranted_since_.store(0, std::memory_order_relaxed);
+  else if (ungranted_since_.load(std::memory_order_relaxed) == 0)
+    ungranted_since_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  return waiting;
 }
 
 void Engine::GrantLaunches(const std::vector<std::shared_ptr<ProcessSet>>& sets,

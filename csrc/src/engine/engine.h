@@ -154,6 +154,8 @@ class Engine {
   // Hands the lanes what a round agreed, in (set id, turn) order; `sets`: this rank's.
   void GrantLaunches(const std::vector<std::shared_ptr<ProcessSet>>& sets,
                      const std::vector<uint64_t>& agreed);
+  // Whether this rank has GPU batches waiting for a grant; keeps ungranted_since_.
+  bool NoteUngranted(const std::vector<std::shared_ptr<ProcessSet>>& sets, Clock::time_point now);
   void EndLaunchOrder(bool abandon);
   bool LaunchOrderOver() const;  // no round will run any more (shutdown may end)
 
