@@ -145,6 +145,8 @@ void Engine::Shutdown() {
   sets.clear();  // lanes finish the batches every rank agreed on, then stop
   SetWaitHook(nullptr);  // no thread of ours waits any more
   handles_->FailAll(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
+  launch_rounds_.reset();  // its communicator, before MPI may be finalized
+  made_launch_rounds_.reset();
   if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
   if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
   FreeMpiOps();
