@@ -772,7 +772,9 @@ void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& se
   }
   const bool waiting = NoteUngranted(sets, now);
   leaving = leaving && !waiting;  // a rank shutting down leaves once its own batches may launch
-  if (!leaving && total == launch_counted_ && now < rounds.retry_at) {
+  // A rank whose batches wait, or that agreed more, starts the next round at once; the
+  // others join it after their backoff.
+  if (!leaving && !waiting && total == launch_counted_ && now < rounds.retry_at) {
     *wake_at = std::min(*wake_at, rounds.retry_at);
     return;
   }
