@@ -5,8 +5,9 @@ host-staging computes), under a watchdog that turns a hang into a failure naming
 step.
 
 A step is one burst of requests on one of two process sets (the global set, and the
-upper half of the ranks as a second), submitted together so that they fuse into batches spread over the
-lanes: allreduce (Sum, Average, Min, Max, Product; scaled Sum and Average), broadcast
+upper half of the ranks as a second), or now and then on both at once (so that the two
+sets' GPU collectives are in flight together and must launch in one order across sets),
+submitted together so that they fuse into batches spread over the lanes: allreduce (Sum, Average, Min, Max, Product; scaled Sum and Average), broadcast
 from a random root, allgather with rows differing by rank, reducescatter with rows that
 do and do not split evenly; eight dtypes; sizes on both sides of every boundary (empty,
 one element, 16 bytes, the chunk, the fusion threshold, 1 MiB, 16 MiB where
@@ -72,17 +73,28 @@ def elements(rng, dtype):
     return min(n, LARGEST // size)
 
 
-def step_plan(step, size, second_set):
-    """The same on every rank: (set: 0 or 1, [request]), a request being a dict."""
-    rng = np.random.default_rng(zlib.crc32(b"stress|%d|%d" % (SEED, step)))
-    on_second = second_set and rng.random() < 0.3
+def step_parts(step, size, second_set):
+    """The same on every rank: a step's parts, each (set: 0 or 1, members, [request])."""
+    rng = np.random.default_rng(zlib.crc32(b"stress-sets|%d|%d" % (SEED, step)))
+    both = second_set and rng.random() < 0.25
+    first = step_plan(step, size, second_set)
+    if not both:
+        return [first]
+    return [first, step_plan(step, size, second_set, on_second=first[0] == 0, prefix="t")]
+
+
+def step_plan(step, size, second_set, on_second=None, prefix="s"):
+    """One part of a step: (set: 0 or 1, members, [request]), a request being a dict."""
+    rng = np.random.default_rng(zlib.crc32(b"stress|%d|%d|%s" % (SEED, step, prefix.encode())))
+    drawn = second_set and rng.random() < 0.3
+    on_second = drawn if on_second is None else on_second
     members = upper_half(size) if on_second else list(range(size))
     requests = []
     many = rng.random() < 0.05
     for i in range(170 if many else int(rng.integers(1, 9))):
         kind = "allreduce" if many else str(rng.choice(KINDS))
         dtype = str(rng.choice(REDUCED if kind in ("allreduce", "reducescatter") else MOVED))
-        r = {"kind": kind, "name": "s%d.%d" % (step, i), "dtype": dtype, "op": "Sum", "pre": 1.0, "post": 1.0,
+        r = {"kind": kind, "name": "%s%d.%d" % (prefix, step, i), "dtype": dtype, "op": "Sum", "pre": 1.0, "post": 1.0,
              "rows": 1 if many else elements(rng, dtype), "root": members[int(rng.integers(len(members)))],
              "uneven": bool(rng.random() < 0.5)}
         if kind == "allreduce":
@@ -233,26 +245,28 @@ def body():
     checked = 0
     start = time.monotonic()
     for step in range(STEPS):
-        which, members, requests = step_plan(step, size, second is not None)
-        watchdog.begin(step, "set %d, %d requests: %s" % (which, len(requests), ", ".join(
+        parts = step_parts(step, size, second is not None)
+        watchdog.begin(step, "; ".join("set %d, %d requests: %s" % (which, len(requests), ", ".join(
             " ".join([r["kind"]] + ([r["op"]] if r["kind"] == "allreduce" else []) + [r["dtype"], "x%d" % r["rows"]])
-            for r in requests[:8])))
-        if rank not in members:
-            continue
-        for r in requests:
-            r["root_in_set"], r["members"] = members.index(r["root"]), members
-        inputs = [(r, make_input(r, rank, members)) for r in requests]
-        on_gpu = way.start(inputs, True, sets[which])
-        on_host = way.start(inputs, False, sets[which])
-        for r, got_h, want_h in zip(requests, on_gpu, on_host):
-            got, want = way.result(got_h, r["dtype"]), way.result(want_h, r["dtype"])
-            if not same(got, want, r["dtype"]):
-                bad = np.flatnonzero(got.ravel() != want.ravel()) if got.shape == want.shape else []
-                raise AssertionError("step %d, %s (%s %s, %s, rows %d): the GPU result differs from the host's: shape "
-                                     "%s vs %s; %d element(s) differ, first at %s: %r vs %r"
-                                     % (step, r["name"], r["kind"], r["op"], r["dtype"], r["rows"], got.shape,
-                                        want.shape, len(bad), bad[:1], got.ravel()[bad[:1]], want.ravel()[bad[:1]]))
-            checked += 1
+            for r in requests[:8])) for which, _, requests in parts))
+        started = []  # every part's GPU requests first, so that the sets' collectives overlap
+        for which, members, requests in parts:
+            if rank not in members:
+                continue
+            for r in requests:
+                r["root_in_set"], r["members"] = members.index(r["root"]), members
+            inputs = [(r, make_input(r, rank, members)) for r in requests]
+            started.append((requests, way.start(inputs, True, sets[which]), way.start(inputs, False, sets[which])))
+        for requests, on_gpu, on_host in started:
+            for r, got_h, want_h in zip(requests, on_gpu, on_host):
+                got, want = way.result(got_h, r["dtype"]), way.result(want_h, r["dtype"])
+                if not same(got, want, r["dtype"]):
+                    bad = np.flatnonzero(got.ravel() != want.ravel()) if got.shape == want.shape else []
+                    raise AssertionError("step %d, %s (%s %s, %s, rows %d): the GPU result differs from the host's: "
+                                         "shape %s vs %s; %d element(s) differ, first at %s: %r vs %r"
+                                         % (step, r["name"], r["kind"], r["op"], r["dtype"], r["rows"], got.shape,
+                                            want.shape, len(bad), bad[:1], got.ravel()[bad[:1]], want.ravel()[bad[:1]]))
+                checked += 1
         if step % 100 == 99:
             log("step %d: %d results checked, %.1f s" % (step + 1, checked, time.monotonic() - start))
     watchdog.begin(STEPS, "shutdown")
