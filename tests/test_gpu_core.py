@@ -601,5 +601,12 @@ def test_fusion_plan_with_cpu_and_gpu_of_different_ordinals(tmp_path):
                   "common/dtype.cc"])
 
 
+def test_gated_batches_launch_in_the_order_of_their_grants(tmp_path):
+    """The launch order across process sets on the host (tests/cpp/launch_order_test.cc):
+    lanes of two sets launch in the order granted, whichever arrives first; the global
+    set's batches agreed before the order began go first; End() releases what waits."""
+    run_cpp_test(tmp_path, "launch_order_test", ["cuda/context/launch_order.cc"])
+
+
 def test_one_rank_nccl_reductions_are_split_into_whole_pieces(tmp_path):
     run_cpp_test(tmp_path, "nccl_one_rank_test", ["cuda/nccl/nccl_one_rank.cc"], optimize="-O2")
