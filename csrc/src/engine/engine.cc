@@ -28,6 +28,9 @@ constexpr double kMeetDriveS = 0.5;
 // launches across sets begins.
 constexpr const char* kAddSetMeeting = "perseus.add_process_set";
 
+// How often the launch rounds run while no set has had GPU work (engine/launch_rounds.h).
+constexpr auto kRoundsBeforeGpuWork = std::chrono::milliseconds(20);
+
 bool AgreesToAddSet(const std::vector<BatchItem>& agreed) {
   for (const BatchItem& item : agreed)
     if (item.meta.anonymous && item.meta.op_type == PERSEUS_BARRIER && item.meta.name == kAddSetMeeting)
@@ -754,10 +757,15 @@ void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& se
       return;
     }
     GrantLaunches(sets, agreed);
-    // Backs off alike on every rank: `changed` is the same everywhere.
+    // Backs off alike on every rank: `changed` is the same everywhere, and so is whether
+    // any set has had GPU work yet; until one has (a CPU job on a GPU machine), the
+    // rounds poll rarely, and only the job's first GPU batch waits for that.
     const Retry retry = SchedulePolicy::AfterRound(changed, rounds.backoff, now);
+    const bool gpu_work_yet = std::any_of(agreed.begin(), agreed.end(), [](uint64_t n) {
+      return n != 0 && n != LaunchRounds::kAny;
+    });
     rounds.backoff = retry.backoff;
-    rounds.retry_at = retry.at;
+    rounds.retry_at = gpu_work_yet ? retry.at : std::max(retry.at, now + kRoundsBeforeGpuWork);
     if (rounds.ended()) {
       EndLaunchOrder(/*abandon=*/false);  // someone shut down: no round will come
       return;
