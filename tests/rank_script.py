@@ -5,6 +5,8 @@
   (PTEST_HANG_DUMP_S), so a hang shows its place.
 - `log()` lines tagged with the rank.
 - `CapturedStderr`: what the core logs to fd 2 inside a block.
+- A rank that stops itself (SIGSTOP) for the others to find: `victim_file()`,
+  `announce_victim()`, `wait_for_stop()`.
 - `main(body)`: any exception prints a traceback tagged with the rank and ends the
   process with exit code 1 at once, without atexit hooks (MPICH then tears the job
   down); success prints "ok".
@@ -13,6 +15,7 @@ import faulthandler
 import os
 import sys
 import tempfile
+import time
 import traceback
 
 if os.environ.get("PTEST_HANG_DUMP_S"):
@@ -72,3 +75,32 @@ class CapturedStderr:
         self.text = self.file.read().decode(errors="replace")
         os.write(2, self.file.read())
         return False
+
+
+def victim_file():
+    """Where a rank that stops itself writes its pid and the time: $PTEST_TMPDIR/stopped."""
+    return os.path.join(os.environ["PTEST_TMPDIR"], "stopped")
+
+
+def announce_victim():
+    """Writes this process's pid and the time to victim_file(), atomically."""
+    path = victim_file()
+    with open(path + ".tmp", "w") as f:
+        f.write("%d %f" % (os.getpid(), time.time()))
+    os.replace(path + ".tmp", path)
+
+
+def wait_for_stop(within_s=30):
+    """Waits until the victim has announced itself and /proc shows it stopped; its pid."""
+    path, deadline = victim_file(), time.monotonic() + within_s
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, "the victim's pid never came"
+        time.sleep(0.01)
+    with open(path) as f:
+        pid = int(f.read().split()[0])
+    while True:
+        with open("/proc/%d/stat" % pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return pid
+        assert time.monotonic() < deadline, "the victim never stopped"
+        time.sleep(0.01)

@@ -33,7 +33,7 @@ import time
 import torch
 
 from common import hvd, init, launcher_rank_size, main
-from rank_script import CapturedStderr
+from rank_script import CapturedStderr, announce_victim, wait_for_stop
 
 T = float(os.environ["PERSEUS_STALL_CHECK_TIME_SECONDS"])
 S = float(os.environ["PERSEUS_STALL_SHUTDOWN_TIME_SECONDS"])
@@ -59,28 +59,6 @@ class FirstSight(threading.Thread):
             if self.text in os.pread(fd, 1 << 20, 0).decode(errors="replace"):
                 self.seen = time.monotonic()
             time.sleep(0.02)
-
-
-def wait_for(name_or_path, what, within_s=30):
-    deadline = time.monotonic() + within_s
-    while not os.path.exists(name_or_path):
-        assert time.monotonic() < deadline, "%s never came" % what
-        time.sleep(0.01)
-
-
-def stopped(pid):
-    with open("/proc/%d/stat" % pid) as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
-def wait_for_stop(victim_file):
-    wait_for(victim_file, "the victim's pid")
-    with open(victim_file) as f:
-        pid = int(f.read().split()[0])
-    deadline = time.monotonic() + 30
-    while not stopped(pid):
-        assert time.monotonic() < deadline, "the victim never stopped"
-        time.sleep(0.01)
 
 
 def wait_stalled(want_warning, want_error):
@@ -111,18 +89,15 @@ def wait_stalled(want_warning, want_error):
 
 def stop(rank, size, in_collective=False):
     victim = size - 1
-    victim_file = os.path.join(os.environ["PTEST_TMPDIR"], "stopped")
     if rank == victim:
-        with open(victim_file + ".tmp", "w") as f:
-            f.write("%d %f" % (os.getpid(), time.time()))
-        os.replace(victim_file + ".tmp", victim_file)
+        announce_victim()
         if in_collective:
             hvd.allreduce(torch.ones(4), name="frozen.x")  # stops in the lane
         else:
             os.kill(os.getpid(), signal.SIGSTOP)
         raise AssertionError("the stopped rank was continued")
     if not in_collective:
-        wait_for_stop(victim_file)
+        wait_for_stop()
     named = "rank(s) [%d] not responding (stopped, stuck or unreachable)" % victim
     error, _ = wait_stalled(named, ["at the stall shutdown time", named, "'allreduce.frozen.x'"])
     os.write(1, ("SURVIVOR %d ok\n" % rank).encode())

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import capi  # noqa: E402
 import fake_gpu  # noqa: E402
 from capi import ALLREDUCE, BROADCAST  # noqa: E402
-from rank_script import CapturedStderr, log, main  # noqa: E402
+from rank_script import CapturedStderr, announce_victim, log, main, victim_file, wait_for_stop  # noqa: E402
 
 STEPS = int(os.environ.get("LAUNCH_ORDER_STEPS", "8"))
 DTYPES = [np.float32, np.int32, np.float16, np.int64]
@@ -114,21 +114,12 @@ def body():
 def stop_outside_the_set(rank, set_id):
     """LAUNCH_ORDER_STOP: rank 2, in no set but the global one, stops; the others' GPU
     allreduce in set {0, 1} completes once the stall inspector gives rank 2 up."""
-    T = float(os.environ["PERSEUS_STALL_CHECK_TIME_SECONDS"])
     S = float(os.environ["PERSEUS_STALL_SHUTDOWN_TIME_SECONDS"])
-    victim_file = os.path.join(os.environ["PTEST_TMPDIR"], "stopped")
     if rank == 2:
-        with open(victim_file + ".tmp", "w") as f:
-            f.write("%d %f" % (os.getpid(), time.time()))
-        os.replace(victim_file + ".tmp", victim_file)
+        announce_victim()
         os.kill(os.getpid(), signal.SIGSTOP)
         raise AssertionError("the stopped rank was continued")
-    while not os.path.exists(victim_file):
-        time.sleep(0.01)
-    with open(victim_file) as f:
-        pid = int(f.read().split()[0])
-    while open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] != "T":
-        time.sleep(0.01)
+    pid = wait_for_stop()
     x = capi.make("stopped.x", rank, (3000,), np.float32, low=-3, high=3)
     want = sum(capi.make("stopped.x", r, (3000,), np.float32, low=-3, high=3) for r in (0, 1))
     start = time.monotonic()
@@ -142,9 +133,9 @@ def stop_outside_the_set(rank, set_id):
     assert S - 0.1 <= took <= S + 5, "completed after %.2f s; stall shutdown time %.1f s" % (took, S)
     sys.stdout.write("SURVIVOR %d ok\n" % rank)
     sys.stdout.flush()
-    open(victim_file + ".survivor%d" % rank, "w").close()
+    open(victim_file() + ".survivor%d" % rank, "w").close()
     if rank == 0:
-        while not os.path.exists(victim_file + ".survivor1"):
+        while not os.path.exists(victim_file() + ".survivor1"):
             time.sleep(0.01)
         os.kill(pid, signal.SIGKILL)
     os._exit(0)  # MPI_Finalize would wait for the stopped rank

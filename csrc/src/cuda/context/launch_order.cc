@@ -47,15 +47,16 @@ void CrossSetOrder::End() {
   d.cv.notify_all();
 }
 
+bool CrossSetOrder::Heads(int set_id, int64_t turn) const {
+  return !grants_.empty() && grants_.front().set_id == set_id && grants_.front().from == turn;
+}
+
 bool CrossSetOrder::MayLaunch(int set_id, int64_t turn) const {
-  if (ended_) return true;
-  return ungated_passed_ >= ungated_total_ && !grants_.empty() && grants_.front().set_id == set_id &&
-         grants_.front().from == turn;
+  return ended_ || (ungated_passed_ >= ungated_total_ && Heads(set_id, turn));
 }
 
 void CrossSetOrder::Launched(int set_id, int64_t turn) {
-  if (grants_.empty() || grants_.front().set_id != set_id || grants_.front().from != turn) return;
-  if (++grants_.front().from == grants_.front().to) grants_.pop_front();
+  if (Heads(set_id, turn) && ++grants_.front().from == grants_.front().to) grants_.pop_front();
 }
 
 bool LaunchTurn::Reached() const {

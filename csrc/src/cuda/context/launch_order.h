@@ -48,6 +48,7 @@ class CrossSetOrder {
 
  private:
   friend class LaunchTurn;
+  bool Heads(int set_id, int64_t turn) const;  // the first grant is this batch's
   bool MayLaunch(int set_id, int64_t turn) const;
   void Launched(int set_id, int64_t turn);
   int64_t ungated_total_ = 0, ungated_passed_ = 0;
