@@ -10,6 +10,7 @@ import ctypes
 import os
 
 from perseus.common import builder as _builder
+from perseus.common import launch_check as _launch_check
 from perseus.common import library as _lib
 from perseus.common import objects as _objects
 from perseus.common import process_sets as _process_sets
@@ -56,6 +57,10 @@ def init(comm=None, process_sets=None):
         _builder.reset()
         _requests.reset()
         _process_sets._on_init(comm if hasattr(comm, "py2f") else None, _objects.allgather_object)
+        error = _launch_check.launched_alone_error(_mpi_world_size(comm))
+        if error is not None:  # torchrun and the like: each process alone in MPI's world
+            shutdown()
+            raise error
         if check_ranks is not None and check_ranks != list(range(size())):
             shutdown()
             raise ValueError(
@@ -63,6 +68,14 @@ def init(comm=None, process_sets=None):
                 "on a subset, pass an mpi4py communicator (e.g. MPI.COMM_WORLD.Split(...)), "
                 "or register a ProcessSet after init()")
     _process_sets.add_process_sets(process_sets or (), size())
+
+
+def _mpi_world_size(comm):
+    """MPI_COMM_WORLD's size: the core's world, unless init() was given a communicator."""
+    if hasattr(comm, "py2f"):
+        from mpi4py import MPI  # comm is one of mpi4py's
+        return MPI.COMM_WORLD.Get_size()
+    return size()
 
 
 def shutdown():

@@ -20,13 +20,13 @@ init_process_group("perseus") and new groups here; this module does the work:
 """
 
 import itertools
-import os
 import socket
 
 import torch
 import torch.distributed as _torch_dist
 
 from perseus.common import basics as _basics
+from perseus.common import launch_check as _launch_check
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
 from perseus.torch import functions as _functions
@@ -64,13 +64,7 @@ def init_process_group(original, arguments):
     _process_group.init_process_group(world_size=arguments.get("world_size", -1),
                                       rank=arguments.get("rank", -1))
     rank, size = _basics.rank(), _basics.size()
-    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if size == 1 and launched > 1:
-        # torchrun and the like start each process alone: each would train by itself.
-        raise RuntimeError("init_process_group('perseus'): this process is an MPI world of "
-                           "one, but WORLD_SIZE=%d says it is one of %d processes (started "
-                           "by torchrun?); the 'perseus' backend takes its ranks from MPI: "
-                           "launch with mpirun -np %d" % (launched, launched, launched))
+    _launch_check.check_launched_world(size)  # torchrun: each process a world of one
     if arguments.get("store") is None:
         arguments["store"] = _make_store(rank, size)
     arguments.update(init_method=None, rank=rank, world_size=size)
