@@ -312,6 +312,18 @@ def test_join_barrier_process_set(initialized):
     assert_same(hvd.allreduce(x, name="sp.ps", op=hvd.Sum, process_set=ps), x)
 
 
+def test_remove_process_set_returns_false_when_nothing_is_removed(initialized):
+    # As Horovod 0.28.1: False for the global set (here with a warning), and for a set
+    # never registered (Horovod: an assertion); the global set keeps working.
+    hvd = initialized
+    with pytest.warns(UserWarning, match="the global process set always exists; nothing removed"):
+        assert hvd.remove_process_set(hvd.global_process_set) is False
+    assert hvd.global_process_set.process_set_id == 0 and hvd.global_process_set.ranks == [0]
+    assert hvd.remove_process_set(hvd.ProcessSet([0])) is False
+    x = make((3,), torch.float32)
+    assert_same(hvd.allreduce(x, name="sp.after_remove", op=hvd.Sum, process_set=hvd.global_process_set), x)
+
+
 # ---------------------------------------------------------------- errors
 
 def test_local_argument_errors(initialized):

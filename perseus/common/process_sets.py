@@ -13,6 +13,7 @@ answers at registration), so adapters can shape outputs without a core call.
 
 import ctypes
 import threading
+import warnings
 
 from perseus.common import library as _lib
 from perseus.common.ops import GLOBAL_PROCESS_SET, integer
@@ -336,12 +337,17 @@ def ids_and_ranks():
 
 
 def remove_process_set(process_set):
-    """Unregisters a set (collective). False when it was not registered."""
+    """Unregisters a set (collective) and returns True. As Horovod, nothing is removed
+    and it returns False for the global set, which always exists (with a warning
+    saying so); and, silently, for a set that is not registered (never added, or
+    removed already), where Horovod fails an assertion."""
     with _lock:
         if process_set.process_set_id is None:
             return False
         if process_set.process_set_id == GLOBAL_PROCESS_SET:
-            raise ValueError("the global process set cannot be removed")
+            warnings.warn("remove_process_set(global_process_set): the global process set "
+                          "always exists; nothing removed", stacklevel=2)
+            return False
         _lib.check(_lib.perseus_remove_process_set(process_set.process_set_id))
         _registered.pop(process_set.process_set_id, None)
         process_set._invalidate()
