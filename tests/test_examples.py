@@ -2,6 +2,7 @@
 accuracy the README promises, the synthetic benchmark prints Horovod's format, and the
 torch-DDP ImageNet-style script runs through `JOB=imagenet_ddp mpirun -np 2 ./train.sh`
 with its one-process command line."""
+import math
 import os
 import re
 import stat
@@ -49,6 +50,7 @@ def test_train_digits_two_ranks(tmp_path):
     assert len(epochs) == 20, out  # rank 0 alone prints
     final = re.search(r"^Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out, re.M)
     assert final and float(final.group(1)) >= 95.0, out
+    assert "Ranks' weights: identical" in out, out
     checkpoint = cache / "perseus" / "checkpoints" / "train_digits.pt"
     assert "Checkpoint saved to %s" % checkpoint in out, out
     folder = checkpoint.parent.stat()
@@ -79,16 +81,14 @@ def test_train_digits_refuses_a_planted_link(tmp_path):
 
 
 def digits_checkpoint(path, epoch, hidden):
-    """A checkpoint of train_digits.py's shape (MLP, SGD, cosine schedule) at `epoch`."""
+    """A checkpoint of train_digits.py's shape (MLP, SGD) at `epoch`."""
     import torch
     import torch.nn as nn
     model = nn.Module()
     model.fc1, model.fc2, model.fc3 = nn.Linear(64, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, 10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "epoch": epoch, "accuracy": 0.0, "size": 1},
-               path)
+                "epoch": epoch, "accuracy": 0.0, "size": 1}, path)
 
 
 def test_train_digits_resumes_only_the_users_own_file(tmp_path):
@@ -119,6 +119,39 @@ def test_train_digits_resumes_only_the_users_own_file(tmp_path):
     code, out = resume()
     assert code != 0 and "Resumed" not in out, out
     assert "refusing to read %s: %s" % (checkpoint, why) in out, out
+
+
+def test_train_digits_resumes_with_another_epoch_count(tmp_path):
+    """`EPOCHS=2 mpirun -np 2 ./train.sh`, then `mpirun -np 2 ./train.sh --resume` (20
+    epochs): the schedule is rebuilt for 20 epochs from epoch 2 (the printed lr is this
+    test's formula) on every rank, so the ranks end with the same weights (before the
+    fix rank 0 restored the 2-epoch schedule, the others started one: they differed by
+    0.875), and the run reaches a fresh run's accuracy (issue 49, point 2)."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir(mode=0o700)
+    env = {"CHECKPOINT": str(folder / "digits.pt")}
+
+    def train(*argv, **more):
+        cmd = [find_mpirun(), "-np", "2", REPO_ROOT / "train.sh"] + list(argv)
+        code, out, err, _ = run_bounded(cmd, clean_env(dict(env, **more)), 60)
+        assert code == 0, out + err
+        epochs = re.findall(r"^Epoch +(\d+)/(\d+): lr ([\d.e-]+) .*test loss ([\d.]+) .*"
+                            r"test accuracy ([\d.]+)%$", out, re.M)
+        return out, err, [(int(e) - 1, int(n), float(lr), float(loss), float(accuracy))
+                          for e, n, lr, loss, accuracy in epochs]
+
+    _, _, first = train(EPOCHS="2")
+    out, err, resumed = train("--resume")
+    assert "Resumed from %s (epoch 2)" % env["CHECKPOINT"] in out, out
+    assert "Ranks' weights: identical" in out, out
+    assert "lr_scheduler.step()" not in err, err  # no rank restarts a schedule of its own
+    final = re.search(r"^Final test accuracy: ([\d.]+)% on 2 rank\(s\)", out, re.M)
+    assert final and float(final.group(1)) >= 95.0, out  # a fresh 20-epoch run's promise
+    assert [e for e, *_ in first] == [0, 1] and [e for e, *_ in resumed] == list(range(2, 20)), out
+    for epoch, epochs, lr, _, _ in first + resumed:
+        expected = 0.02 * 2 * (1 + math.cos(math.pi * epoch / epochs)) / 2
+        assert lr == pytest.approx(expected, rel=1e-3, abs=1e-6), (epoch, epochs, lr, out)
+    assert resumed[0][3] != first[-1][3], out  # the first resumed epoch learned
 
 
 def test_collective_demo_two_ranks():

@@ -12,15 +12,16 @@ by the number of ranks (the global batch is batch_size x size). Test accuracy is
 computed over the whole test set (each rank scores a slice; the counts are summed).
 Rank 0 alone prints and writes the checkpoint, by default to
 ~/.cache/perseus/checkpoints/train_digits.pt ($XDG_CACHE_HOME/perseus/... where set);
---resume restores it on rank 0 and broadcasts it to the others. The checkpoint's folder
-must be the user's own and writable by no one else, and the checkpoint no symbolic link
-or other user's file (perseus.common.private_files): else every rank stops, saying why.
+--resume restores it on rank 0 and broadcasts it to the others, and trains on to
+--epochs (see --help). The checkpoint's folder must be the user's own and writable by
+no one else, and the checkpoint no symbolic link or other user's file
+(perseus.common.private_files): else every rank stops, saying why.
 
 Where torch sees CUDA devices, rank r trains on GPU local_rank % device count (one
 process per GPU: `mpirun -np <GPUs> ./train.sh`) and the gradients go over NCCL;
 ranks that share a GPU are reduced host-staged through MPI, with one warning. Else,
 or with --device cpu, it trains on the CPU. Each epoch prints the samples per second
-over all ranks; the end prints the run's.
+over all ranks; the end prints the run's, and whether every rank holds the same weights.
 
 Settings: command-line options, or environment variables EPOCHS, BATCH_SIZE, LR,
 MOMENTUM, WEIGHT_DECAY, SEED, CHECKPOINT, HIDDEN, DEVICE (an option given on the command
@@ -28,6 +29,7 @@ line wins).
 """
 
 import argparse
+import math
 import os
 import time
 
@@ -50,7 +52,8 @@ def env(name, default, cast):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Data-parallel MLP on scikit-learn's digits",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--epochs", type=int, default=env("EPOCHS", 20, int))
+    p.add_argument("--epochs", type=int, default=env("EPOCHS", 20, int),
+                   help="epochs in all; the learning rate decays over them (cosine)")
     p.add_argument("--batch-size", type=int, default=env("BATCH_SIZE", 32, int),
                    help="batch size per rank")
     p.add_argument("--lr", type=float, default=env("LR", 0.02, float),
@@ -63,7 +66,12 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", default=env("CHECKPOINT",
                                                private_files.default_checkpoint("train_digits.pt"), str),
                    help="where rank 0 saves the final model and optimizer state ('' for none)")
-    p.add_argument("--resume", action="store_true", help="start from --checkpoint if it exists")
+    p.add_argument("--resume", action="store_true",
+                   help="start from --checkpoint if it exists: its weights, momentum and the "
+                        "epoch it reached; the settings (--epochs, --lr, ...) are this run's, "
+                        "and the schedule is rebuilt for this run's --epochs from the epoch "
+                        "reached, the same on every rank (a checkpoint at or past --epochs "
+                        "is only scored)")
     p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 on the wire")
     p.add_argument("--progress", action="store_true", help="a progress bar per epoch on rank 0")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default=env("DEVICE", "auto", str),
@@ -132,6 +140,21 @@ def evaluate(model, test_set, device):
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
 
 
+def learning_rate(args, size, epoch):
+    """Cosine decay from lr x size at epoch 0 to 0 at --epochs. A function of the epoch
+    alone, so every rank of a resumed run, whatever its --epochs, sets the same."""
+    return args.lr * size * (1 + math.cos(math.pi * epoch / max(1, args.epochs))) / 2
+
+
+def weights_spread(model):
+    """The largest difference of a weight between ranks: 0 when every rank holds the same
+    model, as data-parallel training keeps it."""
+    flat = torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()])
+    high = hvd.allreduce(flat, op=hvd.Max, name="check.high")
+    low = hvd.allreduce(flat, op=hvd.Min, name="check.low")
+    return (high - low).max().item()
+
+
 def progress(done, total, width=30):
     filled = int(width * done / total)
     print("\r  [%s%s] %d/%d" % ("#" * filled, "." * (width - filled), done, total),
@@ -182,23 +205,19 @@ def main(argv=None):
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 
-    # Cosine decay over the run, so the last epochs settle instead of bouncing.
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs))
-
     start_epoch = 0
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        # This run's settings, not the checkpoint's (which ended at lr 0).
+        for group in optimizer.param_groups:
+            group.update(momentum=args.momentum, weight_decay=args.weight_decay)
         start_epoch = state["epoch"]
-        scheduler.load_state_dict(state["scheduler"])
         say("Resumed from %s (epoch %d)" % (args.checkpoint, start_epoch))
     # Every rank starts from rank 0's weights, optimizer state and epoch.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     start_epoch = int(hvd.broadcast(torch.tensor([start_epoch]), root_rank=0, name="start_epoch").item())
-    if rank != 0:  # the schedule's position follows the epoch
-        for _ in range(start_epoch):
-            scheduler.step()
 
     say("Training an MLP on digits: %d train / %d test samples, %d rank(s), batch %d per rank, "
         "lr %.4g" % (len(train_set), len(test_set), size, args.batch_size, args.lr * size))
@@ -207,6 +226,9 @@ def main(argv=None):
     for epoch in range(start_epoch, args.epochs):
         model.train()
         sampler.set_epoch(epoch)
+        lr = learning_rate(args, size, epoch)  # cosine decay: the last epochs settle
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         loss_sum, seen = 0.0, 0
         epoch_began = time.monotonic()
         for i, (x, y) in enumerate(loader):
@@ -219,7 +241,6 @@ def main(argv=None):
             seen += len(y)
             if args.progress and rank == 0:
                 progress(i + 1, len(loader))
-        scheduler.step()
         # loss.item() above waited for each step, so the GPU is done with the epoch here.
         epoch_s = time.monotonic() - epoch_began
         totals = hvd.allreduce(torch.tensor([loss_sum, float(seen)], dtype=torch.float64),
@@ -228,12 +249,15 @@ def main(argv=None):
         slowest_s = hvd.allreduce(torch.tensor([epoch_s]), op=hvd.Max, name="train.epoch_s").item()  # the pace
         trained, training_s = trained + totals[1].item(), training_s + slowest_s
         test_loss, accuracy = evaluate(model, test_set, device)
-        say("Epoch %2d/%d: %.0f samples/s  train loss %.4f  test loss %.4f  test accuracy %.2f%%"
-            % (epoch + 1, args.epochs, totals[1].item() / slowest_s, train_loss, test_loss,
-               100 * accuracy), flush=True)
+        say("Epoch %2d/%d: lr %.4g  %.0f samples/s  train loss %.4f  test loss %.4f  test "
+            "accuracy %.2f%%" % (epoch + 1, args.epochs, lr, totals[1].item() / slowest_s,
+                                 train_loss, test_loss, 100 * accuracy), flush=True)
 
     if start_epoch >= args.epochs:  # resumed a finished run: just score it
         _, accuracy = evaluate(model, test_set, device)
+    if size > 1:
+        spread = weights_spread(model)
+        say("Ranks' weights: %s" % ("identical" if spread == 0 else "differ by up to %.3g" % spread))
     say("Final test accuracy: %.2f%% on %d rank(s) in %.1f s" % (100 * accuracy, size, time.monotonic() - began))
     if training_s > 0:
         say("Throughput: %.0f samples/s over %d epoch(s), %d rank(s) on %s"
@@ -241,8 +265,7 @@ def main(argv=None):
     if args.checkpoint and rank == 0:
         with private_files.replace_privately(args.checkpoint) as f:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "epoch": args.epochs, "accuracy": accuracy, "size": size}, f)
+                        "epoch": max(start_epoch, args.epochs), "accuracy": accuracy, "size": size}, f)
         say("Checkpoint saved to %s" % args.checkpoint)
     hvd.shutdown()
 
