@@ -141,11 +141,12 @@ def test_tensor_grown_in_flight(run_mpi, np):
 FROZEN_HARD_TIMEOUT_S = 40
 
 
-@pytest.mark.parametrize("np,where", [(2, "stop"), (4, "stop_in_collective")])
+@pytest.mark.parametrize("np,where", [(2, "stop"), (4, "stop_in_collective"), (3, "stop_ddp")])
 def test_stopped_rank_is_named_and_the_job_ends(tmp_path, np, where):
     """Issue 37 (2): one rank stopped with SIGSTOP while the others wait on an allreduce,
     before it submitted it (np 2) or inside the collective itself (np 4: the others are
-    blocked in it). Each other rank warns within the check time that it is not
+    blocked in it), or in torch's DDP over the "perseus" backend (np 3: its reducer's
+    failed future, a segfault before; issue 48). Each other rank warns within the check time that it is not
     responding, fails at the shutdown time with an error naming it (checked in
     tests/rank_scripts/frozen_rank.py), and exits; mpirun then ends the job, the stopped rank
     included. Before, nothing was reported and the job hung."""

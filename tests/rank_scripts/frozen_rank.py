@@ -14,6 +14,10 @@ PTEST_FROZEN=stop_in_collective  the same, but every rank submits 'frozen.x' and
                      hook PERSEUS_TEST_STOP_IN_LANE): the others are left inside the
                      collective, on the thread that runs their engine (the batch runs
                      inline there), and must find it all the same.
+PTEST_FROZEN=stop_ddp  the same as stop, in torch's own DDP over the "perseus" backend:
+                     the survivors' backward() raises RuntimeError naming the stopped
+                     rank (torch's reducer got a failed future; it crashed with a
+                     segfault before, issue 48).
 PTEST_FROZEN=native  the last rank blocks in libc's sleep() through ctypes (the GIL
                      released, no Perseus lock held) past the shutdown time; its engine
                      runs. The others warn within the check time that it submitted
@@ -104,6 +108,34 @@ def stop(rank, size, in_collective=False):
     raise error  # ends the script as an unhandled error would: exit handlers run
 
 
+def stop_ddp():
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    import perseus.torch  # noqa: F401 - registers the backend
+    dist.init_process_group("perseus")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+    model(torch.ones(3, 4)).sum().backward()
+    if rank == size - 1:
+        announce_victim()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        raise AssertionError("the stopped rank was continued")
+    wait_for_stop()
+    named = "rank(s) [%d] not responding (stopped, stuck or unreachable)" % (size - 1)
+    start = time.monotonic()
+    try:
+        model(torch.ones(3, 4)).sum().backward()
+        raise AssertionError("backward() returned, with a rank that never submitted")
+    except RuntimeError as e:
+        error = e
+    failed_s = time.monotonic() - start
+    assert named in str(error) and "at the stall shutdown time" in str(error), error
+    assert S - EARLY_S <= failed_s <= S + PROBE + 2 * WARN_SLACK_S, failed_s
+    os.write(1, ("SURVIVOR %d ok\n" % rank).encode())
+    raise error  # ends the script as an unhandled error would: exit handlers run
+
+
 def native(rank, size):
     sleeper = size - 1
     if rank == sleeper:
@@ -126,6 +158,8 @@ def native(rank, size):
 
 def body():
     mode = os.environ["PTEST_FROZEN"]
+    if mode == "stop_ddp":
+        return stop_ddp()
     if mode == "stop_in_collective" and launcher_rank_size()[0] == launcher_rank_size()[1] - 1:
         os.environ["PERSEUS_TEST_STOP_IN_LANE"] = "allreduce.frozen.x"  # read at the first batch
     rank, size = init()

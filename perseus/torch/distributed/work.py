@@ -60,7 +60,11 @@ class Work(_torch_dist.Work):
         self._done = False
         self._error = None
         self._future = None
+        self._source = None  # what _settle completes: the future itself, or its source
         self._stream = _creator_stream(outputs)
+        # time.monotonic() by which every rank must have submitted the collective, and
+        # what the error says then (a process group's timeout; backend.py sets them).
+        self._deadline = self._deadline_reason = None
 
     @classmethod
     def completed(cls, outputs):
@@ -76,6 +80,8 @@ class Work(_torch_dist.Work):
             if self._done:
                 return
             try:
+                if self._deadline is not None:
+                    _requests.settle_by(self._handle, self._deadline, self._deadline_reason)
                 value = _requests.synchronize(self._handle)
                 if self._finish is not None:
                     self._finish(value)
@@ -131,13 +137,18 @@ class Work(_torch_dist.Work):
         """A torch.futures.Future completed with result() (or the error). For CPU
         outputs it is complete when returned (see the module's docstring)."""
         if self._future is None:
-            self._future = torch.futures.Future(devices=_devices(self._outputs))
             if self._stream is None and not self._background:
                 self._complete()
-            if self._done:
+            self._source = torch.futures.Future(devices=_devices(self._outputs))
+            if self._done and self._error is None:
+                self._future = self._source  # the common case: no step in between
                 _settle(self)
             else:
-                _pool().put(self)
+                self._future = self._source.then(_value_or_raise)
+                if self._done:
+                    _settle(self)
+                else:
+                    _pool().put(self)
         return self._future
 
 
@@ -167,11 +178,19 @@ def _on_creator_stream(work):
 def _settle(work):
     try:
         if work._error is not None:
-            work._future.set_exception(work._error)
+            work._source.set_exception(work._error)
         else:
-            work._future.set_result(work._outputs)
+            work._source.set_result(work._outputs)
     except Exception:
         pass  # a then() callback's failure is already recorded in its own future
+
+
+def _value_or_raise(source):
+    """The source future's value, or its error raised. A Python future's
+    set_exception() keeps the error as its value, which torch's C++ code (DDP's
+    reducer) would read as the result and crash on; an error raised in a then()
+    callback is a C++ error, which its wait() and value() throw."""
+    return source.value()
 
 
 class _Pool:
