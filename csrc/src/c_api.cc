@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "collectives/wire_dtype.h"
+#include "common/list_string.h"
 #include "common/logging.h"
 #include "common/request_rules.h"
 #include "common/timeline.h"
@@ -374,6 +375,7 @@ const char* perseus_status_string(perseus_status_t status) {
     case PERSEUS_TIMEOUT: return "timed out";
     case PERSEUS_INTERNAL_ERROR: return "internal error";
     case PERSEUS_NON_FINITE: return "NaN or Inf in input";
+    case PERSEUS_WITHDRAWN: return "withdrawn";
   }
   return "unknown status";
 }
@@ -634,6 +636,31 @@ perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* sha
   if (recv_splits) *recv_splits = result->recv_splits.data();
   if (nsplits) *nsplits = static_cast<int32_t>(result->recv_splits.size());
   return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_withdraw(int64_t handle, const char* reason) {
+  if (g_forked_from) return Report(ForkedChild());
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  const int rank = engine->topology().rank;
+  std::string why = reason ? reason : "";
+  engine->Withdraw(handle, [rank, why](const std::string& name, const std::vector<int>& missing) {
+    return Status::Error(PERSEUS_WITHDRAWN, "'" + name + "' was withdrawn on rank " +
+                                                std::to_string(rank) + ": rank(s) " +
+                                                perseus::ListString(missing) +
+                                                " had not submitted it " + why);
+  });
+  return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_process_set_probe(int32_t id, double interval_s) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  if (!(interval_s > 0))
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT,
+                                "perseus_process_set_probe: the interval must be positive"));
+  Status status = engine->SetProbeInterval(id, interval_s);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 
 perseus_status_t perseus_release(int64_t handle) {

@@ -17,6 +17,7 @@ UNSUPPORTED = 7
 TIMEOUT = 8
 INTERNAL_ERROR = 9
 NON_FINITE = 10
+WITHDRAWN = 11
 
 
 class HorovodInternalError(RuntimeError):
@@ -72,6 +73,7 @@ _EXCEPTION_FOR_STATUS = {
     TIMEOUT: TimeoutError,
     INTERNAL_ERROR: HorovodInternalError,
     NON_FINITE: HorovodInternalError,  # raised on every rank, like the other collective errors
+    WITHDRAWN: HorovodInternalError,  # a timeout ran out (the torch backend's, only)
 }
 
 

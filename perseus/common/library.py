@@ -151,6 +151,8 @@ _SIGNATURES = {
     "perseus_on_complete": (_status, [_i64p, ctypes.c_int32, CALLBACK, ctypes.c_void_p]),
     "perseus_handle_output": (_status, [ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), _i64p,
                                         _i32p, ctypes.POINTER(_i64p), _i32p]),
+    "perseus_withdraw": (_status, [ctypes.c_int64, ctypes.c_char_p]),
+    "perseus_process_set_probe": (_status, [ctypes.c_int32, ctypes.c_double]),
     "perseus_release": (_status, [ctypes.c_int64]),
     "perseus_free_buffer": (None, [ctypes.c_void_p]),
     # GPU tensors (work before init)
@@ -208,6 +210,8 @@ perseus_wait = _bind("perseus_wait")
 perseus_wait_all = _bind("perseus_wait_all")
 perseus_on_complete = _bind("perseus_on_complete")
 perseus_handle_output = _bind("perseus_handle_output")
+perseus_withdraw = _bind("perseus_withdraw")
+perseus_process_set_probe = _bind("perseus_process_set_probe")
 perseus_release = _bind("perseus_release")
 perseus_free_buffer = _bind("perseus_free_buffer")
 perseus_set_gpu_library_dirs = _bind("perseus_set_gpu_library_dirs")

@@ -10,6 +10,7 @@ end re-implements it.
 import array
 import ctypes
 import math
+import time
 import weakref
 
 from perseus.common import builder as _builder
@@ -109,6 +110,37 @@ def settle(handle):
     entry = _pending.get(handle)
     if entry is not None:
         _wait_all(entry[0])  # a released handle's wait fails at once: fine here
+
+
+def settle_by(handle, deadline, reason):
+    """settle(), giving up at time.monotonic() `deadline` on the requests behind
+    `handle` that not every rank has submitted by then: the core withdraws them
+    (perseus_withdraw), and synchronize() then raises their error, which names the
+    ranks that had not submitted them and ends with `reason`. Requests every rank
+    has submitted complete as usual."""
+    entry = _pending.get(handle)
+    if entry is None:
+        return
+    reason = reason.encode()
+    done = ctypes.c_int32()
+    for h in entry[0]:
+        status = exceptions.TIMEOUT
+        while status == exceptions.TIMEOUT:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _lib.perseus_poll(h, ctypes.byref(done))
+                if not done.value:
+                    _lib.perseus_withdraw(h, reason)
+                break
+            status = _lib.perseus_wait(h, min(left, _WAIT_SLICE_S))
+    _wait_all(entry[0])
+
+
+def probe_within(process_set_id, seconds):
+    """Has this rank answer its peers in the set within about `seconds` even when it
+    has nothing to do (perseus_process_set_probe), so a peer that gives up on a
+    request (settle_by) learns soon who lacks it."""
+    _lib.check(_lib.perseus_process_set_probe(process_set_id, seconds))
 
 
 def _wait_all(handles):

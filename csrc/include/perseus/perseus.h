@@ -31,7 +31,9 @@ typedef enum {
   PERSEUS_UNSUPPORTED = 7,      /* valid request the core cannot serve (NotImplementedError) */
   PERSEUS_TIMEOUT = 8,          /* perseus_wait() ran out of time; the request is still pending */
   PERSEUS_INTERNAL_ERROR = 9,
-  PERSEUS_NON_FINITE = 10       /* NaN/Inf in an allreduce input (PERSEUS_ALLREDUCE_NANCHECK) */
+  PERSEUS_NON_FINITE = 10,      /* NaN/Inf in an allreduce input (PERSEUS_ALLREDUCE_NANCHECK) */
+  PERSEUS_WITHDRAWN = 11        /* the caller withdrew the request (perseus_withdraw) before
+                                   every member of its set had submitted it */
 } perseus_status_t;
 
 typedef enum {
@@ -240,6 +242,21 @@ perseus_status_t perseus_on_complete(const int64_t* handles, int32_t n, perseus_
 perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* shape,
                                        int32_t* ndim, const int64_t** recv_splits,
                                        int32_t* nsplits);
+/* Gives up on a request that not every member of its set has submitted (a front end's
+ * timeout, e.g. a torch process group's): the engine takes it back at its next step
+ * between negotiation rounds, and it completes with PERSEUS_WITHDRAWN, its message
+ * naming the members that had not submitted it and ending with `reason`. A request
+ * already agreed by every member is not withdrawn: it completes as usual. The other
+ * members' copies of the request stay pending (their own timeouts, or the stall
+ * check, end them). Returns at once; wait on the handle for the outcome. */
+perseus_status_t perseus_withdraw(int64_t handle, const char* reason);
+/* Makes this rank look for the messages of process set `id`'s peers at least every
+ * `interval_s` seconds, even while it has nothing to do; by default it follows the
+ * stall check times (at most every 5 s). A front end whose requests may be withdrawn
+ * sooner than that (perseus_withdraw) calls it on every member, so that a member with
+ * nothing pending still joins the round that tells the others who is missing. Local;
+ * the shortest interval asked for stays. */
+perseus_status_t perseus_process_set_probe(int32_t id, double interval_s);
 /* Forgets a completed handle. */
 perseus_status_t perseus_release(int64_t handle);
 void perseus_free_buffer(void* data);

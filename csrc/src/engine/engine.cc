@@ -145,6 +145,8 @@ void Engine::Shutdown() {
     sets.swap(sets_);
     stopped_ = true;
   }
+  for (auto& kv : sets)
+    if (kv.second->stall) kv.second->stall->Drain();
   sets.clear();  // lanes finish the batches every rank agreed on, then stop
   SetWaitHook(nullptr);  // no thread of ours waits any more
   handles_->FailAll(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
@@ -375,6 +377,10 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
       StopLostSets();
       return;
     }
+    if (!verdict.removed.ok()) {
+      StopSet(set, verdict.removed);
+      return;
+    }
     negotiator.RequestInspection(verdict.inspect_flags);
   }
   *wake_at = std::min(*wake_at, stall.next_check());
@@ -394,6 +400,7 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
     Apply(set, outcome, now, driving);
     if (set->stopped) return;
   }
+  if (set->withdrawing.load()) TakeWithdrawn(set);
   bool wanted = stopping ? !set->final_round_done : negotiator.WantsRound();
   if (!wanted) return;
   *busy = true;
@@ -539,8 +546,69 @@ void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::ti
   set->stall->Warn(outcome.stalled, outcome.idle, now, set->negotiator->OldestSubmitted());
 }
 
+void Engine::TakeWithdrawn(ProcessSet* set) {
+  std::map<std::string, std::string> marked;  // the negotiator's view: names
+  std::map<std::string, WithdrawMark> marks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = set->withdrawals.begin(); it != set->withdrawals.end();) {
+      auto request = set->in_flight.find(it->first);
+      if (request == set->in_flight.end() || request->second->handle != it->second.handle) {
+        it = set->withdrawals.erase(it);  // completed meanwhile (the name may be in use again)
+      } else {
+        marked.emplace(it->first, std::string());
+        ++it;
+      }
+    }
+    marks = set->withdrawals;
+    set->withdrawing.store(!marked.empty());
+  }
+  std::vector<Negotiator::Withdrawn> taken;
+  set->negotiator->TakeWithdrawn(marked, &taken);
+  for (Negotiator::Withdrawn& w : taken)
+    Finish(set->id, w.entry, marks.at(w.entry->meta.name).error(w.entry->meta.name, w.missing));
+}
+
+void Engine::Withdraw(int64_t handle, std::function<Status(const std::string&, const std::vector<int>&)> error) {
+  std::shared_ptr<ProcessSet> marked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : sets_) {
+      for (auto& request : kv.second->in_flight) {
+        if (request.second->handle != handle) continue;
+        kv.second->withdrawals[request.first] = WithdrawMark{handle, error};
+        kv.second->withdrawing.store(true);
+        marked = kv.second;
+      }
+    }
+  }
+  if (!marked || !marked->stall) return;
+  // Ask the peers into a round that says who lacks it (so ping them, even if the stall
+  // times are off), and wake the engine for it.
+  marked->stall->ShortenProbe(StallInspector::ProbeInterval(config_));
+  marked->stall->CheckSoon();
+  EndHold();
+}
+
+Status Engine::SetProbeInterval(int id, double interval_s) {
+  std::shared_ptr<ProcessSet> set;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sets_.find(id);
+    if (it == sets_.end())
+      return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
+    set = it->second;
+  }
+  if (!set->stall) return Status::OK();  // not a member
+  set->stall->ShortenProbe(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(interval_s)));
+  EndHold();  // the engine thread sleeps until the old probe time: wake it
+  return Status::OK();
+}
+
 SetWaits Engine::WaitsOf(ProcessSet* set, bool stepping) {
   SetWaits waits;
+  waits.withdrawing = set->withdrawing.load();
   if (stepping) waits.oldest_pending = set->negotiator->OldestSubmitted();
   const Clock::rep ungranted = ungranted_since_.load(std::memory_order_relaxed);
   if (set->id == PERSEUS_GLOBAL_PROCESS_SET && ungranted != 0) {
@@ -853,10 +921,22 @@ Status Engine::Meet(const char* name, const char* operation, const char* outcome
   Status status = EnqueueAndDrive(&request, 1, &handle, kMeetDriveS);
   if (!status.ok()) return status;
   status = handles_->Wait(handle, limit_s);
-  // Not everyone came: withdraw the request, once the ranks without it are known (the
-  // stall inspector gets idle ranks into a round that tells) or a second limit passed.
-  const Clock::time_point last_try = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                        std::chrono::duration<double>(limit_s));
+  // Not everyone came: withdraw the request, once a round that gathered after this
+  // point tells which ranks lack it (the stall inspector gets idle ranks into one).
+  if (status.code == PERSEUS_TIMEOUT) {
+    const std::string op(operation), then(outcome);
+    Withdraw(handle, [op, then, limit_s](const std::string&, const std::vector<int>& missing) {
+      std::ostringstream msg;
+      msg << op << " must be called on every rank: rank(s) " << ListString(missing)
+          << " did not call it within " << limit_s << " s (PERSEUS_STALL_CHECK_TIME_SECONDS); "
+          << then;
+      return Status::Error(PERSEUS_MISMATCH, msg.str());
+    });
+    status = handles_->Wait(handle, limit_s);
+  }
+  // Still pending: no round completes (a member that answers nothing, with the peer
+  // timeout off). Take it back now, naming who lacked it at the last gather, if any.
+  const Clock::time_point last_try = Clock::now();
   while (status.code == PERSEUS_TIMEOUT) {
     EntryPtr entry;
     std::vector<int> missing;
@@ -918,6 +998,10 @@ Status Engine::RemoveProcessSet(int id) {
                            "process set " + std::to_string(id) + " still has requests in flight");
     removed = std::move(it->second);
     sets_.erase(it);
+  }
+  if (removed->stall) {
+    removed->stall->AnnounceRemoval();
+    removed->stall->Drain();
   }
   return Status::OK();  // freed here or, if the engine still holds it, after its step
 }

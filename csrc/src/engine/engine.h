@@ -35,6 +35,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,6 +88,12 @@ class Engine {
   // and every rank returns the outcome.
   Status StartTimeline(const std::string& path, bool mark_cycles);
   Status RemoveProcessSet(int id);
+  // perseus_withdraw: marks the request of `handle` (if still in flight) to be taken
+  // back at a step between rounds, once a round has told who lacks it, unless every
+  // member agrees on it first; it then fails with error(those ranks).
+  void Withdraw(int64_t handle, std::function<Status(const std::string& name, const std::vector<int>& missing)> error);
+  // perseus_process_set_probe.
+  Status SetProbeInterval(int id, double interval_s);
   // Copies the set's global ranks and this process's rank in it (-1: not a member).
   Status DescribeProcessSet(int id, std::vector<int>* ranks, int* rank);
   // The set's hold of CPU requests as its knobs stand now (autotuning changes them).
@@ -122,6 +129,8 @@ class Engine {
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
                    std::vector<Result>& results);
   void ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now);
+  // Between rounds: fails the requests marked for withdrawal that the negotiator gives back.
+  void TakeWithdrawn(ProcessSet* set);
   // What the stall inspector needs to know of this rank's waits in `set`; the
   // negotiator's part only for the stepping thread.
   SetWaits WaitsOf(ProcessSet* set, bool stepping);

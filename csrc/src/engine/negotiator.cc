@@ -71,6 +71,25 @@ EntryPtr Negotiator::Withdraw(const std::string& name, std::vector<int>* missing
   return TakeLocal(name);
 }
 
+int Negotiator::TakeWithdrawn(const std::map<std::string, std::string>& marked,
+                              std::vector<Withdrawn>* out) {
+  if (phase_ != Phase::kIdle) return 1;
+  int left = 0;
+  for (const auto& mark : marked) {
+    auto it = pending_.find(mark.first);
+    if (it == pending_.end()) continue;  // agreed (or not taken in) yet: not ours to take
+    auto known = waiting_for_.find(mark.first);
+    if (!last_round_gathered_ || known == waiting_for_.end()) {
+      inspect_flags_ |= kInspectWarn;  // a round that gathers, and so names who lacks it
+      ++left;
+      continue;
+    }
+    out->push_back(Withdrawn{it->second, known->second});
+    pending_.erase(it);
+  }
+  return left;
+}
+
 Clock::time_point Negotiator::OldestSubmitted() const {
   Clock::time_point oldest = Clock::time_point::max();
   for (const auto& kv : pending_)  // a join legitimately waits for the others' data
@@ -220,6 +239,7 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
         round_inspect_ = static_cast<int>((~bits_recv_[0]) >> kInspectShift) &
                          (kInspectWarn | kInspectShutdown);
         TakeFastAgreed();
+        last_round_gathered_ = false;
         if ((~bits_recv_[0]) & kNeedsGather) {
           *error = BeginGather();
           if (!error->ok()) {
@@ -276,6 +296,7 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
 }
 
 void Negotiator::DecodeGather(RoundOutcome* out) {
+  last_round_gathered_ = true;
   std::map<std::string, std::vector<Held>> by_name;  // sorted: the same order on every rank
   std::vector<int> leaving;
   for (int r = 0; r < size_; ++r) {

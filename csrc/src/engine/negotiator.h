@@ -60,6 +60,17 @@ class Negotiator {
   // the last gather found without it (empty if no gather has seen it yet). Null when
   // it cannot be taken now, or is not pending.
   EntryPtr Withdraw(const std::string& name, std::vector<int>* missing);
+  // A request perseus_withdraw marked, taken back, with the global ranks that had not
+  // submitted it.
+  struct Withdrawn {
+    EntryPtr entry;
+    std::vector<int> missing;
+  };
+  // Takes back this rank's pending requests named in `marked` (perseus_withdraw),
+  // between rounds only, once the last round gathered and so said who lacks each (else
+  // it asks for such a round). Returns how many marked requests it had to leave.
+  int TakeWithdrawn(const std::map<std::string, std::string>& marked,
+                    std::vector<Withdrawn>* out);
 
   // Begins a round. `leaving` announces that this rank is shutting down.
   Status Start(bool leaving);
@@ -99,6 +110,7 @@ class Negotiator {
   std::string last_added_;                   // the name this rank submitted last (stall reports)
   // This rank's pending names the last gather found missing on other ranks, and where.
   std::map<std::string, std::vector<int>> waiting_for_;
+  bool last_round_gathered_ = false;  // waiting_for_ is as of the last round
 
   Phase phase_ = Phase::kIdle;
   MPI_Request request_ = MPI_REQUEST_NULL;

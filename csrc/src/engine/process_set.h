@@ -5,7 +5,10 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -20,6 +23,13 @@
 #include "lane_api/lane_factory.h"
 
 namespace perseus {
+
+// A request to be taken back: its handle, and the error it then fails with, made from
+// the global ranks that had not submitted it.
+struct WithdrawMark {
+  int64_t handle;
+  std::function<Status(const std::string& name, const std::vector<int>& missing)> error;
+};
 
 struct ProcessSet {
   int id = 0;
@@ -54,6 +64,11 @@ struct ProcessSet {
   Hold holds[2];  // knobs' hold of CPU [0] and GPU [1] requests, for front ends that gather
   bool stopped = false;                       // no more rounds: shut down here or by a peer
   Status stop_status;
+
+  // Requests marked for withdrawal (Engine::Withdraw), by name. Guarded by the engine
+  // mutex; `withdrawing` says there are some, without it.
+  std::map<std::string, WithdrawMark> withdrawals;
+  std::atomic<bool> withdrawing{false};
 
   // Engine-thread scheduling state.
   bool new_work = false;      // submissions since the last round began

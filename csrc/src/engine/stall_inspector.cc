@@ -15,6 +15,7 @@ namespace {
 // On the negotiation communicator, whose rounds use only collectives.
 constexpr int kPingTag = 0x57a1;  // payload: the kInspect* flags asked for (0: are you there?)
 constexpr int kPongTag = 0x57a2;  // the answer to a ping
+constexpr int kRemovedTag = 0x57a3;  // the sender removed the set (remove_process_set)
 // How often an engine looks for pings: a fraction of the shortest configured time.
 constexpr double kProbeFraction = 0.25, kMinProbeS = 0.05, kMaxProbeS = 5.0;
 // A live peer answers within a probe interval; it is named as not responding after
@@ -104,7 +105,18 @@ StallInspector::StallInspector(const Config& config, int set_id, MPI_Comm comm, 
   next_check_ = (enabled_ ? Clock::now() + probe_interval_ : Clock::time_point::max())
                     .time_since_epoch()
                     .count();
-  next_ask_ = next_warn_ = Clock::time_point::min();
+  next_ask_ = next_warn_ = next_withdraw_ask_ = Clock::time_point::min();
+}
+
+void StallInspector::ShortenProbe(Clock::duration interval) {
+  std::lock_guard<std::mutex> lock(mu_);
+  interval = std::max(interval, std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(kMinProbeS)));
+  if (global_ranks_.size() < 2 || (enabled_ && interval >= probe_interval_)) return;
+  if (!enabled_) reply_bound_ = Clock::duration::max();  // nobody is given up on: no times set
+  enabled_ = true;
+  probe_interval_ = std::min(probe_interval_, interval);
+  next_check_.store(Clock::now().time_since_epoch().count());
 }
 
 StallVerdict StallInspector::Check(Clock::time_point now, const SetWaits& waits, bool stepping) {
@@ -116,12 +128,20 @@ StallVerdict StallInspector::Check(Clock::time_point now, const SetWaits& waits,
   // Without the negotiator's part, keep the deadlines a stepping check set for it.
   if (!stepping && next_check() > now) next = std::min(next, next_check());
   next_check_ = next.time_since_epoch().count();
+  if (!removed_by_.empty() && waits.oldest != Clock::time_point::max()) {
+    std::sort(removed_by_.begin(), removed_by_.end());
+    verdict.removed = Status::Error(
+        PERSEUS_INVALID_ARGUMENT,
+        "process set " + std::to_string(set_id_) + " was removed on rank(s) " +
+            ListString(removed_by_) + " (remove_process_set) while this rank waited for '" +
+            waits.oldest_name + "'; remove a process set on every rank, when no rank uses it");
+  }
   if (waits.oldest == Clock::time_point::max()) {
     // Nothing waits: forget pings not answered yet, a later wait pings afresh.
     std::fill(unanswered_.begin(), unanswered_.end(), Clock::time_point::max());
     return verdict;
   }
-  const int mine = stepping ? Asks(now, waits.oldest_pending) : 0;
+  const int mine = stepping ? Asks(now, waits) : 0;
   if (mine || now - waits.oldest >= probe_interval_) Ping(mine, now);
   verdict.inspect_flags |= mine;
   if (!JudgeSilent(now, waits, &verdict) && stepping && !findings_.empty() &&
@@ -131,10 +151,15 @@ StallVerdict StallInspector::Check(Clock::time_point now, const SetWaits& waits,
   return verdict;
 }
 
-int StallInspector::Asks(Clock::time_point now, Clock::time_point oldest_pending) {
-  if (oldest_pending == Clock::time_point::max()) return 0;
-  const Clock::duration waited = now - oldest_pending;
+int StallInspector::Asks(Clock::time_point now, const SetWaits& waits) {
   int flags = 0;
+  if (waits.withdrawing && now >= next_withdraw_ask_) {  // until the request is taken back
+    flags |= kInspectWarn;
+    next_withdraw_ask_ = now + probe_interval_;
+  }
+  const Clock::time_point oldest_pending = waits.oldest_pending;
+  if (oldest_pending == Clock::time_point::max()) return flags;
+  const Clock::duration waited = now - oldest_pending;
   // Early enough for the round to be done by the check time: peers look every probe.
   if (warn_s_ > 0 && waited >= Seconds(warn_s_) - ask_lead_ && now >= next_ask_) {
     flags |= kInspectWarn;
@@ -185,7 +210,12 @@ Clock::time_point StallInspector::NextCheck(Clock::time_point now, const SetWait
   return next;
 }
 
-int StallInspector::ReadMessages() {
+void StallInspector::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (enabled_) ReadMessages(/*answer=*/false);
+}
+
+int StallInspector::ReadMessages(bool answer) {
   static const int kPong = 0;
   int flags = 0;
   auto mpi = LockMpi();
@@ -204,7 +234,10 @@ int StallInspector::ReadMessages() {
     int value = 0, from = status.MPI_SOURCE;
     MPI_Recv(&value, 1, MPI_INT, from, status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
     unanswered_[from] = Clock::time_point::max();  // any message: the peer's engine runs
-    if (status.MPI_TAG != kPingTag) continue;
+    if (status.MPI_TAG == kRemovedTag &&
+        std::find(removed_by_.begin(), removed_by_.end(), global_ranks_[from]) == removed_by_.end())
+      removed_by_.push_back(global_ranks_[from]);
+    if (status.MPI_TAG != kPingTag || !answer) continue;
     flags |= value;
     MPI_Request request;
     // Fire and forget: the buffer is static, and a peer that is gone is no error here.
@@ -212,6 +245,18 @@ int StallInspector::ReadMessages() {
       MPI_Request_free(&request);
   }
   return flags;
+}
+
+void StallInspector::AnnounceRemoval() {
+  static const int kRemoved = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!enabled_) return;
+  auto mpi = LockMpi();
+  for (int r = 0; r < static_cast<int>(unanswered_.size()); ++r) {
+    MPI_Request request;
+    if (r != rank_ && MPI_Isend(&kRemoved, 1, MPI_INT, r, kRemovedTag, comm_, &request) == MPI_SUCCESS)
+      MPI_Request_free(&request);
+  }
 }
 
 void StallInspector::Ping(int flags, Clock::time_point now) {

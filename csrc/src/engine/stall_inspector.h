@@ -3,6 +3,10 @@
 // and all its traffic flows only while a request waits: the steady-state round is
 // unchanged.
 //
+// A rank that withdraws a request (perseus_withdraw, a front end's timeout) asks for
+// an inspection too, at once: the round that follows tells who lacks the request,
+// which its error then names (Negotiator::TakeWithdrawn).
+//
 // A member may hold a request up in two ways:
 // - It does not submit it (it refused it, skipped it, or is busy elsewhere, even in a
 //   long native call), but its engine runs. A rank whose oldest pending request has
@@ -70,6 +74,7 @@ struct SetWaits {
   Clock::time_point oldest = Clock::time_point::max();  // any request not completed yet
   std::string oldest_name;                              // that request's name
   size_t count = 0;                                     // requests not completed yet
+  bool withdrawing = false;  // a request waits to be withdrawn (perseus_withdraw)
 };
 
 // What a check asks of the engine.
@@ -77,6 +82,7 @@ struct StallVerdict {
   int inspect_flags = 0;  // kInspect* bits to raise in the next round
   std::vector<int> lost;  // global ranks that stopped answering: stop the set with `stop`
   Status stop;
+  Status removed;  // not ok: members removed the set (remove_process_set) while this rank waits
 };
 
 class StallInspector {
@@ -91,6 +97,18 @@ class StallInspector {
   // of those times.
   static Clock::duration ProbeInterval(const Config& config);
 
+  // Look for peers' messages at least every `interval` (perseus_process_set_probe),
+  // and watch even if the configuration asks for nothing.
+  void ShortenProbe(Clock::duration interval);
+  // Tells every other member that this rank removed the set (remove_process_set), so
+  // that one waiting on it says so instead of finding this rank silent.
+  void AnnounceRemoval();
+  // Receives, unanswered, the peers' messages that have arrived, before the set's
+  // communicator is freed: a later communicator may get its context, and read a stale
+  // ping's request for a stall shutdown as its own.
+  void Drain();
+  // Makes the next Due() true: a request is to be withdrawn.
+  void CheckSoon() { next_check_.store(Clock::now().time_since_epoch().count()); }
   // Whether it is time to Check: every probe interval (to answer peers), and at each
   // deadline of this rank's waits. Cheap: the engine asks on every step.
   bool Due(Clock::time_point now) const { return enabled_ && now >= next_check(); }
@@ -115,9 +133,11 @@ class StallInspector {
                               const std::vector<IdleRank>& idle);
 
  private:
-  int ReadMessages();
+  // Receives the peers' messages that have arrived; answers pings when `answer`.
+  // Returns the inspection flags they asked for.
+  int ReadMessages(bool answer = true);
   // The inspection flags this rank asks for, its oldest pending request being that old.
-  int Asks(Clock::time_point now, Clock::time_point oldest_pending);
+  int Asks(Clock::time_point now, const SetWaits& waits);
   // Names the peers that leave pings unanswered: a warning at the check time, a stop at
   // the shutdown time. False when every peer answers.
   bool JudgeSilent(Clock::time_point now, const SetWaits& waits, StallVerdict* verdict);
@@ -141,8 +161,9 @@ class StallInspector {
   // Per set rank: when the oldest ping it has not answered went out; max() if none.
   std::vector<Clock::time_point> unanswered_;
   std::atomic<Clock::rep> next_check_;
-  Clock::time_point next_ask_, next_warn_;
+  Clock::time_point next_ask_, next_warn_, next_withdraw_ask_;
   int deferred_flags_ = 0;  // asked for by pings a non-stepping check read
+  std::vector<int> removed_by_;  // global ranks that announced they removed the set
   // The last inspection's description of this rank's stalled names, for the warning
   // at the check time, and the oldest pending request it was gathered for.
   std::string findings_;
