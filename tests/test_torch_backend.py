@@ -20,6 +20,19 @@ def test_torch_api_ddp_fsdp_zero(run_mpi, nprocs):
     run_mpi("torch_backend", nprocs)
 
 
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_faults_end_in_errors_never_crashes_or_hangs(run_mpi, nprocs):
+    """Issue 48 (1): tests/rank_scripts/torch_backend_faults.py: init/destroy loops, a
+    refused call retried, different collectives at one turn, the group's timeout, torch's
+    DDP when a bucket allreduce fails (it segfaulted), and the messages of a missing
+    new_group and a set removed elsewhere."""
+    run_mpi("torch_backend_faults", nprocs, timeout=150,
+            env={"PERSEUS_STALL_CHECK_TIME_SECONDS": "1",
+                 "PERSEUS_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+
+
 WORLD_OF_ONE = r"""
 import warnings
 import torch
@@ -77,7 +90,7 @@ class _FakeWork:
     def __init__(self, value):
         import torch
         self._outputs = [torch.tensor([value])]
-        self._future = torch.futures.Future()
+        self._future = self._source = torch.futures.Future()
         self._stream = None
         self._error = None
 
@@ -106,3 +119,38 @@ def test_future_pool_callback_waiting_for_a_later_work():
     assert done.wait(30), "the pool did not complete a work queued by a callback"
     assert float(chained.value()) == 3.0
     assert pool._threads >= 2
+
+
+
+FAILED_BUCKET = r"""
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import perseus.torch  # registers "perseus"
+from perseus.torch.distributed import backend, work
+
+def failing(self, tensors, opts=None):  # every bucket's allreduce fails
+    failed = work.Work(None, list(tensors))
+    failed._done, failed._error = True, RuntimeError("the bucket allreduce failed")
+    return failed
+
+backend.ProcessGroupPerseus.allreduce = failing
+dist.init_process_group("perseus")
+model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+try:
+    model(torch.ones(3, 4)).sum().backward()
+except RuntimeError as e:
+    assert "the bucket allreduce failed" in str(e), e
+    print("ok")
+"""
+
+
+def test_ddp_backward_raises_a_failed_bucket_allreduce():
+    # Issue 48 (1): a Python future's set_exception() is a value to torch's C++ code,
+    # which DDP's reducer read as the bucket's tensors: a segfault (exit code -11), in a
+    # world of one as under mpirun. The error must reach backward() as a RuntimeError.
+    result = subprocess.run([sys.executable, "-c", FAILED_BUCKET], cwd=str(REPO_ROOT),
+                            env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), \
+        "exit code %d\n%s%s" % (result.returncode, result.stdout, result.stderr)

@@ -346,5 +346,11 @@ def join():
 
 def barrier(process_set):
     """Waits until every rank of the set has reached the barrier."""
-    request = _builder.Request(_ops.BARRIER, _builder.set_id(process_set), _ops.UINT8, ())
-    synchronize(_requests.submit(_builder.pack([request]), _finish_nothing, None, drive=True))
+    synchronize(barrier_async(process_set, drive=True))
+
+
+def barrier_async(process_set, name=None, drive=False):
+    """A barrier's handle; `name` as for the other collectives (None: numbered)."""
+    request = _builder.Request(_ops.BARRIER, _builder.set_id(process_set), _ops.UINT8, (),
+                               name=_builder.names(_ops.BARRIER, name)[0])
+    return _requests.submit(_builder.pack([request]), _finish_nothing, None, drive=drive)

@@ -19,8 +19,8 @@ init_process_group("perseus") and new groups here; this module does the work:
     argument checks are those of Perseus's own API.
 """
 
-import itertools
 import socket
+import time
 
 import torch
 import torch.distributed as _torch_dist
@@ -29,6 +29,7 @@ from perseus.common import basics as _basics
 from perseus.common import launch_check as _launch_check
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
+from perseus.torch import adapter as _adapter
 from perseus.torch import functions as _functions
 from perseus.torch import mpi_ops as _mpi_ops
 from perseus.torch.distributed import collectives as _collectives
@@ -66,27 +67,33 @@ def init_process_group(original, arguments):
     rank, size = _basics.rank(), _basics.size()
     _launch_check.check_launched_world(size)  # torchrun: each process a world of one
     if arguments.get("store") is None:
-        arguments["store"] = _make_store(rank, size)
+        arguments["store"] = _make_store(rank, size, arguments.get("timeout"))
     arguments.update(init_method=None, rank=rank, world_size=size)
     # The group binds to no device: Perseus picks MPI or NCCL per tensor, and torch
     # would ask a device backend of a Python group for splitting at once.
     arguments.pop("device_id", None)
-    return original(**arguments)
+    result = original(**arguments)
+    # No rank returns before every rank has connected to rank 0's store: a rank 0 that
+    # went on to destroy_process_group() would take the store from a rank connecting.
+    _adapter.barrier(_process_sets.global_process_set)
+    return result
 
 
-def _make_store(rank, size):
+def _make_store(rank, size, timeout=None):
     """A store every rank shares: a TCPStore served by rank 0 on a free port, told to
-    the others over Perseus."""
+    the others over Perseus. `timeout` (init_process_group's) bounds its operations."""
     if size == 1:
         return _torch_dist.HashStore()
+    bound = {} if timeout is None else {"timeout": timeout}
     address = None
     server = None
     if rank == 0:
         host = "127.0.0.1" if _basics.local_size() == size else socket.gethostname()
-        server = _torch_dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False)
+        server = _torch_dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False,
+                                      **bound)
         address = (host, server.port)
     host, port = _functions.broadcast_object(address, 0, name="perseus.torch.store")
-    return server or _torch_dist.TCPStore(host, port, size, is_master=False)
+    return server or _torch_dist.TCPStore(host, port, size, is_master=False, **bound)
 
 
 # ---- groups ----------------------------------------------------------------------
@@ -113,17 +120,22 @@ def create(options, backend_options=None):
                            "group of ranks %s, Perseus at %d of %d"
                            % (options.group_rank, options.group_size, ranks,
                               process_set.rank(), process_set.size()))
-    return ProcessGroupPerseus(process_set)
+    return ProcessGroupPerseus(process_set, getattr(options, "timeout", None))
 
 
 # ---- the process group -----------------------------------------------------------
 
-# Names per kind of collective and group that the core caches: a call takes the next
-# of them in turn, so a sequence of collectives that repeats with a period dividing
-# this (a DDP step's buckets and buffer broadcasts) is agreed by cached bits alone.
-# Names carry no shape or dtype: ranks that disagree on those still meet under one
-# name, and the core fails the call on every rank.
+# Names per group that the core caches: each call takes the next in turn, whatever
+# its kind, so a sequence of collectives that repeats with a period dividing this (a
+# DDP step's buckets and buffer broadcasts) is agreed by cached bits alone, and ranks
+# that call different collectives at one turn meet under one name, where the core
+# fails the call on every rank. Names carry no shape or dtype: ranks that disagree on
+# those meet too, and fail alike. A call refused before it was submitted uses no turn,
+# so its corrected retry meets the peers' call.
 _NAMES = 60
+# How often within a group's timeout a rank looks for its peers' messages, idle or not:
+# a rank whose collective times out learns who lacks it from a round they join.
+_PROBES_PER_TIMEOUT = 8
 _groups_per_set = {}  # process set id -> groups made over it so far (name prefixes)
 
 
@@ -151,16 +163,24 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     """The group of a process set's ranks (rank() and size() within it). Every
     collective returns a Work (work.py); CPU and CUDA tensors."""
 
-    def __init__(self, process_set):
+    def __init__(self, process_set, timeout=None):
         super().__init__(process_set.rank(), process_set.size())
         self.process_set = process_set
         sid = process_set.process_set_id
+        # torch's timeout of the group: every collective must have been called on every
+        # rank within it, else it fails here naming the ranks that did not call it.
+        self._timeout_s = timeout.total_seconds() if timeout is not None else None
+        if self._timeout_s:
+            self._timeout_reason = ("within the process group's timeout of %g s"
+                                    % self._timeout_s)
+            # A rank with nothing to do still answers within a fraction of it.
+            _requests.probe_within(sid, self._timeout_s / _PROBES_PER_TIMEOUT)
         # Every member makes the groups over one set in the same order: the same
         # prefix on every rank, and none shared with another group over that set.
         self._prefix = "torch%d" % _groups_per_set.get(sid, 0)
         _groups_per_set[sid] = _groups_per_set.get(sid, 0) + 1
-        self._calls = {}  # kind -> itertools.count of calls
-        self._in_flight = {}  # (kind, k) -> the handle that last used that name
+        self._turn = 0  # calls submitted so far
+        self._in_flight = [None] * _NAMES  # per name: the handle that last used it
         self._group_name = self._group_desc = ""
 
     def getBackendName(self):
@@ -184,17 +204,21 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     def __repr__(self):
         return "ProcessGroupPerseus(ranks=%s)" % self.process_set.ranks
 
-    def _named(self, kind, start):
-        """start(name) -> Work, under this call's name: the next of the kind's names.
-        A name is used again once the call that had it has completed here (waiting
-        for it if need be: every rank submitted it before this one)."""
-        calls = self._calls.get(kind) or self._calls.setdefault(kind, itertools.count())
-        key = (kind, next(calls) % _NAMES)
-        previous = self._in_flight.get(key)
+    def _named(self, start):
+        """start(name) -> Work, under this call's name: the group's next name. A name
+        is used again once the call that had it has completed here (waiting for it if
+        need be: every rank submitted it before this one)."""
+        turn = self._turn % _NAMES
+        previous = self._in_flight[turn]
         if previous is not None:
             _requests.settle(previous)
-        work = start("%s.%s.%d" % (self._prefix, kind, key[1]))
-        self._in_flight[key] = work._handle
+        called = time.monotonic()
+        work = start("%s.%d" % (self._prefix, turn))
+        if self._timeout_s:
+            work._deadline = called + self._timeout_s
+            work._deadline_reason = self._timeout_reason
+        self._turn += 1
+        self._in_flight[turn] = work._handle
         return work
 
     # -- reductions
@@ -203,14 +227,14 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         op = _torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp
-        return self._named("allreduce", lambda name: _collectives.all_reduce(
+        return self._named(lambda name: _collectives.all_reduce(
             tensors[0], op, self.process_set, async_op=True, name=name))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One grouped request: the core fuses what fits in a buffer."""
         code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
         tensors = list(tensors)
-        return self._named("allreduce_coalesced", lambda name: Work(
+        return self._named(lambda name: Work(
             _mpi_ops.grouped_allreduce_async_(tensors, name=name, op=code,
                                               process_set=self.process_set), tensors))
 
@@ -219,7 +243,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         left as it was."""
         tensor = _one(tensors, "reduce")
         target = tensor if self.rank() == opts.rootRank else tensor.clone()
-        work = self._named("reduce", lambda name: _collectives.all_reduce(
+        work = self._named(lambda name: _collectives.all_reduce(
             target, opts.reduceOp, self.process_set, async_op=True, name=name))
         work._outputs = [tensor]
         return work
@@ -233,7 +257,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         return self.reduce_scatter_single(output, _flat(chunks), opts)
 
     def reduce_scatter_single(self, output, input, opts):
-        return self._named("reducescatter", lambda name: _collectives.reduce_scatter_tensor(
+        return self._named(lambda name: _collectives.reduce_scatter_tensor(
             output, input, opts.reduceOp, self.process_set, async_op=True, name=name))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -254,7 +278,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             for output, piece in zip(outputs, mine):
                 output.copy_(piece.view(output.shape))
 
-        return self._named("reducescatter_coalesced", lambda name: Work(
+        return self._named(lambda name: Work(
             _mpi_ops.grouped_reducescatter_async([t.reshape(size, -1) for t in inputs],
                                                  name=name, op=code,
                                                  process_set=self.process_set),
@@ -267,11 +291,11 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs = _one(output_tensors, "allgather")
         tensor = _one(input_tensors, "allgather")
-        return self._named("allgather", lambda name: _collectives.all_gather(
+        return self._named(lambda name: _collectives.all_gather(
             outputs, tensor, self.process_set, async_op=True, name=name))
 
     def all_gather_single(self, output, input, opts=None):
-        return self._named("allgather_single", lambda name: _collectives.all_gather_into_tensor(
+        return self._named(lambda name: _collectives.all_gather_into_tensor(
             output, input, self.process_set, async_op=True, name=name))
 
     _allgather_base = all_gather_single
@@ -291,7 +315,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             for output, rows in zip(outputs, gathered):
                 output.copy_(rows.view(output.shape))
 
-        return self._named("allgather_coalesced", lambda name: Work(
+        return self._named(lambda name: Work(
             _mpi_ops.grouped_allgather_async([t.reshape(1, -1) for t in inputs], name=name,
                                              process_set=self.process_set),
             outputs, finish))
@@ -336,7 +360,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
                                  % (what, received.numel(), expected))
             _scatter_into(targets, received)
 
-        return self._named(what, lambda name: Work(
+        return self._named(lambda name: Work(
             _mpi_ops.alltoall_async(flat, splits=splits, name=name,
                                     process_set=self.process_set), targets, finish))
 
@@ -344,13 +368,13 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
 
     def broadcast(self, tensors, opts):
         tensor = _one(tensors, "broadcast")
-        return self._named("broadcast", lambda name: _collectives.broadcast(
+        return self._named(lambda name: _collectives.broadcast(
             tensor, group=self.process_set, async_op=True, group_src=opts.rootRank,
             name=name))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
-        return self._named("alltoall_single", lambda name: _collectives.all_to_all_single(
+        return self._named(lambda name: _collectives.all_to_all_single(
             output, input, output_split_sizes or None, input_split_sizes or None,
             self.process_set, async_op=True, name=name))
 
@@ -365,7 +389,8 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
                               [t.numel() for t in input_tensors], list(output_tensors))
 
     def barrier(self, opts=None):
-        return _collectives.barrier(self.process_set, async_op=True)
+        return self._named(lambda name: Work(
+            _adapter.barrier_async(self.process_set, name=name, drive=True), []))
 
     def send(self, tensors, dst, tag=0):
         raise unsupported("send")
