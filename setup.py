@@ -62,6 +62,15 @@ class BuildCore(build_ext):
         super().initialize_options()
         self.mpi_check_only = False
 
+    def finalize_options(self):
+        super().finalize_options()
+        if self.editable_mode:
+            # `pip install -e .` builds in fresh temporary folders, so a rerun with
+            # nothing changed recompiled the whole core; in folders of our own the
+            # core is skipped while it is newer than its sources, headers and wrapper.
+            self.build_temp = str(ROOT / "build" / "editable" / "temp")
+            self.build_lib = str(ROOT / "build" / "editable" / "lib")
+
     def get_ext_filename(self, ext_name):
         return os.path.join(*ext_name.split(".")) + ".so"
 
