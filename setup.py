@@ -13,6 +13,7 @@ The core depends on the wrapper (its file and `-show`) and the headers as on its
 sources, so that a build with another MPI in the same folder relinks it.
 """
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "build_support"))
 import mpi_link  # noqa: E402 - build helpers, not part of the package
 from parallel_compile import compile_in_parallel  # noqa: E402
+
+
+def package_version():
+    """perseus.__version__, read from the source: the package's one statement of it."""
+    text = (ROOT / "perseus" / "__init__.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"', text, flags=re.M).group(1)
+
 
 SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "src").rglob("*.cc"))
 # A changed header rebuilds the core too (setuptools compares only what it is told of).
@@ -151,7 +159,7 @@ core = Extension(
 
 setup(
     name="perseus",
-    version="0.1.0",
+    version=package_version(),
     description="Horovod-compatible data-parallel training over one framework-neutral C++ core",
     packages=find_packages(include=["perseus", "perseus.*"]),
     # The TensorFlow ops and the MXNet engine bridge are compiled on first use: ship

@@ -31,6 +31,9 @@ import shutil
 import subprocess
 import sys
 
+import perseus
+from perseus import launcher_flags
+
 OPENMPI = "openmpi"
 MPICH = "mpich"
 FLAVOURS = (OPENMPI, MPICH)
@@ -141,6 +144,24 @@ def passthrough_env(environ):
                   if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
 
 
+def world(args, cpu_count):
+    """(ranks, hosts or None, the hosts' form: 'H', 'slots' or 'colon', slots) of
+    parsed perseusrun args on a machine of cpu_count cores."""
+    hosts, form = None, None
+    if args.hosts:
+        hosts, form = parse_hosts(args.hosts), "H"
+    elif args.hostfile:
+        hosts, form = read_hostfile(args.hostfile)
+    slots = sum(n for _, n in hosts) if hosts else cpu_count
+    # Without -np, a host list's slots, as mpirun does: -H a:2,b:2 runs 4 ranks.
+    np = args.np if args.np is not None else (slots if hosts else None)
+    if np is None:
+        raise LauncherError("-np is required (or -H/--hostfile, whose slots it defaults to)")
+    if np < 1:
+        raise LauncherError("-np must be at least 1")
+    return np, hosts, form, slots
+
+
 def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=None):
     """The full mpirun argv for parsed perseusrun args. Pure: the flavour, environment,
     core count and root-ness are passed in (tests inject them)."""
@@ -154,46 +175,43 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     if args.hosts and args.hostfile:
         raise LauncherError("give -H or --hostfile, not both")
 
-    hosts, form = None, None
-    if args.hosts:
-        hosts, form = parse_hosts(args.hosts), "H"
-    elif args.hostfile:
-        hosts, form = read_hostfile(args.hostfile)
-    slots = sum(n for _, n in hosts) if hosts else cpu_count
-    # Without -np, a host list's slots, as mpirun does: -H a:2,b:2 runs 4 ranks.
-    np = args.np if args.np is not None else (slots if hosts else None)
-    if np is None:
-        raise LauncherError("-np is required (or -H/--hostfile, whose slots it defaults to)")
-    if np < 1:
-        raise LauncherError("-np must be at least 1")
-
+    np, hosts, form, slots = world(args, cpu_count)
+    binding = getattr(args, "binding_args", None)
+    binding = shlex.split(binding) if binding else None
+    # horovodrun's flags that set a variable in the ranks, before -x: an explicit -x wins.
+    settings = ["%s=%s" % item for item in launcher_flags.rank_environment(args, flavour)]
+    assignments = settings + list(args.env)
     cmd = [mpirun, "-np", str(np)]
     if flavour == OPENMPI:
         if is_root:
             cmd.append("--allow-run-as-root")
         if np > slots:
             cmd.append("--oversubscribe")
-        cmd += ["--bind-to", "none", "--map-by", "slot"]
+        cmd += binding if binding is not None else ["--bind-to", "none", "--map-by", "slot"]
         if hosts is not None:
             if form == "slots":  # already Open MPI's own hostfile syntax
                 cmd += ["--hostfile", args.hostfile]
             else:
                 cmd += ["-H", ",".join("%s:%d" % h for h in hosts)]
+        assigned = {a.partition("=")[0] for a in assignments}
         for name in passthrough_env(environ):
-            cmd += ["-x", name]
-        for assignment in args.env:
+            if name not in assigned:
+                cmd += ["-x", name]
+        for assignment in assignments:
             cmd += ["-x", assignment]
     else:  # MPICH / Hydra: the environment goes along by default.
+        cmd += binding or []
         if hosts is not None:
             if form == "colon":  # Hydra's own hostfile syntax
                 cmd += ["-f", args.hostfile]
             else:
                 cmd += ["-hosts", ",".join("%s:%d" % h for h in hosts)]
-        for assignment in args.env:
+        for assignment in assignments:
             name, sep, value = assignment.partition("=")
             if sep:
                 cmd += ["-genv", name, value]
             # NAME alone: already in the environment Hydra forwards.
+    cmd += launcher_flags.mpirun_flags(args, flavour)
     cmd += shlex.split(args.mpi_args) if args.mpi_args else []
     return cmd + list(args.command)
 
@@ -202,18 +220,24 @@ def make_parser():
     p = argparse.ArgumentParser(
         prog="perseusrun",
         description="Run COMMAND on N processes through the installed mpirun, "
-                    "adding what its MPI flavour needs.",
-        usage="perseusrun -np N [-H host:slots,...|--hostfile FILE] [--verbose] COMMAND...\n"
-              "       perseusrun --check-build")
+                    "adding what its MPI flavour needs. horovodrun's flags are accepted: "
+                    "each sets the core's PERSEUS_* variable or the mpirun flag that does "
+                    "the same; those with no effect here say so when given, and those "
+                    "perseusrun cannot honour are refused, naming what to use instead.",
+        usage="perseusrun -np N [-H host:slots,...|--hostfile FILE] [options] COMMAND...\n"
+              "       perseusrun --check-build | --version")
     # Required unless --check-build: main() checks, since argparse cannot say "unless".
     p.add_argument("-np", "-n", "--num-proc", dest="np", type=int,
                    help="number of processes (ranks)")
     p.add_argument("-cb", "--check-build", action="store_true",
                    help="print the frameworks, controllers and tensor operations this "
                         "installation provides (as horovodrun --check-build) and exit")
+    p.add_argument("-v", "--version", action="version", version=perseus.__version__,
+                   help="print Perseus's version and exit")
     p.add_argument("-H", "--hosts", dest="hosts",
                    help="host list, host[:slots],... (default: this machine)")
-    p.add_argument("--hostfile", help="file of hosts, 'host slots=N' or 'host:N' per line")
+    p.add_argument("-hostfile", "--hostfile", dest="hostfile",
+                   help="file of hosts, 'host slots=N' or 'host:N' per line")
     p.add_argument("-x", "--env", dest="env", action="append", default=[],
                    metavar="NAME[=VALUE]", help="also pass this variable to the ranks (repeatable)")
     p.add_argument("--mpirun", help="mpirun to use (default: $PERSEUS_MPIRUN, the one "
@@ -224,6 +248,7 @@ def make_parser():
     p.add_argument("--verbose", action="store_true", help="print the mpirun command before running it")
     p.add_argument("--dry-run", action="store_true", help="print the mpirun command and exit")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    launcher_flags.add_to(p)
     return p
 
 
@@ -236,21 +261,28 @@ def main(argv=None):
     if args.np is None and not (args.hosts or args.hostfile):
         parser.error("the following arguments are required: -np/-n/--num-proc "
                      "(or -H/--hostfile, whose slots it defaults to)")
+    launcher_flags.apply_config_file(parser, args)
     try:
         mpirun = find_mpirun(args.mpirun)
         flavour = args.mpi_flavour or detect_flavour(mpirun)
         cmd = build_command(args, flavour, mpirun)
+        np = world(args, os.cpu_count() or 1)[0]
     except LauncherError as e:
         parser.error(str(e))
+    for note in launcher_flags.notes(args, flavour):
+        print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
+    mpirun_env = launcher_flags.mpirun_environment(args, flavour)
     if args.verbose or args.dry_run:
-        print("perseusrun (%s): %s" % (flavour, " ".join(shlex.quote(c) for c in cmd)),
+        shown = ["%s=%s" % (k, shlex.quote(v)) for k, v in sorted(mpirun_env.items())]
+        print("perseusrun (%s): %s" % (flavour, " ".join(shown + [shlex.quote(c) for c in cmd])),
               file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
         return 0
+    launcher_flags.prepare(args, flavour, np)
     sys.stdout.flush()
     sys.stderr.flush()
     # exec: mpirun takes over this process, so its exit code and signals are ours.
-    os.execv(cmd[0], cmd)
+    os.execve(cmd[0], cmd, dict(os.environ, **mpirun_env))
 
 
 if __name__ == "__main__":

@@ -206,10 +206,12 @@ def check_command(tokens):
     problems = check_paths(rest)
     if program in LAUNCHERS:
         if program == "perseusrun":
-            launcher = REPO_ROOT / "perseus" / "launcher.py"
+            # Its own options and horovodrun's (launcher_flags.py).
+            launcher = "".join((REPO_ROOT / "perseus" / name).read_text()
+                               for name in ("launcher.py", "launcher_flags.py"))
             opts = [t for t in rest if t.startswith("-")]
             problems += ["perseusrun has no option %s" % t for t in opts
-                         if t.startswith("--") and not mentions(launcher.read_text(), t)]
+                         if t.startswith("--") and t != "--help" and not mentions(launcher, t)]
         for i, t in enumerate(rest):  # the launched command: the first program word
             if t in PYTHONS | {"./train.sh"} or re.match(r"^(\.venv[-\w]*/bin/|\$)", t):
                 return problems + check_command(rest[i:])

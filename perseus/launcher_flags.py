@@ -1,0 +1,360 @@
+"""horovodrun's flags on perseusrun (Horovod 0.28.1, horovod/runner/launch.py).
+
+Each flag does on perseusrun what it does on horovodrun, by one of four routes:
+
+* a setting of the core: the flag sets the PERSEUS_* variable of the same meaning
+  (SETTINGS); what the variable means, accepts and says when wrong is in the core's
+  table (csrc/src/engine/config.cc), checked at init() on every rank;
+* a flag or variable of the mpirun in use: ssh, network interfaces, output files,
+  TCP only, binding, timestamps (mpirun_flags, rank_environment, mpirun_environment);
+* nothing here does it: the flag is accepted and a note says why it changes nothing
+  (notes);
+* not available: refused at parse time, naming what to use instead (Gloo, jsrun; the
+  elastic flags until the fault-tolerance work, issue 46, brings them).
+
+A YAML --config-file (horovodrun's sections: params, autotune, timeline, stall_check,
+library_options, logging, controller) fills the flags the command line left unset.
+"""
+
+import argparse
+import os
+
+MIB = 1024 * 1024
+
+# dest -> (the core's variable, the value's text). Only names of the core's table.
+SETTINGS = {
+    "fusion_threshold_mb": ("PERSEUS_FUSION_THRESHOLD", lambda mb: "%d" % round(float(mb) * MIB)),
+    "cycle_time_ms": ("PERSEUS_CYCLE_TIME", str),
+    "cache_capacity": ("PERSEUS_CACHE_CAPACITY", str),
+    "hierarchical_allreduce": ("PERSEUS_ALLREDUCE_MODE",
+                               lambda on: "hierarchical" if on else "flat"),
+    "hierarchical_allgather": ("PERSEUS_HIERARCHICAL_ALLGATHER", lambda on: "1" if on else "0"),
+    "autotune": ("PERSEUS_AUTOTUNE", lambda on: "1" if on else "0"),
+    "autotune_log_file": ("PERSEUS_AUTOTUNE_LOG", str),
+    "autotune_warmup_samples": ("PERSEUS_AUTOTUNE_WARMUP_SAMPLES", str),
+    "autotune_steps_per_sample": ("PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE", str),
+    "timeline_filename": ("PERSEUS_TIMELINE", str),
+    "timeline_mark_cycles": ("PERSEUS_TIMELINE_MARK_CYCLES", lambda on: "1" if on else "0"),
+    "stall_check_warning_time_seconds": ("PERSEUS_STALL_CHECK_TIME_SECONDS", str),
+    "stall_check_shutdown_time_seconds": ("PERSEUS_STALL_SHUTDOWN_TIME_SECONDS", str),
+    # Horovod's NCCL streams are Perseus's lanes: a stream and communicator each (on
+    # the CPU an MPI communicator and thread each).
+    "num_nccl_streams": ("PERSEUS_ALLREDUCE_STREAMS", str),
+    "log_level": ("PERSEUS_LOG_LEVEL", lambda level: str(level).lower()),
+}
+
+# dest -> why the flag, when on, changes nothing under perseusrun.
+NO_EFFECT = {
+    "disable_cache": "perseusrun keeps no cache of start-up checks",
+    "start_timeout": "perseusrun makes no start-up checks (ssh, NICs) to time; mpirun "
+                     "starts the ranks",
+    "autotune_bayes_opt_max_samples": "Perseus's autotuner searches a grid by coordinate "
+                                      "descent, not by Bayesian optimisation",
+    "autotune_gaussian_process_noise": "Perseus's autotuner searches a grid by coordinate "
+                                       "descent, not by Bayesian optimisation",
+    "mpi_threads_disable": "Perseus needs MPI_THREAD_SERIALIZED or better (it asks for "
+                           "MPI_THREAD_MULTIPLE) and runs beside mpi4py at mpi4py's default",
+    "thread_affinity": "Perseus does not pin its engine thread (pin the ranks with "
+                       "--binding-args)",
+    "gloo_timeout_seconds": "Perseus has no Gloo controller",
+    "log_with_timestamp": "Perseus's log lines carry no timestamp",
+}
+HYDRA_NO_TIMESTAMPS = ("Hydra's mpirun (MPICH, Intel MPI) cannot timestamp output lines "
+                       "(Open MPI's --timestamp-output can)")
+
+ELASTIC_NOT_YET = ("elastic training (a world that shrinks and grows) is not yet in Perseus: "
+                   "it is planned in issue 46 (fault tolerance: `perseusrun --elastic` with "
+                   "horovodrun's --min-np, --max-np and --host-discovery-script). Until then "
+                   "run a fixed world with -np N (hvd.elastic's commit and restore work on it)")
+NO_GLOO = ("Perseus has no Gloo controller: it runs over MPI, which perseusrun launches with "
+           "mpirun (drop --gloo, or give --mpi)")
+NO_JSRUN = ("perseusrun does not drive jsrun: Perseus runs over MPI, so on an LSF cluster start "
+            "the ranks with `jsrun -n N python train.py` (a Perseus built with that cluster's "
+            "MPI) or with perseusrun / mpirun inside the allocation")
+
+
+class _Refuse(argparse.Action):
+    """A flag perseusrun cannot honour: a usage error naming what to use instead."""
+
+    def __init__(self, option_strings, dest, why, nargs=0, **kwargs):
+        super().__init__(option_strings, dest, nargs=nargs, default=argparse.SUPPRESS, **kwargs)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("%s: %s" % (option_string, self.why))
+
+
+def _switch(group, on, off, dest, help_on, help_off):
+    """--x / --no-x of one setting: True, False, or None when neither is given."""
+    both = group.add_mutually_exclusive_group()
+    both.add_argument(*on, dest=dest, action="store_const", const=True, default=None,
+                      help=help_on)
+    both.add_argument(*off, dest=dest, action="store_const", const=False, default=None,
+                      help=help_off)
+
+
+def add_to(parser):
+    """Adds horovodrun's flags, in horovodrun's groups, to perseusrun's parser."""
+    g = parser.add_argument_group("horovodrun's start-up arguments")
+    g.add_argument("--disable-cache", action="store_const", const=True, default=None,
+                   help="accepted; no effect (perseusrun caches nothing)")
+    g.add_argument("--start-timeout", type=int, metavar="S",
+                   help="accepted; no effect (no start-up checks to time)")
+    g.add_argument("--network-interfaces", "--network-interface", dest="nics", action="append",
+                   metavar="NIC[,NIC]",
+                   help="interfaces for MPI's and NCCL's traffic (repeatable): Open MPI "
+                        "--mca btl_tcp_if_include, Hydra -iface (one NIC), "
+                        "NCCL_SOCKET_IFNAME and UCX_NET_DEVICES in the ranks")
+    g.add_argument("--output-filename", metavar="DIR",
+                   help="each rank's stdout and stderr to files under DIR: Open MPI's "
+                        "--output-filename; with Hydra, DIR/rank.N/stdout and stderr")
+    g.add_argument("--config-file", metavar="FILE",
+                   help="horovodrun's YAML configuration; the command line wins over it")
+
+    g = parser.add_argument_group("SSH arguments")
+    g.add_argument("-p", "--ssh-port", type=int, metavar="PORT",
+                   help="ssh port of every host (Open MPI plm_rsh_args, Hydra "
+                        "HYDRA_LAUNCHER_EXTRA_ARGS)")
+    g.add_argument("-i", "--ssh-identity-file", metavar="FILE",
+                   help="ssh private key for every host (as --ssh-port)")
+
+    g = parser.add_argument_group("tuneable parameter arguments (the core's settings)")
+    g.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
+                   help="PERSEUS_FUSION_THRESHOLD, in MiB (0: no fusion)")
+    g.add_argument("--cycle-time-ms", type=float, metavar="MS", help="PERSEUS_CYCLE_TIME")
+    g.add_argument("--cache-capacity", type=int, metavar="N", help="PERSEUS_CACHE_CAPACITY")
+    _switch(g, ["--hierarchical-allreduce"], ["--no-hierarchical-allreduce"],
+            "hierarchical_allreduce", "PERSEUS_ALLREDUCE_MODE=hierarchical",
+            "PERSEUS_ALLREDUCE_MODE=flat")
+    _switch(g, ["--hierarchical-allgather"], ["--no-hierarchical-allgather"],
+            "hierarchical_allgather", "PERSEUS_HIERARCHICAL_ALLGATHER=1 (not implemented: "
+                                      "init() says so)", "PERSEUS_HIERARCHICAL_ALLGATHER=0")
+
+    g = parser.add_argument_group("autotune arguments")
+    _switch(g, ["--autotune"], ["--no-autotune"], "autotune", "PERSEUS_AUTOTUNE=1",
+            "PERSEUS_AUTOTUNE=0")
+    g.add_argument("--autotune-log-file", metavar="FILE", help="PERSEUS_AUTOTUNE_LOG")
+    g.add_argument("--autotune-warmup-samples", type=int, metavar="N",
+                   help="PERSEUS_AUTOTUNE_WARMUP_SAMPLES")
+    g.add_argument("--autotune-steps-per-sample", type=int, metavar="N",
+                   help="PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE")
+    g.add_argument("--autotune-bayes-opt-max-samples", type=int, metavar="N",
+                   help="accepted; no effect (the autotuner is not Bayesian)")
+    g.add_argument("--autotune-gaussian-process-noise", type=float, metavar="X",
+                   help="accepted; no effect (as above)")
+
+    g = parser.add_argument_group("elastic arguments (not yet: issue 46)")
+    for flags, metavar in ((["--min-np", "--min-num-proc"], "N"),
+                           (["--max-np", "--max-num-proc"], "N"), (["--slots-per-host"], "N"),
+                           (["--elastic-timeout"], "S"), (["--reset-limit"], "N"),
+                           (["--blacklist-cooldown-range"], ("MIN", "MAX")),
+                           (["--host-discovery-script"], "SCRIPT")):
+        g.add_argument(*flags, action=_Refuse, nargs=len(metavar) if isinstance(metavar, tuple)
+                       else 1, metavar=metavar, why=ELASTIC_NOT_YET, help="refused: not yet")
+
+    g = parser.add_argument_group("timeline arguments")
+    g.add_argument("--timeline-filename", metavar="FILE", help="PERSEUS_TIMELINE")
+    _switch(g, ["--timeline-mark-cycles"], ["--no-timeline-mark-cycles"],
+            "timeline_mark_cycles", "PERSEUS_TIMELINE_MARK_CYCLES=1",
+            "PERSEUS_TIMELINE_MARK_CYCLES=0")
+
+    g = parser.add_argument_group("stall check arguments")
+    _switch(g, ["--no-stall-check"], ["--stall-check"], "no_stall_check",
+            "PERSEUS_STALL_CHECK_TIME_SECONDS=0 (wins over the warning time, as in Horovod)",
+            "accepted (the stall check is on by default)")
+    g.add_argument("--stall-check-warning-time-seconds", type=int, metavar="S",
+                   help="PERSEUS_STALL_CHECK_TIME_SECONDS")
+    g.add_argument("--stall-check-shutdown-time-seconds", type=int, metavar="S",
+                   help="PERSEUS_STALL_SHUTDOWN_TIME_SECONDS")
+
+    g = parser.add_argument_group("library arguments")
+    _switch(g, ["--mpi-threads-disable"], ["--no-mpi-threads-disable"], "mpi_threads_disable",
+            "accepted; no effect (Perseus needs threaded MPI)", "accepted (the default)")
+    g.add_argument("--tcp", action="store_const", const=True, default=None,
+                   help="TCP only: NCCL_IB_DISABLE=1; Open MPI --mca pml ob1 --mca btl "
+                        "^openib; MPICH UCX_TLS=tcp,self,sm")
+    g.add_argument("--binding-args", metavar="ARGS",
+                   help="mpirun's binding flags, in place of perseusrun's (Open MPI: "
+                        "--bind-to none --map-by slot)")
+    g.add_argument("--num-nccl-streams", type=int, metavar="N",
+                   help="PERSEUS_ALLREDUCE_STREAMS (lanes, CPU ones too)")
+    g.add_argument("--thread-affinity", type=int, metavar="CPU",
+                   help="accepted; no effect (the engine thread is not pinned)")
+    g.add_argument("--gloo-timeout-seconds", type=int, metavar="S",
+                   help="accepted; no effect (no Gloo)")
+
+    g = parser.add_argument_group("logging arguments")
+    g.add_argument("--log-level", type=str.upper, metavar="LEVEL",
+                   choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"],
+                   help="PERSEUS_LOG_LEVEL: TRACE, DEBUG, INFO, WARNING, ERROR or FATAL")
+    stamps = g.add_mutually_exclusive_group()
+    stamps.add_argument("--log-with-timestamp", "--no-log-hide-timestamp",
+                        dest="log_with_timestamp", action="store_const", const=True,
+                        default=None, help="accepted; no effect (no timestamps in the log)")
+    stamps.add_argument("--log-without-timestamp", "--log-hide-timestamp",
+                        dest="log_with_timestamp", action="store_const", const=False,
+                        default=None, help="accepted (the log has no timestamps)")
+    g.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
+                   dest="prefix_output_with_timestamp", action="store_const", const=True,
+                   default=None, help="Open MPI --timestamp-output (Hydra: no effect)")
+
+    g = parser.add_argument_group("controller arguments")
+    g.add_argument("--mpi", action="store_const", const=True, default=None,
+                   help="accepted: MPI is Perseus's only controller")
+    g.add_argument("--gloo", action=_Refuse, why=NO_GLOO, help="refused: no Gloo")
+    g.add_argument("--jsrun", action=_Refuse, why=NO_JSRUN, help="refused: use jsrun itself")
+
+
+def _nics(args):
+    names = []
+    for item in args.nics or []:
+        names += [n.strip() for n in item.split(",") if n.strip() and n.strip() not in names]
+    return names
+
+
+def rank_environment(args, flavour):
+    """[(name, value)]: the variables the flags set in every rank, in flag order."""
+    env = [(SETTINGS[dest][0], SETTINGS[dest][1](getattr(args, dest)))
+           for dest in SETTINGS if getattr(args, dest, None) is not None]
+    if getattr(args, "no_stall_check", None):
+        env = [(n, v) for n, v in env if n != "PERSEUS_STALL_CHECK_TIME_SECONDS"]
+        env.append(("PERSEUS_STALL_CHECK_TIME_SECONDS", "0"))
+    if getattr(args, "tcp", None):
+        env.append(("NCCL_IB_DISABLE", "1"))
+        if flavour != "openmpi":  # the mpich wheel's transport is UCX
+            env.append(("UCX_TLS", "tcp,self,sm"))
+    nics = _nics(args)
+    if nics:
+        env.append(("NCCL_SOCKET_IFNAME", ",".join(nics)))
+        if flavour != "openmpi":
+            env.append(("UCX_NET_DEVICES", ",".join(nics)))
+    return env
+
+
+def _ssh_args(args):
+    words = []
+    if getattr(args, "ssh_port", None) is not None:
+        words += ["-p", str(args.ssh_port)]
+    if getattr(args, "ssh_identity_file", None):
+        words += ["-i", args.ssh_identity_file]
+    return " ".join(words)
+
+
+def mpirun_flags(args, flavour):
+    """mpirun's own flags for ssh, interfaces, output files, TCP only and timestamps."""
+    flags = []
+    ssh = _ssh_args(args)
+    nics = _nics(args)
+    if flavour == "openmpi":
+        if ssh:
+            flags += ["--mca", "plm_rsh_args", ssh]
+        if nics:
+            flags += ["--mca", "btl_tcp_if_include", ",".join(nics)]
+        if getattr(args, "tcp", None):
+            flags += ["--mca", "pml", "ob1", "--mca", "btl", "^openib"]
+        if getattr(args, "output_filename", None):
+            flags += ["--output-filename", args.output_filename]
+        if getattr(args, "prefix_output_with_timestamp", None):
+            flags.append("--timestamp-output")
+    else:  # Hydra: ssh's arguments come from its environment (mpirun_environment)
+        if len(nics) == 1:  # Hydra takes one interface
+            flags += ["-iface", nics[0]]
+        if getattr(args, "output_filename", None):
+            folder = os.path.join(args.output_filename, "rank.%r")  # %r: Hydra's rank
+            flags += ["-outfile-pattern", os.path.join(folder, "stdout"),
+                      "-errfile-pattern", os.path.join(folder, "stderr")]
+    return flags
+
+
+def mpirun_environment(args, flavour):
+    """Variables mpirun itself reads (not the ranks): Hydra's ssh arguments."""
+    ssh = _ssh_args(args)
+    if not ssh or flavour == "openmpi":
+        return {}
+    # MPICH's Hydra, and Intel MPI's under its own name.
+    return {"HYDRA_LAUNCHER_EXTRA_ARGS": ssh, "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": ssh}
+
+
+def prepare(args, flavour, np):
+    """What must exist before mpirun starts: Hydra writes output files only into
+    folders that exist (Open MPI makes its own)."""
+    if getattr(args, "output_filename", None) and flavour != "openmpi":
+        for rank in range(np):
+            os.makedirs(os.path.join(args.output_filename, "rank.%d" % rank), exist_ok=True)
+
+
+def notes(args, flavour):
+    """One line for each flag given that has no effect here, saying why."""
+    found = []
+    for dest, why in NO_EFFECT.items():
+        if getattr(args, dest, None) not in (None, False):
+            found.append("%s has no effect: %s" % (_flag_of(dest), why))
+    if getattr(args, "prefix_output_with_timestamp", None) and flavour != "openmpi":
+        found.append("--prefix-output-with-timestamp has no effect: %s" % HYDRA_NO_TIMESTAMPS)
+    return found
+
+
+def _flag_of(dest):
+    return "--" + dest.replace("_", "-")
+
+
+# horovodrun's YAML sections: (section, key) -> dest; stall_check's `enabled` is inverted.
+CONFIG_KEYS = {
+    ("params", "fusion_threshold_mb"): "fusion_threshold_mb",
+    ("params", "cycle_time_ms"): "cycle_time_ms",
+    ("params", "cache_capacity"): "cache_capacity",
+    ("params", "hierarchical_allreduce"): "hierarchical_allreduce",
+    ("params", "hierarchical_allgather"): "hierarchical_allgather",
+    ("autotune", "enabled"): "autotune",
+    ("autotune", "log_file"): "autotune_log_file",
+    ("autotune", "warmup_samples"): "autotune_warmup_samples",
+    ("autotune", "steps_per_sample"): "autotune_steps_per_sample",
+    ("autotune", "bayes_opt_max_samples"): "autotune_bayes_opt_max_samples",
+    ("autotune", "gaussian_process_noise"): "autotune_gaussian_process_noise",
+    ("timeline", "filename"): "timeline_filename",
+    ("timeline", "mark_cycles"): "timeline_mark_cycles",
+    ("stall_check", "enabled"): "no_stall_check",
+    ("stall_check", "warning_time_seconds"): "stall_check_warning_time_seconds",
+    ("stall_check", "shutdown_time_seconds"): "stall_check_shutdown_time_seconds",
+    ("library_options", "mpi_threads_disable"): "mpi_threads_disable",
+    ("library_options", "num_nccl_streams"): "num_nccl_streams",
+    ("library_options", "thread_affinity"): "thread_affinity",
+    ("library_options", "gloo_timeout_seconds"): "gloo_timeout_seconds",
+    ("logging", "level"): "log_level",
+    ("logging", "with_timestamp"): "log_with_timestamp",
+}
+
+
+def apply_config_file(parser, args):
+    """Fills the flags the command line left unset from --config-file; a usage error
+    for a file that cannot be read, a key horovodrun does not know, or the Gloo
+    controller."""
+    if not getattr(args, "config_file", None):
+        return
+    try:
+        import yaml
+    except ImportError:
+        parser.error("--config-file needs PyYAML (pip install pyyaml)")
+    try:
+        with open(args.config_file) as f:
+            config = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        parser.error("--config-file %s: %s" % (args.config_file, e))
+    if not isinstance(config, dict):
+        parser.error("--config-file %s: expected horovodrun's sections (params:, autotune:, "
+                     "...), got %r" % (args.config_file, config))
+    controller = str(config.pop("controller", "mpi")).lower()
+    if controller != "mpi":
+        parser.error("--config-file %s: controller %s: %s"
+                     % (args.config_file, controller, NO_GLOO if controller == "gloo" else
+                        "Perseus's only controller is MPI"))
+    for section, values in config.items():
+        for key, value in (values or {}).items() if isinstance(values, dict) else [(None, values)]:
+            dest = CONFIG_KEYS.get((section, key))
+            if dest is None:
+                parser.error("--config-file %s: horovodrun has no setting %s%s"
+                             % (args.config_file, section, "." + key if key else ""))
+            if dest == "no_stall_check":
+                value = not value
+            if getattr(args, dest, None) is None:  # the command line wins
+                setattr(args, dest, value)
