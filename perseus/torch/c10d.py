@@ -1,13 +1,16 @@
-"""Registers the torch.distributed backend "perseus" (done by `import perseus.torch`).
+"""Registers the torch.distributed backend "perseus" (done by `import perseus.torch`,
+and by `import perseus` once torch is imported: perseus/torch_registration.py).
 
 torch.distributed.init_process_group("perseus") under mpirun then runs torch's own
 collectives, DDP, FSDP2 and ZeroRedundancyOptimizer on Perseus (the backend is
 perseus/torch/distributed/backend.py, imported at the first perseus group, so this
 module loads neither the core nor MPI).
 
-Two of torch's functions are wrapped, and only change what they do for perseus:
+Two of torch's functions are wrapped; beyond refusing a backend name torch does not
+know, they change only what they do for perseus:
   * init_process_group: ranks come from MPI, not from init_method (torch's env://
     or tcp:// rendezvous would wait for variables and peers mpirun does not give);
+    a name torch does not know, for any backend, is a ValueError (backend_names.py);
   * _new_process_group_helper, through which every group is made: a Perseus
     process set is registered collectively on every rank, while torch asks only the
     group's members for their group.
@@ -18,6 +21,8 @@ import inspect
 
 import torch.distributed as _torch_dist
 import torch.distributed.distributed_c10d as _c10d
+
+from perseus.torch import backend_names
 
 NAME = "perseus"
 
@@ -46,7 +51,10 @@ def _wrap_init(original):
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        if not _names_perseus(bound.arguments.get("backend")):
+        backend = bound.arguments.get("backend")
+        # A misspelt name would otherwise fail in torch's rendezvous, far from the typo.
+        backend_names.check(backend, "init_process_group")
+        if not _names_perseus(backend):
             return original(*args, **kwargs)
         return _backend_module().init_process_group(original, dict(bound.arguments))
 

@@ -12,6 +12,7 @@ import warnings
 from perseus.common import basics as _basics
 from perseus.common import process_sets as _process_sets
 from perseus.common.ops import integer
+from perseus.torch import backend_names as _backend_names
 
 
 class ProcessGroup:
@@ -77,7 +78,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
 
     backend, init_method, timeout, store, group_name, pg_options and device_id are
     accepted and not needed: MPI launches the ranks and Perseus picks MPI or NCCL per
-    tensor. world_size and rank, when given, must match MPI's; if they do not (a
+    tensor. A backend name torch does not know ('glooo') raises ValueError. world_size and rank, when given, must match MPI's; if they do not (a
     script's default `--world-size 1 --rank 0`), MPI's values win and a warning says
     so, once. Calling it again while initialized does nothing, as `hvd.init()`.
     """
@@ -85,6 +86,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     if backend is not None and not isinstance(backend, str):
         raise ValueError("backend must be a string such as 'nccl', 'gloo' or 'mpi', got %r"
                          % (backend,))
+    # Any name torch knows does the same here; a misspelt one is a mistake all the same.
+    _backend_names.check(backend, "init_process_group")
     _basics.init()
     given = [(what, value) for what, value in (("world_size", world_size), ("rank", rank))
              if value is not None and int(value) >= 0]
