@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up this checkout on a fresh machine. Safe to re-run: it only adds what is
-# missing and rebuilds the core.
+# missing, and rebuilds the core only when its sources changed (a rerun with nothing
+# changed takes seconds: 6 s, or 30 s with --all).
 #
 #   bash scripts/setup.sh          # the main job: .venv with PyTorch, MPI and Perseus
 #   bash scripts/setup.sh --all    # and everything the tests need
@@ -11,38 +12,34 @@
 # tools that make namespace hosts, the TensorFlow and MXNet venvs and the patched Caffe;
 # PERSEUS_SKIP_TF=1, PERSEUS_SKIP_MX=1, PERSEUS_SKIP_CAFFE=1, PERSEUS_SKIP_OPEN_MPI=1
 # and PERSEUS_SKIP_SLURM=1 leave those out (their tests then say so).
-# Each step prints what it does and about how long it took on the 2-core CI machine
-# with a warm download cache, then how long it took here.
+# Each step prints what it does and how long it took the first time on a quiet 2-core
+# machine with a warm download cache (the main job 84 s, --all 457 s; a loaded machine
+# takes several times longer), a line every 30 s while it runs, then its time here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL=0
 case "${1:-}" in
   --all) ALL=1 ;;
   "") ;;
-  -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "setup.sh: unknown argument $1 (use --all, or nothing)" >&2; exit 2 ;;
 esac
 PYTHON=${PYTHON:-python3}
 SETUP_START=$(date +%s)
 
-# step "what it does" "about how long" command...: says both, runs it, says how long it took.
-step() {
-  local what=$1 about=$2 t0
-  shift 2
-  t0=$(date +%s)
-  printf '[setup] %s (about %s) ...\n' "$what" "$about"
-  "$@"
-  printf '[setup]   done in %ss\n' "$(( $(date +%s) - t0 ))"
-}
+# step, tick and the steps' progress reports.
+source scripts/setup_steps.sh
 pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
 
 [ -x .venv/bin/python ] || step "creating .venv with $PYTHON" "5 s" "$PYTHON" -m venv .venv
 # torch pinned: unpinned, pip may take a multi-GB CUDA build where a CPU one was meant.
 # On a GPU machine with PyPI, torch==2.13.0 is the CUDA build (PyPI's Linux default).
-step "installing PyTorch 2.13.0, numpy, scikit-learn, MPICH and mpi4py into .venv" "30 s" \
+PROGRESS=venv_progress step "installing PyTorch 2.13.0, numpy, scikit-learn, MPICH and mpi4py into .venv" "45 s" \
   pip_install "torch==2.13.0" numpy scikit-learn mpich mpi4py
-# -e: the core library is built in place (perseus/lib/libperseus.so), compiled in parallel.
-step "building Perseus's core with .venv's mpicxx and installing it (pip install -e .)" "25 s" \
+# -e: the core library is built in place (perseus/lib/libperseus.so), compiled in parallel;
+# setup.py keeps the objects in build/editable/ and skips an unchanged core.
+mkdir -p build/editable && touch build/editable/started
+PROGRESS=core_progress step "building Perseus's core with .venv's mpicxx and installing it (pip install -e .)" "35 s" \
   pip_install -e .
 if [ "$ALL" = 0 ]; then
   echo "[setup] Perseus is installed in $(pwd)/.venv ($(( $(date +%s) - SETUP_START ))s);" \
@@ -53,11 +50,10 @@ fi
 # ---------------------------------------------------------------- --all: the tests' needs
 # nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on a CPU-only
 # machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot;
-# mkdocs and mkdocstrings (pinned: strict mode's warnings change between versions): the
-# documentation site, which tests/test_docs.py builds.
-step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "25 s" \
+# docs/requirements.txt: MkDocs for the documentation site, which tests/test_docs.py builds.
+step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "17 s" \
   pip_install pytest pytest-timeout h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
-  "mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11"
+  -r docs/requirements.txt
 # Debian's Open MPI as a second MPI, for tests/test_open_mpi.py (the core built against
 # it: a plain python and mpirun -np 2) and tests/test_build_mpi.py (its libmpi.so in
 # Debian python's library folder, which once got linked into the MPICH build). It puts
@@ -73,7 +69,7 @@ install_open_mpi() {
   apt_open_mpi || { $sudo apt-get update -q >/dev/null && apt_open_mpi; }
 }
 if [ "${PERSEUS_SKIP_OPEN_MPI:-0}" != 1 ] && ! command -v mpicxx.openmpi >/dev/null; then
-  step "installing Debian's Open MPI (apt, root or sudo)" "15 s" install_open_mpi
+  step "installing Debian's Open MPI (apt, root or sudo)" "12 s" install_open_mpi
 fi
 # Debian's Slurm (slurmctld, slurmd, munge) for tests/test_slurm.py, which starts a
 # one-node cluster of its own; iproute2 and util-linux (ip, unshare, nsenter, setpriv)
@@ -97,25 +93,26 @@ install_cluster_tools() {
 }
 if [ "${PERSEUS_SKIP_SLURM:-0}" != 1 ] && ! { command -v slurmd >/dev/null && command -v munged >/dev/null \
     && command -v nsenter >/dev/null && command -v ip >/dev/null; }; then
-  step "installing Debian's Slurm and munge, iproute2 (apt, root or sudo)" "30 s" install_cluster_tools
+  step "installing Debian's Slurm and munge, iproute2 (apt, root or sudo)" "8 s" install_cluster_tools
 fi
 # The TensorFlow and MXNet front ends live in venvs of their own (mxnet 1.9.1 needs
 # numpy 1.23.5); tests/test_tensorflow.py and tests/test_mxnet.py run them.
 if [ "${PERSEUS_SKIP_TF:-0}" != 1 ]; then
-  step "creating .venv-tf: TensorFlow 2.21 (1.6 GB) and Perseus's TensorFlow op" "2-3 min" \
+  PROGRESS=venv_tf_progress \
+    step "creating .venv-tf: TensorFlow 2.21 (1.6 GB) and Perseus's TensorFlow op" "75 s" \
     bash scripts/setup_tf.sh
 fi
 if [ "${PERSEUS_SKIP_MX:-0}" != 1 ]; then
-  step "creating .venv-mx: MXNet 1.9.1 and Perseus's MXNet engine library" "1 min" \
+  step "creating .venv-mx: MXNet 1.9.1 and Perseus's MXNet engine library" "30 s" \
     bash scripts/setup_mxnet.sh
 fi
 # BVLC Caffe with the Perseus patch (tests/test_caffe.py): apt build dependencies, then
 # a CPU-only build cached outside the checkout (patches/bvlc_caffe/build.sh says where).
 if [ "${PERSEUS_SKIP_CAFFE:-0}" != 1 ]; then
-  step "installing Caffe's build dependencies (apt, root or sudo)" "45 s" \
+  step "installing Caffe's build dependencies (apt, root or sudo)" "15 s" \
     bash patches/bvlc_caffe/install_deps.sh
-  step "building the patched BVLC Caffe, or finding it in the cache" \
-    "5 min cold on 2 cores, seconds cached" bash patches/bvlc_caffe/build.sh
+  PROGRESS=caffe_progress step "building the patched BVLC Caffe, or finding it in the cache" "220 s" \
+    bash patches/bvlc_caffe/build.sh
 fi
 echo "[setup] everything for the tests is ready ($(( $(date +%s) - SETUP_START ))s);" \
      "run: .venv/bin/python -m pytest -q"

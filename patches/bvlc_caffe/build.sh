@@ -12,8 +12,8 @@
 # that every clone on a machine shares one build: ${XDG_CACHE_HOME:-~/.cache}/perseus/
 # bvlc_caffe-<key>, the key a hash of the patches, this script and Perseus's C headers
 # (what the build compiles against). A run that finds the build only checks and
-# returns (seconds); a cold one takes about 5 minutes on 2 cores. The tool links
-# libperseus.so through its RUNPATH, which LD_LIBRARY_PATH overrides: run it with
+# returns (seconds); a cold one takes about 4 minutes on a quiet 2-core machine. The
+# tool links libperseus.so through its RUNPATH, which LD_LIBRARY_PATH overrides: run it with
 # LD_LIBRARY_PATH=<checkout>/perseus/lib (tests/caffe/caffe_job.py does), so that each
 # clone's tool uses that clone's core.
 # Needs the build dependencies: patches/bvlc_caffe/install_deps.sh installs them.
@@ -43,8 +43,17 @@ INCLUDE_DIR=$REPO/csrc/include
        "(python setup.py build_ext --inplace, or scripts/setup.sh)" >&2; exit 1; }
 
 mkdir -p "$CACHE"
-exec 9>"$CACHE.lock"
-flock 9  # clones that set up at once build once: the second finds the first's build
+# Clones that set up at once (or a test beside a setup) build once: the second waits
+# for the first and finds its build. The lock file names its holder, so that the one
+# waiting can say for whom (it waited without a word before).
+exec 9<>"$CACHE.lock"
+if ! flock -n 9; then
+  echo "build.sh: waiting for another build of this Caffe to end: $(cat "$CACHE.lock" 2>/dev/null)" \
+       "holds $CACHE.lock (a cold build takes about 4 minutes on 2 cores; then this" \
+       "one finds it built)" >&2
+  flock 9
+fi
+printf 'pid %s (build.sh of %s, since %s)' "$$" "$REPO" "$(date '+%H:%M:%S')" > "$CACHE.lock"
 cd "$CACHE"
 
 # ---- 1. the pristine source, verified -------------------------------------------
