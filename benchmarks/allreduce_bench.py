@@ -3,9 +3,9 @@
 
 Run on two ranks of one machine:
 
-    mpirun -np 2 python benchmarks/allreduce_bench.py [--iters N] [--sizes 4K 1M ...]
+    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/allreduce_bench.py [--iters N] [--sizes 4K 1M ...]
         [--repeat R] [--json out.json] [--plot out.png] [--skip-perseus]
-    mpirun -np 2 python benchmarks/allreduce_bench.py --autotune [--rounds 3] [--sweep axes]
+    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/allreduce_bench.py --autotune [--rounds 3] [--sweep axes]
 
 --autotune measures only the ResNet-50 set: PERSEUS_AUTOTUNE's settled throughput
 against a sweep of fixed settings (autotune_compare.py), instead of what follows.

@@ -1,7 +1,7 @@
 """What a collective control operation costs: add/remove_process_set, start/stop_timeline
 and barrier, against a raw MPI barrier.
 
-    mpirun -np 2 python benchmarks/control_ops.py [--calls 20] [--rounds 5]
+    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/control_ops.py [--calls 20] [--rounds 5]
 
 Each round times --calls calls of each case, the cases interleaved round by round so
 that a change in the machine's load weighs on all alike; the table gives each case's

@@ -2,7 +2,7 @@
 DDP over the "perseus" backend, and of Perseus's drop-in DDP, on the same CPU models,
 in one run.
 
-    mpirun -np 2 python benchmarks/ddp_bench.py [--repeat 5] [--iters 30] [--json PATH]
+    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/ddp_bench.py [--repeat 5] [--iters 30] [--json PATH]
 
 The default group is torch.distributed's "perseus" (init_process_group("perseus")),
 gloo's a group of every rank (new_group(backend="gloo"), over the same store). The

@@ -1,6 +1,6 @@
 """Per-gradient cost of the PyTorch training hooks (issue 19), at np=2:
 
-    mpirun -np 2 python benchmarks/hook_overhead.py [--layers 100] [--width 16]
+    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/hook_overhead.py [--layers 100] [--width 16]
                                                     [--iters 20] [--runs 9]
 
 A model with many small parameters (--layers Linear(width, width): 2 gradients

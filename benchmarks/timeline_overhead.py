@@ -1,6 +1,6 @@
 """What the timeline costs the hot path: allreduce time with the timeline off and on.
 
-    mpirun -np 2 python benchmarks/timeline_overhead.py [--pairs 15] [--seconds 0.25]
+    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/timeline_overhead.py [--pairs 15] [--seconds 0.25]
 
 Each pair times the same loop twice, once with the timeline off and once writing
 one (start_timeline / stop_timeline between them, the order alternating per pair),

@@ -1,6 +1,6 @@
 """What a zero-copy node-local reduction could save against MPICH (issue 19).
 
-    mpirun -np 2 python benchmarks/zero_copy_potential.py [--model mlp512] [--steps 160]
+    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/zero_copy_potential.py [--model mlp512] [--steps 160]
 
 Trains --model with SGD and momentum, one torch thread per rank, four ways taken
 in turn step by step, all timed from a barrier at the start of the step to the end

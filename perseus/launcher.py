@@ -8,7 +8,8 @@
 
 It finds ``mpirun`` (the one next to this interpreter, else the first on PATH, or
 ``--mpirun`` / $PERSEUS_MPIRUN), asks it which MPI it belongs to (``mpirun
---version``), and builds the command that flavour needs:
+--version``), refuses one of another MPI than the core's (launcher_mpi_match.py),
+and builds the command that flavour needs:
 
 * Open MPI: ``--allow-run-as-root`` when run as root, ``--oversubscribe`` when more
   processes than slots (local cores, or the slots of the host list), ``--bind-to none
@@ -32,10 +33,9 @@ import subprocess
 import sys
 
 import perseus
-from perseus import launcher_flags
+from perseus import launcher_flags, launcher_mpi_match
+from perseus.launcher_mpi_match import MPICH, OPENMPI
 
-OPENMPI = "openmpi"
-MPICH = "mpich"
 FLAVOURS = (OPENMPI, MPICH)
 
 # Variables Open MPI must be told to forward (-x); Hydra forwards everything.
@@ -76,6 +76,17 @@ def flavour_of(version_text):
     if re.search(r"HYDRA|MPICH|Intel\(R\) MPI|MVAPICH", version_text, re.I):
         return MPICH
     return None
+
+
+def check_core_mpi(mpirun, flavour):
+    """Raises LauncherError when mpirun's MPI is not the kind the core was built with,
+    naming the core's MPI and an mpirun of it found here."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    candidates = [beside] + [shutil.which(name) for name in ("mpirun", "mpirun.mpich",
+                                                             "mpirun.openmpi")]
+    problem = launcher_mpi_match.check(mpirun, flavour, detect_flavour, candidates)
+    if problem:
+        raise LauncherError(problem)
 
 
 def detect_flavour(mpirun):
@@ -267,6 +278,7 @@ def main(argv=None):
         flavour = args.mpi_flavour or detect_flavour(mpirun)
         cmd = build_command(args, flavour, mpirun)
         np = world(args, os.cpu_count() or 1)[0]
+        check_core_mpi(mpirun, flavour)
     except LauncherError as e:
         parser.error(str(e))
     for note in launcher_flags.notes(args, flavour):

@@ -19,6 +19,8 @@ library_options, logging, controller) fills the flags the command line left unse
 import argparse
 import os
 
+from perseus.launcher_mpi_match import OPENMPI
+
 MIB = 1024 * 1024
 
 # dest -> (the core's variable, the value's text). Only names of the core's table.
@@ -221,12 +223,12 @@ def rank_environment(args, flavour):
         env.append(("PERSEUS_STALL_CHECK_TIME_SECONDS", "0"))
     if getattr(args, "tcp", None):
         env.append(("NCCL_IB_DISABLE", "1"))
-        if flavour != "openmpi":  # the mpich wheel's transport is UCX
+        if flavour != OPENMPI:  # the mpich wheel's transport is UCX
             env.append(("UCX_TLS", "tcp,self,sm"))
     nics = _nics(args)
     if nics:
         env.append(("NCCL_SOCKET_IFNAME", ",".join(nics)))
-        if flavour != "openmpi":
+        if flavour != OPENMPI:
             env.append(("UCX_NET_DEVICES", ",".join(nics)))
     return env
 
@@ -245,7 +247,7 @@ def mpirun_flags(args, flavour):
     flags = []
     ssh = _ssh_args(args)
     nics = _nics(args)
-    if flavour == "openmpi":
+    if flavour == OPENMPI:
         if ssh:
             flags += ["--mca", "plm_rsh_args", ssh]
         if nics:
@@ -269,7 +271,7 @@ def mpirun_flags(args, flavour):
 def mpirun_environment(args, flavour):
     """Variables mpirun itself reads (not the ranks): Hydra's ssh arguments."""
     ssh = _ssh_args(args)
-    if not ssh or flavour == "openmpi":
+    if not ssh or flavour == OPENMPI:
         return {}
     # MPICH's Hydra, and Intel MPI's under its own name.
     return {"HYDRA_LAUNCHER_EXTRA_ARGS": ssh, "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": ssh}
@@ -278,7 +280,7 @@ def mpirun_environment(args, flavour):
 def prepare(args, flavour, np):
     """What must exist before mpirun starts: Hydra writes output files only into
     folders that exist (Open MPI makes its own)."""
-    if getattr(args, "output_filename", None) and flavour != "openmpi":
+    if getattr(args, "output_filename", None) and flavour != OPENMPI:
         for rank in range(np):
             os.makedirs(os.path.join(args.output_filename, "rank.%d" % rank), exist_ok=True)
 
@@ -289,7 +291,7 @@ def notes(args, flavour):
     for dest, why in NO_EFFECT.items():
         if getattr(args, dest, None) not in (None, False):
             found.append("%s has no effect: %s" % (_flag_of(dest), why))
-    if getattr(args, "prefix_output_with_timestamp", None) and flavour != "openmpi":
+    if getattr(args, "prefix_output_with_timestamp", None) and flavour != OPENMPI:
         found.append("--prefix-output-with-timestamp has no effect: %s" % HYDRA_NO_TIMESTAMPS)
     return found
 

@@ -26,6 +26,7 @@
 #include "engine/config_agreement.h"
 #include "engine/engine.h"
 #include "lanes/core_lanes.h"
+#include "mpi/launcher_pmi.h"
 #include "mpi/launcher_world.h"
 #include "mpi/mpi_library.h"
 #include "mpi/mpi_lock.h"
@@ -151,6 +152,9 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
     // With the peer timeout on, Perseus gives up on unreachable peers itself, with an
     // error naming them on every rank: keepalive off, unless the user set it.
     if (config.peer_timeout_seconds > 0) setenv("UCX_TCP_KEEPIDLE", "inf", /*overwrite=*/0);
+    // Another MPI's launcher: say so here, as MPI_Init may abort with its own words.
+    Status launcher = CheckLauncherPmiHere();
+    if (!launcher.ok()) return launcher;
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
     if (!g_finalize_at_exit) std::atexit(FinalizeAtExit);

@@ -41,11 +41,7 @@ Abi LibraryAbi(const std::string& first_line) {
 }
 
 std::string LibraryFirstLine() {
-  std::vector<char> text(kVersionBuffer + 1, '\0');
-  int length = 0;
-  if (MPI_Get_library_version(text.data(), &length) != MPI_SUCCESS) return "";
-  text.back() = '\0';
-  std::string line(text.data());
+  std::string line = LibraryVersion();
   line = line.substr(0, line.find('\n'));
   std::string tidy;  // "MPICH Version:\t5.0.2" -> "MPICH Version: 5.0.2"
   for (char c : line) {
@@ -58,6 +54,21 @@ std::string LibraryFirstLine() {
 }
 
 }  // namespace
+
+std::string LibraryVersion() {
+  std::vector<char> text(kVersionBuffer + 1, '\0');
+  int length = 0;
+  if (MPI_Get_library_version(text.data(), &length) != MPI_SUCCESS) return "";
+  text.back() = '\0';
+  return std::string(text.data());
+}
+
+std::string LibraryPath() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&MPI_Get_library_version), &info) && info.dli_fname)
+    return info.dli_fname;
+  return "";
+}
 
 const char* HeaderMpi() {
 #if defined(I_MPI_VERSION)
@@ -77,9 +88,8 @@ const char* HeaderMpi() {
 std::string LoadedMpi() {
   std::string text = LibraryFirstLine();
   if (text.empty()) text = "an MPI whose MPI_Get_library_version failed";
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&MPI_Get_library_version), &info) && info.dli_fname)
-    text += std::string(" (") + info.dli_fname + ")";
+  const std::string path = LibraryPath();
+  if (!path.empty()) text += " (" + path + ")";
   return text;
 }
 

@@ -19,6 +19,13 @@ const char* HeaderMpi();
 // "Open MPI v4.1.4, package: ... (/usr/lib/x86_64-linux-gnu/libmpi.so.40)".
 std::string LoadedMpi();
 
+// The whole of MPI_Get_library_version() (callable before MPI_Init); MPICH's names
+// its configure options. Empty if the call fails.
+std::string LibraryVersion();
+
+// The file of the loaded libmpi, as the loader names it; empty where it cannot say.
+std::string LibraryPath();
+
 // OK when the loaded MPI can serve the header's ABI (the same implementation, or one
 // of the MPICH ABI family for an MPICH header), or when either side is of a kind not
 // known here; else PERSEUS_MPI_ERROR naming both and what to rebuild with. Never
