@@ -72,7 +72,9 @@ def run(func, args=(), kwargs=None, num_proc=1, min_num_proc=None, max_num_proc=
         argv += ["--mpi-args", mpi_args] if mpi_args else []
         parsed = launcher.make_parser().parse_args(argv + command + [work])
         mpirun = launcher.find_mpirun()
-        cmd = launcher.build_command(parsed, launcher.detect_flavour(mpirun), mpirun)
+        flavour = launcher.detect_flavour(mpirun)
+        launcher.check_core_mpi(mpirun, flavour)  # another MPI's mpirun: say so, as perseusrun
+        cmd = launcher.build_command(parsed, flavour, mpirun)
         if verbose:
             print("horovod.run: %s" % " ".join(cmd), file=sys.stderr, flush=True)
         code = subprocess.call(cmd, env=rank_environment())
