@@ -267,7 +267,7 @@ def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
     if args.check_build:
-        from perseus import check_build  # loads the core; a plain launch never does
+        from perseus import check_build  # loads the core and asks it about the GPU libraries
         return check_build.main()
     if args.np is None and not (args.hosts or args.hostfile):
         parser.error("the following arguments are required: -np/-n/--num-proc "
