@@ -1,9 +1,12 @@
 """The documentation: the site under docs/ builds with MkDocs in strict mode (a broken
-link or anchor fails it) and its API reference lists the public modules' names; the
-README's links land on pages and anchors that exist; .ci/run runs the README's test
-command; every command a user would copy from the README or docs/ names programs,
-scripts and flags that exist; and the configuration table in docs/configuration.md
-is the core's table (csrc/src/engine/config.cc)."""
+link or anchor fails it) and its API reference lists the public modules' names, with
+no internal alias shown as a value; benchmarks/README.md is a page of the site; its
+tables wrap; the README's links land on pages and anchors that exist; .ci/run runs the
+README's test command; every command a user would copy from the README or docs/ names
+programs, scripts and flags that exist (MkDocs as .venv has it); and the configuration
+table in docs/configuration.md is the core's table (csrc/src/engine/config.cc).
+The Python blocks of the pages run: tests/test_doc_snippets.py."""
+import html
 import os
 import re
 import shlex
@@ -73,6 +76,63 @@ def test_site_builds_strict_with_the_api_reference(site):
         assert not missing, "%s documents none of %s" % (page, missing)
 
 
+def page_text(html_file):
+    """The visible text of a built page, roughly: tags dropped, spaces folded."""
+    text = re.sub(r"<[^>]+>", " ", html_file.read_text(encoding="utf-8"))
+    return " ".join(html.unescape(text).split())
+
+
+def test_api_pages_show_no_internal_alias(site):
+    """`poll = _adapter.poll` headed the torch page, an attribute showing its internal
+    value; such names are the functions they name (docs/hooks/module_aliases.py)."""
+    for page in API_PAGES:
+        text = page_text(page_html(site, DOCS / page))
+        assert not re.findall(r"\b\w+ = _\w+\.\w+", text), page
+    text = page_text(page_html(site, DOCS / "api/torch-horovod.md"))
+    assert re.search(r"\bpoll ?\( ?handle ?\)", text) and re.search(r"\bsynchronize ?\( ?handle", text)
+
+
+def test_benchmarks_readme_is_a_page_of_the_site(site):
+    """benchmarks/README.md, cited by the pages, is the page benchmarks.md (made by
+    docs/hooks/benchmarks_page.py), in the navigation; every page that names it links it."""
+    built = page_html(site, DOCS / "benchmarks.md")
+    assert built.exists()
+    readme = (REPO_ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    title = re.search(r"^# (.+)$", readme, re.M).group(1)
+    assert title in page_text(built)
+    assert 'href="benchmarks/"' in (site / "index.html").read_text(encoding="utf-8")
+    links = re.compile(r"\[[^\]]*\]\([^)]*\)")
+    unlinked = [str(p.relative_to(REPO_ROOT)) for p in user_pages()[1:]
+                if "benchmarks/README.md" in links.sub("", p.read_text(encoding="utf-8"))]
+    assert not unlinked, "pages naming benchmarks/README.md without a link: %s" % unlinked
+
+
+def test_wide_tables_wrap(site):
+    """The theme kept table headers on one line and broke code only at spaces, so a
+    long name in a table ran past the page; docs/css/tables.css wraps cells anywhere.
+    (No browser here: this checks that every page loads the rules that do it.)"""
+    css = (DOCS / "css" / "tables.css").read_text()
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", re.sub(r"/\*.*?\*/", "", css, flags=re.S)))
+    wraps = [sel for sel, body in rules.items() if "overflow-wrap: anywhere" in body]
+    assert any("td" in sel and "code" in sel for sel in wraps), rules
+    assert any("thead" in sel and "white-space: normal" in body for sel, body in rules.items())
+    pages = list(site.rglob("index.html"))
+    assert len(pages) > 20
+    for page in pages:
+        assert re.search(r'href="[./]*css/tables\.css"', page.read_text(encoding="utf-8")), page
+
+
+def test_the_docs_build_command_is_the_readmes():
+    """The README gives the command that builds the site, with .venv's MkDocs and its
+    pins (`mkdocs build` alone was "command not found"); setup.sh --all installs them."""
+    readme = README.read_text(encoding="utf-8")
+    command = ".venv/bin/pip install -r docs/requirements.txt && .venv/bin/mkdocs build --strict"
+    assert command in [b.strip() for b in sh_blocks(readme)]
+    pins = (DOCS / "requirements.txt").read_text()
+    assert re.search(r"^mkdocs==[\d.]+$", pins, re.M), pins
+    assert "-r docs/requirements.txt" in (REPO_ROOT / "scripts" / "setup.sh").read_text()
+
+
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -115,8 +175,9 @@ def test_ci_runs_the_readme_test_command_from_the_quick_start():
 # ---- the commands in the docs --------------------------------------------------------
 # Programs a command may start with that are not in this repository (the system's, MPI's,
 # pip's, a placeholder for the user's own script): only their being named is checked.
+# A bare `mkdocs` is not one: MkDocs is in .venv only ("command not found" otherwise).
 EXTERNAL = {"apt-get", "git", "module", "readelf", "grep", "export", "source", ".", "srun",
-            "mkdocs", "mpicxx", "pip", "pip3", "cd", "sbatch", "$CAFFE", "which", "mktemp",
+            "mpicxx", "pip", "pip3", "cd", "sbatch", "$CAFFE", "which", "mktemp",
             "train.py"}
 # Programs that start another command (the rest of the line), after their own options.
 LAUNCHERS = {"mpirun", "perseusrun", "srun"}
@@ -137,7 +198,8 @@ def commands_in(text):
     for span in re.findall(r"`([^`]+)`", prose):
         span = " ".join(span.split())
         first = re.sub(r"^([A-Z_]+=\S*\s+)+", "", span).split(" ")[0]
-        if (first in PYTHONS | LAUNCHERS | {"bash", "./train.sh"} or first.startswith(".venv")) \
+        if (first in PYTHONS | LAUNCHERS | {"bash", "./train.sh", "mkdocs"}
+                or first.startswith(".venv")) \
                 and " " in span:
             lines.append(span)
     return [l.strip() for l in lines if l.strip()]
@@ -203,6 +265,8 @@ def check_command(tokens):
         if venv.group(2) not in VENV_PROGRAMS:
             return ["%s is not a program the venvs have" % program]
         program = venv.group(2)
+        if program in ("pip", "mkdocs"):
+            return check_paths(rest)
     problems = check_paths(rest)
     if program in LAUNCHERS:
         if program == "perseusrun":
@@ -263,6 +327,7 @@ def test_every_command_in_the_docs_names_what_exists():
     ("perseusrun --check-everything", "perseusrun has no option --check-everything"),
     ("python -m perseus.no_such_module x", "no module perseus.no_such_module"),
     ("frobnicate --now", "unknown program 'frobnicate'"),
+    ("mkdocs build --strict", "unknown program 'mkdocs'"),
     ("python benchmarks/allreduce_bench.py --repeats 3", "has no option --repeats"),
 ])
 def test_the_command_check_finds_what_does_not_exist(command, problem):
