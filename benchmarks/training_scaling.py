@@ -376,6 +376,21 @@ def run_one(model, backend, nprocs, args, breakdown=False, timeline=None):
         return [json.loads(f.read_text()) for f in files]
 
 
+class Progress:
+    """A line on stderr before each mpirun job: a table takes minutes and printed
+    nothing until it was done (300 s silent for --nps 1 2)."""
+
+    def __init__(self, total):
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def next(self, model, backend, nprocs, repeat=None):
+        self.done += 1
+        print("[training_scaling] run %d of %d: %s, %s, np=%d%s (%.0f s so far)" % (
+            self.done, self.total, model, backend or "every backend in one job", nprocs,
+            "" if repeat is None else ", repeat %d" % (repeat + 1),
+            time.perf_counter() - self.start), file=sys.stderr, flush=True)
+
+
 def slowest_rank_step(ranks_steps):
     """A run's step time: per step the slowest rank's, then the median over steps."""
     return statistics.median(max(steps) for steps in zip(*ranks_steps))
@@ -410,9 +425,12 @@ def driver(args):
                         "step_s": step[key][-1], "faults_per_step": faults[key][-1],
                         "steps_per_rank": ranks_steps})
 
+    progress = Progress(len(args.models) * len(args.nps) * (
+        1 if args.same_process else args.repeat * len(backends)))
     if args.same_process:
         for model in args.models:
             for n in args.nps:
+                progress.next(model, None, n)
                 ranks = run_one(model, None, n, args)
                 for backend in backends:
                     for r in range(args.repeat):
@@ -423,6 +441,7 @@ def driver(args):
         for model in args.models:
             for backend in order:
                 for n in args.nps:
+                    progress.next(model, backend, n, r)
                     ranks = run_one(model, backend, n, args)
                     record(r, model, backend, n, [x["steps"] for x in ranks],
                            [x["faults"] for x in ranks])
@@ -530,6 +549,7 @@ def plot(path, summaries, args):
 def breakdown_driver(args):
     start = time.perf_counter()
     backends = [b for b in (CEILING, FLOOR) + PERSEUS_BACKENDS if b in args.backends]
+    progress = Progress(len(args.models) * len(backends))
     report = {}
     for model in args.models:
         runs, timelines = {}, {}
@@ -538,6 +558,7 @@ def breakdown_driver(args):
             if args.timeline and backend in PERSEUS_BACKENDS:
                 path = Path(args.timeline)
                 timeline = path.with_name("%s.%s.%s%s" % (path.stem, model, backend, path.suffix))
+            progress.next(model, backend, 2)
             runs[backend] = run_one(model, backend, 2, args, breakdown=True, timeline=timeline)
             if timeline:
                 from perseus.timeline_summary import load_events

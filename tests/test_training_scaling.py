@@ -89,17 +89,23 @@ def test_thread_counters_see_this_thread():
 
 # ---- end to end -------------------------------------------------------------------
 
-def run_ok(cmd, timeout):
-    """`cmd` -> stdout, asserting it succeeded; on a timeout every process it started
-    is killed and the test fails."""
+def run_ok(cmd, timeout, stderr=False):
+    """`cmd` -> stdout (and stderr), asserting it succeeded; on a timeout every process
+    it started is killed and the test fails."""
     code, out, err, seconds = run_bounded(cmd, clean_env(), timeout)
     assert code == 0, "exit %d after %.0f s\n%s\n%s" % (code, seconds, out, err)
-    return out
+    return (out, err) if stderr else out
 
 
-def run_script(argv, timeout):
-    """The driver (which launches mpirun itself) -> stdout."""
-    return run_ok([sys.executable, SCRIPT] + list(argv), timeout)
+def run_script(argv, timeout, stderr=False):
+    """The driver (which launches mpirun itself) -> stdout (and stderr)."""
+    return run_ok([sys.executable, SCRIPT] + list(argv), timeout, stderr)
+
+
+def progress_lines(err):
+    """The driver's line before each mpirun job (it printed nothing for minutes)."""
+    return re.findall(r"^\[training_scaling\] run (\d+) of (\d+): (.*) \(\d+ s so far\)$",
+                      err, re.M)
 
 
 def row(out, label):
@@ -112,9 +118,13 @@ def row(out, label):
 @pytest.mark.mpi
 def test_table_of_the_five_backends(tmp_path):
     env_timeline = tmp_path / "env.json"  # --perseus-env reaches the Perseus runs
-    out = run_script(["--models", "mlp512", "--iters", "2", "--warmup", "1", "--repeat", "1",
-                      "--batch-size", "4", "--perseus-env", "PERSEUS_TIMELINE=%s" % env_timeline,
-                      "--json", tmp_path / "runs.json", "--plot", tmp_path / "scaling.png"], timeout=150)
+    out, err = run_script(["--models", "mlp512", "--iters", "2", "--warmup", "1", "--repeat", "1",
+                           "--batch-size", "4", "--perseus-env", "PERSEUS_TIMELINE=%s" % env_timeline,
+                           "--json", tmp_path / "runs.json", "--plot", tmp_path / "scaling.png"],
+                          timeout=150, stderr=True)
+    total = len(training_scaling.BACKENDS)
+    assert progress_lines(err) == [(str(i + 1), str(total), "mlp512, %s, np=2, repeat 1" % b)
+                                   for i, b in enumerate(training_scaling.BACKENDS)], err
     assert "model mlp512: 5.52 M parameters in 44 tensors" in out, out
     assert "wrote %s" % (tmp_path / "scaling.png") in out, out
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -163,9 +173,10 @@ def test_same_process_table(tmp_path):
 def test_breakdown_with_timeline(tmp_path):
     # The ceiling's breakdown is the same loop without hooks, barrier or synchronize;
     # leaving it out keeps the test short.
-    out = run_script(["--breakdown", "--models", "mlp512", "--iters", "3", "--warmup", "1",
-                      "--batch-size", "4", "--backends", "perseus", "perseus_ddp", "mpi",
-                      "--timeline", tmp_path / "tl.json"], timeout=150)
+    out, err = run_script(["--breakdown", "--models", "mlp512", "--iters", "3", "--warmup", "1",
+                           "--batch-size", "4", "--backends", "perseus", "perseus_ddp", "mpi",
+                           "--timeline", tmp_path / "tl.json"], timeout=150, stderr=True)
+    assert [n for n, _, _ in progress_lines(err)] == ["1", "2", "3"], err
     columns = ["mpi r0", "mpi r1", "perseus r0", "perseus r1", "perseus_ddp r0",
                "perseus_ddp r1"]
     assert "| | %s |" % " | ".join(columns) in out, out
