@@ -46,11 +46,14 @@ def _stub_core():
     perseus.common.library, and wherever requests.py bound them to names of its own
     (older checkouts), so that one script times either."""
     stubs = {"perseus_enqueue_and_drive": lambda requests, n, handles, drive_s: 0,
+             "perseus_run": lambda requests, n, handles, timeout_s: 0,
              "perseus_enqueue": lambda requests, n, handles: 0,
              "perseus_wait": lambda handle, timeout_s: 0,
              "perseus_release": lambda handle: 0}
     for name, stub in stubs.items():
-        real = getattr(_lib, name)
+        real = getattr(_lib, name, None)
+        if real is None:
+            continue  # an older checkout without it
         setattr(_lib, name, stub)
         for alias, value in list(vars(_requests).items()):
             if value is real:

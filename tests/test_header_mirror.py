@@ -107,6 +107,7 @@ def test_defines():
     assert ops.GLOBAL_PROCESS_SET == defines["PERSEUS_GLOBAL_PROCESS_SET"]
     library = pytest.importorskip("perseus.common.library")  # needs the built core
     assert library.PERSEUS_MAX_DIMS == defines["PERSEUS_MAX_DIMS"]
+    assert len(library.COUNTER_NAMES) == defines["PERSEUS_NUM_COUNTERS"]
 
 
 def test_every_python_constant_is_in_the_header():

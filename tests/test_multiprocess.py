@@ -12,6 +12,7 @@ NPROCS = [2, 4]
 
 SCRIPTS = [
     "allreduce",                # every op x dtype x shape; sync, async, in place; scaling
+    "round_payload",            # a loop of one small allreduce, its data carried by the round
     "adasum",                   # op=Adasum against a numpy reference; fused, sets, errors
     "grouped_allreduce",        # grouped variants, many groups in flight
     "allgather",                # uneven first dims, bool; grouped variants

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "collectives/wire_dtype.h"
+#include "common/counters.h"
 #include "common/list_string.h"
 #include "common/logging.h"
 #include "common/request_rules.h"
@@ -384,6 +385,13 @@ const char* perseus_status_string(perseus_status_t status) {
   return "unknown status";
 }
 
+perseus_status_t perseus_counters(int64_t* out, int32_t n) {
+  if (out == nullptr || n < 0 || n > PERSEUS_NUM_COUNTERS)
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_counters: bad arguments"));
+  for (int32_t i = 0; i < n; ++i) out[i] = perseus::CounterValue(static_cast<perseus::Counter>(i));
+  return PERSEUS_SUCCESS;
+}
+
 perseus_status_t perseus_rank(int32_t* out) {
   return GetInt(out, [](Engine& e) { return e.topology().rank; });
 }
@@ -529,6 +537,31 @@ perseus_status_t perseus_enqueue_and_drive(const perseus_request_t* requests, in
     return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_enqueue_and_drive: bad arguments"));
   Status status = engine->EnqueueAndDrive(requests, n, handles_out, max_drive_s);
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
+perseus_status_t perseus_run(const perseus_request_t* requests, int32_t n, int64_t* handles_out,
+                             double timeout_s) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  if (n <= 0 || requests == nullptr || handles_out == nullptr)
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_run: bad arguments"));
+  const auto start = Clock::now();
+  Status status = engine->EnqueueAndDrive(requests, n, handles_out,
+                                          timeout_s < 0 ? kWaitDriveS : std::min(timeout_s, kWaitDriveS));
+  if (!status.ok()) return Report(status);
+  if (timeout_s >= 0)
+    timeout_s = std::max(0.0, timeout_s - std::chrono::duration<double>(Clock::now() - start).count());
+  int32_t failed = -1;
+  perseus_status_t waited = perseus_wait_all(handles_out, n, timeout_s, &failed);
+  if (waited == PERSEUS_TIMEOUT) return waited;
+  // The first failure in list order is the one to report: wait for the rest too, so
+  // that every handle is complete before it is released.
+  std::string message = waited == PERSEUS_SUCCESS ? std::string() : g_last_error;
+  for (int32_t i = failed + 1; failed >= 0 && i < n; ++i) g_handles.Wait(handles_out[i], -1);
+  for (int32_t i = 0; i < n; ++i) g_handles.Release(handles_out[i]);
+  if (waited == PERSEUS_SUCCESS) return PERSEUS_SUCCESS;
+  g_last_error = message;
+  return waited;
 }
 
 perseus_status_t perseus_poll(int64_t handle, int32_t* done_out) {

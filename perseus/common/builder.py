@@ -444,7 +444,7 @@ class Prebuilt:
     alive until the requests packed from it complete. `device` is the request's
     (ops.CPU_DEVICE or a GPU ordinal)."""
 
-    __slots__ = ("_buf", "_record", "_shape_address", "device")
+    __slots__ = ("_buf", "_record", "_alone", "_shape_address", "device")
 
     def __init__(self, buf, n, i):
         at = 8 * n + _STRIDE * i
@@ -452,8 +452,15 @@ class Prebuilt:
         _pack_stream(record, _STREAM_AT, 0)  # pack_prebuilt() writes a stream, if any
         self._buf = buf
         self._record = bytes(record)
+        self._alone = bytes(8) + self._record  # a batch of this request alone
         self._shape_address = struct.unpack_from("@P", record, _ADDRESSES_AT)[0]
         self.device = struct.unpack_from("@i", record, _DEVICE_AT)[0]
+
+    def pack_alone(self, input_at, output_at):
+        """pack_prebuilt([(self, input_at, output_at, 0)]): this CPU request alone."""
+        buf = array.array("B", self._alone)
+        _pack_addresses(buf, 8 + _ADDRESSES_AT, self._shape_address, input_at, output_at)
+        return buf, 1
 
 
 def pack_prebuilt(items):

@@ -21,6 +21,9 @@ import struct
 from perseus.common import exceptions
 
 PERSEUS_MAX_DIMS = 16  # perseus.h: PERSEUS_MAX_DIMS
+# perseus_counters' values, in order (perseus.h: PERSEUS_NUM_COUNTERS of them).
+COUNTER_NAMES = ("negotiation_rounds", "negotiation_gathers", "payload_rounds",
+                 "ridden_requests", "data_collectives")
 
 LIBRARY_PATH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib", "libperseus.so")
@@ -123,6 +126,7 @@ _SIGNATURES = {
     "perseus_mpi_threads_supported": (_status, [_i32p]),
     "perseus_lane_count": (_status, [_i32p]),
     "perseus_config_string": (ctypes.c_char_p, []),
+    "perseus_counters": (_status, [_i64p, ctypes.c_int32]),
     # timeline
     "perseus_start_timeline": (_status, [ctypes.c_char_p, ctypes.c_int32]),
     "perseus_stop_timeline": (_status, []),
@@ -145,6 +149,7 @@ _SIGNATURES = {
     "perseus_enqueue": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "perseus_enqueue_and_drive": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
                                             ctypes.c_double]),
+    "perseus_run": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_double]),
     "perseus_poll": (_status, [ctypes.c_int64, _i32p]),
     "perseus_wait": (_status, [ctypes.c_int64, ctypes.c_double]),
     "perseus_wait_all": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_double, _i32p]),
@@ -193,6 +198,7 @@ perseus_cross_size = _bind("perseus_cross_size")
 perseus_mpi_threads_supported = _bind("perseus_mpi_threads_supported")
 perseus_lane_count = _bind("perseus_lane_count")
 perseus_config_string = _bind("perseus_config_string")
+perseus_counters = _bind("perseus_counters")
 perseus_start_timeline = _bind("perseus_start_timeline")
 perseus_stop_timeline = _bind("perseus_stop_timeline")
 perseus_add_process_set = _bind("perseus_add_process_set")
@@ -205,6 +211,7 @@ perseus_check_reduction = _bind("perseus_check_reduction")
 perseus_check_rows = _bind("perseus_check_rows")
 perseus_enqueue = _bind("perseus_enqueue")
 perseus_enqueue_and_drive = _bind("perseus_enqueue_and_drive")
+perseus_run = _bind("perseus_run")
 perseus_poll = _bind("perseus_poll")
 perseus_wait = _bind("perseus_wait")
 perseus_wait_all = _bind("perseus_wait_all")

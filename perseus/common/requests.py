@@ -74,6 +74,31 @@ def submit(packed, finish, state, drive=False, consumer_stream=None):
     return _register(enqueue(packed, drive), finish, state, consumer_stream)
 
 
+def run(packed, finish, state):
+    """submit() and synchronize() at once, for a caller that waits at once and reads
+    no core-allocated output (a repeated in-place call): one call into the core
+    (perseus_run), which also releases the handles. Returns finish(state, ()), or
+    raises the request's error. Still pending after a wait slice (Ctrl-C is honoured
+    between slices): registered as submit() does, and synchronized."""
+    buf, n = packed
+    base = buf.buffer_info()[0]
+    status = _lib.perseus_run(base + 8 * n, n, base, _WAIT_SLICE_S)
+    if status == 0:
+        return finish(state, ())
+    if status != exceptions.TIMEOUT:
+        raise _lib.error(status)
+    return synchronize(_register((_builder.int64s(n).unpack_from(buf), buf), finish, state, None))
+
+
+def counters():
+    """What the core has asked of MPI in this process so far, by name
+    (library.COUNTER_NAMES: negotiation rounds and gathers, rounds that carried a
+    request's data and the requests they completed, the lanes' collectives)."""
+    values = (ctypes.c_int64 * len(_lib.COUNTER_NAMES))()
+    _lib.check(_lib.perseus_counters(values, len(values)))
+    return dict(zip(_lib.COUNTER_NAMES, values))
+
+
 def _register(enqueued, finish, state, consumer_stream):
     handles, keep = enqueued
     handle = handles[0]

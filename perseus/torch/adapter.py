@@ -197,9 +197,9 @@ def _finish_nothing(state, handles):
 _packed_requests = {}
 _PACKED_REQUESTS_LIMIT = 4096
 # The fast path of a repeated named in-place call of one CPU tensor (allreduce_ in a
-# loop, a DistributedOptimizer bucket): its settings (op type, name, set id, op,
-# scales, root) -> (Prebuilt, dtype, shape) of its last call, checked before the
-# general path's preparing, checks and longer key.
+# loop, a DistributedOptimizer bucket): its settings (op type, name, set id, the set
+# object's id, op, scales, root) -> (Prebuilt, dtype, shape) of its last call, checked
+# before the general path's preparing, checks and longer key.
 _repeats = {}
 
 
@@ -220,7 +220,7 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
         root_rank = _builder.root_in_set(process_set, root_rank)
     repeat = None
     if inplace and not grouped and type(name) is str and len(tensors) == 1:
-        repeat = (op_type, name, sid, op, prescale, postscale, root_rank)
+        repeat = (op_type, name, sid, id(process_set), op, prescale, postscale, root_rank)
         handle = _submit_repeat(repeat, tensors[0], drive, pin)
         if handle is not None:
             return handle
@@ -282,6 +282,53 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
             _repeats[repeat] = (items[0][0], tensor.dtype, source.shape)
     return _requests.submit(packed, _FINISH[op_type], (kept, results, listed, placed), drive,
                             consumer)
+
+
+def run_inplace(op_type, tensor, name, process_set, *, op=_ops.Sum, prescale=1.0,
+                postscale=1.0, root_rank=0):
+    """submit() and synchronize() of one tensor's in-place call (allreduce_,
+    broadcast_): returns the tensor. A named CPU call that repeats its last call's
+    settings, dtype and shape (the loop of a benchmark, a step) goes to the core in one
+    call (_run_repeat)."""
+    if type(name) is str:
+        # The key of submit()'s repeat: set_id() checked the set when it was made.
+        sid = process_set.process_set_id
+        root = root_rank if op_type != _ops.BROADCAST or sid == _ops.GLOBAL_PROCESS_SET else None
+        done = _run_repeat((op_type, name, sid, id(process_set), op, prescale, postscale, root),
+                           tensor)
+        if done is not None:
+            return done
+    return synchronize(submit(op_type, (tensor,), name, process_set, inplace=True, op=op,
+                              prescale=prescale, postscale=postscale, root_rank=root_rank,
+                              drive=True))
+
+
+def _run_repeat(repeat, tensor):
+    """run_inplace() of a repeated call, in one perseus_run: None if it is not one (the
+    record of _submit_repeat)."""
+    entry = _repeats.get(repeat)
+    if entry is None:
+        return None
+    prebuilt, dtype, shape = entry
+    try:
+        if not (tensor.is_cpu and tensor.dtype is dtype and tensor.shape == shape
+                and tensor.is_contiguous()):
+            return None
+    except AttributeError:
+        return None  # not a tensor: the general path says so
+    if tensor.requires_grad and torch.is_grad_enabled():
+        _in_place(tensor, tensor, repeat[0])
+    address = tensor.data_ptr()
+    state = (tensor, address, tensor.untyped_storage())  # the memory, kept until done
+    _increment_version(state[:1])
+    return _requests.run(prebuilt.pack_alone(address, address), _finish_repeat, state)
+
+
+def _finish_repeat(state, handles):
+    tensor, address, _ = state
+    if tensor.data_ptr() != address:
+        _finish_outputs((None, None, None, ((tensor, address, tensor),)), handles)  # raises
+    return tensor
 
 
 def _submit_repeat(repeat, tensor, drive, pin):

@@ -68,9 +68,8 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` in place and returns it."""
     op = _resolve_op(op, average)
-    return synchronize(_adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set,
-                                       inplace=True, op=op, prescale=prescale_factor,
-                                       postscale=postscale_factor, drive=True))
+    return _adapter.run_inplace(_ops.ALLREDUCE, tensor, name, process_set, op=op,
+                                prescale=prescale_factor, postscale=postscale_factor)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -158,8 +157,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites `tensor` with root_rank's value; returns it."""
-    return synchronize(_adapter.submit(_ops.BROADCAST, (tensor,), name, process_set,
-                                       inplace=True, root_rank=root_rank, drive=True))
+    return _adapter.run_inplace(_ops.BROADCAST, tensor, name, process_set, root_rank=root_rank)
 
 
 def grouped_broadcast_async_(tensors, root_rank, name=None, process_set=global_process_set):

@@ -138,6 +138,13 @@ perseus_status_t perseus_mpi_threads_supported(int32_t* out);
 perseus_status_t perseus_lane_count(int32_t* out);
 /* The validated configuration as "NAME=value\n" lines. Valid until the next call. */
 const char* perseus_config_string(void);
+/* What the core has asked of MPI since the process started, for tests that hold a
+ * call's cost to a budget: out[i] for i < n of, in order, negotiation rounds (one
+ * MPI_Iallreduce each), metadata gathers (MPI_Iallgather and MPI_Iallgatherv), rounds
+ * that carried a request's data, requests completed by such a round, and the lanes'
+ * collectives. Works before init. */
+#define PERSEUS_NUM_COUNTERS 5
+perseus_status_t perseus_counters(int64_t* out, int32_t n);
 
 /* ---- timeline ----------------------------------------------------------- */
 /* Starts writing a Chrome-trace JSON timeline to `path` (truncated), as
@@ -202,6 +209,15 @@ perseus_status_t perseus_enqueue(const perseus_request_t* requests, int32_t n,
  * latency path has no thread hand-off. Collect results with perseus_wait as usual. */
 perseus_status_t perseus_enqueue_and_drive(const perseus_request_t* requests, int32_t n,
                                            int64_t* handles_out, double max_drive_s);
+/* perseus_enqueue_and_drive, perseus_wait_all and perseus_release of every handle in
+ * one call, for a caller that waits at once and reads no core-allocated output (an
+ * in-place allreduce or broadcast, a barrier): the latency path of a repeated small
+ * call. Returns PERSEUS_SUCCESS, or the first failed request's status with its
+ * message; either way every handle is released. If a request is still pending after
+ * timeout_s (<0: forever), returns PERSEUS_TIMEOUT and releases nothing: the caller
+ * goes on with handles_out as after perseus_enqueue. */
+perseus_status_t perseus_run(const perseus_request_t* requests, int32_t n, int64_t* handles_out,
+                             double timeout_s);
 /* 1 when done (successfully or not), 0 while pending. */
 perseus_status_t perseus_poll(int64_t handle, int32_t* done_out);
 /* Blocks until the handle completes or timeout_s passes (<0: forever). Returns the

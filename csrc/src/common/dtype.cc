@@ -1,8 +1,10 @@
 #include "common/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace perseus {
 
@@ -176,6 +178,20 @@ int FloatFormatIndex(int dtype) {
   }
 }
 
+// Integers as MPI's SUM, MIN, MAX and PROD: two's complement, wrapping.
+template <typename T>
+void ReduceInts(int op, const T* a, T* b, int64_t n) {
+  using U = typename std::make_unsigned<T>::type;
+  for (int64_t i = 0; i < n; ++i) {
+    switch (op) {
+      case PERSEUS_MIN: b[i] = std::min(a[i], b[i]); break;
+      case PERSEUS_MAX: b[i] = std::max(a[i], b[i]); break;
+      case PERSEUS_PRODUCT: b[i] = static_cast<T>(static_cast<U>(a[i]) * static_cast<U>(b[i])); break;
+      default: b[i] = static_cast<T>(static_cast<U>(a[i]) + static_cast<U>(b[i])); break;
+    }
+  }
+}
+
 template <typename T>
 void ScaleInts(T* dst, const T* src, int64_t n, double factor) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<double>(src[i]) * factor);
@@ -260,6 +276,29 @@ Status MpiReduceOp(int dtype, int op, MPI_Op* out) {
   static const MPI_Op builtin[] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
   *out = builtin[index];
   return Status::OK();
+}
+
+void ReduceLocal(int dtype, int op, const void* in, void* inout, int64_t count) {
+  switch (dtype) {
+    case PERSEUS_UINT8: return ReduceInts(op, (const uint8_t*)in, (uint8_t*)inout, count);
+    case PERSEUS_INT8: return ReduceInts(op, (const int8_t*)in, (int8_t*)inout, count);
+    case PERSEUS_INT16: return ReduceInts(op, (const int16_t*)in, (int16_t*)inout, count);
+    case PERSEUS_INT32: return ReduceInts(op, (const int32_t*)in, (int32_t*)inout, count);
+    case PERSEUS_INT64: return ReduceInts(op, (const int64_t*)in, (int64_t*)inout, count);
+  }
+  if (!IsFloatingDtype(dtype)) return;
+  static void (*const kFloat[4][4])(void*, void*, int*, MPI_Datatype*) = {
+      {&ReduceFloats<Half, Sum>, &ReduceFloats<Half, Min>, &ReduceFloats<Half, Max>,
+       &ReduceFloats<Half, Prod>},
+      {&ReduceFloats<BFloat, Sum>, &ReduceFloats<BFloat, Min>, &ReduceFloats<BFloat, Max>,
+       &ReduceFloats<BFloat, Prod>},
+      {&ReduceFloats<Native<float>, Sum>, &ReduceFloats<Native<float>, Min>,
+       &ReduceFloats<Native<float>, Max>, &ReduceFloats<Native<float>, Prod>},
+      {&ReduceFloats<Native<double>, Sum>, &ReduceFloats<Native<double>, Min>,
+       &ReduceFloats<Native<double>, Max>, &ReduceFloats<Native<double>, Prod>}};
+  const int index = op == PERSEUS_MIN ? 1 : op == PERSEUS_MAX ? 2 : op == PERSEUS_PRODUCT ? 3 : 0;
+  int n = static_cast<int>(count);
+  kFloat[FloatFormatIndex(dtype)][index](const_cast<void*>(in), inout, &n, nullptr);
 }
 
 void CopyScaled(int dtype, void* dst, const void* src, int64_t n, double factor) {

@@ -30,6 +30,11 @@ MPI_Datatype MpiDatatype(int dtype);
 // dtypes it is commutative to the bit, so every rank ends with the same bits.
 Status MpiReduceOp(int dtype, int op, MPI_Op* out);
 
+// inout[i] = in[i] (op) inout[i], as the operator of MpiReduceOp(dtype, op) computes
+// it, to the bit (integers wrap as MPI's do); for code that reduces outside MPI's
+// own call of an operator.
+void ReduceLocal(int dtype, int op, const void* in, void* inout, int64_t count);
+
 // dst[i] = src[i] * factor (dst may equal src). Integers are truncated toward zero.
 void CopyScaled(int dtype, void* dst, const void* src, int64_t count, double factor);
 

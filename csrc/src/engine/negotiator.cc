@@ -4,6 +4,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/batch.h"
+#include "common/counters.h"
 #include "common/dtype.h"
 #include "common/list_string.h"
 #include "mpi/mpi_lock.h"
@@ -38,14 +40,17 @@ bool Agreed(const std::vector<uint64_t>& bits, int capacity, int bit) {
 
 }  // namespace
 
-Negotiator::Negotiator(MPI_Comm comm, std::vector<int> global_ranks, int rank, int cache_capacity)
+Negotiator::Negotiator(MPI_Comm comm, std::vector<int> global_ranks, int rank, int cache_capacity,
+                       bool carry_payloads)
     : comm_(comm),
       global_ranks_(std::move(global_ranks)),
       rank_(rank),
       size_(static_cast<int>(global_ranks_.size())),
       cache_(cache_capacity),
       joined_(size_, 0),
-      join_round_(size_, 0) {}
+      join_round_(size_, 0) {
+  if (carry_payloads && size_ > 1) payload_ops_ = std::make_unique<RoundPayloadOps>();
+}
 
 Negotiator::~Negotiator() = default;
 
@@ -135,6 +140,7 @@ Status Negotiator::Start(bool leaving) {
   };
   bool joined_here = false, needs_gather = leaving;
   const Clock::time_point waited_long = Clock::now() - kGatherWhenWaiting;
+  rider_ = nullptr;
   for (const auto& kv : pending_) {
     const TensorMeta& meta = kv.second->meta;
     if (meta.op_type == PERSEUS_JOIN) {
@@ -148,6 +154,7 @@ Status Negotiator::Start(bool leaving) {
     } else {
       set_bit(0, bit);
       set_bit(1, bit);
+      if (bit == ride_bit_) rider_ = kv.second;
     }
   }
   if (joined_here) {
@@ -163,12 +170,72 @@ Status Negotiator::Start(bool leaving) {
   inspect_flags_ = 0;
   bits_recv_.assign(bits_send_.size(), 0);
   leaving_ = leaving;
+  Count(kNegotiationRounds);
+  if (ride_bit_ >= 0) return StartCarrying(rider_ != nullptr);
   auto mpi = LockMpi();
   int rc = MPI_Iallreduce(bits_send_.data(), bits_recv_.data(), static_cast<int>(bits_send_.size()),
                           MPI_UINT64_T, MPI_BAND, comm_, &request_);
   if (rc != MPI_SUCCESS) return MpiStatus(rc, "negotiation MPI_Iallreduce");
   phase_ = Phase::kBits;
   return Status::OK();
+}
+
+Status Negotiator::StartCarrying(bool holds_rider) {
+  const TensorMeta& meta = cache_.MetaAt(ride_bit_);
+  const int bit_words = static_cast<int>(bits_send_.size());
+  const int64_t bytes = PayloadBytes(meta);
+  const int words = RoundPayloadOps::Words(bit_words, bytes);
+  round_send_.assign(words, 0);
+  round_recv_.assign(words, 0);
+  RoundPayloadOps::WriteHeader(round_send_.data(), bit_words, bytes, meta.dtype, meta.reduce_op);
+  uint64_t* bits = round_send_.data() + RoundPayloadOps::kHeaderWords;
+  std::copy(bits_send_.begin(), bits_send_.end(), bits);
+  if (holds_rider)
+    CopyScaled(meta.dtype, bits + bit_words, rider_->input, meta.NumElements(), meta.prescale);
+  carrying_ = true;
+  Count(kPayloadRounds);
+  auto mpi = LockMpi();
+  int rc = MPI_Iallreduce(round_send_.data(), round_recv_.data(), 1, payload_ops_->TypeOf(words),
+                          payload_ops_->op(), comm_, &request_);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "negotiation MPI_Iallreduce (with a payload)");
+  phase_ = Phase::kBits;
+  return Status::OK();
+}
+
+void Negotiator::TakeRidden(RoundOutcome* out) {
+  if (!carrying_) return;
+  carrying_ = false;
+  const uint64_t* payload = round_recv_.data() + RoundPayloadOps::kHeaderWords + bits_recv_.size();
+  for (auto it = fast_agreed_.begin(); it != fast_agreed_.end(); ++it) {
+    if (!rider_ || it->entry != rider_) continue;
+    // Every rank held it (its bit agreed), so the payload is the reduced data.
+    const TensorMeta& meta = it->meta;
+    const double average = meta.reduce_op == PERSEUS_AVERAGE ? 1.0 / size_ : 1.0;
+    CopyScaled(meta.dtype, rider_->output, payload, meta.NumElements(), meta.postscale * average);
+    out->finished.emplace_back(rider_, Result());
+    Count(kRiddenRequests);
+    fast_agreed_.erase(it);
+    break;
+  }
+  rider_ = nullptr;
+}
+
+void Negotiator::PlanRide(const RoundOutcome& out) {
+  ride_bit_ = -1;
+  if (!payload_ops_) return;
+  bool joined = false;
+  for (char j : joined_) joined = joined || j;
+  const TensorMeta* alone = nullptr;
+  size_t agreed = out.agreed.size();
+  for (const auto& done : out.finished) agreed += done.first->meta.op_type == PERSEUS_JOIN ? 0 : 1;
+  if (agreed == 1)
+    alone = out.agreed.empty() ? &out.finished.front().first->meta : &out.agreed.front().meta;
+  const int bit = alone && !joined && MayRideInRound(*alone) ? cache_.Lookup(*alone) : -1;
+  alone_rounds_ = bit >= 0 && bit == alone_bit_ ? alone_rounds_ + 1 : (bit >= 0 ? 1 : 0);
+  alone_bit_ = bit;
+  // Twice in a row: a loop, not a sequence of different requests whose payloads would
+  // only make the rounds larger.
+  if (alone_rounds_ >= 2) ride_bit_ = bit;
 }
 
 void Negotiator::TakeFastAgreed() {
@@ -211,6 +278,7 @@ Status Negotiator::BeginGather() {
   }
   if (round_inspect_) w.Str(last_added_);  // every rank knows round_inspect_ alike
   send_bytes_ = std::move(w.bytes());
+  Count(kNegotiationGathers);
   sizes_.assign(size_, 0);
   send_size_ = static_cast<int>(send_bytes_.size());
   auto mpi = LockMpi();
@@ -235,10 +303,20 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
     if (!done) return false;
     switch (phase_) {
       case Phase::kBits: {
+        if (carrying_) {  // the bits come in the round's buffer
+          const uint64_t* bits = round_recv_.data() + RoundPayloadOps::kHeaderWords;
+          std::copy(bits, bits + bits_recv_.size(), bits_recv_.begin());
+        }
         ++round_;
         round_inspect_ = static_cast<int>((~bits_recv_[0]) >> kInspectShift) &
                          (kInspectWarn | kInspectShutdown);
         TakeFastAgreed();
+        ridden_.clear();
+        if (carrying_) {
+          RoundOutcome ridden;
+          TakeRidden(&ridden);
+          ridden_ = std::move(ridden.finished);
+        }
         last_round_gathered_ = false;
         if ((~bits_recv_[0]) & kNeedsGather) {
           *error = BeginGather();
@@ -250,8 +328,11 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
         }
         *outcome = RoundOutcome();
         outcome->agreed = std::move(fast_agreed_);
+        outcome->finished = std::move(ridden_);
         RejectWhileJoined(outcome);
-        outcome->progressed = !outcome->agreed.empty() || !outcome->failed.empty();
+        outcome->progressed = !outcome->agreed.empty() || !outcome->failed.empty() ||
+                              !outcome->finished.empty();
+        PlanRide(*outcome);
         phase_ = Phase::kIdle;
         return true;
       }
@@ -278,6 +359,7 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
       case Phase::kMetas: {
         *outcome = RoundOutcome();
         outcome->agreed = std::move(fast_agreed_);
+        outcome->finished = std::move(ridden_);
         try {
           DecodeGather(outcome);
         } catch (const std::exception& ex) {
@@ -285,6 +367,7 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
         }
         outcome->progressed = !outcome->agreed.empty() || !outcome->failed.empty() ||
                               !outcome->finished.empty();
+        PlanRide(*outcome);
         phase_ = Phase::kIdle;
         return true;
       }

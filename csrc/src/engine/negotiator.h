@@ -20,6 +20,7 @@
 #include "common/batch.h"
 #include "engine/handle_table.h"
 #include "engine/response_cache.h"
+#include "engine/round_payload.h"
 #include "engine/schedule.h"
 #include "engine/stall_inspector.h"
 
@@ -39,7 +40,10 @@ struct RoundOutcome {
 
 class Negotiator {
  public:
-  Negotiator(MPI_Comm comm, std::vector<int> global_ranks, int rank, int cache_capacity);
+  // carry_payloads: rounds may carry a repeated small allreduce's data
+  // (engine/round_payload.h).
+  Negotiator(MPI_Comm comm, std::vector<int> global_ranks, int rank, int cache_capacity,
+             bool carry_payloads = false);
   ~Negotiator();
 
   void Add(EntryPtr entry);
@@ -86,6 +90,12 @@ class Negotiator {
   };
 
   void TakeFastAgreed();
+  // Round payloads (engine/round_payload.h): Start lays out the round with the payload
+  // of ride_bit_, TakeRidden completes the request it carried if every rank held it,
+  // and PlanRide picks the next round's payload from what this round agreed.
+  Status StartCarrying(bool holds_rider);
+  void TakeRidden(RoundOutcome* out);
+  void PlanRide(const RoundOutcome& out);
   Status BeginGather();
   void DecodeGather(RoundOutcome* outcome);
   // False while some member lacks the name (nothing agreed or failed yet).
@@ -124,6 +134,15 @@ class Negotiator {
   std::vector<char> send_bytes_, recv_bytes_;
   std::vector<BatchItem> fast_agreed_;
 
+  // Round payloads, identical on every member but for what this rank put in.
+  std::unique_ptr<RoundPayloadOps> payload_ops_;  // null: rounds carry no payload
+  int ride_bit_ = -1;           // the cached request the next round carries, or -1
+  int alone_bit_ = -1;          // the cached request the last round agreed alone, or -1
+  int alone_rounds_ = 0;        // ... in how many rounds in a row
+  bool carrying_ = false;       // the round in flight carries ride_bit_'s payload
+  EntryPtr rider_;              // this rank's request whose data the round carries
+  std::vector<uint64_t> round_send_, round_recv_;
+  std::vector<std::pair<EntryPtr, Result>> ridden_;  // completed by the round's payload
   // Join state, identical on every member: who has joined and in which round.
   std::vector<char> joined_;
   std::vector<uint64_t> join_round_;

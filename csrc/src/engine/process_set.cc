@@ -23,7 +23,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
     }
     if (!status.ok()) return status;  // the destructor frees what was made
     set->negotiator = std::make_unique<Negotiator>(set->negotiation_comm, set->ranks, set->rank,
-                                                   config.cache_capacity);
+                                                   config.cache_capacity, CarriesPayloads(config));
     set->done = done;
     set->stall = std::make_unique<StallInspector>(config, id, set->negotiation_comm, set->rank,
                                                   set->ranks);

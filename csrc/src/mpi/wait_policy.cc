@@ -5,6 +5,7 @@
 #include <string>
 #include <thread>
 
+#include "common/counters.h"
 #include "mpi/mpi_status.h"
 
 namespace perseus {
@@ -35,6 +36,7 @@ Clock::duration PollGap(Clock::duration waited, Clock::duration spin) {
 }
 
 Status CompleteRequest(int start_rc, MPI_Request* request, const char* what) {
+  Count(kDataCollectives);
   if (start_rc != MPI_SUCCESS) return MpiStatus(start_rc, what);
   const Clock::time_point start = Clock::now();
   while (true) {
