@@ -163,12 +163,22 @@ def test_synthetic_benchmark_two_ranks():
     out = run_example(2, [EXAMPLES / "pytorch_synthetic_benchmark.py", "--model", "mlp", "--no-cuda",
                           "--batch-size", "16", "--num-warmup-batches", "2",
                           "--num-batches-per-iter", "2", "--num-iters", "2", "--fp16-allreduce"])
-    assert "Model: mlp" in out and "Batch size: 16" in out and "Number of GPUs: 2" in out, out
-    assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per GPU$", out, re.M)) == 2, out
-    per = re.search(r"^Img/sec per GPU: ([\d.]+) \+-([\d.]+)$", out, re.M)
-    total = re.search(r"^Total img/sec on 2 GPU\(s\): ([\d.]+) \+-([\d.]+)$", out, re.M)
+    # Horovod's format, counting CPU ranks as "CPUs" (it said GPUs on a CPU run)
+    assert "Model: mlp" in out and "Batch size: 16" in out and "Number of CPUs: 2" in out, out
+    assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per CPU$", out, re.M)) == 2, out
+    per = re.search(r"^Img/sec per CPU: ([\d.]+) \+-([\d.]+)$", out, re.M)
+    total = re.search(r"^Total img/sec on 2 CPU\(s\): ([\d.]+) \+-([\d.]+)$", out, re.M)
     assert per and total, out
     assert float(total.group(1)) == pytest.approx(2 * float(per.group(1)), rel=1e-2, abs=0.1)
+
+
+def test_synthetic_benchmark_defaults_fit_a_cpu():
+    """Without CUDA the default model is the small ResNet, not ResNet-50 (minutes on a
+    CPU before the first result)."""
+    sys.path.insert(0, str(EXAMPLES))
+    import pytorch_synthetic_benchmark as bench
+    assert bench.parse_args(["--no-cuda"]).model == "resnet_small"
+    assert bench.parse_args(["--no-cuda", "--model", "resnet50"]).model == "resnet50"
 
 
 def _imagenet_ddp(env, extra):

@@ -97,9 +97,19 @@ def test_synthetic_benchmark_two_ranks():
                       "tensorflow2_synthetic_benchmark.py", "--model", "mlp", "--batch-size", "16",
                       "--num-warmup-batches", "2", "--num-batches-per-iter", "2", "--num-iters",
                       "2", "--num-threads", "1", "--fp16-allreduce"], env=TF_ENV, timeout=240)
-    assert "Model: mlp" in out and "Batch size: 16" in out and "Number of GPUs: 2" in out, out
-    assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per GPU$", out, re.M)) == 2, out
-    assert re.search(r"^Total img/sec on 2 GPU\(s\): [\d.]+ \+-[\d.]+$", out, re.M), out
+    # Horovod's format, counting CPU ranks as "CPUs" (it said GPUs on a CPU run)
+    assert "Model: mlp" in out and "Batch size: 16" in out and "Number of CPUs: 2" in out, out
+    assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per CPU$", out, re.M)) == 2, out
+    assert re.search(r"^Total img/sec on 2 CPU\(s\): [\d.]+ \+-[\d.]+$", out, re.M), out
+
+
+def test_synthetic_benchmark_without_arguments_fits_a_cpu():
+    """With no arguments it started ResNet-50 on the CPU and printed nothing for
+    minutes; on a CPU it now takes the small CNN (seconds) and says so first."""
+    out = run_job(1, [tf_python(), REPO_ROOT / "examples" / "tensorflow" /
+                      "tensorflow2_synthetic_benchmark.py"], env=TF_ENV, timeout=120)
+    assert out.startswith("Model: cnn\nBatch size: 32\nNumber of CPUs: 1\n"), out
+    assert len(re.findall(r"^Iter #\d+: [\d.]+ img/sec per CPU$", out, re.M)) == 10, out
 
 
 @pytest.mark.parametrize("legacy_keras", [False, True])
