@@ -9,7 +9,7 @@
 #                     digits with hvd.DistributedOptimizer
 #   imagenet_ddp      examples/pytorch/imagenet_ddp.py: a torch DDP script (ImageNet
 #                     style, synthetic images) with only its imports changed to
-#                     Perseus, given a single-process command line as such scripts are
+#                     Perseus; ranks and world size come from MPI
 #
 # Settings, from the environment (mpirun passes it to every rank):
 #   EPOCHS (20; imagenet_ddp: 2)  BATCH_SIZE (32, per rank)
@@ -21,7 +21,8 @@
 #               imagenet_ddp: none; empty: none)
 #   THREADS (1: torch threads per rank)  PYTHON (interpreter to use)
 #   DEVICE (digits: auto = GPU local_rank where torch sees CUDA, cuda, or cpu)
-# Extra arguments go to the example, e.g. ./train.sh --fp16-allreduce --resume
+# Extra arguments go to the example, e.g. ./train.sh --fp16-allreduce --resume;
+# ./train.sh --help prints this, then the example's options.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -47,11 +48,12 @@ case "${JOB:-digits}" in
     ;;
   imagenet_ddp)
     script=imagenet_ddp.py
-    # The command line of a one-process run; under mpirun Perseus takes the ranks from MPI.
+    # No --world-size/--rank: Perseus takes them from MPI. A one-process command line's
+    # (--world-size 1 --rank 0) is accepted too, but contradicts a larger MPI job, so
+    # every run warned on every rank.
     args=(--synthetic-data -a "${ARCH:-resnet_small}" --epochs "${EPOCHS:-2}"
           --batch-size "${BATCH_SIZE:-32}" --lr "${LR:-0.1}" --momentum "${MOMENTUM:-0.9}"
-          --weight-decay "${WEIGHT_DECAY:-1e-4}" --seed "${SEED:-42}"
-          --dist-url tcp://127.0.0.1:88 --world-size 1 --rank 0)
+          --weight-decay "${WEIGHT_DECAY:-1e-4}" --seed "${SEED:-42}")
     ;;
   *)
     echo "train.sh: unknown JOB=${JOB} (choose digits or imagenet_ddp)" >&2
@@ -59,5 +61,15 @@ case "${JOB:-digits}" in
     ;;
 esac
 if [ -n "${CHECKPOINT+set}" ]; then args+=(--checkpoint "$CHECKPOINT"); fi
+for arg in "$@"; do
+  if [ "$arg" = -h ] || [ "$arg" = --help ]; then
+    # The comment block at the top: train.sh's own settings (the example's --help
+    # alone showed its options, not EPOCHS, JOB, ...).
+    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$HERE/train.sh"
+    echo
+    echo "examples/pytorch/$script (JOB=${JOB:-digits}), which the extra arguments reach:"
+    exec "$PYTHON" "$HERE/examples/pytorch/$script" --help
+  fi
+done
 
 exec "$PYTHON" "$HERE/examples/pytorch/$script" "${args[@]}" "$@"

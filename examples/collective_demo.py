@@ -1,14 +1,19 @@
 """A small multi-process job: every collective of perseus.torch.horovod once,
 each result checked against what the ranks' inputs imply.
 
-    mpirun -np 2 python examples/collective_demo.py
+    .venv/bin/mpirun -np 2 .venv/bin/python examples/collective_demo.py
 """
+import argparse
+
 import torch
 
 import perseus.torch.horovod as hvd
 
 
 def main():
+    # No options; --help says what the demo does instead of running it.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     say = print if rank == 0 else (lambda *a: None)

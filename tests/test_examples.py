@@ -159,6 +159,22 @@ def test_collective_demo_two_ranks():
     assert "alltoall: [0.0, 10.0]" in out and "demo finished: all results correct" in out, out
 
 
+def test_help_says_what_a_script_does_without_running_it():
+    """`collective_demo.py --help` ran the demo; `./train.sh --help` showed only
+    train_digits.py's options, not train.sh's own settings (EPOCHS, JOB, ...)."""
+    code, out, err, _ = run_bounded([sys.executable, REPO_ROOT / "examples" / "collective_demo.py",
+                                     "--help"], clean_env(), 60)
+    assert code == 0 and out.startswith("usage: collective_demo.py"), out + err
+    assert "Perseus demo on" not in out, out
+    code, out, err, _ = run_bounded([REPO_ROOT / "train.sh", "--help"],
+                                    clean_env({"PYTHON": sys.executable}), 60)
+    assert code == 0, out + err
+    assert "JOB picks the example" in out and "Settings, from the environment" in out, out
+    settings = out.split("Settings, from the environment", 1)[1].split("examples/pytorch/")[0]
+    assert all(name in settings for name in ("EPOCHS (20", "BATCH_SIZE", "LR", "CHECKPOINT")), out
+    assert "examples/pytorch/train_digits.py (JOB=digits)" in out and "--resume" in out, out
+
+
 def test_synthetic_benchmark_two_ranks():
     out = run_example(2, [EXAMPLES / "pytorch_synthetic_benchmark.py", "--model", "mlp", "--no-cuda",
                           "--batch-size", "16", "--num-warmup-batches", "2",
@@ -182,9 +198,14 @@ def test_synthetic_benchmark_defaults_fit_a_cpu():
 
 
 def _imagenet_ddp(env, extra):
-    out = run_job(2, [REPO_ROOT / "train.sh"] + extra, env=dict(env, JOB="imagenet_ddp",
-                                                                  PYTHON=sys.executable))
-    assert "on 2 process(es)" in out, out  # ranks from MPI, not --world-size 1
+    cmd = [find_mpirun(), "-np", "2", REPO_ROOT / "train.sh"] + extra
+    code, out, err, _ = run_bounded(cmd, clean_env(dict(env, JOB="imagenet_ddp",
+                                                        PYTHON=sys.executable)), 60)
+    assert code == 0, out + err
+    assert "on 2 process(es)" in out, out  # ranks from MPI
+    # train.sh gave a one-process command line (--world-size 1 --rank 0), so every run
+    # warned on every rank that it contradicts MPI
+    assert "contradicts" not in err, err
     assert re.search(r"^Epoch: \[0\]\[ +\d+/ +\d+\]\tTime", out, re.M), out
     final = re.findall(r"^ \* Acc@1 ([\d.]+) Acc@5 ([\d.]+) Loss ([\d.]+)$", out, re.M)
     assert final and all(float(loss) > 0 for _, _, loss in final), out

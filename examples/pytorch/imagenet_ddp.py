@@ -3,7 +3,7 @@ DistributedDataParallel, run on Perseus by changing two imports (marked "Perseus
 
     mpirun -np 2 python examples/pytorch/imagenet_ddp.py --synthetic-data \\
         --dist-url tcp://127.0.0.1:88 --world-size 1 --rank 0
-    JOB=imagenet_ddp mpirun -np 2 ./train.sh          # the same, through train.sh
+    JOB=imagenet_ddp mpirun -np 2 ./train.sh          # through train.sh, ranks from MPI
 
 Under mpirun Perseus takes rank and world size from MPI: the script's own
 --dist-url / --world-size / --rank are accepted (with one warning when they
