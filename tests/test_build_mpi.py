@@ -225,6 +225,8 @@ def test_another_mpi_in_the_same_build_folder_relinks_the_core(tmp_path):
     header = tree / "csrc" / "include" / "perseus" / "perseus.h"
     header.write_text("// the C ABI\n")
     (tree / "csrc" / "src" / "core.cc").write_text(MINI_CORE)
+    (tree / "perseus").mkdir()
+    (tree / "perseus" / "__init__.py").write_text('__version__ = "0.0.0"\n')  # setup.py reads it
 
     def build(mpi):
         """-> (the core's mtime, the libmpi it needs) after setup.py build_ext with `mpi`."""
