@@ -175,6 +175,43 @@ void RuleInlineBatches() {
          "GPU batches of several in a round go to their lanes");
 }
 
+void RuleLaunchRounds() {
+  // After a round: AfterRound's backoff, alike on every rank...
+  const Retry changed = SchedulePolicy::AfterLaunchRound(true, true, microseconds(640), kNow);
+  Expect(changed.backoff == microseconds(20) && changed.at == kNow, "changed: the next round at once");
+  const Retry same = SchedulePolicy::AfterLaunchRound(false, true, microseconds(40), kNow);
+  Expect(same.backoff == microseconds(80) && same.at == kNow + microseconds(80),
+         "unchanged: the backoff doubles");
+  Expect(SchedulePolicy::AfterLaunchRound(false, true, microseconds(640), kNow).backoff == microseconds(1000),
+         "unchanged: at most 1 ms");
+  // ... but every 20 ms until some set has had GPU work.
+  Expect(kRoundsBeforeGpuWork == milliseconds(20), "rounds before GPU work: 20 ms apart");
+  const Retry idle = SchedulePolicy::AfterLaunchRound(true, false, microseconds(640), kNow);
+  Expect(idle.at == kNow + milliseconds(20) && idle.backoff == microseconds(20),
+         "no GPU work yet: 20 ms even after a change");
+  Expect(SchedulePolicy::AfterLaunchRound(false, false, microseconds(640), kNow).at == kNow + milliseconds(20),
+         "no GPU work yet: 20 ms, not the backoff");
+
+  // The next round: at once for a rank whose batches wait, that agreed more or leaves;
+  // else when the pause is over.
+  LaunchRoundFacts f;
+  f.now = kNow;
+  f.retry_at = kNow + microseconds(80);
+  RoundDecision d = SchedulePolicy::NextLaunchRound(f);
+  Expect(!d.due && d.wake_at == kNow + microseconds(80), "nothing new: wait out the pause");
+  LaunchRoundFacts waiting = f;
+  waiting.waiting = true;
+  Expect(SchedulePolicy::NextLaunchRound(waiting).due, "batches waiting for a grant: at once");
+  LaunchRoundFacts more = f;
+  more.agreed_more = true;
+  Expect(SchedulePolicy::NextLaunchRound(more).due, "more GPU batches agreed: at once");
+  LaunchRoundFacts leaving = f;
+  leaving.leaving = true;
+  Expect(SchedulePolicy::NextLaunchRound(leaving).due, "leaving: at once");
+  f.retry_at = kNow;
+  Expect(SchedulePolicy::NextLaunchRound(f).due, "the pause is over: at once");
+}
+
 int HoldTable() {
   int64_t limit, bytes, age_us;
   double ms;
@@ -204,5 +241,6 @@ int main(int argc, char** argv) {
   RuleCycleTime();
   RuleQuietEnqueues();
   RuleInlineBatches();
+  RuleLaunchRounds();
   return Verdict();
 }

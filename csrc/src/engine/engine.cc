@@ -28,9 +28,6 @@ constexpr double kMeetDriveS = 0.5;
 // launches across sets begins.
 constexpr const char* kAddSetMeeting = "perseus.add_process_set";
 
-// How often the launch rounds run while no set has had GPU work (engine/launch_rounds.h).
-constexpr auto kRoundsBeforeGpuWork = std::chrono::milliseconds(20);
-
 bool AgreesToAddSet(const std::vector<BatchItem>& agreed) {
   for (const BatchItem& item : agreed)
     if (item.meta.anonymous && item.meta.op_type == PERSEUS_BARRIER && item.meta.name == kAddSetMeeting)
@@ -825,15 +822,14 @@ void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& se
       return;
     }
     GrantLaunches(sets, agreed);
-    // Backs off alike on every rank: `changed` is the same everywhere, and so is whether
-    // any set has had GPU work yet; until one has (a CPU job on a GPU machine), the
-    // rounds poll rarely, and only the job's first GPU batch waits for that.
-    const Retry retry = SchedulePolicy::AfterRound(changed, rounds.backoff, now);
+    // `changed` is the same on every rank, and so is whether any set has had GPU work
+    // yet: every rank backs off alike.
     const bool gpu_work_yet = std::any_of(agreed.begin(), agreed.end(), [](uint64_t n) {
       return n != 0 && n != LaunchRounds::kAny;
     });
+    const Retry retry = SchedulePolicy::AfterLaunchRound(changed, gpu_work_yet, rounds.backoff, now);
     rounds.backoff = retry.backoff;
-    rounds.retry_at = gpu_work_yet ? retry.at : std::max(retry.at, now + kRoundsBeforeGpuWork);
+    rounds.retry_at = retry.at;
     if (rounds.ended()) {
       EndLaunchOrder(/*abandon=*/false);  // someone shut down: no round will come
       return;
@@ -846,15 +842,19 @@ void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& se
     counts[set->id] = static_cast<uint64_t>(set->device_batches);
     total += set->device_batches;
   }
-  const bool waiting = NoteUngranted(sets, now);
-  leaving = leaving && !waiting;  // a rank shutting down leaves once its own batches may launch
-  // A rank whose batches wait, or that agreed more, starts the next round at once; the
-  // others join it after their backoff.
-  if (!leaving && !waiting && total == launch_counted_ && now < rounds.retry_at) {
-    *wake_at = std::min(*wake_at, rounds.retry_at);
+  LaunchRoundFacts facts;
+  facts.now = now;
+  facts.waiting = NoteUngranted(sets, now);
+  // A rank shutting down leaves once its own batches may launch.
+  facts.leaving = leaving && !facts.waiting;
+  facts.agreed_more = total != launch_counted_;
+  facts.retry_at = rounds.retry_at;
+  const RoundDecision next = SchedulePolicy::NextLaunchRound(facts);
+  if (!next.due) {
+    *wake_at = std::min(*wake_at, next.wake_at);
     return;
   }
-  Status status = rounds.Start(counts, leaving);
+  Status status = rounds.Start(counts, facts.leaving);
   if (!status.ok()) {
     PERSEUS_LOG(kWarning) << "GPU launches of different process sets are no longer ordered: " << status.message;
     EndLaunchOrder(/*abandon=*/true);

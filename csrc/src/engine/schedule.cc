@@ -73,6 +73,26 @@ Retry SchedulePolicy::AfterRound(bool progressed, Clock::duration backoff, Clock
   return {next, now + next};
 }
 
+Retry SchedulePolicy::AfterLaunchRound(bool changed, bool gpu_work_yet, Clock::duration backoff,
+                                       Clock::time_point now) {
+  Retry retry = AfterRound(changed, backoff, now);
+  // A CPU job with process sets on a GPU machine pays little; its first GPU batch waits
+  // up to this once.
+  if (!gpu_work_yet) retry.at = std::max(retry.at, now + kRoundsBeforeGpuWork);
+  return retry;
+}
+
+RoundDecision SchedulePolicy::NextLaunchRound(const LaunchRoundFacts& facts) {
+  RoundDecision decision;
+  // The others join a round that one rank starts at once, after their own pause.
+  if (facts.leaving || facts.waiting || facts.agreed_more || facts.now >= facts.retry_at) {
+    decision.due = true;
+    return decision;
+  }
+  decision.wake_at = facts.retry_at;
+  return decision;
+}
+
 int64_t SchedulePolicy::QuietBytes(int64_t set_headroom, bool single_set, bool news,
                                    bool stopping) {
   return single_set && !news && !stopping ? set_headroom : 0;

@@ -24,6 +24,11 @@
 //    saving a hop to its lane, when the lane is idle (the lane decides) and the
 //    batch is small, or the thread is a driver (which waits for it anyway) and
 //    running it there takes no concurrency away.
+// 6. Launch rounds (AfterLaunchRound, NextLaunchRound). The rounds that order GPU
+//    launches across process sets (engine/launch_order.h) back off as a set's rounds
+//    do, alike on every rank; until some set has had GPU work they run only every
+//    kRoundsBeforeGpuWork (20 ms). A rank whose GPU batches wait for a grant, that
+//    agreed more of them or that is leaving starts the next round at once.
 // Rules 4 and 5 apply only while this rank is in a single process set: a request
 // for another set must not wait out this set's hold, and blocking in one set's
 // collective could wait on a peer that is itself blocked in another set.
@@ -100,6 +105,18 @@ struct Retry {
   Clock::time_point at;
 };
 
+// What the launch order knows at a step when no launch round is in flight (rule 6).
+struct LaunchRoundFacts {
+  Clock::time_point now;
+  bool leaving = false;      // this rank ends the rounds with the next one
+  bool waiting = false;      // some GPU batch of this rank waits for a grant
+  bool agreed_more = false;  // this rank agreed GPU batches since its last round began
+  Clock::time_point retry_at;  // AfterLaunchRound's, for the last round
+};
+
+// Rule 6: how often the launch rounds run while no set has had GPU work.
+constexpr auto kRoundsBeforeGpuWork = std::chrono::milliseconds(20);
+
 class SchedulePolicy {
  public:
   explicit SchedulePolicy(double cycle_time_ms);
@@ -125,6 +142,16 @@ class SchedulePolicy {
   // Rule 4: an enqueue of `bytes` spends them from *quiet_bytes; whether it must
   // wake the engine thread.
   static bool EnqueueWakes(int64_t bytes, int64_t* quiet_bytes);
+
+  // Rule 6: after a launch round that `changed` what the sets agreed (the same on every
+  // rank) or not, and that showed GPU work in some set or not: the next pause, and
+  // when the next round may start (AfterRound's, but not sooner than
+  // kRoundsBeforeGpuWork while no set has had GPU work).
+  static Retry AfterLaunchRound(bool changed, bool gpu_work_yet, Clock::duration backoff,
+                                Clock::time_point now);
+  // Rule 6: whether to start the next launch round now; else (due false) when to look
+  // again.
+  static RoundDecision NextLaunchRound(const LaunchRoundFacts& facts);
 
   // Rule 5: whether `batch` (`only_batch`: the round's only one) may run on the
   // thread that ran the round, if its lane is idle.
