@@ -210,8 +210,9 @@ Status CurrentGpuSettings(GpuSettings* out) {
   return Status::OK();
 }
 
-// The lanes the engine runs batches on, as the configuration sets them.
-std::unique_ptr<LaneFactory> MakeLanes(const Config& config, bool thread_multiple) {
+// The lanes the engine runs batches on, as the configuration sets them, with the GPU
+// work of enqueue and the port of the launch order across sets (lane_api/lane_backend.h).
+LaneBackend MakeLanes(const Config& config, bool thread_multiple) {
   MpiLaneSettings mpi;
   mpi.chunk_bytes = config.chunk_bytes;
   mpi.nan_check = config.nan_check;

@@ -25,11 +25,11 @@ struct Batch {
   std::vector<BatchItem> items;
   std::chrono::steady_clock::time_point agreed;  // when negotiation ended (for the timeline)
   int64_t chunk_bytes = 0;  // bytes per MPI call, as planned (the autotuner may change it); 0 = the lane's
-  // A GPU batch's place in its set's agreed sequence of GPU batches (Engine::Apply), the
-  // order in which every rank's device lanes launch them (cuda/context/launch_order.h); -1 else.
+  // A GPU batch's place in its set's agreed sequence of GPU batches (LaunchOrder::Number,
+  // from Engine::Apply), the order in which every rank's device lanes launch them (cuda/context/launch_order.h); -1 else.
   int64_t launch_turn = -1;
   // The batch launches only when the order across process sets reaches it (a grant,
-  // below): set by the engine once more than one set can have GPU work.
+  // below): set by the launch order once more than one set can have GPU work.
   bool launch_gated = false;
   int op_type() const { return items.front().meta.op_type; }
   int64_t Bytes() const {
@@ -39,8 +39,9 @@ struct Batch {
   }
 };
 
-// Launch turns [from, to) of one process set's GPU batches, which the launch rounds
-// (engine/launch_rounds.h) let this rank launch next, after every earlier grant.
+// Launch turns [from, to) of one process set's GPU batches, which the launch order
+// across sets (engine/launch_order.h) lets this rank launch next, after every earlier
+// grant.
 struct LaunchGrant {
   int set_id;
   int64_t from, to;

@@ -25,7 +25,7 @@ namespace {
 constexpr double kMeetDriveS = 0.5;
 
 // add_process_set's meeting (Meet): where the global set agrees it, the order of GPU
-// launches across sets begins.
+// launches across sets begins (LaunchOrder::Number).
 constexpr const char* kAddSetMeeting = "perseus.add_process_set";
 
 bool AgreesToAddSet(const std::vector<BatchItem>& agreed) {
@@ -33,6 +33,12 @@ bool AgreesToAddSet(const std::vector<BatchItem>& agreed) {
     if (item.meta.anonymous && item.meta.op_type == PERSEUS_BARRIER && item.meta.name == kAddSetMeeting)
       return true;
   return false;
+}
+
+int WorldSize(MPI_Comm world) {
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  return size;
 }
 
 // Negotiation spans end when the round agrees on the requests.
@@ -45,22 +51,24 @@ void TraceAgreed(int set_id, const std::vector<BatchItem>& agreed, Clock::time_p
 
 }  // namespace
 
-Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple,
-               std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles)
+Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, LaneBackend backend,
+               HandleTable* handles)
     : config_(config),
       world_(world),
       thread_multiple_(thread_multiple),
       lanes_(!thread_multiple ? 1 : TunesLanes(config) ? kAutoMaxLanes : config.lanes),
-      lane_factory_(std::move(lane_factory)),
+      lane_factory_(std::move(backend.lanes)),
+      gpu_(std::move(backend.gpu)),
       handles_(handles),
       schedule_(config.cycle_time_ms),
-      watch_interval_(StallInspector::ProbeInterval(config)) {}
+      watch_interval_(StallInspector::ProbeInterval(config)),
+      // One rank, or no MPI_THREAD_MULTIPLE (no GPU batches at all): nothing to order.
+      launch_order_(std::make_unique<LaunchOrder>(std::move(backend.launches),
+                                                  thread_multiple && WorldSize(world) > 1)) {}
 
 Status Engine::Start(const Config& config, MPI_Comm world, bool thread_multiple,
-                     std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles,
-                     std::unique_ptr<Engine>* out) {
-  std::unique_ptr<Engine> engine(
-      new Engine(config, world, thread_multiple, std::move(lane_factory), handles));
+                     LaneBackend backend, HandleTable* handles, std::unique_ptr<Engine>* out) {
+  std::unique_ptr<Engine> engine(new Engine(config, world, thread_multiple, std::move(backend), handles));
   Status status = engine->Init();
   if (!status.ok()) return status;
   *out = std::move(engine);
@@ -147,8 +155,7 @@ void Engine::Shutdown() {
   sets.clear();  // lanes finish the batches every rank agreed on, then stop
   SetWaitHook(nullptr);  // no thread of ours waits any more
   handles_->FailAll(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
-  launch_rounds_.reset();  // its communicator, before MPI may be finalized
-  made_launch_rounds_.reset();
+  launch_order_.reset();  // its rounds' communicator, before MPI may be finalized
   if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
   if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
   FreeMpiOps();
@@ -162,7 +169,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
   for (int i = 0; i < n; ++i) {
     // The first GPU request loads CUDA here, outside the engine's lock.
     if (requests[i].device != PERSEUS_CPU_DEVICE) {
-      lane_factory_->WarmGpu();
+      gpu_->WarmGpu();
       break;
     }
   }
@@ -186,7 +193,7 @@ Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handle
       status = MakeEntry(r, set->rank, set->size(), &entry);
       // GPU: an event on the caller's stream, which the device lane will wait for.
       if (status.ok() && entry->meta.device != PERSEUS_CPU_DEVICE)
-        status = lane_factory_->PrepareGpuEntry(entry.get(), &ready);
+        status = gpu_->PrepareGpuEntry(entry.get(), &ready);
       if (!status.ok()) return status;
       if (set->in_flight.count(entry->meta.name) ||
           !batch_names.emplace(set->id, entry->meta.name).second)
@@ -259,13 +266,12 @@ bool Engine::Iterate(bool driving) {
     polled_ = poked_;
     poked_ = false;
     stopping = stop_requested_;
-    if (launch_rounds_made_ && !launch_rounds_taken_) {
-      launch_rounds_taken_ = true;
-      launch_rounds_ = std::move(made_launch_rounds_);
-      if (!launch_rounds_) lane_factory_->EndLaunchGrants();  // no rank can use a GPU
+    set_ids_.clear();
+    for (auto& kv : sets_) {
+      if (!kv.second->negotiator) continue;
+      sets.push_back(kv.second);
+      set_ids_.push_back(kv.first);
     }
-    for (auto& kv : sets_)
-      if (kv.second->negotiator) sets.push_back(kv.second);
   }
   for (EntryPtr& entry : arrived) {
     for (auto& set : sets) {
@@ -286,8 +292,9 @@ bool Engine::Iterate(bool driving) {
     Step(set.get(), stopping, driving, now, &wake_at, &busy, &hold_headroom);
     all_stopped = all_stopped && set->stopped;
   }
-  if (launch_rounds_)
-    StepLaunchRounds(sets, stopping && all_stopped, driving, Clock::now(), &wake_at, &busy);
+  const LaunchStep launch = launch_order_->Step(set_ids_, stopping && all_stopped, driving, Clock::now());
+  wake_at = std::min(wake_at, launch.wake_at);
+  busy = busy || launch.busy;
   {
     std::lock_guard<std::mutex> lock(mu_);
     hold_headroom_ = SchedulePolicy::QuietBytes(hold_headroom, single_set_,
@@ -295,7 +302,7 @@ bool Engine::Iterate(bool driving) {
   }
   wake_at_ = wake_at.time_since_epoch().count();
   busy_ = busy;
-  return stopping && all_stopped && LaunchOrderOver();
+  return stopping && all_stopped && launch.over;
 }
 
 Status Engine::EnqueueAndDrive(const perseus_request_t* requests, int n, int64_t* handles_out,
@@ -454,20 +461,15 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       set->holds[1] = Hold(set->knobs, true);
       if (!set->tuner->tuning()) autotune_state_ = set->tuner->State();
     }
-    if (!launches_gated_ && set->id == PERSEUS_GLOBAL_PROCESS_SET && AgreesToAddSet(outcome.agreed))
-      BeginLaunchOrder(set);
+    const bool begins = set->id == PERSEUS_GLOBAL_PROCESS_SET && AgreesToAddSet(outcome.agreed);
     const Knobs& knobs = set->knobs;
     std::vector<Batch> batches =
         PlanBatches(std::move(outcome.agreed), knobs.fusion_threshold, knobs.chunk_bytes);
+    launch_order_->Number(set->id, begins, &batches);
     const bool only_batch = batches.size() == 1;
     for (Batch& batch : batches) {
       batch.agreed = now;
       batch.chunk_bytes = knobs.chunk_bytes;
-      // The same place on every member: device lanes launch in this order.
-      if (batch.items.front().meta.device != PERSEUS_CPU_DEVICE) {
-        batch.launch_turn = set->device_batches++;
-        batch.launch_gated = launches_gated_;
-      }
       Lane& lane = LaneFor(set, batch);
       bool inline_ok = SchedulePolicy::MayRunInline(knobs, batch, only_batch, driving, single_set_);
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
@@ -607,10 +609,10 @@ SetWaits Engine::WaitsOf(ProcessSet* set, bool stepping) {
   SetWaits waits;
   waits.withdrawing = set->withdrawing.load();
   if (stepping) waits.oldest_pending = set->negotiator->OldestSubmitted();
-  const Clock::rep ungranted = ungranted_since_.load(std::memory_order_relaxed);
-  if (set->id == PERSEUS_GLOBAL_PROCESS_SET && ungranted != 0) {
+  const Clock::time_point ungranted = launch_order_->WaitingSince();
+  if (set->id == PERSEUS_GLOBAL_PROCESS_SET && ungranted != Clock::time_point()) {
     ++waits.count;
-    waits.oldest = Clock::time_point(Clock::duration(ungranted));
+    waits.oldest = ungranted;
     waits.oldest_name = "(GPU launches waiting for the order across process sets)";
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -668,7 +670,6 @@ void Engine::LoseRanks(const std::vector<int>& lost, const Status& status) {
 
 void Engine::StopLostSets() {
   lost_pending_.store(false);
-  EndLaunchOrder(/*abandon=*/true);  // its rounds would wait for the lost rank
   std::vector<std::shared_ptr<ProcessSet>> affected;
   Status status;
   {
@@ -724,7 +725,7 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
   }
   Status met = Meet(kAddSetMeeting, "add_process_set", "no process set was added");
   if (!met.ok()) return met;
-  MakeLaunchRounds();  // before anything below can fail: every rank that met makes them
+  launch_order_->MakeRounds(world_);  // before anything below can fail: every rank that met makes them
   // Every rank must pass the same list: compare with rank 0's.
   auto mpi = LockMpi();
   std::vector<int> reference = sorted;
@@ -769,135 +770,6 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
   }
   *id_out = id;
   return Status::OK();
-}
-
-void Engine::BeginLaunchOrder(ProcessSet* global) {
-  if (topo_.size == 1 || !thread_multiple_) return;  // one rank, or no GPU batches at all
-  launches_gated_ = true;
-  global->launches_granted = global->device_batches;  // those launch ungated, first
-  lane_factory_->BeginLaunchOrder(global->device_batches);
-}
-
-void Engine::MakeLaunchRounds() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (launch_rounds_made_) return;
-  }
-  std::unique_ptr<LaunchRounds> rounds;
-  if (topo_.size > 1 && thread_multiple_) {
-    // Rounds poll while they run: only where some rank could have GPU work.
-    int mine = lane_factory_->MayUseGpu() ? 1 : 0, anyone = 0;
-    MPI_Comm comm = MPI_COMM_NULL;
-    auto mpi = LockMpi();
-    Status status = MpiStatus(MPI_Allreduce(&mine, &anyone, 1, MPI_INT, MPI_MAX, world_), "MPI_Allreduce");
-    if (status.ok() && anyone) status = MpiStatus(MPI_Comm_dup(world_, &comm), "MPI_Comm_dup");
-    if (!status.ok())
-      PERSEUS_LOG(kWarning) << "GPU launches of different process sets are not ordered: " << status.message;
-    else if (anyone)
-      rounds = std::make_unique<LaunchRounds>(comm);
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  made_launch_rounds_ = std::move(rounds);
-  launch_rounds_made_ = true;
-}
-
-void Engine::StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& sets, bool leaving,
-                              bool driving, Clock::time_point now, Clock::time_point* wake_at,
-                              bool* busy) {
-  LaunchRounds& rounds = *launch_rounds_;
-  if (rounds.ended()) return;
-  if (rounds.in_flight()) {
-    NoteUngranted(sets, now);
-    std::vector<uint64_t> agreed;
-    bool changed = false;
-    Status error;
-    if (!rounds.Test(&agreed, &changed, &error)) {
-      *busy = true;
-      *wake_at = std::min(*wake_at, now + PollGap(now - rounds.round_start, driving ? kDriverSpin : kBackgroundSpin));
-      return;
-    }
-    if (!error.ok()) {
-      PERSEUS_LOG(kWarning) << "GPU launches of different process sets are no longer ordered: " << error.message;
-      EndLaunchOrder(/*abandon=*/true);
-      return;
-    }
-    GrantLaunches(sets, agreed);
-    // `changed` is the same on every rank, and so is whether any set has had GPU work
-    // yet: every rank backs off alike.
-    const bool gpu_work_yet = std::any_of(agreed.begin(), agreed.end(), [](uint64_t n) {
-      return n != 0 && n != LaunchRounds::kAny;
-    });
-    const Retry retry = SchedulePolicy::AfterLaunchRound(changed, gpu_work_yet, rounds.backoff, now);
-    rounds.backoff = retry.backoff;
-    rounds.retry_at = retry.at;
-    if (rounds.ended()) {
-      EndLaunchOrder(/*abandon=*/false);  // someone shut down: no round will come
-      return;
-    }
-  }
-  std::vector<uint64_t> counts;
-  int64_t total = 0;
-  for (const auto& set : sets) {
-    if (static_cast<size_t>(set->id) >= counts.size()) counts.resize(set->id + 1, LaunchRounds::kAny);
-    counts[set->id] = static_cast<uint64_t>(set->device_batches);
-    total += set->device_batches;
-  }
-  LaunchRoundFacts facts;
-  facts.now = now;
-  facts.waiting = NoteUngranted(sets, now);
-  // A rank shutting down leaves once its own batches may launch.
-  facts.leaving = leaving && !facts.waiting;
-  facts.agreed_more = total != launch_counted_;
-  facts.retry_at = rounds.retry_at;
-  const RoundDecision next = SchedulePolicy::NextLaunchRound(facts);
-  if (!next.due) {
-    *wake_at = std::min(*wake_at, next.wake_at);
-    return;
-  }
-  Status status = rounds.Start(counts, facts.leaving);
-  if (!status.ok()) {
-    PERSEUS_LOG(kWarning) << "GPU launches of different process sets are no longer ordered: " << status.message;
-    EndLaunchOrder(/*abandon=*/true);
-    return;
-  }
-  launch_counted_ = total;
-  rounds.round_start = now;
-  *busy = true;
-  *wake_at = now;  // test it straight away
-}
-
-bool Engine::NoteUngranted(const std::vector<std::shared_ptr<ProcessSet>>& sets, Clock::time_point now) {
-  bool waiting = false;
-  for (const auto& set : sets) waiting = waiting || set->launches_granted < set->device_batches;
-  if (!waiting) ungranted_since_.store(0, std::memory_order_relaxed);
-  else if (ungranted_since_.load(std::memory_order_relaxed) == 0)
-    ungranted_since_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
-  return waiting;
-}
-
-void Engine::GrantLaunches(const std::vector<std::shared_ptr<ProcessSet>>& sets,
-                           const std::vector<uint64_t>& agreed) {
-  std::vector<LaunchGrant> grants;
-  for (const auto& set : sets) {  // by id: sets_ is ordered
-    if (static_cast<size_t>(set->id) >= agreed.size() || agreed[set->id] == LaunchRounds::kAny) continue;
-    const int64_t to = std::min<int64_t>(static_cast<int64_t>(agreed[set->id]), set->device_batches);
-    if (to <= set->launches_granted) continue;
-    grants.push_back(LaunchGrant{set->id, set->launches_granted, to});
-    set->launches_granted = to;
-  }
-  lane_factory_->GrantLaunches(grants);
-}
-
-void Engine::EndLaunchOrder(bool abandon) {
-  if (!launch_rounds_) return;
-  if (abandon) launch_rounds_->Abandon();
-  lane_factory_->EndLaunchGrants();  // what waits launches in its own set's order
-  ungranted_since_.store(0, std::memory_order_relaxed);
-}
-
-bool Engine::LaunchOrderOver() const {
-  if (!launches_gated_) return true;
-  return launch_rounds_taken_ && (!launch_rounds_ || launch_rounds_->ended());
 }
 
 // A control operation's MPI calls block until every rank makes them, and cannot be

@@ -44,10 +44,10 @@
 
 #include "engine/config.h"
 #include "engine/handle_table.h"
-#include "engine/launch_rounds.h"
+#include "engine/launch_order.h"
 #include "engine/process_set.h"
 #include "engine/schedule.h"
-#include "lane_api/lane_factory.h"
+#include "lane_api/lane_backend.h"
 #include "mpi/wait_policy.h"
 
 namespace perseus {
@@ -59,10 +59,10 @@ struct Topology {
 class Engine {
  public:
   // `world` is the communicator Perseus runs on (already duplicated for us);
-  // `lane_factory` makes every lane, and does the GPU work of enqueue.
+  // `backend` makes every lane, does the GPU work of enqueue and takes the launch
+  // order's grants.
   static Status Start(const Config& config, MPI_Comm world, bool thread_multiple,
-                      std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles,
-                      std::unique_ptr<Engine>* out);
+                      LaneBackend backend, HandleTable* handles, std::unique_ptr<Engine>* out);
   ~Engine();
 
   // Drains agreed work, tells the peers, fails what is left, stops the thread.
@@ -107,8 +107,8 @@ class Engine {
   std::string autotune_state();
 
  private:
-  Engine(const Config& config, MPI_Comm world, bool thread_multiple,
-         std::unique_ptr<LaneFactory> lane_factory, HandleTable* handles);
+  Engine(const Config& config, MPI_Comm world, bool thread_multiple, LaneBackend backend,
+         HandleTable* handles);
   Status Init();
   void Loop();
   // One pass of the engine: admit new requests, advance every set. The caller holds
@@ -151,29 +151,13 @@ class Engine {
   // <outcome>". `name`: the meeting's request name, one per operation.
   Status Meet(const char* name, const char* operation, const char* outcome);
 
-  // The order of GPU launches across process sets (launch_rounds.h). It begins where the
-  // global set agrees the first add_process_set's meeting, the same point of the agreed
-  // sequence on every rank: GPU batches planned from there on are gated (BeginLaunchOrder,
-  // in Apply). AddProcessSet then makes the rounds (MakeLaunchRounds: none when no rank
-  // can load CUDA), and the steps run them (StepLaunchRounds).
-  void BeginLaunchOrder(ProcessSet* global);
-  void MakeLaunchRounds();
-  void StepLaunchRounds(const std::vector<std::shared_ptr<ProcessSet>>& sets, bool leaving,
-                        bool driving, Clock::time_point now, Clock::time_point* wake_at, bool* busy);
-  // Hands the lanes what a round agreed, in (set id, turn) order; `sets`: this rank's.
-  void GrantLaunches(const std::vector<std::shared_ptr<ProcessSet>>& sets,
-                     const std::vector<uint64_t>& agreed);
-  // Whether this rank has GPU batches waiting for a grant; keeps ungranted_since_.
-  bool NoteUngranted(const std::vector<std::shared_ptr<ProcessSet>>& sets, Clock::time_point now);
-  void EndLaunchOrder(bool abandon);
-  bool LaunchOrderOver() const;  // no round will run any more (shutdown may end)
-
   const Config config_;
   MPI_Comm world_;  // control communicator: process-set creation, start_timeline
   MPI_Comm local_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
   const bool thread_multiple_;
   const int lanes_;
   const std::unique_ptr<LaneFactory> lane_factory_;  // makes every set's lanes
+  const std::unique_ptr<GpuEnqueue> gpu_;             // the GPU work of Enqueue
   HandleTable* handles_;
   const SchedulePolicy schedule_;
   Topology topo_;
@@ -208,18 +192,10 @@ class Engine {
   const Clock::duration watch_interval_;
   WaitHook watch_hook_{&Engine::WatchFromWait, this};
 
-  // The order across sets. Under step_mu_: whether batches are gated, the rounds once
-  // taken from AddProcessSet, and the sum of agreed GPU batches the last round carried
-  // (more starts a round at once). Under mu_: what AddProcessSet made.
-  bool launches_gated_ = false;
-  std::unique_ptr<LaunchRounds> launch_rounds_;
-  bool launch_rounds_taken_ = false;
-  int64_t launch_counted_ = 0;
-  std::unique_ptr<LaunchRounds> made_launch_rounds_;
-  bool launch_rounds_made_ = false;
-  // Since when GPU batches of this rank have waited for a round's grant (0: none): a
-  // wait of the global set for the stall inspector, which a frozen rank anywhere causes.
-  std::atomic<Clock::rep> ungranted_since_{0};
+  // The order of GPU launches across process sets (launch_order.h): Apply numbers the
+  // GPU batches, AddProcessSet makes the rounds, Iterate steps them. Until Shutdown.
+  std::unique_ptr<LaunchOrder> launch_order_;
+  std::vector<int> set_ids_;  // under step_mu_: this step's sets, by id (for Step)
 
   std::mutex control_mu_;  // serialises process-set changes made by user threads
   std::thread thread_;

@@ -1,17 +1,8 @@
-// Launch rounds: one order of GPU collective launches across process sets.
-//
-// Each set's negotiation orders its own GPU batches (Batch::launch_turn), and the
-// device lanes launch them in that order (cuda/context/launch_order.h). Two sets that
-// share ranks negotiate separately, so rank 0 may agree set A's batch before set B's
-// and rank 1 the other way round; launched in those orders on GPUs that cannot run
-// both kernels at once, each GPU holds the kernel the other rank has not started.
-// A set's round runs only when its members have requests, so a rank cannot learn the
-// order from another set's rounds. These rounds run on every rank while more than one
-// set can have GPU work: each is one non-blocking MIN-allreduce over the world of,
-// per set, the GPU batches this rank has agreed (a non-member says "any"), so the
-// result is, per set, what every member has agreed. Every rank launches what a round
-// makes launchable in (round, set id, turn) order: one total order, the same on every
-// rank, which no launch on any rank contradicts.
+// The launch rounds' exchange: one non-blocking MIN-allreduce over the world per
+// round, of, per set id, the GPU batches this rank has agreed in that set (a
+// non-member says "any"), so the result is, per set, what every member has agreed.
+// What the rounds are for, when they run and what is done with their outcome is
+// LaunchOrder's (engine/launch_order.h); this class only carries a round.
 //
 // The slot count is agreed by the previous round (a set registered on one rank but
 // not yet on another waits a round), and any rank may end the rounds (shutdown):
@@ -24,7 +15,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/clock.h"
 #include "common/status.h"
 
 namespace perseus {
@@ -52,10 +42,6 @@ class LaunchRounds {
   // A peer is lost: the round in flight is left to MPI, which may still write its
   // buffers (they are leaked), and no other starts.
   void Abandon();
-
-  // Scheduling state, kept by the engine.
-  Clock::time_point round_start, retry_at;
-  Clock::duration backoff{};
 
  private:
   MPI_Comm comm_;

@@ -53,8 +53,6 @@ struct ProcessSet {
   std::vector<MPI_Comm> device_comms;
   std::vector<std::unique_ptr<Lane>> device_lanes;
   size_t next_device_lane = 0;
-  int64_t device_batches = 0;  // GPU batches given to lanes: the next one's launch turn
-  int64_t launches_granted = 0;  // turns below this may launch (engine/launch_rounds.h)
   BatchDone done;  // what every lane of the set calls when a batch finishes
 
   // Guarded by the engine mutex.

@@ -1,6 +1,6 @@
 // How the engine gets its lanes without knowing a transport: the C ABI hands it a
-// LaneFactory (lanes/core_lanes.h), which makes the MPI and device lanes and does
-// the GPU work of enqueue. The engine includes no CUDA, NCCL or lane header.
+// LaneFactory (lanes/core_lanes.h), which makes the MPI and device lanes, and nothing
+// else. The engine includes no CUDA, NCCL or lane header.
 #ifndef PERSEUS_LANE_API_LANE_FACTORY_H_
 #define PERSEUS_LANE_API_LANE_FACTORY_H_
 
@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "common/batch.h"
-#include "common/request.h"
 #include "common/status.h"
 #include "lane_api/lane.h"
 
@@ -37,25 +36,6 @@ class LaneFactory {
   // batches in the set's agreed order (Batch::launch_turn). Each opens, with the set's
   // other members, at its first batch.
   virtual std::vector<std::unique_ptr<Lane>> MakeDeviceLanes(const std::vector<LaneSpec>& specs) = 0;
-
-  // Enqueue, on the framework's thread. The first GPU request warms the GPU runtime
-  // (slow the first time: call outside engine locks).
-  virtual void WarmGpu() = 0;
-  // Gives a GPU request the event its device lane waits for before reading the input,
-  // sharing the one `call` recorded on the same stream (see ReadyEvents). An error
-  // belongs to this request only.
-  virtual Status PrepareGpuEntry(Entry* entry, ReadyEvents* call) = 0;
-
-  // The order of GPU launches across process sets (engine/launch_rounds.h), on the
-  // thread that steps the engine.
-  // Whether this rank could ever run GPU work (a CUDA runtime loads).
-  virtual bool MayUseGpu() = 0;
-  // Batches marked launch_gated from now on wait for grants, after the first `ungated`
-  // GPU batches of the global set.
-  virtual void BeginLaunchOrder(int64_t ungated) = 0;
-  virtual void GrantLaunches(const std::vector<LaunchGrant>& grants) = 0;
-  // No more grants: gated batches launch in their own set's order only.
-  virtual void EndLaunchGrants() = 0;
 };
 
 }  // namespace perseus

@@ -13,8 +13,9 @@ namespace {
 
 class CoreLanes : public LaneFactory {
  public:
-  CoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu, bool thread_multiple)
-      : mpi_(mpi), gpu_(gpu), thread_multiple_(thread_multiple) {}
+  CoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu, bool thread_multiple,
+            std::shared_ptr<gpu::CrossSetOrder> across)
+      : mpi_(mpi), gpu_(gpu), thread_multiple_(thread_multiple), across_(std::move(across)) {}
 
   Status MakeHostLane(const LaneSpec& spec, std::unique_ptr<Lane>* out) override {
     std::unique_ptr<NodeComms> nodes;
@@ -37,29 +38,49 @@ class CoreLanes : public LaneFactory {
     return lanes;
   }
 
-  void WarmGpu() override { perseus::WarmGpu(gpu_); }
-
-  Status PrepareGpuEntry(Entry* entry, ReadyEvents* call) override {
-    return perseus::PrepareGpuEntry(entry, gpu_, call);
-  }
-
-  bool MayUseGpu() override { return CudaLoads(gpu_); }
-  void BeginLaunchOrder(int64_t ungated) override { across_->Begin(ungated); }
-  void GrantLaunches(const std::vector<LaunchGrant>& grants) override { across_->Grant(grants); }
-  void EndLaunchGrants() override { across_->End(); }
-
  private:
   const MpiLaneSettings mpi_;
   const GpuSettings gpu_;
   const bool thread_multiple_;
-  const std::shared_ptr<gpu::CrossSetOrder> across_ = std::make_shared<gpu::CrossSetOrder>();
+  const std::shared_ptr<gpu::CrossSetOrder> across_;  // shared with the launch port
+};
+
+class CoreGpuEnqueue : public GpuEnqueue {
+ public:
+  explicit CoreGpuEnqueue(const GpuSettings& gpu) : gpu_(gpu) {}
+  void WarmGpu() override { perseus::WarmGpu(gpu_); }
+  Status PrepareGpuEntry(Entry* entry, ReadyEvents* call) override {
+    return perseus::PrepareGpuEntry(entry, gpu_, call);
+  }
+
+ private:
+  const GpuSettings gpu_;
+};
+
+// Hands the engine's grants to the order every set's device lanes launch in.
+class CoreLaunchPort : public LaunchPort {
+ public:
+  CoreLaunchPort(const GpuSettings& gpu, std::shared_ptr<gpu::CrossSetOrder> across)
+      : gpu_(gpu), across_(std::move(across)) {}
+  bool MayUseGpu() override { return CudaLoads(gpu_); }
+  void Begin(int64_t ungated) override { across_->Begin(ungated); }
+  void Grant(const std::vector<LaunchGrant>& grants) override { across_->Grant(grants); }
+  void End() override { across_->End(); }
+
+ private:
+  const GpuSettings gpu_;
+  const std::shared_ptr<gpu::CrossSetOrder> across_;
 };
 
 }  // namespace
 
-std::unique_ptr<LaneFactory> MakeCoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu,
-                                           bool thread_multiple) {
-  return std::make_unique<CoreLanes>(mpi, gpu, thread_multiple);
+LaneBackend MakeCoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu, bool thread_multiple) {
+  auto across = std::make_shared<gpu::CrossSetOrder>();
+  LaneBackend backend;
+  backend.lanes = std::make_unique<CoreLanes>(mpi, gpu, thread_multiple, across);
+  backend.gpu = std::make_unique<CoreGpuEnqueue>(gpu);
+  backend.launches = std::make_unique<CoreLaunchPort>(gpu, std::move(across));
+  return backend;
 }
 
 }  // namespace perseus

@@ -1,6 +1,8 @@
-// The core's LaneFactory: MPI lanes for CPU tensors, device lanes for GPU tensors,
-// and the GPU work of enqueue (cuda/device_backend.h). The C ABI makes one from the
-// configuration and hands it to the engine.
+// The core's lanes' side (lane_api/lane_backend.h): a LaneFactory of MPI lanes for CPU
+// tensors and device lanes for GPU tensors, the GPU work of enqueue
+// (cuda/device_backend.h), and the port through which the engine orders GPU launches
+// across process sets (the device lanes' gpu::CrossSetOrder). The C ABI makes one from
+// the configuration and hands it to the engine.
 #ifndef PERSEUS_LANES_CORE_LANES_H_
 #define PERSEUS_LANES_CORE_LANES_H_
 
@@ -8,7 +10,7 @@
 #include <memory>
 
 #include "cuda/device_backend.h"
-#include "lane_api/lane_factory.h"
+#include "lane_api/lane_backend.h"
 
 namespace perseus {
 
@@ -22,8 +24,7 @@ struct MpiLaneSettings {
 };
 
 // `thread_multiple`: MPI provides MPI_THREAD_MULTIPLE (device lanes need it).
-std::unique_ptr<LaneFactory> MakeCoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu,
-                                           bool thread_multiple);
+LaneBackend MakeCoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu, bool thread_multiple);
 
 }  // namespace perseus
 
