@@ -1,9 +1,11 @@
-// Reducescatter over MPI: the first dimension is split as evenly as possible, the
-// first (rows % size) ranks getting one row more.
+// Reducescatter over MPI: the first dimension is split as the request rule says
+// (ScatterRows, common/request_rules.h): as evenly as possible, the first
+// (rows % size) ranks getting one row more.
 #include <climits>
 
 #include "collectives/collectives.h"
 #include "common/dtype.h"
+#include "common/request_rules.h"
 #include "mpi/wait_policy.h"
 
 namespace perseus {
@@ -19,7 +21,7 @@ Status RunReducescatter(const BatchItem& item, ExecContext& ctx) {
   const int64_t rows = meta.shape[0], row = meta.RowElements();
   std::vector<int> counts(ctx.size);
   for (int r = 0; r < ctx.size; ++r) {
-    int64_t n = (rows / ctx.size + (r < rows % ctx.size ? 1 : 0)) * row;
+    int64_t n = ScatterRows(rows, r, ctx.size) * row;
     if (n > INT_MAX) return Status::Error(PERSEUS_UNSUPPORTED, "reducescatter piece over INT_MAX");
     counts[r] = static_cast<int>(n);
   }

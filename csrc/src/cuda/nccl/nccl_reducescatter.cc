@@ -1,8 +1,10 @@
-// Reducescatter with NCCL. The first dimension is split as the MPI path splits it:
-// as evenly as possible, the first (rows % size) ranks getting one row more. Even
-// splits are one ncclReduceScatter; uneven ones one ncclReduce per rank, grouped.
+// Reducescatter with NCCL. The first dimension is split as the request rule says
+// (ScatterRows, common/request_rules.h), as the MPI path splits it: as evenly as
+// possible, the first (rows % size) ranks getting one row more. Even splits are one
+// ncclReduceScatter; uneven ones one ncclReduce per rank, grouped.
 // Over one rank it is an allreduce, made whole (AllReduceWhole).
 #include "common/dtype.h"
+#include "common/request_rules.h"
 #include "cuda/nccl/nccl_ops.h"
 
 namespace perseus {
@@ -16,7 +18,7 @@ Status NcclReducescatter(const BatchItem& item, DeviceContext& ctx) {
   const int64_t rows = meta.shape[0], row = meta.RowElements();
   std::vector<int64_t> counts(ctx.size);  // elements each rank receives
   for (int r = 0; r < ctx.size; ++r)
-    counts[r] = (rows / ctx.size + (r < rows % ctx.size ? 1 : 0)) * row;
+    counts[r] = ScatterRows(rows, r, ctx.size) * row;
   ReduceOp op;
   PERSEUS_RETURN_IF_ERROR(op.Create(meta, ctx));
   const char* in = static_cast<const char*>(entry.input);

@@ -5,6 +5,7 @@
 #include "collectives/collectives.h"
 #include "collectives/nan_check.h"
 #include "common/dtype.h"
+#include "common/request_rules.h"
 #include "mpi/mpi_lock.h"
 
 namespace perseus {
@@ -22,8 +23,8 @@ struct HostLayout {
 int64_t Aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 int64_t OwnScatterBytes(const TensorMeta& m, const DeviceContext& ctx) {
-  const int64_t rows = m.shape[0] / ctx.size + (ctx.rank < m.shape[0] % ctx.size ? 1 : 0);
-  return rows * m.RowElements() * static_cast<int64_t>(DtypeSize(m.dtype));
+  return ScatterRows(m.shape[0], ctx.rank, ctx.size) * m.RowElements() *
+         static_cast<int64_t>(DtypeSize(m.dtype));
 }
 
 HostLayout Plan(const Batch& batch, const DeviceContext& ctx) {
