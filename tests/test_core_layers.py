@@ -86,3 +86,44 @@ def test_a_subfolder_of_cuda_is_a_layer_of_its_own(tmp_path):
         'csrc/src/cuda/runtime/cuda_api.h:2: #include "cuda/nccl/nccl_ops.h": '
         "layer cuda/runtime -> layer cuda/nccl runs up: cuda/nccl stands on cuda/runtime",
         "2 include arrow(s) not running down the layers"]
+
+
+# ---- the Python package's layers (scripts/check_python_layers.py)
+
+PYTHON_CHECK = REPO_ROOT / "scripts" / "check_python_layers.py"
+
+
+def run_python_check(root):
+    return subprocess.run([sys.executable, str(PYTHON_CHECK), "--root", str(root)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_every_import_of_the_package_runs_down_its_layers():
+    """Issue 50: the torch faces (Horovod's API, the drop-in, the c10d backend) import
+    only the operations layer below them, never each other."""
+    result = run_python_check(REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_face_importing_a_sibling_or_a_lower_layer_importing_up_is_reported(tmp_path):
+    for rel in ("perseus/__init__.py", "perseus/common/__init__.py", "perseus/torch/__init__.py",
+                "perseus/torch/adapter.py", "perseus/torch/ops/__init__.py",
+                "perseus/torch/mpi_ops.py", "perseus/torch/distributed/__init__.py",
+                "perseus/torch/c10d/__init__.py"):
+        write(tmp_path, rel, "")
+    write(tmp_path, "perseus/torch/distributed/collectives.py",
+          "from perseus.torch import ops\n"          # down: fine
+          "from perseus.torch import mpi_ops\n")     # a sibling face
+    write(tmp_path, "perseus/torch/c10d/backend.py",
+          "import perseus.torch.distributed.collectives\n")
+    write(tmp_path, "perseus/torch/ops/work.py", "def f():\n    from perseus.torch import mpi_ops\n")
+    result = run_python_check(tmp_path)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert any(line.startswith("perseus/torch/distributed/collectives.py:2:") and
+               "a sibling (torch: Horovod's API)" in line for line in lines), lines
+    assert any(line.startswith("perseus/torch/c10d/backend.py:1:") and
+               "a sibling (torch: the drop-in)" in line for line in lines), lines
+    assert any(line.startswith("perseus/torch/ops/work.py:2:") and
+               "a higher layer (faces)" in line for line in lines), lines
+    assert len(lines) == 3, lines

@@ -71,7 +71,7 @@ def test_reduce_op_accepts_torch_values():
     import torch.distributed as tdist
 
     from perseus.common import ops
-    from perseus.torch.distributed.reduce_op import ReduceOp, core_op
+    from perseus.torch.ops.reduce_ops import ReduceOp, core_op
     assert core_op(ReduceOp.AVG) == ops.Average
     assert core_op(tdist.ReduceOp.SUM) == ops.Sum
     assert core_op(tdist.ReduceOp.MAX) == ops.Max

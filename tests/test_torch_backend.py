@@ -85,7 +85,7 @@ def test_world_of_one():
 
 
 class _FakeWork:
-    """What the future pool of perseus.torch.distributed.work needs of a Work."""
+    """What the future pool of perseus.torch.ops.work needs of a Work."""
 
     def __init__(self, value):
         import torch
@@ -104,7 +104,7 @@ def test_future_pool_callback_waiting_for_a_later_work():
     # second thread the callback waits forever.
     import threading
 
-    from perseus.torch.distributed import work as work_module
+    from perseus.torch.ops import work as work_module
     pool = work_module._Pool()
     first, second = _FakeWork(1.0), _FakeWork(2.0)
 
@@ -128,7 +128,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import perseus.torch  # registers "perseus"
-from perseus.torch.distributed import backend, work
+from perseus.torch.c10d import backend
+from perseus.torch.ops import work
 
 def failing(self, tensors, opts=None):  # every bucket's allreduce fails
     failed = work.Work(None, list(tensors))

@@ -64,5 +64,5 @@ def test_drop_in_refuses_an_unknown_backend(backend, suggestion):
 @pytest.mark.parametrize("backend", ["gloo", "NCCL", "mpi", "perseus", "cpu:gloo,cuda:nccl",
                                      "cpu:perseus,cuda:perseus"])
 def test_backend_names_torch_knows_pass(backend):
-    from perseus.torch import backend_names
+    from perseus.torch.ops import backend_names
     backend_names.check(backend, "init_process_group")  # no error

@@ -169,7 +169,7 @@ def test_device_bytes_interface():
 
 
 def test_join_device_argument(monkeypatch):
-    monkeypatch.setattr(mpi_ops._adapter, "join", lambda: 3)
+    monkeypatch.setattr(mpi_ops._tops, "join", lambda: 3)
     for device in (-1, 0, 2, torch.device("cpu"), torch.device("cuda", 1), "cuda:0"):
         assert mpi_ops.join(device) == 3
     for bad in (-2, 1.5, True, None):

@@ -3,7 +3,7 @@
 perseus.torch.horovod is the Horovod-compatible API (``import perseus.torch.horovod
 as hvd``); perseus.torch.distributed and perseus.torch.nn.parallel are drop-ins for
 torch.distributed and torch's DistributedDataParallel. Importing this package
-registers the torch.distributed backend "perseus" (c10d.py); nothing else is
+registers the torch.distributed backend "perseus" (c10d/); nothing else is
 imported here, so that each front end loads only what it uses; they load on first
 attribute access.
 """

@@ -1,4 +1,5 @@
-"""Differentiable synchronous collectives: autograd Functions over the adapter.
+"""Differentiable synchronous collectives: autograd Functions over the torch operations
+layer (perseus/torch/ops/).
 
 The functions at the bottom take autograd's path only when an input requires grad
 (autograd adds microseconds we do not spend on plain tensors); mpi_ops' Horovod
@@ -22,9 +23,9 @@ import torch
 from perseus.common import builder as _builder
 from perseus.common import ops as _ops
 from perseus.common.ops import Average
-from perseus.torch import adapter as _adapter
+from perseus.torch import ops as _tops
 
-_synchronize = _adapter.synchronize
+_synchronize = _tops.synchronize
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -32,8 +33,7 @@ class Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (op, prescale, postscale, process_set)
-        return _synchronize(_adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, op=op,
-                                            prescale=prescale, postscale=postscale))
+        return _synchronize(_tops.allreduce((tensor,), process_set, op, name, prescale, postscale))
 
     @staticmethod
     def backward(ctx, grad):
@@ -48,9 +48,8 @@ class GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(_synchronize(_adapter.submit(_ops.ALLREDUCE, tensors, name, process_set,
-                                                  True, op=op, prescale=prescale,
-                                                  postscale=postscale)))
+        return tuple(_synchronize(_tops.allreduce(tensors, process_set, op, name, prescale,
+                                                  postscale, grouped=True)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -70,7 +69,7 @@ def _row_offsets(rows, process_set):
 class Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        output = _synchronize(_adapter.submit(_ops.ALLGATHER, (tensor,), name, process_set))
+        output = _synchronize(_tops.allgather((tensor,), process_set, name))
         ctx.rows = tensor.shape[0]
         ctx.process_set = process_set
         return output
@@ -85,7 +84,7 @@ class Allgather(torch.autograd.Function):
 class GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
-        outputs = _synchronize(_adapter.submit(_ops.ALLGATHER, tensors, name, process_set, True))
+        outputs = _synchronize(_tops.allgather(tensors, process_set, name, grouped=True))
         ctx.rows = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
         return tuple(outputs)
@@ -103,8 +102,7 @@ class Broadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.set_root = _builder.root_in_set(process_set, root_rank)
         ctx.process_set = process_set
-        return _synchronize(_adapter.submit(_ops.BROADCAST, (tensor,), name, process_set,
-                                            root_rank=root_rank))
+        return _synchronize(_tops.broadcast((tensor,), root_rank, process_set, name))
 
     @staticmethod
     def backward(ctx, grad):
@@ -117,8 +115,7 @@ class Broadcast(torch.autograd.Function):
 class Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received = _synchronize(_adapter.submit(_ops.ALLTOALL, (tensor,), name,
-                                                        process_set, splits=splits))
+        output, received = _synchronize(_tops.alltoall(tensor, process_set, splits, name))
         ctx.mark_non_differentiable(received)
         ctx.received = received
         ctx.process_set = process_set
@@ -142,8 +139,8 @@ class Reducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, process_set, prescale, postscale):
         ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
         ctx.process_set = process_set
-        return _synchronize(_adapter.submit(_ops.REDUCESCATTER, (tensor,), name, process_set,
-                                            op=op, prescale=prescale, postscale=postscale))
+        return _synchronize(_tops.reducescatter((tensor,), process_set, op, name, prescale,
+                                                postscale))
 
     @staticmethod
     def backward(ctx, grad):
@@ -158,9 +155,8 @@ class GroupedReducescatter(torch.autograd.Function):
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
         ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
         ctx.process_set = process_set
-        return tuple(_synchronize(_adapter.submit(_ops.REDUCESCATTER, tensors, name,
-                                                  process_set, True, op=op, prescale=prescale,
-                                                  postscale=postscale)))
+        return tuple(_synchronize(_tops.reducescatter(tensors, process_set, op, name, prescale,
+                                                      postscale, grouped=True)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -175,7 +171,7 @@ class GroupedReducescatter(torch.autograd.Function):
 # that something other than a tensor was passed, and _refuse() says so.
 
 def _refuse(op_type, tensors, grouped=False):
-    _adapter.refuse_non_tensors(_ops.OP_TYPE_NAMES[op_type], tensors, grouped)
+    _tops.refuse_non_tensors(_ops.OP_TYPE_NAMES[op_type], tensors, grouped)
 
 
 def _tracked(op_type, tensor):
@@ -203,57 +199,51 @@ def _requires_grad(op_type, tensors):
 def allreduce(tensor, name, op, prescale, postscale, process_set):
     if _tracked(_ops.ALLREDUCE, tensor):
         return Allreduce.apply(tensor, name, op, prescale, postscale, process_set)
-    return _synchronize(_adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, op=op,
-                                        prescale=prescale, postscale=postscale, drive=True))
+    return _synchronize(_tops.allreduce((tensor,), process_set, op, name, prescale, postscale,
+                                         drive=True))
 
 
 def grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
     if _requires_grad(_ops.ALLREDUCE, tensors):
         return list(GroupedAllreduce.apply(name, op, prescale, postscale, process_set, *tensors))
-    return _synchronize(_adapter.submit(_ops.ALLREDUCE, tensors, name, process_set, True, op=op,
-                                        prescale=prescale, postscale=postscale, drive=True))
+    return _synchronize(_tops.allreduce(tensors, process_set, op, name, prescale, postscale,
+                                         grouped=True, drive=True))
 
 
 def allgather(tensor, name, process_set):
     if _tracked(_ops.ALLGATHER, tensor):
         return Allgather.apply(tensor, name, process_set)
-    return _synchronize(_adapter.submit(_ops.ALLGATHER, (tensor,), name, process_set,
-                                        drive=True))
+    return _synchronize(_tops.allgather((tensor,), process_set, name, drive=True))
 
 
 def grouped_allgather(tensors, name, process_set):
     if _requires_grad(_ops.ALLGATHER, tensors):
         return list(GroupedAllgather.apply(name, process_set, *tensors))
-    return _synchronize(_adapter.submit(_ops.ALLGATHER, tensors, name, process_set, True,
-                                        drive=True))
+    return _synchronize(_tops.allgather(tensors, process_set, name, grouped=True, drive=True))
 
 
 def broadcast(tensor, root_rank, name, process_set):
     if _tracked(_ops.BROADCAST, tensor):
         return Broadcast.apply(tensor, root_rank, name, process_set)
-    return _synchronize(_adapter.submit(_ops.BROADCAST, (tensor,), name, process_set,
-                                        root_rank=root_rank, drive=True))
+    return _synchronize(_tops.broadcast((tensor,), root_rank, process_set, name, drive=True))
 
 
 def alltoall(tensor, splits, name, process_set):
     if _tracked(_ops.ALLTOALL, tensor):
         return Alltoall.apply(tensor, splits, name, process_set)
-    return _synchronize(_adapter.submit(_ops.ALLTOALL, (tensor,), name, process_set,
-                                        splits=splits, drive=True))
+    return _synchronize(_tops.alltoall(tensor, process_set, splits, name, drive=True))
 
 
 def reducescatter(tensor, name, op, prescale, postscale, process_set):
     if _tracked(_ops.REDUCESCATTER, tensor):
         return Reducescatter.apply(tensor, name, op, process_set, prescale, postscale)
-    return _synchronize(_adapter.submit(_ops.REDUCESCATTER, (tensor,), name, process_set,
-                                        op=op, prescale=prescale, postscale=postscale,
-                                        drive=True))
+    return _synchronize(_tops.reducescatter((tensor,), process_set, op, name, prescale, postscale,
+                                             drive=True))
 
 
 def grouped_reducescatter(tensors, name, op, prescale, postscale, process_set):
     if _requires_grad(_ops.REDUCESCATTER, tensors):
         return list(GroupedReducescatter.apply(name, op, process_set, prescale, postscale,
                                                *tensors))
-    return _synchronize(_adapter.submit(_ops.REDUCESCATTER, tensors, name, process_set, True,
-                                        op=op, prescale=prescale, postscale=postscale,
-                                        drive=True))
+    return _synchronize(_tops.reducescatter(tensors, process_set, op, name, prescale, postscale,
+                                             grouped=True, drive=True))

@@ -7,7 +7,7 @@ compress(tensor) -> (wire_tensor, ctx); decompress(wire_tensor, ctx) -> tensor.
 import torch
 
 from perseus.common.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
-from perseus.torch import adapter as _adapter
+from perseus.torch import ops as _tops
 
 
 class _CastCompressor(CastCompressor):
@@ -18,7 +18,7 @@ class _CastCompressor(CastCompressor):
         try:  # the first look at a compressed input
             return tensor.dtype.is_floating_point
         except AttributeError:
-            _adapter.refuse_non_tensors("compression", (tensor,))
+            _tops.refuse_non_tensors("compression", (tensor,))
             raise
 
     @staticmethod

@@ -27,8 +27,7 @@ gradient_as_bucket_view=False)) turns the whole mode off.
 
 import torch
 
-from perseus.common.ops import ALLREDUCE
-from perseus.torch import adapter as _adapter
+from perseus.torch import ops as _tops
 from perseus.torch.buckets import FIRST_BUCKET_BYTES, assign_buckets, flat_with_views
 
 BUCKET_BYTES = 25 << 20
@@ -48,13 +47,21 @@ class _Bucket:
 
 
 class GradBuckets:
-    """The buckets of one optimizer. `params`: the candidates, in the optimizer's
-    order; `names`: id(param) -> name (requests are named after a bucket's first and
-    last parameters, the same on every rank)."""
+    """The buckets of one optimizer, and their life through each step: laid out at a
+    step's first gradient, each gradient bound to its view (take), a bucket reduced once
+    all its gradients are in (or at submit_rest, from synchronize), the results
+    delivered, and the step ended (end_step). `params`: the candidates, in the
+    optimizer's order; `names`: id(param) -> name (requests are named after a bucket's
+    first and last parameters, the same on every rank); `process_set` and `scales`
+    (a function giving (op, prescale, postscale) for this step): the reductions'."""
 
-    def __init__(self, params, names):
+    def __init__(self, params, names, process_set, scales):
         self._candidates = list(params)
         self._names = names
+        self._process_set = process_set
+        self._scales = scales
+        self._in_step = False  # a gradient came this step: the layout stays until its end
+        self.handles = []  # this step's reductions
         self._excluded = set()  # ids of parameters whose gradients were sparse
         self._stale = True
         self.buckets = []
@@ -81,7 +88,7 @@ class GradBuckets:
         self._stale = False
         self.version += 1
 
-    def refresh(self):
+    def _refresh(self):
         """Lays the buckets out again if they are stale or a parameter changed. Call
         only when no bucket is in flight (between steps)."""
         if self._stale or self._layout != self._layout_of(self._candidates):
@@ -91,7 +98,7 @@ class GradBuckets:
         return id(p) in self._slot
 
     def left(self, p):
-        """Whether p's gradient turned out sparse (it leaves at the next refresh())."""
+        """Whether p's gradient turned out sparse (it leaves at the next layout)."""
         return id(p) in self._excluded
 
     def leaving(self):
@@ -100,7 +107,43 @@ class GradBuckets:
 
     # ---- one step ---------------------------------------------------------------
 
-    def bind(self, p):
+    def take(self, p, final):
+        """p's gradient is in (final: its last backward pass of the step). Binds it to
+        its view and, when final, starts its bucket once all its gradients are in.
+        False when p is not in a bucket, or its gradient turned out sparse: the
+        caller then reduces it alone (its slot reduces zeros)."""
+        if not self._in_step:
+            self._in_step = True
+            self._refresh()  # the step's first gradient: no bucket is in flight
+        if id(p) not in self._slot:
+            return False
+        dense = self._bind(p)
+        if final:
+            bucket = self._mark_ready(p)
+            if bucket is not None:
+                self._submit(bucket)
+        return dense
+
+    def submit_rest(self):
+        """Starts the buckets not started yet (their members without a gradient this
+        step reduce zeros). Returns the members whose gradients are sparse, which the
+        caller reduces alone."""
+        if not self._in_step:
+            self._in_step = True
+            self._refresh()  # no gradient came this step (size 1): lay out now
+        sparse = []
+        for bucket in self._unfinished():
+            sparse += self._complete(bucket)
+            self._submit(bucket)
+        return sparse
+
+    def end_step(self):
+        """The step is over (or was abandoned): nothing is in flight any more."""
+        self._reset()
+        self.handles = []
+        self._in_step = False
+
+    def _bind(self, p):
         """Makes p.grad its view, copying a gradient that is not (zeros for none).
         False when the gradient is sparse: p then leaves the buckets at the next
         refresh() and its slot reduces zeros this step."""
@@ -120,35 +163,34 @@ class GradBuckets:
         p.grad = view
         return True
 
-    def mark_ready(self, p):
+    def _mark_ready(self, p):
         """p's slot is final for this step; returns its bucket once all slots are."""
         bucket, _ = self._slot[id(p)]
         bucket.ready.add(id(p))
         return bucket if len(bucket.ready) == len(bucket.params) else None
 
-    def unfinished(self):
+    def _unfinished(self):
         """The buckets whose reduction has not started this step."""
         return [b for b in self.buckets if not b.submitted]
 
-    def complete(self, bucket):
+    def _complete(self, bucket):
         """Binds the members whose hooks did not run (zeros for no gradient) and marks
         every slot final. Returns the members whose gradients are sparse."""
         sparse = []
         ready = bucket.ready
         for p, view in zip(bucket.params, bucket.views):
-            if p.grad is not view and id(p) not in ready and not self.bind(p):
+            if p.grad is not view and id(p) not in ready and not self._bind(p):
                 sparse.append(p)
         bucket.ready = set(bucket.ids)
         return sparse
 
-    def submit(self, bucket, scales, process_set):
-        """Starts the bucket's in-place allreduce; returns its handle. Kept alive,
-        not pinned: the optimizer owns the bucket until synchronize()."""
+    def _submit(self, bucket):
+        """Starts the bucket's in-place allreduce. Kept alive, not pinned: the optimizer
+        owns the bucket until synchronize()."""
         bucket.submitted = True
-        op, prescale, postscale = scales
-        return _adapter.submit(ALLREDUCE, (bucket.flat,), bucket.name, process_set,
-                               inplace=True, op=op, prescale=prescale, postscale=postscale,
-                               pin=False)
+        op, prescale, postscale = self._scales()
+        self.handles.append(_tops.allreduce((bucket.flat,), self._process_set, op, bucket.name,
+                                            prescale, postscale, inplace=True, pin=False))
 
     def deliver(self):
         """After the reductions: a .grad the script replaced meanwhile gets the result
@@ -159,11 +201,7 @@ class GradBuckets:
                 if grad is not view and grad is not None and id(p) not in self._excluded:
                     grad.copy_(view)
 
-    def busy(self):
-        """Whether a slot was marked this step (a reduction may be pending)."""
-        return any(b.ready or b.submitted for b in self.buckets)
-
-    def reset(self):
+    def _reset(self):
         """The step is over (or was abandoned): no slot is final, nothing submitted."""
         for bucket in self.buckets:
             bucket.ready = set()

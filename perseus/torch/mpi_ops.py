@@ -1,11 +1,12 @@
-"""Horovod's PyTorch collective API over the tensor adapter (adapter.py).
+"""Horovod's PyTorch collective API over the torch operations layer (perseus/torch/ops/).
 
 Semantics follow Horovod: non-underscore ops return a new tensor and leave the
 input alone (and are differentiable: autograd_ops.py); underscore ops work in
 place and return the same tensor; *_async ops return an int handle for
 poll()/synchronize(); grouped ops enqueue all their tensors as one unit and
 synchronize() to a list. This file resolves arguments (op, compression, lists)
-and picks the path; the adapter converts tensors, perseus.common builds requests.
+and picks the path; the operations layer and the adapter below it convert tensors,
+perseus.common builds requests.
 """
 
 import operator
@@ -18,14 +19,14 @@ from perseus.common import ops as _ops
 from perseus.common.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from perseus.common.ops import resolve_op as _resolve_op
 from perseus.common.process_sets import global_process_set
-from perseus.torch import adapter as _adapter
 from perseus.torch import autograd_ops as _autograd
+from perseus.torch import ops as _tops
 from perseus.torch.compression import Compression
 
 _compressed = _builder.compressed
 
-poll = _adapter.poll
-synchronize = _adapter.synchronize
+poll = _tops.poll
+synchronize = _tops.synchronize
 
 
 def _nonempty(tensors, what):
@@ -42,16 +43,15 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Starts reducing `tensor` over the process set into a new tensor; returns a
     handle for poll()/synchronize(). The input is not modified."""
     op = _resolve_op(op, average)
-    return _adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, op=op,
-                           prescale=prescale_factor, postscale=postscale_factor)
+    return _tops.allreduce((tensor,), process_set, op, name, prescale_factor, postscale_factor)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing `tensor` in place; returns a handle."""
     op = _resolve_op(op, average)
-    return _adapter.submit(_ops.ALLREDUCE, (tensor,), name, process_set, inplace=True, op=op,
-                           prescale=prescale_factor, postscale=postscale_factor)
+    return _tops.allreduce((tensor,), process_set, op, name, prescale_factor, postscale_factor,
+                           inplace=True)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -68,8 +68,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` in place and returns it."""
     op = _resolve_op(op, average)
-    return _adapter.run_inplace(_ops.ALLREDUCE, tensor, name, process_set, op=op,
-                                prescale=prescale_factor, postscale=postscale_factor)
+    return _tops.allreduce_now_(tensor, process_set, op, name, prescale_factor, postscale_factor)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -77,18 +76,16 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """Starts reducing a list of tensors as one unit; synchronize() returns a list
     of new tensors."""
     op = _resolve_op(op, average)
-    return _adapter.submit(_ops.ALLREDUCE, _nonempty(tensors, "grouped_allreduce"), name,
-                           process_set, True, op=op, prescale=prescale_factor,
-                           postscale=postscale_factor)
+    return _tops.allreduce(_nonempty(tensors, "grouped_allreduce"), process_set, op, name,
+                           prescale_factor, postscale_factor, grouped=True)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing a list of tensors in place as one unit; returns a handle."""
     op = _resolve_op(op, average)
-    return _adapter.submit(_ops.ALLREDUCE, _nonempty(tensors, "grouped_allreduce_"), name,
-                           process_set, True, inplace=True, op=op, prescale=prescale_factor,
-                           postscale=postscale_factor)
+    return _tops.allreduce(_nonempty(tensors, "grouped_allreduce_"), process_set, op, name,
+                           prescale_factor, postscale_factor, inplace=True, grouped=True)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -105,10 +102,9 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                        postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors in place as one unit; returns the list."""
     op = _resolve_op(op, average)
-    return synchronize(_adapter.submit(_ops.ALLREDUCE, _nonempty(tensors, "grouped_allreduce_"),
-                                       name, process_set, True, inplace=True, op=op,
-                                       prescale=prescale_factor, postscale=postscale_factor,
-                                       drive=True))
+    return synchronize(_tops.allreduce(_nonempty(tensors, "grouped_allreduce_"), process_set,
+                                       op, name, prescale_factor, postscale_factor, inplace=True,
+                                       grouped=True, drive=True))
 
 
 # ---- allgather ------------------------------------------------------------------
@@ -116,7 +112,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating `tensor` from every rank along dim 0 (ranks may differ
     in dim 0 only); returns a handle."""
-    return _adapter.submit(_ops.ALLGATHER, (tensor,), name, process_set)
+    return _tops.allgather((tensor,), process_set, name)
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -126,8 +122,8 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts allgathering a list of tensors as one unit; returns a handle."""
-    return _adapter.submit(_ops.ALLGATHER, _nonempty(tensors, "grouped_allgather"), name,
-                           process_set, True)
+    return _tops.allgather(_nonempty(tensors, "grouped_allgather"), process_set, name,
+                           grouped=True)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -141,13 +137,12 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting root_rank's `tensor` into a new tensor; returns a handle.
     root_rank is a global rank (as in Horovod), a member of the process set."""
-    return _adapter.submit(_ops.BROADCAST, (tensor,), name, process_set, root_rank=root_rank)
+    return _tops.broadcast((tensor,), root_rank, process_set, name)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting root_rank's `tensor` in place; returns a handle."""
-    return _adapter.submit(_ops.BROADCAST, (tensor,), name, process_set, inplace=True,
-                           root_rank=root_rank)
+    return _tops.broadcast((tensor,), root_rank, process_set, name, inplace=True)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
@@ -157,22 +152,22 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrites `tensor` with root_rank's value; returns it."""
-    return _adapter.run_inplace(_ops.BROADCAST, tensor, name, process_set, root_rank=root_rank)
+    return _tops.broadcast_now_(tensor, root_rank, process_set, name)
 
 
 def grouped_broadcast_async_(tensors, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting a list of tensors in place as one unit (one request batch,
     fused by the core); returns a handle. A Perseus extension (Horovod has none): DDP
     syncs a module's buffers with it before every forward."""
-    return _adapter.submit(_ops.BROADCAST, _nonempty(tensors, "grouped_broadcast_"), name,
-                           process_set, True, inplace=True, root_rank=root_rank)
+    return _tops.broadcast(_nonempty(tensors, "grouped_broadcast_"), root_rank, process_set,
+                           name, inplace=True, grouped=True)
 
 
 def grouped_broadcast_(tensors, root_rank, name=None, process_set=global_process_set):
     """Overwrites every tensor of the list with root_rank's, as one unit; returns the list."""
-    return synchronize(_adapter.submit(_ops.BROADCAST, _nonempty(tensors, "grouped_broadcast_"),
-                                       name, process_set, True, inplace=True,
-                                       root_rank=root_rank, drive=True))
+    return synchronize(_tops.broadcast(_nonempty(tensors, "grouped_broadcast_"), root_rank,
+                                       process_set, name, inplace=True, grouped=True,
+                                       drive=True))
 
 
 # ---- alltoall -------------------------------------------------------------------
@@ -180,7 +175,7 @@ def grouped_broadcast_(tensors, root_rank, name=None, process_set=global_process
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; synchronize() returns (output, received_splits) whether or
     not splits were given (as Horovod's does)."""
-    return _adapter.submit(_ops.ALLTOALL, (tensor,), name, process_set, splits=splits)
+    return _tops.alltoall(tensor, process_set, splits, name)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -202,7 +197,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     and values (so duplicates add up when the result is used), values divided by the
     set size for op=Average. Returns, as Horovod's does, a function rather than an
     int handle: calling it waits and returns the reduced sparse tensor."""
-    _adapter.refuse_non_tensors("sparse_allreduce_async", (tensor,))
+    _tops.refuse_non_tensors("sparse_allreduce_async", (tensor,))
     op = _resolve_op(op, None)
     if op not in (Average, Sum):
         # Gathering adds duplicates up: only sums (and averages) come out of it.
@@ -211,10 +206,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     # Allgather joins along dim 0, so indices (ndim x nnz) travel as nnz x ndim.
     indices_name = None if name is None else "%s.indices" % name
     values_name = None if name is None else "%s.values" % name
-    indices_handle = _adapter.submit(_ops.ALLGATHER, (tensor._indices().t().contiguous(),),
-                                     indices_name, process_set)
-    values_handle = _adapter.submit(_ops.ALLGATHER, (tensor._values(),), values_name,
-                                    process_set)
+    indices_handle = _tops.allgather((tensor._indices().t().contiguous(),), process_set,
+                                     indices_name)
+    values_handle = _tops.allgather((tensor._values(),), process_set, values_name)
     shape, size = tensor.shape, process_set.size()
 
     def handle():
@@ -233,8 +227,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; returns a handle."""
     op = _resolve_op(op, None)
-    return _adapter.submit(_ops.REDUCESCATTER, (tensor,), name, process_set, op=op,
-                           prescale=prescale_factor, postscale=postscale_factor)
+    return _tops.reducescatter((tensor,), process_set, op, name, prescale_factor,
+                               postscale_factor)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -251,9 +245,8 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducescattering a list of tensors as one unit; returns a handle."""
     op = _resolve_op(op, None)
-    return _adapter.submit(_ops.REDUCESCATTER, _nonempty(tensors, "grouped_reducescatter"),
-                           name, process_set, True, op=op, prescale=prescale_factor,
-                           postscale=postscale_factor)
+    return _tops.reducescatter(_nonempty(tensors, "grouped_reducescatter"), process_set, op,
+                               name, prescale_factor, postscale_factor, grouped=True)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
@@ -284,9 +277,9 @@ def join(device=_ops.CPU_DEVICE):
         ok = False
     if not ok:
         raise ValueError("join: device must be -1 (CPU) or a GPU ordinal, got %r" % (device,))
-    return _adapter.join()
+    return _tops.join()
 
 
 def barrier(process_set=global_process_set):
     """Blocks until every rank of the set has reached the barrier."""
-    _adapter.barrier(process_set)
+    synchronize(_tops.barrier(process_set))

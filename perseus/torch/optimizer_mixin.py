@@ -30,9 +30,7 @@ import warnings
 import torch
 
 from perseus.common import basics as _basics
-from perseus.common.ops import ALLREDUCE
-from perseus.common.requests import synchronize_all
-from perseus.torch import adapter as _adapter
+from perseus.torch import ops as _tops
 from perseus.torch.compression import Compression
 from perseus.torch.grad_buckets import GradBuckets
 from perseus.torch.mpi_ops import Sum, sparse_allreduce_async
@@ -130,7 +128,6 @@ class _DistributedMixin:
         self._synchronized = False
         self._should_synchronize = True
         self._buckets = self._make_buckets(gradient_as_bucket_view)
-        self._bucket_handles = []  # this step's bucket reductions
         self._outside = (None, self._requires_update)  # (layout version, parameters not in buckets)
         if process_set.size() > 1 and not self._trains_locally:
             self._register_hooks()
@@ -205,7 +202,8 @@ class _DistributedMixin:
         if not wanted or self._compression is not Compression.none or self._trains_locally:
             return None
         alone = [p for p in self._requires_update if id(p) not in self._group_of]
-        return GradBuckets(alone, self._parameter_names) if alone else None
+        return (GradBuckets(alone, self._parameter_names, self._process_set, self._scales)
+                if alone else None)
 
     def _register_hooks(self):
         for p in self._requires_update:
@@ -224,22 +222,14 @@ class _DistributedMixin:
                     "locally. (parameter %s, backward_passes_per_step=%d)"
                     % (self._parameter_names[key], self.backward_passes_per_step))
             self._allreduce_delay[key] -= 1
-            buckets = self._buckets
-            if entry is None:
-                if buckets is not None and not self._handles and not buckets.busy():
-                    buckets.refresh()  # the step's first gradient: nothing in flight
-                self._handles[key] = (p, _IN_BUCKET if buckets and buckets.covers(p) else None,
-                                      None)
-            if buckets is not None and buckets.covers(p):
-                # Bound at every pass: later passes accumulate into the view.
-                dense = buckets.bind(p)
-                if not dense:
-                    self._handles[key] = (p, None, None)  # reduced alone, as Horovod does
-                if self._allreduce_delay[key] == 0:
-                    self._bucket_ready(p)
-                    if not dense:
-                        self._gather(p)
-            elif self._allreduce_delay[key] == 0:
+            final = self._allreduce_delay[key] == 0
+            # In a bucket (bound at every pass: later passes accumulate into the view),
+            # the bucket's reduction covers it; else (a sparse one too, as Horovod does)
+            # it is reduced alone or in its group.
+            in_bucket = self._buckets is not None and self._buckets.take(p, final)
+            if entry is None or not in_bucket:
+                self._handles[key] = (p, _IN_BUCKET if in_bucket else None, None)
+            if final and not in_bucket:
                 self._submit_ready(p)
 
         return hook
@@ -336,21 +326,10 @@ class _DistributedMixin:
             # an elastic reset changes. Kept alive, not pinned: the optimizer owns its
             # gradients until synchronize().
             op, prescale, postscale = self._scales()
-            handle = _adapter.submit(ALLREDUCE, wires, names, self._process_set, inplace=True,
-                                     op=op, prescale=prescale, postscale=postscale,
-                                     drive=drive, pin=False)
+            handle = _tops.allreduce(wires, self._process_set, op, names, prescale, postscale,
+                                     inplace=True, drive=drive, pin=False)
             for i, (p, wire_ctx) in enumerate(covered):
                 self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, wire_ctx)
-
-    def _bucket_ready(self, p):
-        """p's slot is final (its gradient, bound to the view, or zeros for a sparse
-        one): starts the bucket once every slot is."""
-        bucket = self._buckets.mark_ready(p)
-        if bucket is not None:
-            self._submit_bucket(bucket)
-
-    def _submit_bucket(self, bucket):
-        self._bucket_handles.append(self._buckets.submit(bucket, self._scales(), self._process_set))
 
     def _not_in_buckets(self):
         """The parameters the buckets do not cover (cached per layout)."""
@@ -372,8 +351,8 @@ class _DistributedMixin:
             ctxs.append(ctx)
         name = "group%d.%s" % (index, self._parameter_names[id(members[0])])
         # Kept alive, not pinned: the optimizer owns its gradients until synchronize().
-        handle = _adapter.submit(ALLREDUCE, wires, name, self._process_set, True, inplace=True,
-                                 op=op, prescale=prescale, postscale=postscale, pin=False)
+        handle = _tops.allreduce(wires, self._process_set, op, name, prescale, postscale,
+                                 inplace=True, grouped=True, pin=False)
         # The group's first member holds the handle; the others are marked as covered.
         for i, p in enumerate(members):
             self._handles[id(p)] = (p, handle if i == 0 else _IN_GROUP, (wires[i], ctxs[i]))
@@ -397,11 +376,7 @@ class _DistributedMixin:
         ungrouped = []  # gathered ones too (their entries have no handle yet)
         buckets = self._buckets
         if buckets is not None:
-            if not self._handles and not buckets.busy():
-                buckets.refresh()  # no hook ran this step (size 1): lay out now
-            for bucket in buckets.unfinished():
-                ungrouped += buckets.complete(bucket)  # sparse members are reduced alone
-                self._submit_bucket(bucket)
+            ungrouped += buckets.submit_rest()  # sparse members are reduced alone
         for p in self._not_in_buckets() + (buckets.leaving() if buckets else []):
             entry = self._handles.get(id(p))
             if entry is not None and entry[1] is not None:
@@ -422,10 +397,11 @@ class _DistributedMixin:
                     sparse[key] = handle
                 elif handle is not _IN_GROUP and handle is not _IN_BUCKET:
                     dense.append(handle)
-            dense += self._bucket_handles
+            if buckets is not None:
+                dense += buckets.handles
             # One wait for all dense reductions (a failure raises as synchronize()
             # of its handle would), then the sparse ones, as before.
-            synchronize_all(dense)
+            _tops.synchronize_all(dense)
             for key, handle in sparse.items():
                 sparse[key] = handle()
             for key, (p, handle, wire_ctx) in self._handles.items():
@@ -441,11 +417,10 @@ class _DistributedMixin:
         finally:
             self._made_dense.clear()
             self._handles.clear()
-            self._bucket_handles = []
             self._gathered, self._gathered_bytes = [], 0
             self._group_ready = [set() for _ in self._groups]
             if self._buckets is not None:
-                self._buckets.reset()
+                self._buckets.end_step()
             for key in self._allreduce_delay:
                 self._allreduce_delay[key] = self.backward_passes_per_step
         self._synchronized = True
@@ -458,6 +433,11 @@ class _DistributedMixin:
             yield
         finally:
             self._should_synchronize = True
+
+    def _step_unreduced(self):
+        """The wrapped optimizer's step, without reducing (broadcast_optimizer_state's
+        step that gives the optimizer its state)."""
+        return super(_DistributedMixin, self).step()
 
     def step(self, closure=None):
         if self._should_synchronize:

@@ -6,8 +6,9 @@ init_process_group() takes ranks from MPI (accepting, and warning once about, a
 script's own --dist-url / --world-size / --rank), and the collectives keep torch's
 signatures and in-place semantics.
 
-Only re-exports; the code lives in process_group.py (init, ranks, groups),
-collectives.py (the collectives), reduce_op.py and work.py (async results).
+Only re-exports; the code lives in process_group.py (init, ranks, groups) and
+collectives.py (the collectives), over the torch operations layer (perseus/torch/ops/:
+ReduceOp in reduce_ops.py, async results in work.py).
 """
 
 from perseus.torch.distributed.collectives import (
@@ -36,8 +37,8 @@ from perseus.torch.distributed.process_group import (
     is_initialized,
     new_group,
 )
-from perseus.torch.distributed.reduce_op import ReduceOp
-from perseus.torch.distributed.work import Work
+from perseus.torch.ops.reduce_ops import ReduceOp
+from perseus.torch.ops.work import Work
 
 # Scripts test this to switch to Perseus's launch model (ranks from mpirun).
 use_perseus = True

@@ -7,12 +7,10 @@ the script runs unchanged, and warns once when they contradict MPI. Groups are
 process sets: new_group(ranks) registers one (collectively, as in torch).
 """
 
-import warnings
-
 from perseus.common import basics as _basics
 from perseus.common import process_sets as _process_sets
-from perseus.common.ops import integer
-from perseus.torch import backend_names as _backend_names
+from perseus.torch.ops import backend_names as _backend_names
+from perseus.torch.ops import world as _world
 
 
 class ProcessGroup:
@@ -69,36 +67,23 @@ def is_available():
     return True
 
 
-_warned_about_arguments = False
-
-
 def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
                        store=None, group_name="", pg_options=None, device_id=None, **kwargs):
     """Starts Perseus on every rank of the MPI job (torch's signature).
 
     backend, init_method, timeout, store, group_name, pg_options and device_id are
     accepted and not needed: MPI launches the ranks and Perseus picks MPI or NCCL per
-    tensor. A backend name torch does not know ('glooo') raises ValueError. world_size and rank, when given, must match MPI's; if they do not (a
-    script's default `--world-size 1 --rank 0`), MPI's values win and a warning says
-    so, once. Calling it again while initialized does nothing, as `hvd.init()`.
+    tensor. A backend name torch does not know ('glooo') raises ValueError. world_size
+    and rank, when given, must match MPI's; if they do not (a script's default
+    `--world-size 1 --rank 0`), MPI's values win and a warning says so, once. Calling
+    it again while initialized does nothing, as `hvd.init()`.
     """
-    global _warned_about_arguments
     if backend is not None and not isinstance(backend, str):
         raise ValueError("backend must be a string such as 'nccl', 'gloo' or 'mpi', got %r"
                          % (backend,))
     # Any name torch knows does the same here; a misspelt one is a mistake all the same.
     _backend_names.check(backend, "init_process_group")
-    _basics.init()
-    given = [(what, value) for what, value in (("world_size", world_size), ("rank", rank))
-             if value is not None and int(value) >= 0]
-    actual = {"world_size": _basics.size(), "rank": _basics.rank()}
-    wrong = ["%s=%s (MPI: %d)" % (what, value, actual[what]) for what, value in given
-             if int(value) != actual[what]]
-    if wrong and not _warned_about_arguments:
-        _warned_about_arguments = True
-        warnings.warn("init_process_group(%s) contradicts the MPI job Perseus runs in; using "
-                      "MPI's rank %d of %d" % (", ".join(wrong), actual["rank"],
-                                               actual["world_size"]), stacklevel=2)
+    _world.start(world_size, rank)
 
 
 def is_initialized():
@@ -151,16 +136,4 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     if use_local_synchronization:
         raise NotImplementedError("new_group(use_local_synchronization=True) is not supported "
                                   "by Perseus: every rank must call new_group()")
-    size = _basics.size()  # raises before init
-    if ranks is None:
-        ranks = range(size)
-    ranks = sorted(integer(r, "new_group rank") for r in ranks)
-    bad = [r for r in ranks if not 0 <= r < size]
-    if bad:
-        raise ValueError("new_group: ranks %s are outside the world of %d ranks" % (bad, size))
-    if len(set(ranks)) != len(ranks):
-        raise ValueError("new_group: ranks must be distinct, got %s" % ranks)
-    existing = _process_sets.find_process_set(ranks)
-    if existing is not None:
-        return ProcessGroup(existing)
-    return ProcessGroup(_process_sets.add_process_set(ranks))
+    return ProcessGroup(_world.set_of_ranks(ranks))

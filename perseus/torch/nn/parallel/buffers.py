@@ -10,7 +10,7 @@ the buffers' dtypes, devices or shapes change.
 import torch
 
 from perseus.common import ops as _ops
-from perseus.torch import mpi_ops as _mpi_ops
+from perseus.torch import ops as _tops
 
 
 class _Flat:
@@ -66,8 +66,10 @@ class BufferSync:
         mine = self._process_set.rank() == root_set_rank
         if mine:
             self._pack(flats, buffers)
-        _mpi_ops.grouped_broadcast_([f.flat for f in flats], self._process_set.ranks[root_set_rank],
-                                    name=self._name, process_set=self._process_set)
+        _tops.synchronize(_tops.broadcast([f.flat for f in flats],
+                                          self._process_set.ranks[root_set_rank],
+                                          self._process_set, self._name, inplace=True,
+                                          grouped=True, drive=True))
         if not mine:
             self._unpack(flats, buffers)
 
@@ -82,8 +84,8 @@ class BufferSync:
         else:
             for f in flats:
                 f.flat.zero_()
-        _mpi_ops.grouped_allreduce_([f.flat.view(torch.uint8) for f in flats],
-                                    name=self._name + ".bytes", op=_ops.Sum,
-                                    process_set=self._process_set)
+        _tops.synchronize(_tops.allreduce([f.flat.view(torch.uint8) for f in flats],
+                                          self._process_set, _ops.Sum, self._name + ".bytes",
+                                          inplace=True, grouped=True, drive=True))
         if not mine:
             self._unpack(flats, buffers)

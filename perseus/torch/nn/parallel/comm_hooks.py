@@ -12,26 +12,26 @@ torch.distributed, which Perseus does not initialize); see equivalent().
 import torch
 
 from perseus.common import ops as _ops
-from perseus.torch import mpi_ops as _mpi_ops
+from perseus.torch import ops as _tops
 from perseus.torch.distributed.process_group import process_set_of
 # background: the reducer submits buckets as they fill, in an order that may differ
 # between ranks, so a future must not be waited for where it is made.
-from perseus.torch.distributed.work import Work
+from perseus.torch.ops.work import Work
 
 
 def _reduce(state, bucket, wire_dtype):
     process_set = bucket._process_set if state is None else process_set_of(state)
     buffer = bucket.buffer()
     if wire_dtype is None or buffer.dtype == wire_dtype:
-        handle = _mpi_ops.allreduce_async_(buffer, name=bucket._name + ".hook", op=_ops.Average,
-                                           process_set=process_set)
+        handle = _tops.allreduce((buffer,), process_set, _ops.Average, bucket._name + ".hook",
+                                 inplace=True)
         return Work(handle, buffer, background=True).get_future()
     # Divided before the sum, as torch does, so a half-precision sum cannot overflow
     # where the average would not.
     wire = buffer.to(wire_dtype)
-    handle = _mpi_ops.allreduce_async_(wire, name=bucket._name + "." + str(wire_dtype)[6:],
-                                       op=_ops.Sum, prescale_factor=1.0 / process_set.size(),
-                                       process_set=process_set)
+    handle = _tops.allreduce((wire,), process_set, _ops.Sum,
+                             bucket._name + "." + str(wire_dtype)[6:],
+                             prescale=1.0 / process_set.size(), inplace=True)
 
     def decompress(future):
         return buffer.copy_(future.value())

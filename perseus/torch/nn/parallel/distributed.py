@@ -20,9 +20,8 @@ import torch
 import torch.nn as nn
 
 from perseus.common import process_sets as _process_sets
-from perseus.torch import functions as _functions
-from perseus.torch import adapter as _adapter
-from perseus.torch import mpi_ops as _mpi_ops
+from perseus.common.objects import allgather_object as _allgather_object
+from perseus.torch import ops as _tops
 from perseus.torch.distributed.process_group import process_set_of
 from perseus.torch.nn.parallel import comm_hooks as _comm_hooks
 from perseus.torch.nn.parallel.buffers import BufferSync
@@ -137,7 +136,7 @@ class DistributedDataParallel(nn.Module):
                                    "`DistributedDataParallel` (parameter '%s'). Run a dummy "
                                    "forward pass to correctly initialize the modules" % name)
             try:
-                _adapter.prepare(p.detach())  # the adapter's device and dtype checks
+                _tops.check_tensor(p.detach())  # the adapter's device and dtype checks
             except (NotImplementedError, ValueError) as e:
                 raise type(e)("DistributedDataParallel: parameter '%s': %s" % (name, e)) from None
         for name, sub in self.module.named_modules():
@@ -193,8 +192,8 @@ class DistributedDataParallel(nn.Module):
         """Every rank must hold the same module: compare with rank 0's (every rank
         raises on a difference), then take rank 0's values."""
         mine = [(n, tuple(t.shape), str(t.dtype)) for n, t in states]
-        everyone = _functions.allgather_object(mine, name="ddp%d.verify" % self._id,
-                                               process_set=self._process_set)
+        everyone = _allgather_object(mine, name="ddp%d.verify" % self._id,
+                                     process_set=self._process_set)
         for r, theirs in enumerate(everyone):
             if theirs != everyone[0]:
                 raise RuntimeError("DistributedDataParallel: the module differs across ranks: %s"
@@ -202,9 +201,10 @@ class DistributedDataParallel(nn.Module):
                                                        self._process_set.ranks[r],
                                                        self._process_set.ranks[0]))
         if states:
-            _mpi_ops.grouped_broadcast_([t.detach() for _, t in states],
-                                        self._process_set.ranks[0], name="ddp%d.init" % self._id,
-                                        process_set=self._process_set)
+            _tops.synchronize(_tops.broadcast([t.detach() for _, t in states],
+                                              self._process_set.ranks[0], self._process_set,
+                                              "ddp%d.init" % self._id, inplace=True,
+                                              grouped=True, drive=True))
 
     def _build_reducer(self):
         return Reducer(self._named_trainable, self._process_set, "ddp%d" % self._id,

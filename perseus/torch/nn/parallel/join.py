@@ -20,7 +20,7 @@ import torch
 
 from perseus.common import ops as _ops
 from perseus.common import process_sets as _process_sets
-from perseus.torch import mpi_ops as _mpi_ops
+from perseus.torch import ops as _tops
 
 _EARLY_TERMINATION = ("Detected at least one rank that exhausted inputs. Throwing across all "
                       "ranks.")
@@ -54,8 +54,7 @@ class Join:
         process_set = self._ddp._process_set
         mask = torch.zeros(process_set.size(), dtype=torch.int32)
         mask[process_set.rank()] = 1
-        _mpi_ops.allreduce_(mask, name=self._name + ".active", op=_ops.Sum,
-                            process_set=process_set)
+        _tops.allreduce_now_(mask, process_set, _ops.Sum, self._name + ".active")
         active = mask.nonzero().flatten().tolist()
         if self._throw and len(active) < len(mask):
             self._terminated = True
@@ -74,16 +73,15 @@ class Join:
         ddp._join = None
         ddp._reducer.op, ddp._reducer.postscale = _ops.Average, 1.0
         try:
-            last = _mpi_ops.join()
+            last = _tops.join()
             terminated = self._terminated
             if self._throw:
                 flag = torch.tensor([int(terminated)], dtype=torch.int32)
-                _mpi_ops.allreduce_(flag, name=self._name + ".terminated", op=_ops.Max,
-                                    process_set=ddp._process_set)
+                _tops.allreduce_now_(flag, ddp._process_set, _ops.Max, self._name + ".terminated")
                 terminated = bool(flag.item())
             states = [t.detach() for _, t in ddp._module_states()]
-            _mpi_ops.grouped_broadcast_(states, last, name=self._name + ".final",
-                                        process_set=ddp._process_set)
+            _tops.synchronize(_tops.broadcast(states, last, ddp._process_set, self._name + ".final",
+                                              inplace=True, grouped=True, drive=True))
         except Exception as e:
             if exc is None:
                 raise

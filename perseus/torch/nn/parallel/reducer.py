@@ -32,7 +32,7 @@ import torch
 from torch.autograd import Variable
 
 from perseus.common import ops as _ops
-from perseus.torch import mpi_ops as _mpi_ops
+from perseus.torch import ops as _tops
 from perseus.torch.buckets import assign_buckets, flat_with_views
 
 _queue_callback = Variable._execution_engine.queue_callback
@@ -208,7 +208,7 @@ class Reducer:
         for bucket in self.buckets:
             try:
                 if bucket.handle is not None:
-                    _mpi_ops.synchronize(bucket.handle)
+                    _tops.synchronize(bucket.handle)
                 if bucket.future is not None:
                     bucket.future.wait()
             except Exception:
@@ -299,14 +299,11 @@ class Reducer:
             # Ranks disagree on the prescale factor, so the core fails this request
             # on every rank instead of leaving the others waiting for it.
             bucket.poisoned = True
-            bucket.handle = _mpi_ops.allreduce_async_(bucket.flat, name=bucket.name, op=self.op,
-                                                      prescale_factor=0.0,
-                                                      postscale_factor=self.postscale,
-                                                      process_set=self.process_set)
+            bucket.handle = _tops.allreduce((bucket.flat,), self.process_set, self.op,
+                                            bucket.name, 0.0, self.postscale, inplace=True)
         elif self.comm_hook is None:
-            bucket.handle = _mpi_ops.allreduce_async_(bucket.flat, name=bucket.name, op=self.op,
-                                                      postscale_factor=self.postscale,
-                                                      process_set=self.process_set)
+            bucket.handle = _tops.allreduce((bucket.flat,), self.process_set, self.op,
+                                            bucket.name, 1.0, self.postscale, inplace=True)
         else:
             grad_bucket = GradBucket(bucket, bucket.index == len(self.buckets) - 1,
                                      self.process_set)
@@ -335,11 +332,11 @@ class Reducer:
         used = None
         if self.find_unused or first_static:
             flags = torch.frombuffer(bytearray(self.locally_used), dtype=torch.uint8)
-            used = _mpi_ops.allreduce_async_(flags, name=self.name + ".used", op=_ops.Max,
-                                             process_set=self.process_set)
+            used = _tops.allreduce((flags,), self.process_set, _ops.Max, self.name + ".used",
+                                   inplace=True)
         errors = self._wait_buckets()
         if used is not None:
-            used = _mpi_ops.synchronize(used).tolist()
+            used = _tops.synchronize(used).tolist()
             if first_static:
                 self.static_global_used = used
         elif self.static_graph:
@@ -354,7 +351,7 @@ class Reducer:
         for bucket in self.buckets:
             try:
                 if bucket.handle is not None:
-                    _mpi_ops.synchronize(bucket.handle)
+                    _tops.synchronize(bucket.handle)
                 elif bucket.future is not None:
                     result = bucket.future.wait()
                     if isinstance(result, (list, tuple)):

@@ -3,8 +3,8 @@ and by `import perseus` once torch is imported: perseus/torch_registration.py).
 
 torch.distributed.init_process_group("perseus") under mpirun then runs torch's own
 collectives, DDP, FSDP2 and ZeroRedundancyOptimizer on Perseus (the backend is
-perseus/torch/distributed/backend.py, imported at the first perseus group, so this
-module loads neither the core nor MPI).
+perseus/torch/c10d/backend.py, imported at the first perseus group, so this module
+loads neither the core nor MPI).
 
 Two of torch's functions are wrapped; beyond refusing a backend name torch does not
 know, they change only what they do for perseus:
@@ -22,13 +22,13 @@ import inspect
 import torch.distributed as _torch_dist
 import torch.distributed.distributed_c10d as _c10d
 
-from perseus.torch import backend_names
+from perseus.torch.ops import backend_names
 
 NAME = "perseus"
 
 
 def _backend_module():
-    from perseus.torch.distributed import backend
+    from perseus.torch.c10d import backend
     return backend
 
 

@@ -1,41 +1,37 @@
 """The torch.distributed backend "perseus": torch's own collectives, DDP (its C++
 reducer), FSDP2 and ZeroRedundancyOptimizer on Perseus's engine.
 
-perseus/torch/c10d.py registers the name when perseus.torch is imported and routes
-init_process_group("perseus") and new groups here; this module does the work:
+perseus/torch/c10d/__init__.py registers the name when perseus.torch is imported and
+routes init_process_group("perseus") and new groups here; this module does the work:
 
-  * init_process_group(): ranks from MPI (process_group.init_process_group, which
-    warns once about a script's contradicting world_size or rank), and the store
-    torch wants: a TCPStore served by rank 0 (its port sent over Perseus), or a
-    HashStore in a world of one. The backend itself never uses it; torch's own code
-    may (a gloo group made with new_group(backend="gloo"), store-based barriers).
+  * init_process_group(): ranks from MPI (ops/world.py, which warns once about a
+    script's contradicting world_size or rank), and the store torch wants: a TCPStore
+    served by rank 0 (its port sent over Perseus), or a HashStore in a world of one.
+    The backend itself never uses it; torch's own code may (a gloo group made with
+    new_group(backend="gloo"), store-based barriers).
   * a group is a process set: the default group the global set, new_group(ranks)
     the set of those ranks, registered on every rank before torch asks only the
-    members for their group (register_set(), from c10d.py's hook).
+    members for their group (register_set(), from the registration's hook).
   * ProcessGroupPerseus is a torch ProcessGroup written in Python. Each collective is
-    one Perseus request (a coalesced call one grouped request) made by the
-    functions of collectives.py, and returns their Work, whose get_future() is
-    what DDP's reducer and its comm hooks chain on. Results, mismatch errors and
-    argument checks are those of Perseus's own API.
+    one Perseus request (a coalesced call one grouped request) made by the torch
+    operations layer (perseus/torch/ops/torch_api.py), and returns its Work, whose
+    get_future() is what DDP's reducer and its comm hooks chain on. Results, mismatch
+    errors and argument checks are those of Perseus's own API.
 """
 
 import socket
 import time
 
-import torch
 import torch.distributed as _torch_dist
 
 from perseus.common import basics as _basics
 from perseus.common import launch_check as _launch_check
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
-from perseus.torch import adapter as _adapter
-from perseus.torch import functions as _functions
-from perseus.torch import mpi_ops as _mpi_ops
-from perseus.torch.distributed import collectives as _collectives
-from perseus.torch.distributed import process_group as _process_group
-from perseus.torch.distributed.reduce_op import core_op
-from perseus.torch.distributed.work import Work
+from perseus.common.objects import broadcast_object as _broadcast_object
+from perseus.torch.ops import torch_api as _torch_api
+from perseus.torch.ops import world as _world
+from perseus.torch.ops.reduce_ops import core_op
 
 NAME = "perseus"
 
@@ -62,8 +58,7 @@ def init_process_group(original, arguments):
     """torch's init_process_group (`original`, its bound `arguments`) for the perseus
     backend: starts Perseus, then lets torch build the default group over a store of
     ours with MPI's rank and size. A store the caller gave is used as it is."""
-    _process_group.init_process_group(world_size=arguments.get("world_size", -1),
-                                      rank=arguments.get("rank", -1))
+    _world.start(arguments.get("world_size", -1), arguments.get("rank", -1), stacklevel=4)
     rank, size = _basics.rank(), _basics.size()
     _launch_check.check_launched_world(size)  # torchrun: each process a world of one
     if arguments.get("store") is None:
@@ -75,7 +70,7 @@ def init_process_group(original, arguments):
     result = original(**arguments)
     # No rank returns before every rank has connected to rank 0's store: a rank 0 that
     # went on to destroy_process_group() would take the store from a rank connecting.
-    _adapter.barrier(_process_sets.global_process_set)
+    _torch_api.barrier(_process_sets.global_process_set).wait()
     return result
 
 
@@ -92,7 +87,7 @@ def _make_store(rank, size, timeout=None):
         server = _torch_dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False,
                                       **bound)
         address = (host, server.port)
-    host, port = _functions.broadcast_object(address, 0, name="perseus.torch.store")
+    host, port = _broadcast_object(address, 0, name="perseus.torch.store")
     return server or _torch_dist.TCPStore(host, port, size, is_master=False, **bound)
 
 
@@ -101,7 +96,7 @@ def _make_store(rank, size, timeout=None):
 def register_set(ranks):
     """The process set of a new group's global ranks, registered now if it is not yet:
     collective, so every rank calls it as torch makes the group, members or not."""
-    return _process_group.new_group(ranks).process_set
+    return _world.set_of_ranks(ranks)
 
 
 def create(options, backend_options=None):
@@ -146,22 +141,9 @@ def _one(tensors, what):
     return tensors[0]
 
 
-def _flat(tensors):
-    """One contiguous 1-D tensor holding `tensors` in order (a copy)."""
-    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
-
-
-def _scatter_into(targets, flat):
-    """Copies consecutive pieces of the 1-D `flat` into `targets`."""
-    offset = 0
-    for t in targets:
-        t.copy_(flat[offset:offset + t.numel()].view(t.shape))
-        offset += t.numel()
-
-
 class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     """The group of a process set's ranks (rank() and size() within it). Every
-    collective returns a Work (work.py); CPU and CUDA tensors."""
+    collective returns a Work (perseus/torch/ops/work.py); CPU and CUDA tensors."""
 
     def __init__(self, process_set, timeout=None):
         super().__init__(process_set.rank(), process_set.size())
@@ -224,27 +206,27 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     # -- reductions
 
     def allreduce(self, tensors, opts=None):
+        code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
         if len(tensors) != 1:
-            return self.allreduce_coalesced(tensors, opts)
-        op = _torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp
-        return self._named(lambda name: _collectives.all_reduce(
-            tensors[0], op, self.process_set, async_op=True, name=name))
+            return self._named(lambda name: _torch_api.all_reduce_coalesced(
+                tensors, code, self.process_set, name))
+        return self._named(lambda name: _torch_api.all_reduce(
+            tensors[0], code, self.process_set, name))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One grouped request: the core fuses what fits in a buffer."""
         code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
-        tensors = list(tensors)
-        return self._named(lambda name: Work(
-            _mpi_ops.grouped_allreduce_async_(tensors, name=name, op=code,
-                                              process_set=self.process_set), tensors))
+        return self._named(lambda name: _torch_api.all_reduce_coalesced(
+            tensors, code, self.process_set, name))
 
     def reduce(self, tensors, opts):
         """An allreduce; ranks other than the root reduce a copy, so their tensor is
         left as it was."""
         tensor = _one(tensors, "reduce")
         target = tensor if self.rank() == opts.rootRank else tensor.clone()
-        work = self._named(lambda name: _collectives.all_reduce(
-            target, opts.reduceOp, self.process_set, async_op=True, name=name))
+        code = core_op(opts.reduceOp)
+        work = self._named(lambda name: _torch_api.all_reduce(
+            target, code, self.process_set, name))
         work._outputs = [tensor]
         return work
 
@@ -254,35 +236,20 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         if len(chunks) != self.size() or any(c.numel() != output.numel() for c in chunks):
             raise ValueError("reduce_scatter: the input list needs %d tensors of the output's "
                              "%d elements" % (self.size(), output.numel()))
-        return self.reduce_scatter_single(output, _flat(chunks), opts)
+        return self.reduce_scatter_single(output, _torch_api.flat(chunks), opts)
 
     def reduce_scatter_single(self, output, input, opts):
-        return self._named(lambda name: _collectives.reduce_scatter_tensor(
-            output, input, opts.reduceOp, self.process_set, async_op=True, name=name))
+        code = core_op(opts.reduceOp)
+        return self._named(lambda name: _torch_api.reduce_scatter_tensor(
+            output, input, code, self.process_set, name))
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         """One grouped reducescatter (FSDP's coalesced gradients)."""
-        size = self.size()
-        for output, input in zip(outputs, inputs):
-            if input.numel() != size * output.numel() or input.dtype != output.dtype:
-                raise ValueError("reduce_scatter_tensor_coalesced: an input of shape %s and %s "
-                                 "must hold %d chunks of its output's shape %s and dtype %s"
-                                 % (tuple(input.shape), input.dtype, size,
-                                    tuple(output.shape), output.dtype))
-        outputs = list(outputs)
         code = core_op(opts.reduceOp)
-
-        def finish(mine):
-            for output, piece in zip(outputs, mine):
-                output.copy_(piece.view(output.shape))
-
-        return self._named(lambda name: Work(
-            _mpi_ops.grouped_reducescatter_async([t.reshape(size, -1) for t in inputs],
-                                                 name=name, op=code,
-                                                 process_set=self.process_set),
-            outputs, finish))
+        return self._named(lambda name: _torch_api.reduce_scatter_coalesced(
+            outputs, inputs, code, self.process_set, name))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -291,34 +258,19 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs = _one(output_tensors, "allgather")
         tensor = _one(input_tensors, "allgather")
-        return self._named(lambda name: _collectives.all_gather(
-            outputs, tensor, self.process_set, async_op=True, name=name))
+        return self._named(lambda name: _torch_api.all_gather(
+            outputs, tensor, self.process_set, name))
 
     def all_gather_single(self, output, input, opts=None):
-        return self._named(lambda name: _collectives.all_gather_into_tensor(
-            output, input, self.process_set, async_op=True, name=name))
+        return self._named(lambda name: _torch_api.all_gather_into_tensor(
+            output, input, self.process_set, name))
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         """One grouped allgather."""
-        size = self.size()
-        for output, input in zip(outputs, inputs):
-            if output.numel() != size * input.numel() or output.dtype != input.dtype:
-                raise ValueError("all_gather_into_tensor_coalesced: an output of shape %s and %s "
-                                 "must hold %d inputs of shape %s and dtype %s"
-                                 % (tuple(output.shape), output.dtype, size, tuple(input.shape),
-                                    input.dtype))
-        outputs = list(outputs)
-
-        def finish(gathered):
-            for output, rows in zip(outputs, gathered):
-                output.copy_(rows.view(output.shape))
-
-        return self._named(lambda name: Work(
-            _mpi_ops.grouped_allgather_async([t.reshape(1, -1) for t in inputs], name=name,
-                                             process_set=self.process_set),
-            outputs, finish))
+        return self._named(lambda name: _torch_api.all_gather_coalesced(
+            outputs, inputs, self.process_set, name))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -332,7 +284,8 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             raise ValueError("gather: the root needs %d output tensors of the input's %d "
                              "elements" % (size, tensor.numel()))
         splits = [tensor.numel() if r == root else 0 for r in range(size)]
-        return self._exchange("gather", tensor.reshape(-1), splits, outputs)
+        return self._named(lambda name: _torch_api.exchange(
+            "gather", tensor, splits, outputs, self.process_set, name))
 
     def scatter(self, output_tensors, input_tensors, opts):
         """An alltoall in which only the root sends."""
@@ -343,40 +296,28 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             if len(chunks) != size or any(c.numel() != output.numel() for c in chunks):
                 raise ValueError("scatter: the root needs %d input tensors of the output's %d "
                                  "elements" % (size, output.numel()))
-            flat, splits = _flat(chunks), [output.numel()] * size
+            sent, splits = list(chunks), [output.numel()] * size
         else:
-            flat, splits = output.new_empty(0), [0] * size
-        return self._exchange("scatter", flat, splits, [output])
-
-    def _exchange(self, what, flat, splits, targets):
-        """alltoall of 1-D `flat` (splits[i] elements to rank i); what arrives goes
-        into `targets`, in order."""
-        expected = sum(t.numel() for t in targets)
-
-        def finish(value):
-            received = value[0]
-            if received.numel() != expected:
-                raise ValueError("%s: received %d elements for outputs of %d"
-                                 % (what, received.numel(), expected))
-            _scatter_into(targets, received)
-
-        return self._named(lambda name: Work(
-            _mpi_ops.alltoall_async(flat, splits=splits, name=name,
-                                    process_set=self.process_set), targets, finish))
+            sent, splits = output.new_empty(0), [0] * size
+        return self._named(lambda name: _torch_api.exchange(
+            "scatter", sent, splits, [output], self.process_set, name))
 
     # -- the rest
 
     def broadcast(self, tensors, opts):
         tensor = _one(tensors, "broadcast")
-        return self._named(lambda name: _collectives.broadcast(
-            tensor, group=self.process_set, async_op=True, group_src=opts.rootRank,
-            name=name))
+        if not 0 <= opts.rootRank < self.size():
+            raise ValueError("broadcast: root %d is outside the group's %d ranks"
+                             % (opts.rootRank, self.size()))
+        root = self.process_set.ranks[opts.rootRank]
+        return self._named(lambda name: _torch_api.broadcast(
+            tensor, root, self.process_set, name))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
-        return self._named(lambda name: _collectives.all_to_all_single(
+        return self._named(lambda name: _torch_api.all_to_all_single(
             output, input, output_split_sizes or None, input_split_sizes or None,
-            self.process_set, async_op=True, name=name))
+            self.process_set, name))
 
     alltoall_base = all_to_all_single
 
@@ -385,12 +326,12 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         if len(output_tensors) != self.size() or len(input_tensors) != self.size():
             raise ValueError("all_to_all: pass %d input and %d output tensors (one per rank)"
                              % (self.size(), self.size()))
-        return self._exchange("alltoall", _flat(input_tensors),
-                              [t.numel() for t in input_tensors], list(output_tensors))
+        return self._named(lambda name: _torch_api.exchange(
+            "alltoall", list(input_tensors), [t.numel() for t in input_tensors],
+            list(output_tensors), self.process_set, name))
 
     def barrier(self, opts=None):
-        return self._named(lambda name: Work(
-            _adapter.barrier_async(self.process_set, name=name, drive=True), []))
+        return self._named(lambda name: _torch_api.barrier(self.process_set, name))
 
     def send(self, tensors, dst, tag=0):
         raise unsupported("send")

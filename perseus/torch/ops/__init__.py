@@ -1,0 +1,90 @@
+"""The torch operations layer: what every torch face stands on.
+
+Horovod's API (mpi_ops, autograd_ops, functions, the optimizer, SyncBatchNorm,
+elastic), the drop-in (perseus.torch.distributed, perseus.torch.nn) and the c10d
+backend "perseus" (perseus.torch.c10d) sit side by side above this package and never
+import each other (scripts/check_python_layers.py holds that). Here their arguments
+are resolved already: `op` is a core reduce-op code (perseus.common.ops), `process_set`
+a registered ProcessSet, `name` a user name or None, `root_rank` a global rank. Below it
+is the tensor adapter (perseus/torch/adapter.py), the one way into the core.
+
+This module: one function per collective, returning a handle for synchronize() (the
+*_now_ ones wait, in place, and return the tensor). Beside it: `work` (torch's Work over
+a handle), `reduce_ops` (torch's ReduceOp names as core codes), `torch_api` (the
+collectives with torch.distributed's semantics, as Works), `state` (broadcasting
+parameters and optimizer state) and `backend_names` (the backends torch knows).
+"""
+
+from perseus.common import ops as _ops
+from perseus.common import requests as _requests
+from perseus.torch import adapter as _adapter
+
+poll = _adapter.poll
+synchronize = _adapter.synchronize
+synchronize_all = _requests.synchronize_all
+# The torch argument checks every face raises the same way.
+not_a_tensor = _adapter.not_a_tensor
+refuse_non_tensors = _adapter.refuse_non_tensors
+
+
+def check_tensor(tensor):
+    """Raises what a collective of `tensor` would for its device or dtype."""
+    _adapter.prepare(tensor)
+
+
+def allreduce(tensors, process_set, op=_ops.Sum, name=None, prescale=1.0, postscale=1.0,
+              inplace=False, grouped=False, drive=False, pin=True):
+    """Reduces `tensors` (a list: one call; grouped: one unit, the ranks must agree on
+    its size) over the set. name: None, a str, or (not grouped) a list of one name per
+    tensor. inplace: into the tensors. drive: the caller waits at once. pin: see
+    adapter.submit."""
+    return _adapter.submit(_ops.ALLREDUCE, tensors, name, process_set, grouped, inplace=inplace,
+                           op=op, prescale=prescale, postscale=postscale, drive=drive, pin=pin)
+
+
+def allreduce_now_(tensor, process_set, op=_ops.Sum, name=None, prescale=1.0, postscale=1.0):
+    """Reduces one tensor in place and returns it (a repeated named call: one call into
+    the core)."""
+    return _adapter.run_inplace(_ops.ALLREDUCE, tensor, name, process_set, op=op,
+                                prescale=prescale, postscale=postscale)
+
+
+def allgather(tensors, process_set, name=None, grouped=False, drive=False):
+    """Concatenates every rank's tensors along dim 0 (ranks may differ in dim 0 only)."""
+    return _adapter.submit(_ops.ALLGATHER, tensors, name, process_set, grouped, drive=drive)
+
+
+def broadcast(tensors, root_rank, process_set, name=None, inplace=False, grouped=False,
+              drive=False):
+    """root_rank's tensors on every rank of the set (root_rank: a global rank)."""
+    return _adapter.submit(_ops.BROADCAST, tensors, name, process_set, grouped, inplace=inplace,
+                           root_rank=root_rank, drive=drive)
+
+
+def broadcast_now_(tensor, root_rank, process_set, name=None):
+    """Overwrites one tensor with root_rank's and returns it."""
+    return _adapter.run_inplace(_ops.BROADCAST, tensor, name, process_set, root_rank=root_rank)
+
+
+def alltoall(tensor, process_set, splits=None, name=None, drive=False):
+    """Sends splits[i] rows of `tensor` to rank i of the set (None: even);
+    synchronize() gives (output, received splits)."""
+    return _adapter.submit(_ops.ALLTOALL, (tensor,), name, process_set, splits=splits,
+                           drive=drive)
+
+
+def reducescatter(tensors, process_set, op=_ops.Sum, name=None, prescale=1.0, postscale=1.0,
+                  grouped=False, drive=False):
+    """Reduces `tensors` over the set; each rank gets its rows of dim 0."""
+    return _adapter.submit(_ops.REDUCESCATTER, tensors, name, process_set, grouped, op=op,
+                           prescale=prescale, postscale=postscale, drive=drive)
+
+
+def barrier(process_set, name=None, drive=True):
+    """A handle that completes once every rank of the set has reached the barrier."""
+    return _adapter.barrier_async(process_set, name=name, drive=drive)
+
+
+def join():
+    """Joins, waits, and returns the rank that joined last (see mpi_ops.join)."""
+    return _adapter.join()

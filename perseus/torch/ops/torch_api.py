@@ -1,0 +1,212 @@
+"""torch.distributed's collectives as Works: the semantics both the drop-in
+(perseus.torch.distributed) and the c10d backend (perseus.torch.c10d) give them.
+
+Each function checks its arguments as torch does, submits one request (a list or a
+coalesced call: one grouped request) and returns a Work whose wait() puts the result
+where torch puts it: in place for all_reduce and broadcast, into the given output tensor
+or list otherwise. `process_set` is the group's registered set (this rank a member),
+`code` a core reduce-op code (reduce_ops.core_op), `root_rank` a global rank, `name` the
+request's name or None. Membership, async_op and src/group_src are the faces' business.
+"""
+
+import torch
+
+from perseus.torch import ops as _ops
+from perseus.torch.ops.work import Work
+
+
+def tensors_only(what, **arguments):
+    """A TypeError, as torch raises, for an argument that is not a tensor (the
+    collectives below use their tensors before the adapter would look)."""
+    for name, value in arguments.items():
+        if not isinstance(value, torch.Tensor):
+            raise _ops.not_a_tensor(what, name, value)
+
+
+def _same_tensor_shapes(tensors, like, what):
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("%s: entry %d is a %s, not a tensor" % (what, i, type(t).__name__))
+        if t.shape != like.shape or t.dtype != like.dtype:
+            raise ValueError("%s: entry %d has shape %s and dtype %s; every entry needs the "
+                             "input's shape %s and dtype %s" % (what, i, tuple(t.shape), t.dtype,
+                                                                tuple(like.shape), like.dtype))
+
+
+def flat(tensors):
+    """One contiguous 1-D tensor holding `tensors` in order (a copy)."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+
+def _scatter_into(targets, flat):
+    """Copies consecutive pieces of the 1-D `flat` into `targets`."""
+    offset = 0
+    for t in targets:
+        t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()
+
+
+# ---- reductions ----------------------------------------------------------------------
+
+def all_reduce(tensor, code, process_set, name=None):
+    return Work(_ops.allreduce((tensor,), process_set, code, name, inplace=True), [tensor])
+
+
+def all_reduce_coalesced(tensors, code, process_set, name=None):
+    """One grouped request: the core fuses what fits in a buffer."""
+    tensors = list(tensors)
+    return Work(_ops.allreduce(tensors, process_set, code, name, inplace=True, grouped=True),
+                tensors)
+
+
+def reduce_scatter_tensor(output, input, code, process_set, name=None):
+    """Reduces `input` (set size equal chunks, in rank order); this rank's chunk of the
+    result goes to `output`."""
+    tensors_only("reduce_scatter_tensor", output=output, input=input)
+    size = process_set.size()
+    if input.numel() != size * output.numel() or output.dtype != input.dtype:
+        raise ValueError("reduce_scatter_tensor: the input (shape %s, %s) must hold %d chunks "
+                         "of the output's shape %s and dtype %s" % (tuple(input.shape),
+                                                                    input.dtype, size,
+                                                                    tuple(output.shape),
+                                                                    output.dtype))
+
+    def finish(mine):
+        output.copy_(mine.view(output.shape))
+
+    return Work(_ops.reducescatter((input.reshape(size, -1),), process_set, code, name),
+                [output], finish)
+
+
+def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None):
+    """One grouped reducescatter (FSDP's coalesced gradients)."""
+    size = process_set.size()
+    for output, input in zip(outputs, inputs):
+        if input.numel() != size * output.numel() or input.dtype != output.dtype:
+            raise ValueError("reduce_scatter_tensor_coalesced: an input of shape %s and %s "
+                             "must hold %d chunks of its output's shape %s and dtype %s"
+                             % (tuple(input.shape), input.dtype, size,
+                                tuple(output.shape), output.dtype))
+    outputs = list(outputs)
+
+    def finish(mine):
+        for output, piece in zip(outputs, mine):
+            output.copy_(piece.view(output.shape))
+
+    return Work(_ops.reducescatter([t.reshape(size, -1) for t in inputs], process_set, code,
+                                   name, grouped=True), outputs, finish)
+
+
+# ---- gathers -------------------------------------------------------------------------
+
+def all_gather(tensor_list, tensor, process_set, name=None):
+    """Fills tensor_list[i] with rank i's `tensor` (every rank's has the same shape)."""
+    tensors_only("all_gather", tensor=tensor)
+    if len(tensor_list) != process_set.size():
+        raise ValueError("all_gather: tensor_list has %d tensors; it needs one per rank of the "
+                         "group (%d)" % (len(tensor_list), process_set.size()))
+    _same_tensor_shapes(tensor_list, tensor, "all_gather tensor_list")
+    targets = list(tensor_list)
+
+    def finish(gathered):
+        torch._foreach_copy_(targets, list(gathered.unbind(0)))
+
+    # One row per rank: the core concatenates along dim 0.
+    return Work(_ops.allgather((tensor.reshape((1,) + tuple(tensor.shape)),), process_set, name),
+                targets, finish)
+
+
+def all_gather_into_tensor(output, input, process_set, name=None):
+    """Concatenates every rank's input into `output`, in rank order: output is
+    (size * d0, ...) or (size, *input.shape)."""
+    tensors_only("all_gather_into_tensor", output_tensor=output, input_tensor=input)
+    size = process_set.size()
+    if output.numel() != size * input.numel() or output.dtype != input.dtype:
+        raise ValueError("all_gather_into_tensor: the output (shape %s, %s) must hold %d inputs "
+                         "of shape %s and dtype %s" % (tuple(output.shape), output.dtype, size,
+                                                       tuple(input.shape), input.dtype))
+
+    def finish(gathered):
+        output.copy_(gathered.view(output.shape))
+
+    return Work(_ops.allgather((input.reshape(1, -1),), process_set, name), [output], finish)
+
+
+def all_gather_coalesced(outputs, inputs, process_set, name=None):
+    """One grouped allgather."""
+    size = process_set.size()
+    for output, input in zip(outputs, inputs):
+        if output.numel() != size * input.numel() or output.dtype != input.dtype:
+            raise ValueError("all_gather_into_tensor_coalesced: an output of shape %s and %s "
+                             "must hold %d inputs of shape %s and dtype %s"
+                             % (tuple(output.shape), output.dtype, size, tuple(input.shape),
+                                input.dtype))
+    outputs = list(outputs)
+
+    def finish(gathered):
+        for output, rows in zip(outputs, gathered):
+            output.copy_(rows.view(output.shape))
+
+    return Work(_ops.allgather([t.reshape(1, -1) for t in inputs], process_set, name,
+                               grouped=True), outputs, finish)
+
+
+# ---- the rest ------------------------------------------------------------------------
+
+def broadcast(tensor, root_rank, process_set, name=None):
+    return Work(_ops.broadcast((tensor,), root_rank, process_set, name, inplace=True), [tensor])
+
+
+def all_to_all_single(output, input, output_split_sizes, input_split_sizes, process_set,
+                      name=None):
+    """Sends input_split_sizes[i] rows of `input` (dim 0, in order; None: equal parts)
+    to rank i and writes what every rank sent here into `output`, in rank order
+    (output_split_sizes[i] rows from rank i)."""
+    tensors_only("all_to_all_single", output=output, input=input)
+    if output.dtype != input.dtype:
+        raise ValueError("all_to_all_single: output dtype %s differs from input dtype %s"
+                         % (output.dtype, input.dtype))
+    size = process_set.size()
+    if output_split_sizes is not None:
+        output_split_sizes = [int(s) for s in output_split_sizes]
+        if len(output_split_sizes) != size:
+            raise ValueError("all_to_all_single: output_split_sizes has %d entries for %d ranks"
+                             % (len(output_split_sizes), size))
+        rows = sum(output_split_sizes)
+        if output.dim() == 0 or output.shape[0] != rows:
+            raise ValueError("all_to_all_single: output_split_sizes sum to %d rows but the "
+                             "output has shape %s" % (rows, tuple(output.shape)))
+
+    def finish(value):
+        received, splits = value
+        if output_split_sizes is not None and splits.tolist() != output_split_sizes:
+            raise ValueError("all_to_all_single: received %s rows from the ranks, but "
+                             "output_split_sizes is %s" % (splits.tolist(), output_split_sizes))
+        if received.shape != output.shape:
+            raise ValueError("all_to_all_single: received shape %s, the output has shape %s"
+                             % (tuple(received.shape), tuple(output.shape)))
+        output.copy_(received)
+
+    # An even split of a first dimension the set does not divide is the core's refusal
+    # (perseus_check_rows, asked by the adapter), as for every front end.
+    return Work(_ops.alltoall(input, process_set, input_split_sizes, name), [output], finish)
+
+
+def exchange(what, tensors, splits, targets, process_set, name=None):
+    """An alltoall of `tensors` flattened in order (splits[i] elements to rank i);
+    what arrives goes into `targets`, in order: gather, scatter and all_to_all of lists."""
+    flat_input = flat(tensors) if isinstance(tensors, (list, tuple)) else tensors.reshape(-1)
+    expected = sum(t.numel() for t in targets)
+
+    def finish(value):
+        received = value[0]
+        if received.numel() != expected:
+            raise ValueError("%s: received %d elements for outputs of %d"
+                             % (what, received.numel(), expected))
+        _scatter_into(targets, received)
+
+    return Work(_ops.alltoall(flat_input, process_set, splits, name), targets, finish)
+
+
+def barrier(process_set, name=None):
+    return Work(_ops.barrier(process_set, name), [])

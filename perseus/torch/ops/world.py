@@ -1,0 +1,46 @@
+"""torch.distributed's world over MPI's: what the drop-in's init_process_group and
+new_group and the c10d backend's share. Every process is a rank already (mpirun
+started it): starting means starting Perseus, and a group is a process set.
+"""
+
+import warnings
+
+from perseus.common import basics as _basics
+from perseus.common import process_sets as _process_sets
+from perseus.common.ops import integer
+
+_warned_about_arguments = False
+
+
+def start(world_size=-1, rank=-1, stacklevel=3):
+    """Starts Perseus (if it is not running). A script's world_size and rank are MPI's
+    or contradict it (a default `--world-size 1 --rank 0`): MPI's win, and a warning
+    says so, once per process."""
+    global _warned_about_arguments
+    _basics.init()
+    given = [(what, value) for what, value in (("world_size", world_size), ("rank", rank))
+             if value is not None and int(value) >= 0]
+    actual = {"world_size": _basics.size(), "rank": _basics.rank()}
+    wrong = ["%s=%s (MPI: %d)" % (what, value, actual[what]) for what, value in given
+             if int(value) != actual[what]]
+    if wrong and not _warned_about_arguments:
+        _warned_about_arguments = True
+        warnings.warn("init_process_group(%s) contradicts the MPI job Perseus runs in; using "
+                      "MPI's rank %d of %d" % (", ".join(wrong), actual["rank"],
+                                               actual["world_size"]), stacklevel=stacklevel)
+
+
+def set_of_ranks(ranks):
+    """The process set of `ranks` (global ranks; None: all), registered now if no set
+    of those ranks is. Collective, as torch's new_group: every rank calls it, in the
+    same order, with the same ranks."""
+    size = _basics.size()  # raises before init
+    if ranks is None:
+        ranks = range(size)
+    ranks = sorted(integer(r, "new_group rank") for r in ranks)
+    bad = [r for r in ranks if not 0 <= r < size]
+    if bad:
+        raise ValueError("new_group: ranks %s are outside the world of %d ranks" % (bad, size))
+    if len(set(ranks)) != len(ranks):
+        raise ValueError("new_group: ranks must be distinct, got %s" % ranks)
+    return _process_sets.find_process_set(ranks) or _process_sets.add_process_set(ranks)
