@@ -1,5 +1,7 @@
 """Process sets: ProcessSet queries, every collective restricted to a set (broadcast roots
 are global ranks, as in Horovod), several sets at once, removal and re-adding."""
+import time
+
 import torch
 
 from common import (assert_equal, assert_reduced, dtype_name, hvd, init, main, make_tensor, op_name,
@@ -77,6 +79,29 @@ def exercise(ps, members, rank, tag):
     hvd.barrier(process_set=ps)
 
 
+def removed_while_told(rank, size):
+    """The last rank removes a set after the others: its word that it removed the set
+    reaches them after they freed it, and a smaller set made next may get the freed
+    communicator. The word must not be read there (it hung the next removal: CI, 28 Nov)."""
+    if size < 3:
+        return  # neither set may copy the global one
+    upper = list(range(1, size))
+    for i in range(4):
+        ps = hvd.add_process_set(upper)
+        x = torch.full((3,), float(rank + i))
+        if rank in upper:
+            got = hvd.allreduce(x, name="told.%d" % i, op=hvd.Sum, process_set=ps)
+            assert got.tolist() == [float(sum(upper) + len(upper) * i)] * 3, got
+        if rank == size - 1:
+            time.sleep(0.05)
+        hvd.remove_process_set(ps)
+        pair = hvd.add_process_set([0, 1])
+        if rank < 2:
+            got = hvd.allreduce(x, name="told.pair.%d" % i, op=hvd.Sum, process_set=pair)
+            assert got.tolist() == [float(1 + 2 * i)] * 3, got
+        hvd.remove_process_set(pair)
+
+
 def body():
     rank, size = init()
     everyone = list(range(size))
@@ -116,6 +141,7 @@ def body():
         exercise(ps_ends, ends, rank, "ends")
     hvd.remove_process_set(ps_ends)
     exercise(hvd.global_process_set, everyone, rank, "global.after_removal")
+    removed_while_told(rank, size)
     hvd.shutdown()
 
 

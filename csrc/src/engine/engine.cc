@@ -106,7 +106,7 @@ Status Engine::Init() {
   std::vector<int> everyone(topo_.size);
   for (int r = 0; r < topo_.size; ++r) everyone[r] = r;
   std::shared_ptr<ProcessSet> global;
-  status = OpenProcessSet(0, everyone, world_, config_, lanes_, *lane_factory_,
+  status = OpenProcessSet(0, everyone, world_, world_, config_, lanes_, *lane_factory_,
                           [this](const Batch& b, const std::vector<Status>& s,
                                  std::vector<Result>& r) { OnBatchDone(0, b, s, r); },
                           &global);
@@ -758,7 +758,7 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
     id = next_set_id_++;
   }
   std::shared_ptr<ProcessSet> set;
-  status = OpenProcessSet(id, sorted, comm, config_, lanes_, *lane_factory_,
+  status = OpenProcessSet(id, sorted, comm, world_, config_, lanes_, *lane_factory_,
                           [this, id](const Batch& b, const std::vector<Status>& s,
                                      std::vector<Result>& r) { OnBatchDone(id, b, s, r); },
                           &set);

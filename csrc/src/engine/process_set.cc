@@ -4,8 +4,8 @@
 
 namespace perseus {
 
-Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Config& config,
-                      int lanes, LaneFactory& lane_factory, BatchDone done,
+Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, MPI_Comm world,
+                      const Config& config, int lanes, LaneFactory& lane_factory, BatchDone done,
                       std::shared_ptr<ProcessSet>* out) {
   auto set = std::make_shared<ProcessSet>();
   set->id = id;
@@ -25,7 +25,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Confi
     set->negotiator = std::make_unique<Negotiator>(set->negotiation_comm, set->ranks, set->rank,
                                                    config.cache_capacity, CarriesPayloads(config));
     set->done = done;
-    set->stall = std::make_unique<StallInspector>(config, id, set->negotiation_comm, set->rank,
+    set->stall = std::make_unique<StallInspector>(config, id, world, set->rank,
                                                   set->ranks);
     for (size_t i = 0; i < set->lane_comms.size(); ++i) {
       std::unique_ptr<Lane> lane;

@@ -79,9 +79,9 @@ struct ProcessSet {
 // Builds a set from `comm` (already restricted to the members, or MPI_COMM_NULL
 // for a non-member): duplicates the negotiation, lane and device-lane communicators
 // and has `lane_factory` make the CPU lanes (`lanes` of them; the knobs say how many
-// are used).
-Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, const Config& config,
-                      int lanes, LaneFactory& lane_factory, BatchDone done,
+// are used). `world`: the engine's, which carries the stall inspector's messages.
+Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, MPI_Comm world,
+                      const Config& config, int lanes, LaneFactory& lane_factory, BatchDone done,
                       std::shared_ptr<ProcessSet>* out);
 
 }  // namespace perseus

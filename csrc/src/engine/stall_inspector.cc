@@ -12,10 +12,15 @@ namespace perseus {
 
 namespace {
 
-// On the negotiation communicator, whose rounds use only collectives.
-constexpr int kPingTag = 0x57a1;  // payload: the kInspect* flags asked for (0: are you there?)
-constexpr int kPongTag = 0x57a2;  // the answer to a ping
-constexpr int kRemovedTag = 0x57a3;  // the sender removed the set (remove_process_set)
+// Messages go over the world communicator, which outlives every set, tagged with the
+// set's id (ids are never reused while the engine lives): a set's communicators may be
+// freed while a peer's last message to it is still on its way, and a later set given
+// the freed context would otherwise read that message as its own (and its sender's
+// rank in the wrong numbering). A message is two ints: its kind and its value.
+constexpr int kPing = 1;     // value: the kInspect* flags asked for (0: are you there?)
+constexpr int kPong = 2;     // the answer to a ping
+constexpr int kRemoved = 3;  // the sender removed the set (remove_process_set)
+constexpr int kTagLimit = 32767;  // the MPI_TAG_UB every MPI guarantees
 // How often an engine looks for pings: a fraction of the shortest configured time.
 constexpr double kProbeFraction = 0.25, kMinProbeS = 0.05, kMaxProbeS = 5.0;
 // A live peer answers within a probe interval; it is named as not responding after
@@ -87,14 +92,15 @@ Clock::duration StallInspector::ProbeInterval(const Config& config) {
   return Seconds(std::min(kMaxProbeS, std::max(kMinProbeS, Shortest(config) * kProbeFraction)));
 }
 
-StallInspector::StallInspector(const Config& config, int set_id, MPI_Comm comm, int rank,
+StallInspector::StallInspector(const Config& config, int set_id, MPI_Comm world, int rank,
                                std::vector<int> global_ranks)
     : set_id_(set_id),
       warn_s_(config.stall_check_seconds),
       shutdown_s_(config.stall_shutdown_seconds),
       lost_s_(LostAfter(config)),
       lost_by_shutdown_(lost_s_ == config.stall_shutdown_seconds),
-      comm_(comm),
+      world_(world),
+      tag_(set_id % kTagLimit),
       rank_(rank),
       global_ranks_(std::move(global_ranks)),
       unanswered_(global_ranks_.size(), Clock::time_point::max()) {
@@ -216,7 +222,7 @@ void StallInspector::Drain() {
 }
 
 int StallInspector::ReadMessages(bool answer) {
-  static const int kPong = 0;
+  static const int kPongMessage[2] = {kPong, 0};
   int flags = 0;
   auto mpi = LockMpi();
   // A probe may miss a message that has arrived: MPI makes progress in steps (MPICH's
@@ -226,47 +232,59 @@ int StallInspector::ReadMessages(bool answer) {
   for (int misses = 0; misses < enough;) {
     int found = 0;
     MPI_Status status;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &found, &status) != MPI_SUCCESS) break;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, tag_, world_, &found, &status) != MPI_SUCCESS) break;
     if (!found) {
       ++misses;
       continue;
     }
-    int value = 0, from = status.MPI_SOURCE;
-    MPI_Recv(&value, 1, MPI_INT, from, status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
+    int message[2] = {0, 0};
+    if (MPI_Recv(message, 2, MPI_INT, status.MPI_SOURCE, tag_, world_, MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS)
+      break;
+    // A sender that is no member wrote to an older set whose id shares the tag: ignore.
+    auto member = std::find(global_ranks_.begin(), global_ranks_.end(), status.MPI_SOURCE);
+    if (member == global_ranks_.end()) continue;
+    const int from = static_cast<int>(member - global_ranks_.begin());
     unanswered_[from] = Clock::time_point::max();  // any message: the peer's engine runs
-    if (status.MPI_TAG == kRemovedTag &&
-        std::find(removed_by_.begin(), removed_by_.end(), global_ranks_[from]) == removed_by_.end())
-      removed_by_.push_back(global_ranks_[from]);
-    if (status.MPI_TAG != kPingTag || !answer) continue;
-    flags |= value;
+    if (message[0] == kRemoved &&
+        std::find(removed_by_.begin(), removed_by_.end(), status.MPI_SOURCE) == removed_by_.end())
+      removed_by_.push_back(status.MPI_SOURCE);
+    if (message[0] != kPing || !answer) continue;
+    flags |= message[1];
     MPI_Request request;
     // Fire and forget: the buffer is static, and a peer that is gone is no error here.
-    if (MPI_Isend(&kPong, 1, MPI_INT, from, kPongTag, comm_, &request) == MPI_SUCCESS)
+    if (MPI_Isend(kPongMessage, 2, MPI_INT, status.MPI_SOURCE, tag_, world_, &request) ==
+        MPI_SUCCESS)
       MPI_Request_free(&request);
   }
   return flags;
 }
 
 void StallInspector::AnnounceRemoval() {
-  static const int kRemoved = 0;
+  static const int kRemovedMessage[2] = {kRemoved, 0};
   std::lock_guard<std::mutex> lock(mu_);
   if (!enabled_) return;
   auto mpi = LockMpi();
   for (int r = 0; r < static_cast<int>(unanswered_.size()); ++r) {
     MPI_Request request;
-    if (r != rank_ && MPI_Isend(&kRemoved, 1, MPI_INT, r, kRemovedTag, comm_, &request) == MPI_SUCCESS)
+    if (r != rank_ && MPI_Isend(kRemovedMessage, 2, MPI_INT, global_ranks_[r], tag_, world_,
+                                &request) == MPI_SUCCESS)
       MPI_Request_free(&request);
   }
 }
 
 void StallInspector::Ping(int flags, Clock::time_point now) {
-  static const int kPings[] = {0, kInspectWarn, kInspectShutdown, kInspectWarn | kInspectShutdown};
+  static const int kPings[4][2] = {{kPing, 0},
+                                   {kPing, kInspectWarn},
+                                   {kPing, kInspectShutdown},
+                                   {kPing, kInspectWarn | kInspectShutdown}};
   auto mpi = LockMpi();
   for (int r = 0; r < static_cast<int>(unanswered_.size()); ++r) {
     // A plain "are you there?" only when the last one was answered: one outstanding.
     if (r == rank_ || (flags == 0 && unanswered_[r] != Clock::time_point::max())) continue;
     MPI_Request request;
-    if (MPI_Isend(&kPings[flags & 3], 1, MPI_INT, r, kPingTag, comm_, &request) == MPI_SUCCESS)
+    if (MPI_Isend(kPings[flags & 3], 2, MPI_INT, global_ranks_[r], tag_, world_, &request) ==
+        MPI_SUCCESS)
       MPI_Request_free(&request);
     unanswered_[r] = std::min(unanswered_[r], now);
   }

@@ -25,8 +25,8 @@
 //   responding, in the warning at the check time, and at the shutdown time or the peer
 //   timeout (on by default), whichever comes first, this rank stops the set on its
 //   own, failing every request in it with an error naming the peer (Engine::LoseRanks).
-// Pings and pongs are point-to-point messages on the negotiation communicator, which
-// never match the rounds' collectives.
+// Pings and pongs are point-to-point messages on the world communicator tagged with the
+// set's id (stall_inspector.cc says why), which never match the rounds' collectives.
 //
 // Checks run on the thread that steps the engine and, should that thread be blocked
 // in a collective (a batch run inline, whose peer froze), on any thread that waits in
@@ -87,7 +87,9 @@ struct StallVerdict {
 
 class StallInspector {
  public:
-  StallInspector(const Config& config, int set_id, MPI_Comm comm, int rank,
+  // `world`: the engine's world communicator, in which `global_ranks` are ranks; `rank`:
+  // this rank's place among them.
+  StallInspector(const Config& config, int set_id, MPI_Comm world, int rank,
                  std::vector<int> global_ranks);
   bool enabled() const { return enabled_; }
 
@@ -103,9 +105,8 @@ class StallInspector {
   // Tells every other member that this rank removed the set (remove_process_set), so
   // that one waiting on it says so instead of finding this rank silent.
   void AnnounceRemoval();
-  // Receives, unanswered, the peers' messages that have arrived, before the set's
-  // communicator is freed: a later communicator may get its context, and read a stale
-  // ping's request for a stall shutdown as its own.
+  // Receives, unanswered, the peers' messages that have arrived, when the set is
+  // removed, so that they do not wait in MPI's queues for the engine's lifetime.
   void Drain();
   // Makes the next Due() true: a request is to be withdrawn.
   void CheckSoon() { next_check_.store(Clock::now().time_since_epoch().count()); }
@@ -155,7 +156,8 @@ class StallInspector {
   Clock::duration probe_interval_;  // how often an engine looks for pings
   Clock::duration reply_bound_;     // a ping unanswered this long: the peer is not responding
   Clock::duration ask_lead_;        // inspections are asked for this long before the check time
-  MPI_Comm comm_;
+  MPI_Comm world_;
+  int tag_;  // the set's id, as a tag
   int rank_;
   std::vector<int> global_ranks_;
   // Per set rank: when the oldest ping it has not answered went out; max() if none.
