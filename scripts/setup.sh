@@ -9,9 +9,10 @@
 # The main job (./train.sh) needs only .venv: PyTorch, numpy, scikit-learn (the digits),
 # MPI from the mpich wheel (mpirun, mpicc, mpi.h), mpi4py, and Perseus built in place.
 # --all adds the test tools, NCCL's library, Debian's Open MPI, Debian's Slurm and the
-# tools that make namespace hosts, the TensorFlow and MXNet venvs and the patched Caffe;
-# PERSEUS_SKIP_TF=1, PERSEUS_SKIP_MX=1, PERSEUS_SKIP_CAFFE=1, PERSEUS_SKIP_OPEN_MPI=1
-# and PERSEUS_SKIP_SLURM=1 leave those out (their tests then say so).
+# tools that make namespace hosts, the TensorFlow, MXNet and Open MPI 5 (ULFM) venvs and
+# the patched Caffe; PERSEUS_SKIP_TF=1, PERSEUS_SKIP_MX=1, PERSEUS_SKIP_OMPI5=1,
+# PERSEUS_SKIP_CAFFE=1, PERSEUS_SKIP_OPEN_MPI=1 and PERSEUS_SKIP_SLURM=1 leave those out
+# (their tests then say so).
 # Each step prints what it does and how long it took the first time on a quiet 2-core
 # machine with a warm download cache (the main job 84 s, --all 457 s; a loaded machine
 # takes several times longer), a line every 30 s while it runs, then its time here.
@@ -103,6 +104,11 @@ if [ "${PERSEUS_SKIP_TF:-0}" != 1 ]; then
   PROGRESS=venv_tf_progress \
     step "creating .venv-tf: TensorFlow 2.21 (1.6 GB) and Perseus's TensorFlow op" "75 s" \
     bash scripts/setup_tf.sh
+fi
+# Open MPI 5 with ULFM (pip's wheel) in a venv of its own, for the fault-tolerance tests.
+if [ "${PERSEUS_SKIP_OMPI5:-0}" != 1 ]; then
+  step "creating .venv-ompi5: Open MPI 5 with ULFM, and PyTorch" "40 s" \
+    bash scripts/setup_ompi5.sh
 fi
 if [ "${PERSEUS_SKIP_MX:-0}" != 1 ]; then
   step "creating .venv-mx: MXNet 1.9.1 and Perseus's MXNet engine library" "30 s" \

@@ -25,6 +25,10 @@ from perseus.launcher import LAUNCHER_STATE_PREFIXES
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 RANK_SCRIPTS = TESTS_DIR / "rank_scripts"  # torch and core-only rank scripts
+# Build helpers the tests share with setup.py and the benchmarks (other_mpi_core.py).
+BUILD_SUPPORT = REPO_ROOT / "build_support"
+if str(BUILD_SUPPORT) not in sys.path:
+    sys.path.insert(0, str(BUILD_SUPPORT))
 
 DEFAULT_TIMEOUT_S = 150
 

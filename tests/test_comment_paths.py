@@ -9,6 +9,7 @@ bare source file name (`keepalive.py`) must be the name of some file in the repo
 unless it is one of the outside files in OUTSIDE.
 """
 import io
+import os
 import re
 import tokenize
 from pathlib import Path
@@ -26,7 +27,8 @@ ROOTS = ("csrc/", "perseus/", "tests/", "scripts/", "benchmarks/", "docs/", "exa
 # usage lines, a file that only a GPU machine's shared folder holds.
 OUTSIDE = {"mpi.h", "nccl.h", "cuda_runtime_api.h", "driver_types.h", "train.py",
            "check_multi_rank.py", "name.py",
-           "mpi_ops_v2.cc", "tensorflow2_keras_synthetic_benchmark.py"}  # Horovod's
+           "mpi-ext.h",  # Open MPI's
+           "mpi_ops_v2.cc", "tensorflow2_keras_synthetic_benchmark.py", "launch.py"}  # Horovod's
 PATH = re.compile(r"(?<![\w/.$<{*-])((?:[\w.-]+/)*[\w-]+(?:\.[\w-]+)*\.(?:h|cc|cu|c|inc|py|sh|md))"
                   r"(?![\w/(])")
 
@@ -69,11 +71,18 @@ def commented_text(path):
     return c_comments(text)
 
 
+def our_files(root):
+    """Every file of the checkout outside SKIP_DIRS and the virtual environments (which
+    setup makes beside the sources: .venv, .venv-tf, .venv-ompi5, ...)."""
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith(".venv"))
+        for name in sorted(files):
+            yield Path(folder) / name
+
+
 def files_to_read(root):
-    for path in sorted(root.rglob("*")):
+    for path in our_files(root):
         rel = path.relative_to(root)
-        if not path.is_file() or set(rel.parts) & SKIP_DIRS:
-            continue
         if path.suffix in SOURCE_SUFFIXES or (path.suffix == ".md" and (
                 rel.parts[0] == "docs" or rel.name == "README.md")):
             yield path
@@ -81,7 +90,7 @@ def files_to_read(root):
 
 def stale_paths(root):
     """'file:line: path' for each path a comment names that exists nowhere."""
-    names = {p.name for p in root.rglob("*") if not set(p.relative_to(root).parts) & {".git"}}
+    names = {p.name for p in our_files(root)}
     found = []
     for path in files_to_read(root):
         for line, text in commented_text(path):

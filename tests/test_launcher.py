@@ -105,6 +105,16 @@ def test_np_defaults_to_the_slots_of_the_hosts(tmp_path):
     assert c[1:3] == ["-np", "6"] and "--oversubscribe" not in c
 
 
+def test_elastic_starts_open_mpi_with_ulfm_and_refuses_mpich():
+    """Issue 46: perseusrun --elastic runs Open MPI's mpirun with ULFM on (a rank that
+    fails is left behind); MPICH has no fault tolerance: a clear error."""
+    made = cmd(["--elastic", "-np", "4", "python", "t.py"], OPENMPI)
+    assert made[made.index("--with-ft") + 1] == "ulfm", made
+    with pytest.raises(LauncherError, match="--elastic needs Open MPI 5 with ULFM"):
+        cmd(["--elastic", "-np", "4", "python", "t.py"], MPICH)
+    assert "--with-ft" not in cmd(["-np", "4", "python", "t.py"], OPENMPI)
+
+
 def test_extra_mpi_args():
     c = cmd(["-np", "2", "--mpi-args", "-genv FOO 'a b'", "python", "t.py"], MPICH)
     assert c[3:] == ["-genv", "FOO", "a b", "python", "t.py"]

@@ -7,29 +7,21 @@ mpicxx and runs the two things that differ most between the two:
 - `mpirun -np 2` of Open MPI runs a collective script (tests/rank_scripts/allreduce.py).
 
 The build (about a minute on 2 cores) is cached in ~/.cache/perseus/open_mpi_core/
-under a hash of the core's sources and build files, so it is redone only when they
-change, and clones share it. The
-copy runs from a package folder of its own on PYTHONPATH: this checkout's Python
-files with the Open MPI core in lib/. Skipped, saying so, where Open MPI is not
+(build_support/other_mpi_core.py). The copy runs from a package folder of its own on
+PYTHONPATH: this checkout's Python files with the Open MPI core in lib/. Skipped, saying so, where Open MPI is not
 installed (`apt-get install libopenmpi-dev openmpi-bin`; scripts/setup.sh does it).
 """
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, clean_env, run_bounded
+from conftest import clean_env, run_bounded
+from conftest import BUILD_SUPPORT  # noqa: F401 - puts build_support/ on sys.path
+from other_mpi_core import build_core, package
 
 pytestmark = pytest.mark.timeout(600)
-
-# Outside the checkout, so that every clone on the machine shares it (the key is the
-# content of the inputs, not where they are).
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "perseus" / "open_mpi_core"
-BUILD_INPUTS = ["setup.py", "csrc", "build_support"]
 
 
 def _open_mpi():
@@ -41,52 +33,13 @@ def _open_mpi():
     return found["mpicxx"], found["mpirun"]
 
 
-def _build_key(mpicxx):
-    digest = hashlib.sha256()
-    version = subprocess.run([mpicxx, "--showme:version"], capture_output=True, text=True)
-    digest.update((os.path.realpath(mpicxx) + version.stdout + version.stderr).encode())
-    for top in BUILD_INPUTS:
-        root = REPO_ROOT / top
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in files:
-            if "__pycache__" in path.parts:
-                continue
-            digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def _build_core(mpicxx):
-    """libperseus.so built with Open MPI's mpicxx, from the cache when the inputs match."""
-    built = CACHE / _build_key(mpicxx) / "libperseus.so"
-    if built.exists():
-        return built
-    work = CACHE / ("build-%d" % os.getpid())
-    shutil.rmtree(work, ignore_errors=True)
-    res = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-temp",
-                          str(work / "temp"), "--build-lib", str(work / "lib")],
-                         cwd=str(REPO_ROOT), env=dict(os.environ, PERSEUS_MPICXX=mpicxx),
-                         capture_output=True, text=True, timeout=540)
-    assert res.returncode == 0, "the Open MPI build failed:\n" + res.stdout + res.stderr
-    built.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(work / "lib" / "perseus" / "lib" / "libperseus.so", built)
-    for old in CACHE.iterdir():  # one build kept: the sources' previous states are gone
-        if old != built.parent:
-            shutil.rmtree(old, ignore_errors=True)
-    return built
-
-
 @pytest.fixture(scope="module")
 def open_mpi(tmp_path_factory):
     """{"mpirun": Open MPI's mpirun, "pythonpath": a folder holding a `perseus` package
     whose core is the Open MPI build}."""
     mpicxx, mpirun = _open_mpi()
-    core = _build_core(mpicxx)
-    folder = tmp_path_factory.mktemp("open_mpi_package")
-    shutil.copytree(REPO_ROOT / "perseus", folder / "perseus",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    shutil.copy2(core, folder / "perseus" / "lib" / "libperseus.so")
-    return {"mpirun": mpirun, "pythonpath": str(folder)}
+    core = build_core("open_mpi_core", mpicxx)
+    return {"mpirun": mpirun, "pythonpath": package(core, tmp_path_factory.mktemp("open_mpi"))}
 
 
 # -P: no current folder on sys.path, so `perseus` comes from PYTHONPATH, not this checkout.

@@ -27,6 +27,7 @@
 #include "engine/config_agreement.h"
 #include "engine/engine.h"
 #include "lanes/core_lanes.h"
+#include "mpi/fault_tolerance.h"
 #include "mpi/launcher_pmi.h"
 #include "mpi/launcher_world.h"
 #include "mpi/mpi_library.h"
@@ -85,6 +86,24 @@ Status NotInitialized() {
                        "Perseus has not been initialized; call init() first");
 }
 
+// The communicator of a world that lost a rank (ULFM), kept from its engine's shutdown
+// until the next perseus_init shrinks it to the survivors. Under g_mu.
+MPI_Comm g_failed_world = MPI_COMM_NULL;
+// A world of this process lost a rank: MPI_Finalize is skipped at exit. Its closing
+// fence over the job's processes waited for the dead one in about a quarter of the runs
+// here (Open MPI 5.0.11, 4 ranks, one SIGKILLed); a survivor that leaves without it
+// ends the job at once, mpirun's exit code 0 (8 of 8).
+std::atomic<bool> g_lost_a_rank{false};
+
+void KeepFailedWorld(Engine& engine) {
+  MPI_Comm failed = engine.TakeFailedWorld();
+  if (failed == MPI_COMM_NULL) return;
+  g_lost_a_rank = true;
+  std::lock_guard<std::timed_mutex> lock(*g_mu);
+  if (g_failed_world != MPI_COMM_NULL) MPI_Comm_free(&g_failed_world);
+  g_failed_world = failed;
+}
+
 std::shared_ptr<Engine> Current() {
   std::lock_guard<std::timed_mutex> lock(*g_mu);
   return *g_engine;
@@ -126,7 +145,7 @@ void FinalizeAtExit() {
     }).detach();
     MPI_Abort(MPI_COMM_WORLD, kLostPeerExitCode);
   }
-  if (PeerLost()) return;
+  if (PeerLost() || g_lost_a_rank) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -258,7 +277,13 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   if (!status.ok()) return Report(status);
   MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
   MPI_Comm world;
-  status = MpiStatus(MPI_Comm_dup(base, &world), "MPI_Comm_dup");
+  if (g_failed_world != MPI_COMM_NULL && comm_f2c == -1) {
+    // The last world lost a rank (ULFM): this one is its survivors (collective over them).
+    status = Shrink(g_failed_world, &world);
+    MPI_Comm_free(&g_failed_world);
+  } else {
+    status = MpiStatus(MPI_Comm_dup(base, &world), "MPI_Comm_dup");
+  }
   if (!status.ok()) return Report(status);
   MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);  // inherited by every dup below
   int rank = 0;
@@ -294,7 +319,10 @@ perseus_status_t perseus_shutdown(void) {
     std::lock_guard<std::timed_mutex> lock(*g_mu);
     engine.swap(*g_engine);
   }
-  if (engine) engine->Shutdown();
+  if (engine) {
+    engine->Shutdown();
+    KeepFailedWorld(*engine);
+  }
   Timeline::Get().Stop();  // after the engine: its last events are in
   return PERSEUS_SUCCESS;
 }
@@ -322,6 +350,7 @@ perseus_status_t perseus_shutdown_within(double timeout_s) {
   auto done = std::make_shared<Done>();
   std::thread stopper([engine, done]() mutable {
     engine->Shutdown();
+    KeepFailedWorld(*engine);
     engine.reset();
     std::lock_guard<std::mutex> lock(done->mu);
     done->done = true;
@@ -366,6 +395,19 @@ perseus_status_t perseus_check_mpi_library(void) {
 const char* perseus_mpi_header_version(void) { return HeaderMpi(); }
 
 int perseus_is_initialized(void) { return Current() ? 1 : 0; }
+
+int perseus_world_failed(void) {
+  auto engine = Current();
+  return engine && engine->world_failed() ? 1 : 0;
+}
+
+const char* perseus_fault_tolerance(int32_t* built_out, int32_t* enabled_out) {
+  static thread_local std::string reason;
+  reason = perseus::FaultToleranceReason();
+  if (built_out) *built_out = perseus::BuiltWithUlfm() ? 1 : 0;
+  if (enabled_out) *enabled_out = perseus::FaultTolerant() ? 1 : 0;
+  return reason.c_str();
+}
 const char* perseus_last_error(void) { return g_last_error.c_str(); }
 
 const char* perseus_status_string(perseus_status_t status) {
@@ -382,6 +424,7 @@ const char* perseus_status_string(perseus_status_t status) {
     case PERSEUS_INTERNAL_ERROR: return "internal error";
     case PERSEUS_NON_FINITE: return "NaN or Inf in input";
     case PERSEUS_WITHDRAWN: return "withdrawn";
+    case PERSEUS_RANK_FAILED: return "a rank failed";
   }
   return "unknown status";
 }

@@ -93,6 +93,22 @@ def is_initialized():
     return bool(_lib.perseus_is_initialized())
 
 
+def world_failed():
+    """Whether a rank of the running world failed (a fault-tolerant job: see
+    fault_tolerance()); shutdown() and init() then go on with the survivors."""
+    return bool(_lib.perseus_world_failed())
+
+
+def fault_tolerance(built=False):
+    """(enabled, why): whether this job outlives a failed rank, shrinking its world to
+    the survivors (the core's MPI has ULFM and mpirun started the job with it), and
+    why or why not. built=True: whether the core's MPI has ULFM at all (perseusrun
+    --elastic asks, before starting a job with it)."""
+    built_in, enabled = ctypes.c_int32(), ctypes.c_int32()
+    why = _lib.perseus_fault_tolerance(ctypes.byref(built_in), ctypes.byref(enabled))
+    return bool(built_in.value if built else enabled.value), why.decode()
+
+
 def _query(fn):
     out = ctypes.c_int32()
     _lib.check(fn(ctypes.byref(out)))

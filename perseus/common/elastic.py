@@ -6,11 +6,13 @@ What is the same as Horovod: State / ObjectState and their methods, reset
 callbacks, and run()'s loop (sync, call; on HorovodInternalError restore the last
 commit, reset, fire the callbacks, sync again, call again).
 
-What differs: Perseus runs on the ranks mpirun started and no driver ever adds or
-removes hosts, so there is no re-rendezvous. commit() never finds host updates
-(and so costs no collective), reset re-initialises only an engine that was shut
-down, and a HostsUpdatedInterrupt (a resize request) ends run() with an error
-saying what elastic resizing needs. The framework modules
+What differs: Perseus runs on the ranks mpirun started and no driver ever adds
+ranks, so there is no re-rendezvous. A rank that fails is left behind when the job
+can outlive it (Open MPI 5's ULFM, `mpirun --with-ft ulfm`): the survivors' world
+shrinks in place at the reset (reset()), else the failure ends the job as MPI's does.
+commit() never finds host updates (and so costs no collective), and a
+HostsUpdatedInterrupt (a resize request) ends run() with an error saying what
+elastic resizing needs. The framework modules
 (perseus.torch.elastic, perseus.tensorflow.elastic) add their states and run().
 """
 
@@ -106,23 +108,49 @@ class ObjectState(State):
 
 def reset():
     """What follows a failure before the next attempt. Horovod shuts down and
-    re-initialises to join a new world; here the world is the same, and the engine,
-    which reports a collective's failure on every rank and goes on, is kept. Only
-    an engine that was shut down is started again."""
+    re-initialises to join a new world. Here, when a rank of the world failed (a
+    fault-tolerant job: basics.fault_tolerance()), shutdown() and init() form the world
+    of the survivors in place (ranks and sizes change; process sets other than the
+    global one are gone: register them again in a reset callback). After any other
+    HorovodInternalError the world is the same, and the engine, which reports a
+    collective's failure on every rank and goes on, is kept; only an engine that was
+    shut down is started again."""
+    if basics.is_initialized() and basics.world_failed():
+        basics.shutdown()
     if not basics.is_initialized():
         basics.init()
 
 
+_said_mode = False
+
+
+def _say_mode():
+    """Once per process, on rank 0: whether a lost rank is recovered in place or ends
+    the job, and why (issue 46: the mode is stated when the job starts)."""
+    global _said_mode
+    if _said_mode:
+        return
+    _said_mode = True
+    enabled, why = basics.fault_tolerance()
+    if basics.rank() == 0:
+        import sys
+        sys.stderr.write("[perseus] hvd.elastic: %s: %s\n" % (
+            "a rank that fails is left behind and training goes on with the others"
+            if enabled else "a rank that fails ends the job", why))
+
+
 def run_fn(func, reset_fn=reset):
     """Decorates func(state, *args, **kwargs): syncs `state` from rank 0, then
-    calls func; after a HorovodInternalError restores the last commit, resets,
-    fires the reset callbacks and tries again. Returns func's result."""
+    calls func; after a HorovodInternalError (in either) restores the last commit,
+    resets, fires the reset callbacks and tries again. Returns func's result."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        _say_mode()
         while True:
-            state.sync()
             try:
+                # Inside: a rank that fails during the sync after a failure is one more.
+                state.sync()
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()

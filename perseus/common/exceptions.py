@@ -18,6 +18,7 @@ TIMEOUT = 8
 INTERNAL_ERROR = 9
 NON_FINITE = 10
 WITHDRAWN = 11
+RANK_FAILED = 12
 
 
 class HorovodInternalError(RuntimeError):
@@ -74,6 +75,7 @@ _EXCEPTION_FOR_STATUS = {
     INTERNAL_ERROR: HorovodInternalError,
     NON_FINITE: HorovodInternalError,  # raised on every rank, like the other collective errors
     WITHDRAWN: HorovodInternalError,  # a timeout ran out (the torch backend's, only)
+    RANK_FAILED: HorovodInternalError,  # hvd.elastic.run catches it and goes on
 }
 
 

@@ -114,6 +114,8 @@ _SIGNATURES = {
     "perseus_shutdown": (_status, []),
     "perseus_shutdown_within": (_status, [ctypes.c_double]),
     "perseus_is_initialized": (ctypes.c_int, []),
+    "perseus_world_failed": (ctypes.c_int, []),
+    "perseus_fault_tolerance": (ctypes.c_char_p, [_i32p, _i32p]),
     "perseus_last_error": (ctypes.c_char_p, []),
     "perseus_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     # topology
@@ -187,6 +189,8 @@ perseus_mpi_header_version = _bind("perseus_mpi_header_version")
 perseus_shutdown = _bind("perseus_shutdown")
 perseus_shutdown_within = _bind("perseus_shutdown_within")
 perseus_is_initialized = _bind("perseus_is_initialized")
+perseus_world_failed = _bind("perseus_world_failed")
+perseus_fault_tolerance = _bind("perseus_fault_tolerance")
 perseus_last_error = _bind("perseus_last_error")
 perseus_status_string = _bind("perseus_status_string")
 perseus_rank = _bind("perseus_rank")

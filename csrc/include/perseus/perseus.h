@@ -32,8 +32,11 @@ typedef enum {
   PERSEUS_TIMEOUT = 8,          /* perseus_wait() ran out of time; the request is still pending */
   PERSEUS_INTERNAL_ERROR = 9,
   PERSEUS_NON_FINITE = 10,      /* NaN/Inf in an allreduce input (PERSEUS_ALLREDUCE_NANCHECK) */
-  PERSEUS_WITHDRAWN = 11        /* the caller withdrew the request (perseus_withdraw) before
+  PERSEUS_WITHDRAWN = 11,       /* the caller withdrew the request (perseus_withdraw) before
                                    every member of its set had submitted it */
+  PERSEUS_RANK_FAILED = 12      /* a rank of the job failed (its process ended) under ULFM:
+                                   nothing more runs in this world; perseus_shutdown then
+                                   perseus_init go on with the survivors */
 } perseus_status_t;
 
 typedef enum {
@@ -123,6 +126,13 @@ perseus_status_t perseus_shutdown(void);
  * engine to the process's exit. */
 perseus_status_t perseus_shutdown_within(double timeout_s);
 int perseus_is_initialized(void);
+/* 1 when a rank of the running engine's world failed (PERSEUS_RANK_FAILED): the next
+ * perseus_shutdown and perseus_init form the world of the survivors. */
+int perseus_world_failed(void);
+/* Whether this job outlives a failed rank (ULFM: the core's MPI has it, *built_out,
+ * and the job was started with it, mpirun --with-ft ulfm, *enabled_out): 1 or 0 each.
+ * Returns why, as text. Works before init. */
+const char* perseus_fault_tolerance(int32_t* built_out, int32_t* enabled_out);
 const char* perseus_last_error(void);
 const char* perseus_status_string(perseus_status_t status);
 

@@ -12,6 +12,7 @@
 #include "common/request_rules.h"
 #include "common/timeline.h"
 #include "engine/fusion.h"
+#include "mpi/fault_tolerance.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
 #include "mpi/wait_policy.h"
@@ -64,7 +65,8 @@ Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, LaneB
       watch_interval_(StallInspector::ProbeInterval(config)),
       // One rank, or no MPI_THREAD_MULTIPLE (no GPU batches at all): nothing to order.
       launch_order_(std::make_unique<LaunchOrder>(std::move(backend.launches),
-                                                  thread_multiple && WorldSize(world) > 1)) {}
+                                                  thread_multiple && WorldSize(world) > 1)),
+      rank_failure_(FaultTolerant()) {}
 
 Status Engine::Start(const Config& config, MPI_Comm world, bool thread_multiple,
                      LaneBackend backend, HandleTable* handles, std::unique_ptr<Engine>* out) {
@@ -144,6 +146,10 @@ void Engine::Shutdown() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (rank_failure_.pending()) {  // noted after the last step: revoke before freeing
+    std::lock_guard<std::mutex> step(step_mu_);
+    FailWorld();
+  }
   std::map<int, std::shared_ptr<ProcessSet>> sets;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -159,7 +165,14 @@ void Engine::Shutdown() {
   if (cross_comm_ != MPI_COMM_NULL) MPI_Comm_free(&cross_comm_);
   if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
   FreeMpiOps();
-  MPI_Comm_free(&world_);
+  // A failed world's communicator stays for the next init, which shrinks it.
+  if (!rank_failure_.declared()) MPI_Comm_free(&world_);
+}
+
+MPI_Comm Engine::TakeFailedWorld() {
+  MPI_Comm world = MPI_COMM_NULL;
+  if (rank_failure_.declared()) std::swap(world, world_);
+  return world;
 }
 
 Status Engine::Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out,
@@ -366,6 +379,7 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   const Clock::duration spin = driving ? kDriverSpin : kBackgroundSpin;
   *hold_headroom = 0;  // unless this set ends the step holding requests
   if (lost_pending_.load(std::memory_order_acquire)) StopLostSets();
+  if (rank_failure_.pending()) FailWorld();
   StallInspector& stall = *set->stall;
   if (set->stopped) {
     // Still answer peers' pings: a rank that gave up on the set is not a frozen one.
@@ -504,6 +518,7 @@ Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {
 }
 
 void Engine::StopSet(ProcessSet* set, const Status& status) {
+  if (rank_failure_.Note(status)) cv_.notify_all();  // the next step fails the world
   {
     std::lock_guard<std::mutex> lock(mu_);
     set->stopped = true;
@@ -531,9 +546,11 @@ void Engine::OnBatchDone(int set_id, const Batch& batch, const std::vector<Statu
       for (const BatchItem& item : batch.items)
         if (item.entry) it->second->in_flight.erase(item.meta.name);
   }
-  for (size_t i = 0; i < batch.items.size(); ++i)
+  for (size_t i = 0; i < batch.items.size(); ++i) {
+    if (rank_failure_.Note(statuses[i])) cv_.notify_all();  // the next step fails the world
     if (batch.items[i].entry)
       handles_->Complete(batch.items[i].entry->handle, statuses[i], std::move(results[i]));
+  }
 }
 
 void Engine::ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now) {
@@ -666,6 +683,36 @@ void Engine::LoseRanks(const std::vector<int>& lost, const Status& status) {
   for (auto& requests : failed)
     for (auto& kv : requests) handles_->Complete(kv.second->handle, status);
   cv_.notify_all();
+}
+
+void Engine::FailWorld() {
+  std::vector<MPI_Comm> comms = {world_, local_comm_, cross_comm_};
+  std::vector<std::shared_ptr<ProcessSet>> sets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : sets_) {
+      sets.push_back(kv.second);
+      ProcessSet& set = *kv.second;
+      comms.push_back(set.negotiation_comm);
+      comms.insert(comms.end(), set.lane_comms.begin(), set.lane_comms.end());
+      comms.insert(comms.end(), set.device_comms.begin(), set.device_comms.end());
+    }
+  }
+  const Status error = rank_failure_.Declare(world_, comms);
+  launch_order_->GiveUp();  // its rounds would wait for the dead rank
+  std::vector<std::unordered_map<std::string, EntryPtr>> failed;  // released after mu_
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Every request fails now, those in a lane's collective included.
+    for (auto& set : sets) {
+      failed.emplace_back();
+      failed.back().swap(set->in_flight);
+    }
+  }
+  for (auto& requests : failed)
+    for (auto& kv : requests) handles_->Complete(kv.second->handle, error);
+  for (auto& set : sets)
+    if (set->negotiator && !set->stopped) StopSet(set.get(), error);
 }
 
 void Engine::StopLostSets() {

@@ -45,6 +45,7 @@
 #include "engine/config.h"
 #include "engine/handle_table.h"
 #include "engine/launch_order.h"
+#include "engine/rank_failure.h"
 #include "engine/process_set.h"
 #include "engine/schedule.h"
 #include "lane_api/lane_backend.h"
@@ -103,6 +104,12 @@ class Engine {
   int lanes() const { return lanes_; }
   bool thread_multiple() const { return thread_multiple_; }
   const Config& config() const { return config_; }
+  // A rank of this world failed (ULFM): the world of the survivors comes from it (the
+  // failure may be declared only at the next step, Shutdown's included).
+  bool world_failed() const { return rank_failure_.noted(); }
+  // After Shutdown of a failed world: its communicator, kept for MPIX_Comm_shrink
+  // (the caller frees it). MPI_COMM_NULL otherwise.
+  MPI_Comm TakeFailedWorld();
   // The autotuner's AutoTuner::State(); empty when it is off.
   std::string autotune_state();
 
@@ -139,6 +146,9 @@ class Engine {
   // step stop those sets (StopLostSets) with `status`.
   void LoseRanks(const std::vector<int>& lost, const Status& status);
   void StopLostSets();
+  // A rank failed (ULFM; engine/rank_failure.h): revokes every communicator, fails
+  // every request of every set with the error naming the failed ranks, stops the sets.
+  void FailWorld();
   std::vector<std::shared_ptr<ProcessSet>> SetsWithLostRanks();  // under mu_
   // The stall inspector's checks from a thread blocked in a collective (the wait
   // policy's long-wait hook), at most once per probe interval: the thread that runs
@@ -195,6 +205,7 @@ class Engine {
   // The order of GPU launches across process sets (launch_order.h): Apply numbers the
   // GPU batches, AddProcessSet makes the rounds, Iterate steps them. Until Shutdown.
   std::unique_ptr<LaunchOrder> launch_order_;
+  RankFailure rank_failure_;
   std::vector<int> set_ids_;  // under step_mu_: this step's sets, by id (for Step)
 
   std::mutex control_mu_;  // serialises process-set changes made by user threads

@@ -60,7 +60,7 @@ LaunchStep LaunchOrder::Step(const std::vector<int>& sets, bool leaving, bool dr
     rounds_ = std::move(made_rounds_);
     if (!rounds_) port_->End();  // no rank can use a GPU
   }
-  if (rounds_ && !lost_ && PeerLost()) {
+  if (rounds_ && !lost_ && (PeerLost() || given_up_.load())) {
     lost_ = true;
     End(/*abandon=*/true);  // its rounds would wait for the lost rank
   } else if (rounds_ && !rounds_->ended()) {

@@ -72,6 +72,10 @@ class LaunchOrder {
   // (PeerLost) ends the rounds: what waits launches in its own set's order.
   LaunchStep Step(const std::vector<int>& sets, bool leaving, bool driving, Clock::time_point now);
 
+  // A rank of the world failed (engine/rank_failure.h): the next Step ends the rounds,
+  // as for a peer given up on.
+  void GiveUp() { given_up_.store(true); }
+
   // Since when GPU batches of this rank have waited for a grant (time_point(): none),
   // from any thread: a wait of the global set for the stall inspector, which a frozen
   // rank anywhere causes.
@@ -108,6 +112,7 @@ class LaunchOrder {
   bool gated_ = false;        // the order has begun: GPU batches numbered from now on are gated
   bool taken_ = false;        // the rounds were taken from MakeRounds
   bool lost_ = false;         // a peer was given up on: the rounds were abandoned
+  std::atomic<bool> given_up_{false};  // GiveUp() was called
   std::unique_ptr<LaunchRounds> rounds_;
   std::map<int, Turns> turns_;  // by set id
   int64_t counted_ = 0;  // the GPU batches agreed in every set, as the last round carried

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "mpi/fault_tolerance.h"
+
 namespace perseus {
 
 Status MpiStatus(int rc, const char* what) {
@@ -10,7 +12,9 @@ Status MpiStatus(int rc, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  return Status::Error(PERSEUS_MPI_ERROR, std::string(what) + " failed: " + std::string(text, len));
+  // A process failure (ULFM) is no fault of the call: the world must be shrunk.
+  return Status::Error(IsProcessFailure(rc) ? PERSEUS_RANK_FAILED : PERSEUS_MPI_ERROR,
+                       std::string(what) + " failed: " + std::string(text, len));
 }
 
 Status AgreeOnStatus(MPI_Comm comm, const Status& local) {

@@ -73,7 +73,8 @@ absl::Status ToStatus(perseus_status_t status, const std::string& message) {
     case PERSEUS_MISMATCH:
     case PERSEUS_NON_FINITE: return absl::FailedPreconditionError(text);
     case PERSEUS_UNSUPPORTED: return absl::UnimplementedError(text);
-    case PERSEUS_SHUT_DOWN: return absl::AbortedError(text);
+    case PERSEUS_SHUT_DOWN:
+    case PERSEUS_RANK_FAILED: return absl::AbortedError(text);
     case PERSEUS_TIMEOUT:
     case PERSEUS_WITHDRAWN: return absl::DeadlineExceededError(text);
     default: return absl::InternalError(text);

@@ -1,0 +1,38 @@
+// What Perseus asks of ULFM (User-Level Failure Mitigation: Open MPI 5's ftmpi
+// extension, run with `mpirun --with-ft ulfm`): whether the job may outlive a rank,
+// whether an MPI error means a process failed, and the calls that take the survivors
+// on (revoke, shrink). The only file that includes <mpi-ext.h>; built against an MPI
+// without the extension (MPICH, Open MPI 4), every function says there is no ULFM.
+#ifndef PERSEUS_MPI_FAULT_TOLERANCE_H_
+#define PERSEUS_MPI_FAULT_TOLERANCE_H_
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace perseus {
+
+// This core was built with ULFM's calls.
+bool BuiltWithUlfm();
+// ... and this run enabled them (mpirun --with-ft ulfm, i.e. OMPI_MCA_mpi_ft_enable):
+// a rank's death then makes MPI calls fail instead of ending the job.
+bool FaultTolerant();
+// Why FaultTolerant() says what it says, for init()'s message and --check-build.
+std::string FaultToleranceReason();
+
+// Whether `mpi_rc` reports a failed process or a communicator revoked after one.
+bool IsProcessFailure(int mpi_rc);
+// Makes every pending and later operation on `comm` fail on every rank (no-op
+// without ULFM), so that ranks blocked with a dead peer, or not yet aware, find out.
+void Revoke(MPI_Comm comm);
+// The ranks of `comm` known here to have failed (sorted; empty without ULFM).
+std::vector<int> FailedRanks(MPI_Comm comm);
+// A communicator of the survivors of `comm`, in their order (collective over them).
+Status Shrink(MPI_Comm comm, MPI_Comm* out);
+
+}  // namespace perseus
+
+#endif  // PERSEUS_MPI_FAULT_TOLERANCE_H_

@@ -1,0 +1,143 @@
+"""A rank killed in the middle of training, the others going on (issue 46): Horovod's
+elastic API unchanged, on Open MPI 5 with ULFM (mpirun --with-ft ulfm), run by
+tests/test_fault_tolerance.py with the core built against that MPI.
+
+Every rank trains a small linear model with DistributedOptimizer over an
+ElasticSampler, committing after every batch inside hvd.elastic.run. At step
+PTEST_KILL_STEP the victims (PTEST_VICTIMS: world ranks, default the last) SIGKILL
+themselves where PTEST_KILL_WHERE says:
+
+  allreduce   just before the step's gradients are reduced (the others are inside it)
+  broadcast   inside a broadcast of every rank (its turn to send)
+  allgather   inside an allgather
+  set         inside an allreduce on a process set of every rank but rank 0 (added
+              again after the reset: a set does not outlive its world)
+  commit      during state.commit()
+
+The survivors must each raise HorovodInternalError (never hang), restore the last
+commit, shrink to the survivors (size and ranks change), sync from the new rank 0 and
+finish the epochs. At the end each survivor checks, against a reference it computes:
+- every survivor holds the same parameters, to the bit;
+- the training loss fell;
+- no sample was skipped in the epoch of the failure (the survivors' records joined),
+  and none that this rank committed as processed before it was trained on again after
+  it (as Horovod's, a failed rank's record is lost: its samples are trained again).
+Rank 0 of the survivors prints "RECOVERED <size before> -> <size after> in <s>".
+"""
+import os
+import signal
+import time
+
+import torch
+
+from common import launcher_rank_size, log, main
+
+import perseus.torch.horovod as hvd
+
+SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 2
+
+
+def victims():
+    return [int(r) for r in os.environ.get("PTEST_VICTIMS", "").split(",") if r] or \
+        [launcher_rank_size()[1] - 1]
+
+
+def die_here_if_victim(where, step, world_rank):
+    if (os.environ.get("PTEST_KILL_WHERE") == where and step == int(os.environ["PTEST_KILL_STEP"])
+            and world_rank in victims()):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dataset():
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(SAMPLES, FEATURES, generator=generator)
+    w = torch.arange(1.0, FEATURES + 1) / FEATURES
+    return x, x @ w + 0.01 * torch.randn(SAMPLES, generator=generator)
+
+
+def body():
+    world_rank, world_size = launcher_rank_size()
+    hvd.init()
+    x, y = dataset()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(torch.utils.data.TensorDataset(x, y), shuffle=True)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler,
+                                   epoch=0, step=0, losses=[])
+    record = {"set": None, "recovered": None, "committed_at_failure": None,
+              "epoch_of_failure": None,
+              "after_failure": set(), "processed": {}}
+
+    def add_set():
+        # Every rank but rank 0: sets other than the global one do not outlive a
+        # failure (the world they were made of is gone), so a reset callback adds it again.
+        record["set"] = hvd.add_process_set(list(range(1, hvd.size()))) \
+            if os.environ.get("PTEST_KILL_WHERE") == "set" else None
+
+    add_set()
+
+    def on_reset():
+        add_set()
+        record["recovered"] = time.monotonic()
+        record["epoch_of_failure"] = state.epoch
+        record["committed_at_failure"] = set(state.sampler.processed_indices)
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, EPOCHS):
+            # This epoch's samples not processed yet, split over this world (as
+            # Horovod's examples use it: after a reset the batches count from 0).
+            indices = list(state.sampler)
+            for batch in range(-(-len(indices) // BATCH)):
+                mine = indices[batch * BATCH:(batch + 1) * BATCH]
+                die_here_if_victim("allreduce", state.step, world_rank)
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
+                loss.backward()
+                optimizer.step()
+                if os.environ.get("PTEST_KILL_WHERE") == "broadcast":
+                    die_here_if_victim("broadcast", state.step, world_rank)
+                    hvd.broadcast_object(state.step, root_rank=hvd.size() - 1)
+                if os.environ.get("PTEST_KILL_WHERE") == "allgather":
+                    die_here_if_victim("allgather", state.step, world_rank)
+                    hvd.allgather(torch.tensor([[float(hvd.rank())]]))
+                if record["set"] is not None and hvd.rank() != 0:
+                    die_here_if_victim("set", state.step, world_rank)
+                    total = hvd.allreduce(torch.ones(1), name="set.step", op=hvd.Sum,
+                                          process_set=record["set"])
+                    assert total.item() == hvd.size() - 1, total
+                if record["epoch_of_failure"] == state.epoch:
+                    record["after_failure"].update(mine)
+                state.sampler.record_batch(batch, BATCH)
+                state.losses.append(hvd.allreduce(loss.detach(), name="loss").item())
+                state.step += 1
+                die_here_if_victim("commit", state.step, world_rank)
+                state.commit()
+            record["processed"][state.epoch] = set().union(
+                *hvd.allgather_object(state.sampler.processed_indices))
+            state.sampler.set_epoch(state.epoch + 1)
+        return state.losses
+
+    losses = train(state)
+    assert record["recovered"] is not None, "no failure was recovered from"
+    assert hvd.size() == world_size - len(victims()), (hvd.size(), world_size)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.unsqueeze(0))
+    for r in range(hvd.size()):
+        assert torch.equal(gathered[r], flat), "survivor %d holds other parameters" % r
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert last < first, "the loss did not fall: %.4f -> %.4f" % (first, last)
+    repeated = record["after_failure"] & record["committed_at_failure"]
+    assert not repeated, "committed samples trained on again after the failure: %s" % repeated
+    skipped = set(range(SAMPLES)) - record["processed"][record["epoch_of_failure"]]
+    assert not skipped, "samples never trained on in the epoch of the failure: %s" % skipped
+    log("survivor ok, size %d, loss %.4f -> %.4f" % (hvd.size(), first, last))
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main(body)
