@@ -303,11 +303,11 @@ def run_inplace(op_type, tensor, name, process_set, *, op=_ops.Sum, prescale=1.0
                               drive=True))
 
 
-def _repeated(repeat, tensor):
-    """The packed request of a named in-place CPU call under settings `repeat` whose
-    last call had this tensor's dtype and shape, contiguous (the rules were met then,
-    and dtype, shape and device are all that the request takes from the tensor), after
-    the in-place checks; None for anything else (the general path)."""
+def _run_repeat(repeat, tensor):
+    """run_inplace() of a repeated call, in one perseus_run: None if it is not one (the
+    record of _submit_repeat). Its checks are _submit_repeat's, written out in both: a
+    shared helper is one more Python call on the small call's path
+    (tests/test_call_budget.py)."""
     entry = _repeats.get(repeat)
     if entry is None:
         return None
@@ -320,14 +320,6 @@ def _repeated(repeat, tensor):
         return None  # not a tensor: the general path says so
     if tensor.requires_grad and torch.is_grad_enabled():
         _in_place(tensor, tensor, repeat[0])
-    return prebuilt
-
-
-def _run_repeat(repeat, tensor):
-    """run_inplace() of a repeated call, in one perseus_run: None if it is not one."""
-    prebuilt = _repeated(repeat, tensor)
-    if prebuilt is None:
-        return None
     address = tensor.data_ptr()
     state = (tensor, address, tensor.untyped_storage())  # the memory, kept until done
     _increment_version(state[:1])
@@ -342,10 +334,22 @@ def _finish_repeat(state, handles):
 
 
 def _submit_repeat(repeat, tensor, drive, pin):
-    """submit() of a repeated call (_repeated): the handle, or None if it is not one."""
-    prebuilt = _repeated(repeat, tensor)
-    if prebuilt is None:
+    """submit() of one named in-place CPU tensor under settings `repeat` whose last
+    call had this tensor's dtype and shape, contiguous: the handle, from the request
+    packed then (the rules were met then, and dtype, shape and device are all that
+    the request takes from the tensor); None for anything else (the general path)."""
+    entry = _repeats.get(repeat)
+    if entry is None:
         return None
+    prebuilt, dtype, shape = entry
+    try:
+        if not (tensor.is_cpu and tensor.dtype is dtype and tensor.shape == shape
+                and tensor.is_contiguous()):
+            return None
+    except AttributeError:
+        return None  # not a tensor: the general path says so
+    if tensor.requires_grad and torch.is_grad_enabled():
+        _in_place(tensor, tensor, repeat[0])
     address = tensor.data_ptr()
     kept = []
     _keep(kept, tensor)
