@@ -11,6 +11,7 @@ hang fails one test and never stalls the suite.
 """
 import importlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -177,6 +178,41 @@ def _report(what, cmd, env_extra, out, err):
         what, " ".join(cmd), env_extra or {}, out, err)
 
 
+def _mpi_job(cmd, child_env, timeout):
+    """Runs an MPI job -> (returncode, stdout, stderr, seconds, timed_out); past `timeout`
+    every process it started is killed (the caller reports it)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=child_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        if proc.poll() is None:
+            kill_job(proc)
+    if timed_out:
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a straggler still holds the pipes
+            out, err = "(unreadable)", "(unreadable)"
+    return proc.returncode, out, err, time.monotonic() - start, timed_out
+
+
+def _rank_job(scripts, np, env, timeout, python, launcher, scratch):
+    """The command and environment of a job running `scripts` (one: itself; several:
+    tests/rank_batch.py runs them in turn) on np ranks."""
+    # Ranks dump every thread's stack shortly before the kill (tests/rank_script.py).
+    child_env = clean_env(dict(env, PTEST_TMPDIR=str(scratch),
+                               PTEST_HANG_DUMP_S=str(max(1, timeout - 15))))
+    runner = [str(TESTS_DIR / "rank_batch.py")] if len(scripts) > 1 else []
+    cmd = list(launcher or [find_mpirun()]) + ["-np", str(np), str(python or sys.executable)] + \
+        runner + [str(s) for s in scripts]
+    return cmd, child_env
+
+
 @pytest.fixture
 def run_mpi(tmp_path):
     """Returns run_mpi(script, np, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
@@ -196,37 +232,50 @@ def run_mpi(tmp_path):
         scratch = tmp_path / ("%s-np%d-%d" % (script, np, time.monotonic_ns()))
         scratch.mkdir()
         extra = dict(env or {})
-        # Ranks dump every thread's stack shortly before the kill (see
-        # tests/rank_scripts/common.py).
-        child_env = clean_env(dict(extra, PTEST_TMPDIR=str(scratch),
-                                   PTEST_HANG_DUMP_S=str(max(1, timeout - 15))))
-        cmd = list(launcher or [find_mpirun()]) + ["-np", str(np), str(python or sys.executable),
-                                                   str(path)]
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=child_env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        timed_out = False
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            if proc.poll() is None:
-                kill_job(proc)
+        cmd, child_env = _rank_job([path], np, extra, timeout, python, launcher, scratch)
+        returncode, out, err, seconds, timed_out = _mpi_job(cmd, child_env, timeout)
         if timed_out:
-            try:
-                out, err = proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:  # a straggler still holds the pipes
-                out, err = "(unreadable)", "(unreadable)"
             pytest.fail(_report("%s with %d ranks did not finish within %d s (killed; the stack dumps "
                                 "in stderr show where each rank was)" % (script, np, timeout),
                                 cmd, extra, out, err), pytrace=False)
-        if proc.returncode != 0:
+        if returncode != 0:
             pytest.fail(_report("%s with %d ranks exited with code %d after %.1f s"
-                                % (script, np, proc.returncode, time.monotonic() - start),
-                                cmd, extra, out, err), pytrace=False)
+                                % (script, np, returncode, seconds), cmd, extra, out, err),
+                        pytrace=False)
         return out
+
+    return run
+
+
+# Scripts a batch saw through on every rank, by batch: (scripts, np, env, python).
+_batches_seen = {}
+
+
+@pytest.fixture
+def run_mpi_batch(run_mpi, tmp_path_factory):
+    """Returns run_mpi_batch(script, np, batch, env=None, timeout=DEFAULT_TIMEOUT_S,
+    python=None, scripts_dir=RANK_SCRIPTS): the test of `script`, one of the scripts
+    in `batch`, which the first of their tests runs in one job (tests/rank_batch.py),
+    each in turn, within `timeout`. A script the batch saw through passes; any other
+    (it failed, or one before it did, or the batch ran out of time) runs alone through
+    run_mpi, whose report is the test's. For scripts that need no fresh process: a
+    script that fails only after another in the same process is not reported as such
+    (it passes alone)."""
+
+    def run(script, np, batch, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
+            scripts_dir=RANK_SCRIPTS):
+        assert script in batch, (script, batch)
+        key = (tuple(batch), np, tuple(sorted((env or {}).items())), str(python), str(scripts_dir))
+        if key not in _batches_seen:
+            _batches_seen[key] = set()  # an interrupted batch is not run again
+            scratch = tmp_path_factory.mktemp("batch-np%d" % np)
+            paths = [Path(scripts_dir) / ("%s.py" % s) for s in batch]
+            cmd, child_env = _rank_job(paths, np, dict(env or {}), timeout, python, None, scratch)
+            _, out, _, _, _ = _mpi_job(cmd, child_env, timeout)
+            ended = re.findall(r"BATCH END (\S+)", out)
+            _batches_seen[key] = {s for s in batch if ended.count(s) == np}
+        if script not in _batches_seen[key]:
+            run_mpi(script, np, env=env, timeout=timeout, python=python, scripts_dir=scripts_dir)
 
     return run
 

@@ -39,10 +39,19 @@ SCRIPTS = [
 ]
 
 
+# Scripts that need a process of their own (they start MPI themselves, or test what
+# comes before the first init()); the others run in one job per np (tests/rank_batch.py).
+FRESH = {"init_basic", "init_mpi4py", "config_per_rank", "init_serialized", "process_sets_static"}
+BATCH = [s for s in SCRIPTS if s not in FRESH]
+
+
 @pytest.mark.parametrize("nprocs", NPROCS)
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_script(run_mpi, script, nprocs):
-    run_mpi(script, nprocs)
+def test_script(run_mpi, run_mpi_batch, script, nprocs):
+    if script in FRESH:
+        run_mpi(script, nprocs)
+    else:
+        run_mpi_batch(script, nprocs, BATCH, timeout=200)
 
 
 def test_adasum_non_power_of_two(run_mpi):

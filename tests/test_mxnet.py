@@ -35,9 +35,13 @@ def mx_python():
 
 @pytest.mark.parametrize("nprocs", [2, 4])
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_mxnet_script(run_mpi, script, nprocs):
-    run_mpi(script, nprocs, env=SCRIPT_ENV.get(script), timeout=360, python=mx_python(),
-            scripts_dir=MX_SCRIPTS)
+def test_mxnet_script(run_mpi, run_mpi_batch, script, nprocs):
+    if script in SCRIPT_ENV:
+        run_mpi(script, nprocs, env=SCRIPT_ENV[script], timeout=360, python=mx_python(),
+                scripts_dir=MX_SCRIPTS)
+    else:  # the others in one job per np (tests/rank_batch.py)
+        run_mpi_batch(script, nprocs, [s for s in SCRIPTS if s not in SCRIPT_ENV], timeout=300,
+                      python=mx_python(), scripts_dir=MX_SCRIPTS)
 
 
 def test_collectives_naive_engine(run_mpi):

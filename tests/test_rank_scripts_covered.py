@@ -2,7 +2,8 @@
 
 A script that no test runs looks like coverage and is none. The test modules name
 their scripts in two ways, both read here from each tests/test_*.py:
-- run_mpi(script, ..., scripts_dir=...) (conftest.py): the script is a literal, an
+- run_mpi(script, ..., scripts_dir=...) or run_mpi_batch (conftest.py), whose test
+  runs the script alone when its batch did not see it through: the script is a literal, an
   expression of the module's globals, or a parametrize argument of the test (its
   values taken from the test's own marks, so lists built by functions count too);
 - a path to the file, `<scripts dir> / "name.py"`, for the jobs that are meant to
@@ -120,7 +121,7 @@ def scripts_named_by(path):
     for function, marks in functions_with_marks(module, tree):
         for call in ast.walk(function):
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                    and call.func.id == "run_mpi"):
+                    and call.func.id in ("run_mpi", "run_mpi_batch")):
                 continue
             where = "%s:%d: %s" % (path.name, call.lineno, ast.unparse(call))
             script_expr, dir_expr = argument(call, "script"), argument(call, "scripts_dir")

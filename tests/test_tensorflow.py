@@ -39,13 +39,20 @@ def tf_python():
 
 @pytest.mark.parametrize("nprocs", [2, 4])
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_tensorflow_script(run_mpi, script, nprocs):
-    run_mpi(script, nprocs, env=TF_ENV, timeout=360, python=tf_python(), scripts_dir=TF_SCRIPTS)
+def test_tensorflow_script(run_mpi_batch, script, nprocs):
+    # All of them in one job per np (tests/rank_batch.py): 4 ranks importing TensorFlow
+    # take 10 s here. "traced" first: it sizes TensorFlow's thread pools, which only a
+    # TensorFlow not yet started allows.
+    batch = sorted(SCRIPTS, key=lambda s: s != "traced")
+    run_mpi_batch(script, nprocs, batch, env=TF_ENV, timeout=300, python=tf_python(),
+                  scripts_dir=TF_SCRIPTS)
 
 
 @pytest.mark.parametrize("script", ["training", "accumulation", "keras_parity"])
 def test_training_keras2(run_mpi, script):
-    """The scripts' Keras checks (and the rest) with Keras 2 (tf-keras)."""
+    """The scripts' Keras checks (and the rest) with Keras 2 (tf-keras). One job each:
+    tf-keras keeps state from one script to the next (keras_parity failed after
+    training and accumulation in one process)."""
     run_mpi(script, 2, env=dict(TF_ENV, TF_USE_LEGACY_KERAS="1"), timeout=360,
             python=tf_python(), scripts_dir=TF_SCRIPTS)
 

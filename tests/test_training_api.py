@@ -21,8 +21,8 @@ SCRIPTS = ["optimizer", "optimizer_cache", "optimizer_views", "optimizer_process
 
 @pytest.mark.parametrize("nprocs", NPROCS)
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_script(run_mpi, script, nprocs):
-    run_mpi(script, nprocs)
+def test_script(run_mpi_batch, script, nprocs):
+    run_mpi_batch(script, nprocs, SCRIPTS, timeout=200)  # one job per np (tests/rank_batch.py)
 
 
 @pytest.mark.parametrize("nprocs", NPROCS)
