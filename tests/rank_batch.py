@@ -3,9 +3,9 @@ interpreter start and framework import per rank for all of them instead of one e
 (4 ranks importing TensorFlow take 10 s on 2 cores). tests/conftest.py's run_mpi_batch
 starts it; a test whose script the batch did not see through runs it alone.
 
-    mpirun -np N python tests/rank_batch.py script.py [script.py ...]
+    mpirun -np N python tests/rank_batch.py <script.py> [<script.py> ...]
 
-Each script runs as `python script.py` would run it (a fresh __main__, its folder first
+Each script runs as python would run it alone (a fresh __main__, its folder first
 on sys.path, sys.argv), with a scratch directory of its own in $PTEST_TMPDIR and the
 environment restored after it; Perseus is shut down after it if it left it running.
 "[rank r] BATCH END <name>" on stdout says the script returned; a script that fails
