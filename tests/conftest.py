@@ -155,22 +155,12 @@ def run_bounded(cmd, env, timeout):
     stderr, seconds). Past `timeout` every process it started is killed and the test
     fails, naming what was still alive: a hang never outlives its test."""
     cmd = [str(a) for a in cmd]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        alive = kill_job(proc)
-        out, err = proc.communicate(timeout=30)
+    returncode, out, err, seconds, killed = _bounded_job(cmd, env, timeout)
+    if killed is not None:
         pytest.fail("%s did not finish within %d s; still alive:\n%s\n----- stdout -----\n%s\n"
-                    "----- stderr -----\n%s" % (" ".join(cmd), timeout, alive, out, err[-6000:]),
+                    "----- stderr -----\n%s" % (" ".join(cmd), timeout, killed, out, err[-6000:]),
                     pytrace=False)
-    finally:
-        if proc.poll() is None:
-            kill_job(proc)
-    return proc.returncode, out, err, time.monotonic() - start
+    return returncode, out, err, seconds
 
 
 def _report(what, cmd, env_extra, out, err):
@@ -178,27 +168,28 @@ def _report(what, cmd, env_extra, out, err):
         what, " ".join(cmd), env_extra or {}, out, err)
 
 
-def _mpi_job(cmd, child_env, timeout):
-    """Runs an MPI job -> (returncode, stdout, stderr, seconds, timed_out); past `timeout`
-    every process it started is killed (the caller reports it)."""
+def _bounded_job(cmd, child_env, timeout):
+    """Runs a job from the repo root in a session of its own -> (returncode, stdout,
+    stderr, seconds, killed); past `timeout` every process it started is killed, and
+    `killed` says what was still alive then (None if it finished in time)."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=child_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    timed_out = False
+    killed = None
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        timed_out = True
+        killed = kill_job(proc)
     finally:
         if proc.poll() is None:
             kill_job(proc)
-    if timed_out:
+    if killed is not None:
         try:
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:  # a straggler still holds the pipes
             out, err = "(unreadable)", "(unreadable)"
-    return proc.returncode, out, err, time.monotonic() - start, timed_out
+    return proc.returncode, out, err, time.monotonic() - start, killed
 
 
 def _rank_job(scripts, np, env, timeout, python, launcher, scratch):
@@ -233,8 +224,8 @@ def run_mpi(tmp_path):
         scratch.mkdir()
         extra = dict(env or {})
         cmd, child_env = _rank_job([path], np, extra, timeout, python, launcher, scratch)
-        returncode, out, err, seconds, timed_out = _mpi_job(cmd, child_env, timeout)
-        if timed_out:
+        returncode, out, err, seconds, killed = _bounded_job(cmd, child_env, timeout)
+        if killed is not None:
             pytest.fail(_report("%s with %d ranks did not finish within %d s (killed; the stack dumps "
                                 "in stderr show where each rank was)" % (script, np, timeout),
                                 cmd, extra, out, err), pytrace=False)
@@ -271,7 +262,7 @@ def run_mpi_batch(run_mpi, tmp_path_factory):
             scratch = tmp_path_factory.mktemp("batch-np%d" % np)
             paths = [Path(scripts_dir) / ("%s.py" % s) for s in batch]
             cmd, child_env = _rank_job(paths, np, dict(env or {}), timeout, python, None, scratch)
-            _, out, _, _, _ = _mpi_job(cmd, child_env, timeout)
+            _, out, _, _, _ = _bounded_job(cmd, child_env, timeout)
             ended = re.findall(r"BATCH END (\S+)", out)
             _batches_seen[key] = {s for s in batch if ended.count(s) == np}
         if script not in _batches_seen[key]:
