@@ -17,6 +17,7 @@ elastic resizing needs. The framework modules
 """
 
 import functools
+import sys
 
 from perseus.common import basics
 from perseus.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -133,7 +134,6 @@ def _say_mode():
     _said_mode = True
     enabled, why = basics.fault_tolerance()
     if basics.rank() == 0:
-        import sys
         sys.stderr.write("[perseus] hvd.elastic: %s: %s\n" % (
             "a rank that fails is left behind and training goes on with the others"
             if enabled else "a rank that fails ends the job", why))
