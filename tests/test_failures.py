@@ -9,6 +9,9 @@ What ends the survivors depends on how the victim left:
 - exit without shutdown(), or shutdown() while the others still submit: the victim's
   engine announces that it is leaving in its last negotiation round, and every
   survivor's pending and later requests fail with HorovodInternalError naming it.
+- os._exit(), an uncaught exception, a fatal signal: the same announcement says how the
+  victim is ending, and each survivor warns with it at once, since hydra kills the
+  survivors within milliseconds of such an end.
 """
 import os
 import signal
@@ -58,6 +61,25 @@ def test_rank_leaving_early_fails_the_others(tmp_path, np, leave):
     for rank in range(np - 1):
         want = "SURVIVOR %d HorovodInternalError: Perseus was shut down on rank(s) [%d]" % (rank, np - 1)
         assert want in out, "rank %d did not report the error\n%s" % (rank, report)
+
+
+@pytest.mark.parametrize("np,leave,how", [
+    (2, "os_exit", "called os._exit(3)"),
+    (4, "os_exit", "called os._exit(3)"),
+    (2, "segv", "was killed by SIGSEGV"),
+    (3, "raise", "ended with an uncaught Victim: left at step 20"),
+])
+def test_survivors_say_which_rank_ended_and_how(tmp_path, np, leave, how):
+    """Issue 49 (3): a rank that ends badly makes mpirun kill the others within
+    milliseconds; before that, every survivor warns naming the rank and how it ended
+    (before: exit code 3 and nothing printed on any rank)."""
+    rc, after, out, err = run_dead_rank(tmp_path, np, leave, "allreduce")
+    report = "rc %d, %.1f s after leaving\nstdout:\n%s\nstderr:\n%s" % (rc, after, out, err)
+    assert rc != 0 and after < BOUND_S, report
+    victim = np - 1
+    for rank in range(np):
+        line = "[perseus WARNING rank %d] rank %d %s and has left the job" % (rank, victim, how)
+        assert (line in err) == (rank != victim), "rank %d: %r\n%s" % (rank, line, report)
 
 
 @pytest.mark.parametrize("np", [2, 3])

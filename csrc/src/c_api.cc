@@ -18,6 +18,7 @@
 
 #include "collectives/wire_dtype.h"
 #include "common/counters.h"
+#include "common/fatal_signals.h"
 #include "common/list_string.h"
 #include "common/logging.h"
 #include "common/request_rules.h"
@@ -57,6 +58,8 @@ std::atomic<bool> g_started{false};
 pid_t g_forked_from = 0;
 // How long an exit path waits for the engine to stop before leaving it to the exit.
 constexpr double kExitShutdownS = 10.0;
+// How a process ends, as the other ranks are told (perseus_leave).
+constexpr const char* kExitWithoutShutdown = "exited without calling shutdown()";
 // The exit code of a process that ends the job after giving up on a member, and how
 // long it lets MPI_Abort try before it leaves on its own.
 constexpr int kLostPeerExitCode = 1;
@@ -130,7 +133,7 @@ void FinalizeAtExit() {
   // exit() called on a thread inside one of our MPI calls (MPI giving up on a failed
   // call): stopping the engine or finalizing MPI could wait on that very call.
   if (InMpiCaller()) return;
-  if (perseus_shutdown_within(kExitShutdownS) != PERSEUS_SUCCESS) return;
+  if (perseus_leave(kExitWithoutShutdown, kExitShutdownS) != PERSEUS_SUCCESS) return;
   // A member stopped answering (the stall inspector gave up on it): MPI_Finalize would
   // wait for it forever. On this host, leaving without it is enough: the host's daemon
   // sees this process go and ends the job, the lost rank included. On another host,
@@ -149,6 +152,13 @@ void FinalizeAtExit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+// A fatal signal on its way (common/fatal_signals.h): the peers hear of it first.
+void LeaveOnSignal(int signo) {
+  if (g_forked_from) return;
+  const std::string how = std::string("was killed by ") + FatalSignalName(signo);
+  perseus_leave(how.c_str(), kFatalSignalWaitS - 0.5);
 }
 
 const char* ThreadLevelName(int level) {
@@ -306,6 +316,7 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
     return Report(status);
   }
   slot = std::move(engine);
+  WatchFatalSignals(LeaveOnSignal);
   // Rank 0 only: every rank normally has the same environment (the launcher exports
   // it), and one copy of each warning is easier to see than one per rank.
   if (rank == 0) WarnUnknownVariables();
@@ -370,6 +381,11 @@ perseus_status_t perseus_shutdown_within(double timeout_s) {
   stopper.join();
   Timeline::Get().Stop();
   return PERSEUS_SUCCESS;
+}
+
+perseus_status_t perseus_leave(const char* how, double timeout_s) {
+  if (std::shared_ptr<Engine> engine = Current()) engine->SetLeavingHow(how ? how : "");
+  return perseus_shutdown_within(timeout_s);
 }
 
 perseus_status_t perseus_start_timeline(const char* path, int32_t mark_cycles) {

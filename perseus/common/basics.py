@@ -10,6 +10,7 @@ import ctypes
 import os
 
 from perseus.common import builder as _builder
+from perseus.common import exit_report as _exit_report
 from perseus.common import launch_check as _launch_check
 from perseus.common import library as _lib
 from perseus.common import objects as _objects
@@ -54,6 +55,7 @@ def init(comm=None, process_sets=None):
 
     if not _lib.perseus_is_initialized():
         _lib.check(_lib.perseus_init(comm_f2c))
+        _exit_report.install()
         _builder.reset()
         _requests.reset()
         _process_sets._on_init(comm if hasattr(comm, "py2f") else None, _objects.allgather_object)
@@ -227,18 +229,10 @@ def rocm_built(verbose=False):
     return False
 
 
-_EXIT_SHUTDOWN_S = 10.0  # an exit waits this long for the engine, then leaves it
-
-
 def _shutdown_at_exit():
-    # Best effort and bounded: a failing or stuck shutdown (a thread inside a failed
-    # MPI call) must not turn an exit into a traceback or a hang.
-    try:
-        if _lib.perseus_is_initialized():
-            _lib.perseus_shutdown_within(_EXIT_SHUTDOWN_S)
-            _process_sets._on_shutdown()
-    except Exception:
-        pass
+    if _lib.perseus_is_initialized():
+        _exit_report.at_exit()  # bounded, never raises
+        _process_sets._on_shutdown()
 
 
 atexit.register(_shutdown_at_exit)

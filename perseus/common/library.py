@@ -113,6 +113,7 @@ _SIGNATURES = {
     "perseus_mpi_header_version": (ctypes.c_char_p, []),
     "perseus_shutdown": (_status, []),
     "perseus_shutdown_within": (_status, [ctypes.c_double]),
+    "perseus_leave": (_status, [ctypes.c_char_p, ctypes.c_double]),
     "perseus_is_initialized": (ctypes.c_int, []),
     "perseus_world_failed": (ctypes.c_int, []),
     "perseus_fault_tolerance": (ctypes.c_char_p, [_i32p, _i32p]),
@@ -188,6 +189,7 @@ perseus_check_mpi_library = _bind("perseus_check_mpi_library")
 perseus_mpi_header_version = _bind("perseus_mpi_header_version")
 perseus_shutdown = _bind("perseus_shutdown")
 perseus_shutdown_within = _bind("perseus_shutdown_within")
+perseus_leave = _bind("perseus_leave")
 perseus_is_initialized = _bind("perseus_is_initialized")
 perseus_world_failed = _bind("perseus_world_failed")
 perseus_fault_tolerance = _bind("perseus_fault_tolerance")

@@ -4,6 +4,9 @@ by run_mpi: the job is expected to fail). The last rank leaves at step LEAVE_STE
 PTEST_LEAVE=kill      SIGKILL to itself (a crash): MPICH's launcher tears the job down
 PTEST_LEAVE=exit      sys.exit(0) without shutdown(): the atexit hook shuts Perseus down
 PTEST_LEAVE=shutdown  shutdown() while the others still submit, then lingers
+PTEST_LEAVE=os_exit   os._exit(3): no exit hook runs
+PTEST_LEAVE=segv      SIGSEGV to itself (a crash in native code)
+PTEST_LEAVE=raise     an uncaught exception
 
 PTEST_WORKLOAD=allreduce (a loop of named allreduces) or optimizer (DistributedOptimizer
 training). Survivors print "SURVIVOR <rank> <exception>: <message>" and exit 3 when an
@@ -32,7 +35,17 @@ def leave(how):
         hvd.shutdown()
         time.sleep(5)  # still alive while the others find out
         sys.exit(0)
+    elif how == "os_exit":
+        os._exit(3)
+    elif how == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif how == "raise":
+        raise Victim("left at step %d" % LEAVE_STEP)
     raise AssertionError("unknown PTEST_LEAVE %r" % how)
+
+
+class Victim(Exception):
+    """Raised by the leaving rank only: not caught as a survivor's error."""
 
 
 def steps(workload):
@@ -64,6 +77,8 @@ def body():
                 leave(how)
             if time.monotonic() > deadline:
                 break
+    except Victim:
+        raise
     except Exception as e:  # noqa: BLE001 - reporting whatever reached the survivor
         # One write per line: mpirun merges the ranks' output.
         os.write(1, ("SURVIVOR %d %s: %s\n" % (rank, type(e).__name__, e)).encode())

@@ -125,6 +125,10 @@ perseus_status_t perseus_shutdown(void);
  * (PERSEUS_TIMEOUT), e.g. when a thread is stuck in a failed MPI call, leaving the
  * engine to the process's exit. */
 perseus_status_t perseus_shutdown_within(double timeout_s);
+/* perseus_shutdown_within for a process that is ending, saying how to the other ranks
+ * (e.g. "called os._exit(3)"): each warns with it at once, naming this rank, and their
+ * requests fail naming it. */
+perseus_status_t perseus_leave(const char* how, double timeout_s);
 int perseus_is_initialized(void);
 /* 1 when a rank of the running engine's world failed (PERSEUS_RANK_FAILED): the next
  * perseus_shutdown and perseus_init form the world of the survivors. */

@@ -441,8 +441,18 @@ void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_poin
   *wake_at = now;  // test it straight away
 }
 
+void Engine::SetLeavingHow(const std::string& how) {
+  std::lock_guard<std::mutex> lock(mu_);
+  leaving_how_ = how;
+}
+
 void Engine::StartRound(ProcessSet* set, bool stopping, Clock::time_point now) {
-  Status status = set->negotiator->Start(stopping);
+  std::string how;
+  if (stopping) {
+    std::lock_guard<std::mutex> lock(mu_);
+    how = leaving_how_;
+  }
+  Status status = set->negotiator->Start(stopping, how);
   if (!status.ok()) {
     StopSet(set, status);
     return;
@@ -494,14 +504,30 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
   set->backoff = retry.backoff;
   set->retry_at = retry.at;
   if (outcome.inspect_flags) ReportStall(set, outcome, now);
-  if (!outcome.shutdown_ranks.empty() && !set->stopped) {
-    std::ostringstream msg;
-    msg << "Perseus was shut down on rank(s) [";
-    for (size_t i = 0; i < outcome.shutdown_ranks.size(); ++i)
-      msg << (i ? ", " : "") << outcome.shutdown_ranks[i];
-    msg << "] before this request could complete";
-    StopSet(set, Status::Error(PERSEUS_SHUT_DOWN, msg.str()));
+  if (!outcome.shutdown_ranks.empty()) ReportLeavers(set, outcome.shutdown_ranks);
+}
+
+void Engine::ReportLeavers(ProcessSet* set, const std::vector<std::pair<int, std::string>>& leavers) {
+  std::ostringstream ranks, hows;
+  for (size_t i = 0; i < leavers.size(); ++i) {
+    const int rank = leavers[i].first;
+    const std::string& how = leavers[i].second;
+    ranks << (i ? ", " : "") << rank;
+    if (how.empty()) continue;
+    hows << (hows.tellp() > 0 ? "; " : " (") << "rank " << rank << " " << how;
+    // Said at once, once per rank: an exit that is not a clean one usually makes the
+    // launcher kill every process within milliseconds, before any error reaches Python.
+    if (rank == topo_.rank ||
+        std::find(leavers_told_.begin(), leavers_told_.end(), rank) != leavers_told_.end())
+      continue;
+    leavers_told_.push_back(rank);
+    PERSEUS_LOG(kWarning) << "rank " << rank << " " << how
+                          << " and has left the job: requests that need it fail";
   }
+  if (hows.tellp() > 0) hows << ")";
+  if (set->stopped) return;
+  StopSet(set, Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down on rank(s) [" + ranks.str() + "]" +
+                                                    hows.str() + " before this request could complete"));
 }
 
 Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {

@@ -39,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -68,6 +69,9 @@ class Engine {
 
   // Drains agreed work, tells the peers, fails what is left, stops the thread.
   void Shutdown();
+  // How this process is ending, for the peers (before Shutdown): "" (the default)
+  // for a call of shutdown(), else e.g. "called os._exit(3)"; they warn with it.
+  void SetLeavingHow(const std::string& how);
 
   Status Enqueue(const perseus_request_t* requests, int n, int64_t* handles_out,
                  bool wake_engine = true);
@@ -136,6 +140,9 @@ class Engine {
   void OnBatchDone(int set_id, const Batch& batch, const std::vector<Status>& statuses,
                    std::vector<Result>& results);
   void ReportStall(ProcessSet* set, const RoundOutcome& outcome, Clock::time_point now);
+  // Members that left (RoundOutcome::shutdown_ranks): warns of each one's end once, and
+  // stops the set with an error naming them.
+  void ReportLeavers(ProcessSet* set, const std::vector<std::pair<int, std::string>>& leavers);
   // Between rounds: fails the requests marked for withdrawal that the negotiator gives back.
   void TakeWithdrawn(ProcessSet* set);
   // What the stall inspector needs to know of this rank's waits in `set`; the
@@ -183,6 +190,7 @@ class Engine {
   // waking it (it would only hold them too). 0 = wake it for every request.
   int64_t hold_headroom_ = 0;
   bool stop_requested_ = false;
+  std::string leaving_how_;  // SetLeavingHow()
   bool stopped_ = false;
   std::string autotune_state_;  // for autotune_state(), which user threads call
   std::vector<int> lost_ranks_;  // members that stopped answering (global ranks)
@@ -191,6 +199,7 @@ class Engine {
   std::mutex step_mu_;      // held by whichever thread runs Iterate()
   bool single_set_ = true;  // under step_mu_: this rank is in one process set
   bool polled_ = false;      // under step_mu_: EndHold() was called before this step
+  std::vector<int> leavers_told_;  // under step_mu_: ranks whose end was reported here
   // Left by the last Iterate(): whether work is under way, and when to look again.
   std::atomic<bool> busy_{false};
   std::atomic<Clock::rep> wake_at_{Clock::time_point::max().time_since_epoch().count()};

@@ -128,7 +128,7 @@ std::string Negotiator::RankList(const std::vector<int>& set_ranks) const {
   return out.str();
 }
 
-Status Negotiator::Start(bool leaving) {
+Status Negotiator::Start(bool leaving, const std::string& how) {
   // Layout: [flags][agree bits][inverted hold bits]. A rank sets an agree bit when it
   // holds the request or has joined (it adds zeros); the hold bits, inverted so the
   // AND yields their OR, make sure somebody actually submitted it.
@@ -170,6 +170,7 @@ Status Negotiator::Start(bool leaving) {
   inspect_flags_ = 0;
   bits_recv_.assign(bits_send_.size(), 0);
   leaving_ = leaving;
+  leaving_how_ = how;
   Count(kNegotiationRounds);
   if (ride_bit_ >= 0) return StartCarrying(rider_ != nullptr);
   auto mpi = LockMpi();
@@ -267,6 +268,7 @@ Status Negotiator::BeginGather() {
     }
   }
   w.I32(flags);
+  if (leaving_) w.Str(leaving_how_);
   w.I32(count);
   const Clock::time_point now = Clock::now();
   for (const auto& kv : pending_) {
@@ -381,12 +383,12 @@ bool Negotiator::Test(RoundOutcome* outcome, Status* error) {
 void Negotiator::DecodeGather(RoundOutcome* out) {
   last_round_gathered_ = true;
   std::map<std::string, std::vector<Held>> by_name;  // sorted: the same order on every rank
-  std::vector<int> leaving;
+  std::vector<std::pair<int, std::string>> leaving;  // set rank, how it ends
   for (int r = 0; r < size_; ++r) {
     Reader reader(recv_bytes_.data() + displs_[r], sizes_[r]);
     int32_t flags = reader.I32();
+    if (flags & kMsgLeaving) leaving.emplace_back(r, reader.Str());
     int32_t count = reader.I32();
-    if (flags & kMsgLeaving) leaving.push_back(r);
     if ((flags & kMsgJoined) && !joined_[r]) {
       joined_[r] = 1;
       join_round_[r] = round_;
@@ -402,7 +404,7 @@ void Negotiator::DecodeGather(RoundOutcome* out) {
       if (count == 0 && !(flags & kMsgJoined)) out->idle.push_back(IdleRank{global_ranks_[r], last});
     }
   }
-  for (int r : leaving) out->shutdown_ranks.push_back(global_ranks_[r]);
+  for (auto& l : leaving) out->shutdown_ranks.emplace_back(global_ranks_[l.first], std::move(l.second));
   std::map<std::string, std::vector<Held>> unagreed;
   waiting_for_.clear();
   for (auto& kv : by_name) {

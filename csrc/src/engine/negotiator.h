@@ -30,7 +30,9 @@ struct RoundOutcome {
   std::vector<BatchItem> agreed;                           // to execute, in agreed order
   std::vector<std::pair<EntryPtr, Status>> failed;         // local requests ending in error
   std::vector<std::pair<EntryPtr, Result>> finished;       // local requests done without data (join)
-  std::vector<int> shutdown_ranks;                         // global ranks that called shutdown()
+  // Global ranks that are leaving (shutdown() or an exit) and how each is ending, as
+  // that rank said: "" for a call of shutdown(), else e.g. "called os._exit(3)".
+  std::vector<std::pair<int, std::string>> shutdown_ranks;
   // Inspection rounds only (some rank raised stall flags): names not every rank holds.
   std::vector<StalledRequest> stalled;
   std::vector<IdleRank> idle;                              // members with nothing pending
@@ -76,8 +78,9 @@ class Negotiator {
   int TakeWithdrawn(const std::map<std::string, std::string>& marked,
                     std::vector<Withdrawn>* out);
 
-  // Begins a round. `leaving` announces that this rank is shutting down.
-  Status Start(bool leaving);
+  // Begins a round. `leaving` announces that this rank is shutting down, `how` (sent
+  // along) how its process is ending: "" for a call of shutdown().
+  Status Start(bool leaving, const std::string& how = std::string());
   // Advances the outstanding round without blocking; true once it has finished.
   bool Test(RoundOutcome* outcome, Status* error);
 
@@ -126,6 +129,7 @@ class Negotiator {
   MPI_Request request_ = MPI_REQUEST_NULL;
   uint64_t round_ = 0;
   bool leaving_ = false;
+  std::string leaving_how_;
   int inspect_flags_ = 0;  // to raise in the next round
   int round_inspect_ = 0;  // raised by any rank in the current round
   std::vector<uint64_t> bits_send_, bits_recv_;
