@@ -21,6 +21,16 @@ def test_torch_api_ddp_fsdp_zero(run_mpi, nprocs):
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_point_to_point(run_mpi, nprocs):
+    """Issue 48 (2): tests/rank_scripts/torch_p2p.py: send/recv/isend/irecv of 8 dtypes and
+    5 shapes around the ring, tags, any source, batch_isend_irecv, objects, a group;
+    sizes that differ, a bad peer and the group's timeout are errors, never hangs."""
+    run_mpi("torch_p2p", nprocs, timeout=150)
+
+
+@pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_faults_end_in_errors_never_crashes_or_hangs(run_mpi, nprocs):

@@ -58,8 +58,6 @@ std::atomic<bool> g_started{false};
 pid_t g_forked_from = 0;
 // How long an exit path waits for the engine to stop before leaving it to the exit.
 constexpr double kExitShutdownS = 10.0;
-// How a process ends, as the other ranks are told (perseus_leave).
-constexpr const char* kExitWithoutShutdown = "exited without calling shutdown()";
 // The exit code of a process that ends the job after giving up on a member, and how
 // long it lets MPI_Abort try before it leaves on its own.
 constexpr int kLostPeerExitCode = 1;
@@ -133,7 +131,7 @@ void FinalizeAtExit() {
   // exit() called on a thread inside one of our MPI calls (MPI giving up on a failed
   // call): stopping the engine or finalizing MPI could wait on that very call.
   if (InMpiCaller()) return;
-  if (perseus_leave(kExitWithoutShutdown, kExitShutdownS) != PERSEUS_SUCCESS) return;
+  if (perseus_shutdown_within(kExitShutdownS) != PERSEUS_SUCCESS) return;
   // A member stopped answering (the stall inspector gave up on it): MPI_Finalize would
   // wait for it forever. On this host, leaving without it is enough: the host's daemon
   // sees this process go and ends the job, the lost rank included. On another host,
@@ -735,12 +733,31 @@ perseus_status_t perseus_handle_output(int64_t handle, void** data, int64_t* sha
   return PERSEUS_SUCCESS;
 }
 
+perseus_status_t perseus_point_to_point(const perseus_p2p_t* message, int64_t* handle_out) {
+  if (g_forked_from) return Report(ForkedChild());
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  if (message == nullptr || handle_out == nullptr || message->bytes < 0 ||
+      (message->data == nullptr && message->bytes > 0))
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_point_to_point: bad arguments"));
+  PointToPointOp op;
+  op.recv = message->recv != 0;
+  op.data = message->data;
+  op.bytes = message->bytes;
+  op.peer = op.recv && message->peer == -1 ? MPI_ANY_SOURCE : message->peer;
+  op.tag = message->tag;
+  op.set_id = message->process_set;
+  Status status = engine->PostPointToPoint(op, handle_out);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
 perseus_status_t perseus_withdraw(int64_t handle, const char* reason) {
   if (g_forked_from) return Report(ForkedChild());
   auto engine = Current();
   if (!engine) return Report(NotInitialized());
   const int rank = engine->topology().rank;
   std::string why = reason ? reason : "";
+  if (engine->WithdrawPointToPoint(handle, why)) return PERSEUS_SUCCESS;
   engine->Withdraw(handle, [rank, why](const std::string& name, const std::vector<int>& missing) {
     return Status::Error(PERSEUS_WITHDRAWN, "'" + name + "' was withdrawn on rank " +
                                                 std::to_string(rank) + ": rank(s) " +

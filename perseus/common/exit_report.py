@@ -3,9 +3,9 @@
 When a rank ends badly the launcher kills every other rank within milliseconds, so
 the survivors can name it only if they hear first: the leaving rank's last
 negotiation round says how it is ending, and each survivor's core prints it at once
-and fails its requests naming it. The core itself reports exits without shutdown()
-and fatal signals; this module adds what only Python sees: os._exit(), which runs no
-exit hook, and an uncaught exception, whose name says more than an exit code.
+and fails its requests naming it. The core itself reports fatal signals; this module
+adds what only Python sees: os._exit(), which runs no exit hook, sys.exit(n) and an
+uncaught exception, whose name says more than an exit code. A normal end says nothing.
 """
 
 import os
@@ -17,10 +17,10 @@ EXIT_SHUTDOWN_S = 10.0  # an exit waits this long for the engine, then leaves it
 # os._exit() means "now": it waits less (peers in a collective hear within milliseconds;
 # one that submits nothing for this long is killed by the launcher without a word).
 OS_EXIT_SHUTDOWN_S = 3.0
-WITHOUT_SHUTDOWN = "exited without calling shutdown()"
 _MAX_MESSAGE = 200  # of an uncaught exception's text, in the peers' warnings
 
 _real_os_exit = os._exit
+_real_sys_exit = sys.exit
 _previous_excepthook = None
 _owner = None  # the pid that installed the hooks: a forked child leaves nothing
 _how = None    # set by the excepthook, told at exit
@@ -38,12 +38,21 @@ def leave(how, timeout_s=EXIT_SHUTDOWN_S):
 
 
 def at_exit():
-    leave(_how or WITHOUT_SHUTDOWN)
+    """The end of the interpreter: a normal end says nothing ("": as shutdown() does;
+    most scripts never call it), an uncaught exception or sys.exit(n != 0) says so."""
+    leave(_how or "")
 
 
 def _os_exit(code):
     leave("called os._exit(%r)" % (code,), OS_EXIT_SHUTDOWN_S)
     _real_os_exit(code)
+
+
+def _sys_exit(code=None):
+    global _how
+    if code not in (None, 0):  # what the process will exit with, unless caught
+        _how = "called sys.exit(%r)" % (code,)
+    _real_sys_exit(code)
 
 
 def _excepthook(kind, value, traceback):
@@ -62,6 +71,7 @@ def install():
         return
     _owner = os.getpid()
     os._exit = _os_exit
+    sys.exit = _sys_exit
     if _previous_excepthook is None:
         _previous_excepthook = sys.excepthook
         sys.excepthook = _excepthook

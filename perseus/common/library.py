@@ -105,6 +105,13 @@ _i64p = ctypes.POINTER(ctypes.c_int64)
 # perseus_callback_t (perseus_on_complete); keep the object alive until it has run.
 CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
+class P2P(ctypes.Structure):
+    """perseus_p2p_t: one point-to-point message."""
+    _fields_ = [("recv", ctypes.c_int32), ("data", ctypes.c_void_p), ("bytes", ctypes.c_int64),
+                ("peer", ctypes.c_int32), ("tag", ctypes.c_int32),
+                ("process_set", ctypes.c_int32)]
+
+
 # name -> (restype, argtypes). Every function of perseus.h, in header order.
 _SIGNATURES = {
     # lifecycle
@@ -161,6 +168,7 @@ _SIGNATURES = {
                                         _i32p, ctypes.POINTER(_i64p), _i32p]),
     "perseus_withdraw": (_status, [ctypes.c_int64, ctypes.c_char_p]),
     "perseus_process_set_probe": (_status, [ctypes.c_int32, ctypes.c_double]),
+    "perseus_point_to_point": (_status, [ctypes.POINTER(P2P), _i64p]),
     "perseus_release": (_status, [ctypes.c_int64]),
     "perseus_free_buffer": (None, [ctypes.c_void_p]),
     # GPU tensors (work before init)
@@ -225,6 +233,7 @@ perseus_on_complete = _bind("perseus_on_complete")
 perseus_handle_output = _bind("perseus_handle_output")
 perseus_withdraw = _bind("perseus_withdraw")
 perseus_process_set_probe = _bind("perseus_process_set_probe")
+perseus_point_to_point = _bind("perseus_point_to_point")
 perseus_release = _bind("perseus_release")
 perseus_free_buffer = _bind("perseus_free_buffer")
 perseus_set_gpu_library_dirs = _bind("perseus_set_gpu_library_dirs")

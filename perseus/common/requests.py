@@ -90,6 +90,21 @@ def run(packed, finish, state):
     return synchronize(_register((_builder.int64s(n).unpack_from(buf), buf), finish, state, None))
 
 
+def point_to_point(recv, address, nbytes, peer, tag, process_set_id, keep):
+    """Posts one point-to-point message (perseus_point_to_point): `nbytes` at host
+    `address`, to or (recv) from set rank `peer` (recv: -1 for any) with `tag`. `keep`
+    references the memory until the message completes. Registered like submit()'s
+    requests; synchronize() returns the peer's set rank (a receive's source)."""
+    message = _lib.P2P(1 if recv else 0, address, nbytes, peer, tag, process_set_id)
+    handle = ctypes.c_int64()
+    _lib.check(_lib.perseus_point_to_point(ctypes.byref(message), ctypes.byref(handle)))
+    return _register(((handle.value,), None), _finish_source, keep, None)
+
+
+def _finish_source(state, handles):
+    return output_address(handles[0])[1][0]
+
+
 def counters():
     """What the core has asked of MPI in this process so far, by name
     (library.COUNTER_NAMES: negotiation rounds and gathers, rounds that carried a

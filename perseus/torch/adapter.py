@@ -84,10 +84,10 @@ def prepare(tensor):
     if code is None:
         raise ValueError("Perseus does not support tensors of dtype %s (supported: %s)"
                          % (tensor.dtype, ", ".join(str(d) for d in DTYPE_CODES)))
+    if tensor.layout is not torch.strided:  # asked first: is_contiguous() raises for CSR
+        raise NotImplementedError("%s tensors are not supported" % tensor.layout)
     if tensor.is_contiguous():
         return tensor, code, device
-    if tensor.layout is not torch.strided:
-        raise NotImplementedError("%s tensors are not supported" % tensor.layout)
     return tensor.contiguous(), code, device
 
 
@@ -381,6 +381,21 @@ def _pack_new(op_type, name, grouped, requests, items):
         _, input_at, output_at, stream, key = items[i]
         prebuilt = _packed_requests[key] = _builder.Prebuilt(buf, n, j)
         items[i] = (prebuilt, input_at, output_at, stream, key)
+
+
+def point_to_point(recv, tensor, peer, tag, process_set):
+    """Sends `tensor` to, or receives it (in place) from, set rank `peer` (recv: -1
+    for any) with `tag`: a handle whose synchronize() returns the peer's set rank.
+    CPU tensors of any dtype the core knows; the bytes go as they are."""
+    source, _, device = prepare(tensor)
+    if device != _CPU:
+        raise NotImplementedError("point-to-point of CUDA tensors is not supported by "
+                                  "Perseus yet; send a CPU copy (tensor.cpu())")
+    if recv and source is not tensor:
+        raise ValueError("recv: the tensor must be contiguous (it is received in place)")
+    nbytes = source.numel() * source.element_size()
+    return _requests.point_to_point(recv, source.data_ptr(), nbytes, peer, tag,
+                                    _builder.set_id(process_set), source)
 
 
 def join():

@@ -287,6 +287,23 @@ perseus_status_t perseus_withdraw(int64_t handle, const char* reason);
  * nothing pending still joins the round that tells the others who is missing. Local;
  * the shortest interval asked for stays. */
 perseus_status_t perseus_process_set_probe(int32_t id, double interval_s);
+/* ---- point-to-point (torch's send and recv) -------------------------------------
+ * Not negotiated: MPI matches a send with a receive of the same process set by source
+ * and tag, in the order each was posted, over a communicator of the set's own (so they
+ * never meet collectives). The data is host memory, kept valid by the caller until the
+ * handle completes; a receive fails, naming both sizes, unless the message has exactly
+ * `bytes` bytes. After a receive completes, perseus_handle_output's shape[0] is the
+ * source's rank in the set (its data is NULL). perseus_withdraw cancels a receive; a
+ * send it fails at once, though MPI may still deliver it. */
+typedef struct {
+  int32_t recv;         /* 1: receive into data; 0: send data */
+  void* data;
+  int64_t bytes;        /* at most 2^31 - 1 */
+  int32_t peer;         /* rank within the process set; a receive: -1 for any rank */
+  int32_t tag;          /* >= 0 */
+  int32_t process_set;  /* 0 = global */
+} perseus_p2p_t;
+perseus_status_t perseus_point_to_point(const perseus_p2p_t* message, int64_t* handle_out);
 /* Forgets a completed handle. */
 perseus_status_t perseus_release(int64_t handle);
 void perseus_free_buffer(void* data);

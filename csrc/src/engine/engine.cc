@@ -61,6 +61,7 @@ Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, LaneB
       lane_factory_(std::move(backend.lanes)),
       gpu_(std::move(backend.gpu)),
       handles_(handles),
+      p2p_(std::make_unique<PointToPoint>(handles)),
       schedule_(config.cycle_time_ms),
       watch_interval_(StallInspector::ProbeInterval(config)),
       // One rank, or no MPI_THREAD_MULTIPLE (no GPU batches at all): nothing to order.
@@ -158,6 +159,7 @@ void Engine::Shutdown() {
   }
   for (auto& kv : sets)
     if (kv.second->stall) kv.second->stall->Drain();
+  p2p_->Close(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
   sets.clear();  // lanes finish the batches every rank agreed on, then stop
   SetWaitHook(nullptr);  // no thread of ours waits any more
   handles_->FailAll(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
@@ -632,6 +634,34 @@ void Engine::Withdraw(int64_t handle, std::function<Status(const std::string&, c
   EndHold();
 }
 
+Status Engine::PostPointToPoint(const PointToPointOp& op, int64_t* handle) {
+  std::shared_ptr<ProcessSet> set;  // keeps its communicator while posting
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_ || stop_requested_) return Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down");
+    auto it = sets_.find(op.set_id);
+    if (it == sets_.end())
+      return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(op.set_id));
+    set = it->second;
+    if (set->stopped) return set->stop_status;
+  }
+  Status status = CheckMember(topo_.rank, set->rank, set->id);
+  if (!status.ok()) return status;
+  if (op.peer != MPI_ANY_SOURCE && (op.peer < 0 || op.peer >= set->size()))
+    return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                         std::string(op.recv ? "recv: source" : "send: destination") + " rank " +
+                             std::to_string(op.peer) + " is outside the process set's " +
+                             std::to_string(set->size()) + " ranks");
+  if (op.tag < 0)
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "point-to-point tags must be >= 0, got " +
+                                                       std::to_string(op.tag));
+  return p2p_->Post(op, set->p2p_comm, set->rank, handle);
+}
+
+bool Engine::WithdrawPointToPoint(int64_t handle, const std::string& why) {
+  return p2p_->Withdraw(handle, why);
+}
+
 Status Engine::SetProbeInterval(int id, double interval_s) {
   std::shared_ptr<ProcessSet> set;
   {
@@ -938,7 +968,7 @@ Status Engine::RemoveProcessSet(int id) {
     auto it = sets_.find(id);
     if (it == sets_.end())
       return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
-    if (!it->second->in_flight.empty())
+    if (!it->second->in_flight.empty() || p2p_->Busy(id))
       return Status::Error(PERSEUS_INVALID_ARGUMENT,
                            "process set " + std::to_string(id) + " still has requests in flight");
     removed = std::move(it->second);

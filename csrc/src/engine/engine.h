@@ -46,6 +46,7 @@
 #include "engine/config.h"
 #include "engine/handle_table.h"
 #include "engine/launch_order.h"
+#include "engine/point_to_point.h"
 #include "engine/rank_failure.h"
 #include "engine/process_set.h"
 #include "engine/schedule.h"
@@ -88,6 +89,11 @@ class Engine {
   // Someone looks for results (a poll that found a request unfinished): the next
   // step starts a round for held requests instead of holding them longer.
   void EndHold();
+  // A point-to-point message (perseus_point_to_point): posted at once, matched by MPI,
+  // never negotiated (engine/point_to_point.h).
+  Status PostPointToPoint(const PointToPointOp& op, int64_t* handle);
+  // perseus_withdraw of a point-to-point message's handle; false for any other handle.
+  bool WithdrawPointToPoint(int64_t handle, const std::string& why);
   Status AddProcessSet(const int32_t* ranks, int n, int32_t* id_out);
   // Collective, like AddProcessSet: rank 0 opens the timeline file (common/timeline.h)
   // and every rank returns the outcome.
@@ -176,6 +182,7 @@ class Engine {
   const std::unique_ptr<LaneFactory> lane_factory_;  // makes every set's lanes
   const std::unique_ptr<GpuEnqueue> gpu_;             // the GPU work of Enqueue
   HandleTable* handles_;
+  std::unique_ptr<PointToPoint> p2p_;
   const SchedulePolicy schedule_;
   Topology topo_;
 

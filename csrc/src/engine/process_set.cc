@@ -16,6 +16,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, MPI_Comm wo
   if (comm != MPI_COMM_NULL) {
     MPI_Comm_rank(comm, &set->rank);
     Status status = MpiStatus(MPI_Comm_dup(comm, &set->negotiation_comm), "MPI_Comm_dup");
+    if (status.ok()) status = MpiStatus(MPI_Comm_dup(comm, &set->p2p_comm), "MPI_Comm_dup");
     for (int i = 0; status.ok() && i < 2 * lanes; ++i) {
       MPI_Comm lane_comm;
       status = MpiStatus(MPI_Comm_dup(comm, &lane_comm), "MPI_Comm_dup");
@@ -52,6 +53,7 @@ ProcessSet::~ProcessSet() {
   for (MPI_Comm& c : lane_comms) MPI_Comm_free(&c);
   for (MPI_Comm& c : device_comms) MPI_Comm_free(&c);
   if (negotiation_comm != MPI_COMM_NULL) MPI_Comm_free(&negotiation_comm);
+  if (p2p_comm != MPI_COMM_NULL) MPI_Comm_free(&p2p_comm);
 }
 
 }  // namespace perseus

@@ -40,6 +40,7 @@ struct ProcessSet {
 
   // Members only.
   MPI_Comm negotiation_comm = MPI_COMM_NULL;
+  MPI_Comm p2p_comm = MPI_COMM_NULL;  // point-to-point messages (engine/point_to_point.h)
   std::vector<MPI_Comm> lane_comms;
   std::unique_ptr<Negotiator> negotiator;
   std::unique_ptr<StallInspector> stall;
@@ -77,7 +78,7 @@ struct ProcessSet {
 };
 
 // Builds a set from `comm` (already restricted to the members, or MPI_COMM_NULL
-// for a non-member): duplicates the negotiation, lane and device-lane communicators
+// for a non-member): duplicates the negotiation, point-to-point, lane and device-lane communicators
 // and has `lane_factory` make the CPU lanes (`lanes` of them; the knobs say how many
 // are used). `world`: the engine's, which carries the stall inspector's messages.
 Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, MPI_Comm world,

@@ -6,14 +6,16 @@ collectives, DDP, FSDP2 and ZeroRedundancyOptimizer on Perseus (the backend is
 perseus/torch/c10d/backend.py, imported at the first perseus group, so this module
 loads neither the core nor MPI).
 
-Two of torch's functions are wrapped; beyond refusing a backend name torch does not
+Three of torch's functions are wrapped; beyond refusing a backend name torch does not
 know, they change only what they do for perseus:
   * init_process_group: ranks come from MPI, not from init_method (torch's env://
     or tcp:// rendezvous would wait for variables and peers mpirun does not give);
     a name torch does not know, for any backend, is a ValueError (backend_names.py);
   * _new_process_group_helper, through which every group is made: a Perseus
     process set is registered collectively on every rank, while torch asks only the
-    group's members for their group.
+    group's members for their group;
+  * monitored_barrier, which torch refuses for any backend but gloo: on a perseus
+    group it is the group's (backend.py), with gloo's semantics.
 """
 
 import functools
@@ -73,8 +75,25 @@ def _wrap_group_helper(original):
     return helper
 
 
+def _wrap_monitored_barrier(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def monitored_barrier(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        group = arguments.get("group")
+        # A rank outside the group, or a group of another backend: torch's function.
+        if _c10d._rank_not_in_group(group) or not _names_perseus(_c10d.get_backend(group)):
+            return original(*args, **kwargs)
+        return _backend_module().monitored_barrier(group, arguments.get("timeout"),
+                                                   arguments.get("wait_all_ranks", False))
+
+    monitored_barrier._perseus_original = original
+    return monitored_barrier
+
+
 def register():
-    """Registers "perseus" for CPU and CUDA tensors and wraps torch's two functions;
+    """Registers "perseus" for CPU and CUDA tensors and wraps torch's three functions;
     once per process."""
     if hasattr(_c10d.init_process_group, "_perseus_original"):
         return
@@ -84,3 +103,6 @@ def register():
     _c10d.init_process_group = wrapped
     _torch_dist.init_process_group = wrapped
     _c10d._new_process_group_helper = _wrap_group_helper(_c10d._new_process_group_helper)
+    wrapped = _wrap_monitored_barrier(_c10d.monitored_barrier)
+    _c10d.monitored_barrier = wrapped
+    _torch_dist.monitored_barrier = wrapped

@@ -19,9 +19,13 @@ routes init_process_group("perseus") and new groups here; this module does the w
     errors and argument checks are those of Perseus's own API.
 """
 
+import datetime
+import re
 import socket
 import time
+import warnings
 
+import torch
 import torch.distributed as _torch_dist
 
 from perseus.common import basics as _basics
@@ -34,22 +38,6 @@ from perseus.torch.ops import world as _world
 from perseus.torch.ops.reduce_ops import core_op
 
 NAME = "perseus"
-
-# The torch.distributed calls behind each operation Perseus does not have.
-_UNSUPPORTED = {
-    "send": "send, isend, send_object_list and batch_isend_irecv (point-to-point)",
-    "recv": "recv, irecv, recv_object_list and batch_isend_irecv (point-to-point)",
-    "recv_anysource": "recv and irecv from any rank (point-to-point)",
-    "allgather_coalesced": "all_gather_coalesced (deprecated; all_gather_into_tensor works)",
-}
-
-
-def unsupported(op):
-    """The error for an operation the backend does not have."""
-    return NotImplementedError(
-        "torch.distributed %s: not supported by the 'perseus' backend; the 'gloo' (CPU), "
-        "'nccl' (CUDA) and 'mpi' backends have it: make a group for it with "
-        "torch.distributed.new_group(backend='gloo')" % _UNSUPPORTED[op])
 
 
 # ---- init ------------------------------------------------------------------------
@@ -134,6 +122,32 @@ _PROBES_PER_TIMEOUT = 8
 _groups_per_set = {}  # process set id -> groups made over it so far (name prefixes)
 
 
+# How the engine's error for a withdrawn request names the global ranks that had not
+# submitted it (perseus_withdraw, csrc/src/c_api.cc).
+_NOT_SUBMITTED = re.compile(r"rank\(s\) \[([0-9, ]*)\] had not submitted it")
+
+
+def _missing_ranks(error):
+    """The global ranks a withdrawn request's error names, or None for another error."""
+    found = _NOT_SUBMITTED.search(str(error))
+    return None if found is None else [int(r) for r in found.group(1).split(",")]
+
+
+def monitored_barrier(group, timeout, wait_all_ranks):
+    """torch.distributed.monitored_barrier on a perseus group (torch allows gloo only;
+    c10d/__init__.py routes the call here): torch's handling of `timeout`, then the
+    group's monitored_barrier()."""
+    if isinstance(timeout, float):
+        warnings.warn("Please specify timeout arg as a timedelta. Converting current value "
+                      "of %s assuming it represents seconds" % timeout, stacklevel=3)
+        timeout = datetime.timedelta(seconds=timeout)
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        raise TypeError("Expected timeout argument to be of type datetime.timedelta, got %s"
+                        % (timeout,))
+    group = group or _torch_dist.distributed_c10d._get_default_group()
+    return group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
 def _one(tensors, what):
     if len(tensors) != 1:
         raise ValueError("the 'perseus' backend's %s takes one tensor per call, got %d"
@@ -186,19 +200,22 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     def __repr__(self):
         return "ProcessGroupPerseus(ranks=%s)" % self.process_set.ranks
 
-    def _named(self, start):
+    def _named(self, start, bound=None):
         """start(name) -> Work, under this call's name: the group's next name. A name
         is used again once the call that had it has completed here (waiting for it if
-        need be: every rank submitted it before this one)."""
+        need be: every rank submitted it before this one). bound: (seconds, reason),
+        the time limit of this call instead of the group's timeout."""
         turn = self._turn % _NAMES
         previous = self._in_flight[turn]
         if previous is not None:
             _requests.settle(previous)
         called = time.monotonic()
         work = start("%s.%d" % (self._prefix, turn))
-        if self._timeout_s:
-            work._deadline = called + self._timeout_s
-            work._deadline_reason = self._timeout_reason
+        if bound is None and self._timeout_s:
+            bound = (self._timeout_s, self._timeout_reason)
+        if bound is not None:
+            work._deadline = called + bound[0]
+            work._deadline_reason = bound[1]
         self._turn += 1
         self._in_flight[turn] = work._handle
         return work
@@ -207,6 +224,10 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
+        if tensors and tensors[0].layout == torch.sparse_coo:
+            tensor = _one(tensors, "sparse allreduce")
+            return self._named(lambda name: _torch_api.all_reduce_sparse(
+                tensor, code, self.process_set, name))
         if len(tensors) != 1:
             return self._named(lambda name: _torch_api.all_reduce_coalesced(
                 tensors, code, self.process_set, name))
@@ -333,14 +354,61 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._named(lambda name: _torch_api.barrier(self.process_set, name))
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """gloo's monitored barrier: a barrier that fails after `timeout` (a timedelta;
+        None: torch's default) unless every rank of the group has called it. Rank 0's
+        error names the first rank that had not (every one: wait_all_ranks), the other
+        ranks' say that they reached it; gloo's words, then the engine's error, which
+        names the missing ranks. A rank that never comes leaves the group's calls out
+        of step, as a collective that timed out does (gloo's group breaks too)."""
+        if timeout is None:
+            timeout = _torch_dist.constants.default_pg_timeout
+        seconds = timeout.total_seconds()
+        reason = "within monitored_barrier's timeout of %g s" % seconds
+        work = self._named(lambda name: _torch_api.barrier(self.process_set, name),
+                           (seconds, reason))
+        try:
+            work.wait()
+        except RuntimeError as error:
+            missing = _missing_ranks(error)
+            if missing is None:
+                raise  # not a timeout: a mismatch, a peer that shut down, ...
+            ms = int(seconds * 1000)
+            if self.rank() == 0:
+                group_ranks = [self.process_set.ranks.index(r) for r in missing]
+                if not wait_all_ranks:
+                    said = "Rank %d failed" % group_ranks[0]
+                else:  # "Ranks" even for one, as gloo says
+                    said = "Ranks %s failed" % ", ".join(str(r) for r in group_ranks)
+                message = ("[Rank 0]: %s to pass monitoredBarrier in %d ms\n Original "
+                           "exception: \nRank 0 timed out in monitoredBarrier after %d ms: %s"
+                           % (said, ms, ms, error))
+            else:
+                message = ("Rank %d successfully reached monitoredBarrier, but received errors "
+                           "while waiting for send/recv from rank 0. Please check rank 0 logs "
+                           "for faulty rank.\n Original exception: \n%s" % (self.rank(), error))
+            raise type(error)(message) from None
+
+    # -- point-to-point: not collectives, so no turn of the group's names; MPI matches
+    # them by source and tag. The group's timeout bounds each (withdrawn at its end).
+
     def send(self, tensors, dst, tag=0):
-        raise unsupported("send")
+        return self._bounded(_torch_api.send(_one(tensors, "send"), dst, tag, self.process_set))
 
     def recv(self, tensors, src, tag=0):
-        raise unsupported("recv")
+        return self._bounded(_torch_api.recv(_one(tensors, "recv"), src, tag, self.process_set))
 
     def recv_anysource(self, tensors, tag=0):
-        raise unsupported("recv_anysource")
+        return self._bounded(_torch_api.recv(_one(tensors, "recv"), -1, tag, self.process_set))
+
+    def _bounded(self, work):
+        if self._timeout_s:
+            work._deadline = time.monotonic() + self._timeout_s
+            work._deadline_reason = self._timeout_reason
+        return work
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        raise unsupported("allgather_coalesced")
+        """all_gather_coalesced: one grouped allgather; output_lists[r][i] gets rank r's
+        inputs[i]."""
+        return self._named(lambda name: _torch_api.all_gather_lists(
+            output_lists, inputs, self.process_set, name))

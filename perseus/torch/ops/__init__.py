@@ -85,6 +85,12 @@ def barrier(process_set, name=None, drive=True):
     return _adapter.barrier_async(process_set, name=name, drive=drive)
 
 
+def point_to_point(recv, tensor, peer, tag, process_set):
+    """A message to (or, recv, from) set rank `peer` (recv: -1 for any): a handle whose
+    synchronize() gives the peer's set rank."""
+    return _adapter.point_to_point(recv, tensor, peer, tag, process_set)
+
+
 def join():
     """Joins, waits, and returns the rank that joined last (see mpi_ops.join)."""
     return _adapter.join()

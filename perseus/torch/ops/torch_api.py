@@ -11,6 +11,8 @@ request's name or None. Membership, async_op and src/group_src are the faces' bu
 
 import torch
 
+from perseus.common.exceptions import CollectiveArgumentError
+from perseus.common.ops import Sum as _SUM
 from perseus.torch import ops as _ops
 from perseus.torch.ops.work import Work
 
@@ -57,6 +59,32 @@ def all_reduce_coalesced(tensors, code, process_set, name=None):
     tensors = list(tensors)
     return Work(_ops.allreduce(tensors, process_set, code, name, inplace=True, grouped=True),
                 tensors)
+
+
+def all_reduce_sparse(tensor, code, process_set, name=None):
+    """The sum of every rank's sparse COO `tensor` (CPU), in its place, coalesced, as
+    gloo gives it: one grouped allgather of every rank's size, indices and values (a
+    rank's number of entries is its own), added up here. Sizes that differ fail on
+    every rank, as each sees them all."""
+    if code != _SUM:
+        raise CollectiveArgumentError("all_reduce of a sparse tensor: only ReduceOp.SUM is "
+                                      "supported (as with gloo)")
+    if tensor.device.type != "cpu":
+        raise CollectiveArgumentError("all_reduce of a sparse tensor: CPU tensors only, got "
+                                      "one on %s" % tensor.device)
+    shape = torch.tensor([list(tensor.shape)], dtype=torch.int64)  # one row per rank
+
+    def finish(gathered):
+        shapes, indices, values = gathered
+        if not bool((shapes == shapes[0]).all()):
+            raise CollectiveArgumentError("all_reduce of sparse tensors: the ranks' sizes "
+                                          "differ: %s" % shapes.tolist())
+        total = torch.sparse_coo_tensor(indices.t(), values, tensor.shape).coalesce()
+        tensor.copy_(total)  # in place, though its number of entries changes
+
+    # dim 0 of the indices and values runs over the entries: what allgather concatenates
+    parts = (shape, tensor._indices().t().contiguous(), tensor._values().contiguous())
+    return Work(_ops.allgather(parts, process_set, name, grouped=True), [tensor], finish)
 
 
 def reduce_scatter_tensor(output, input, code, process_set, name=None):
@@ -151,6 +179,41 @@ def all_gather_coalesced(outputs, inputs, process_set, name=None):
                                grouped=True), outputs, finish)
 
 
+def all_gather_lists(output_lists, inputs, process_set, name=None):
+    """torch.distributed.all_gather_coalesced: output_lists[r][i] gets rank r's inputs[i]
+    (the inputs of one rank may differ in shape; every rank passes the same shapes).
+    One grouped allgather. The checks are gloo's, raised where they fail, before
+    anything is sent; a CollectiveArgumentError is a RuntimeError, as gloo raises."""
+    what = "all_gather_coalesced"
+    size = process_set.size()
+    if not inputs:
+        raise CollectiveArgumentError("%s: input_tensor_list is empty" % what)
+    if len(output_lists) != size:
+        raise CollectiveArgumentError("%s: output_tensor_lists has %d lists; it needs one per "
+                                      "rank of the group (%d)" % (what, len(output_lists), size))
+    for r, outputs in enumerate(output_lists):
+        if len(outputs) != len(inputs):
+            raise CollectiveArgumentError("%s: output_tensor_lists[%d] has %d tensors for %d "
+                                          "inputs" % (what, r, len(outputs), len(inputs)))
+        for i, (output, input) in enumerate(zip(outputs, inputs)):
+            if output.shape != input.shape or output.dtype != input.dtype:
+                raise CollectiveArgumentError(
+                    "%s: output_tensor_lists[%d][%d] has shape %s and %s; input %d has shape "
+                    "%s and %s" % (what, r, i, tuple(output.shape), output.dtype, i,
+                                   tuple(input.shape), input.dtype))
+    targets = [list(outputs) for outputs in output_lists]
+
+    def finish(gathered):  # gathered[i]: one row per rank
+        for i, rows in enumerate(gathered):
+            for outputs, row in zip(targets, rows):
+                outputs[i].copy_(row.view(outputs[i].shape))
+
+    work = Work(_ops.allgather([t.reshape(1, -1) for t in inputs], process_set, name,
+                               grouped=True), [t for outputs in targets for t in outputs], finish)
+    work._outputs = targets  # the future's value, as gloo's: one list per rank
+    return work
+
+
 # ---- the rest ------------------------------------------------------------------------
 
 def broadcast(tensor, root_rank, process_set, name=None):
@@ -210,3 +273,20 @@ def exchange(what, tensors, splits, targets, process_set, name=None):
 
 def barrier(process_set, name=None):
     return Work(_ops.barrier(process_set, name), [])
+
+
+# ---- point-to-point ------------------------------------------------------------------
+
+def send(tensor, peer, tag, process_set):
+    """To set rank `peer`; not a collective (no name): MPI matches it by source and tag."""
+    tensors_only("send", tensor=tensor)
+    return Work(_ops.point_to_point(False, tensor, peer, tag, process_set), [tensor])
+
+
+def recv(tensor, peer, tag, process_set):
+    """Into `tensor` from set rank `peer` (-1: any); the Work's _source_rank() says who
+    sent it, as torch's."""
+    tensors_only("recv", tensor=tensor)
+    work = Work(_ops.point_to_point(True, tensor, peer, tag, process_set), [tensor])
+    work._finish = lambda source: setattr(work, "source", source)
+    return work

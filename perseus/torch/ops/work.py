@@ -122,6 +122,13 @@ class Work(_torch_dist.Work):
         finally:
             self._lock.release()
 
+    def _source_rank(self):
+        """A receive's sender, its rank in the group (torch's recv from any rank asks)."""
+        self.wait()
+        if not hasattr(self, "source"):
+            raise RuntimeError("_source_rank: this Work is not a receive")
+        return self.source
+
     def is_success(self):
         return self._done and self._error is None
 
