@@ -96,6 +96,9 @@ MPI_Comm g_failed_world = MPI_COMM_NULL;
 // ends the job at once, mpirun's exit code 0 (8 of 8).
 std::atomic<bool> g_lost_a_rank{false};
 
+// The processes on this host of that world: (rank in it, process id).
+std::vector<std::pair<int, int>> g_failed_world_here;
+
 void KeepFailedWorld(Engine& engine) {
   MPI_Comm failed = engine.TakeFailedWorld();
   if (failed == MPI_COMM_NULL) return;
@@ -103,6 +106,7 @@ void KeepFailedWorld(Engine& engine) {
   std::lock_guard<std::timed_mutex> lock(*g_mu);
   if (g_failed_world != MPI_COMM_NULL) MPI_Comm_free(&g_failed_world);
   g_failed_world = failed;
+  g_failed_world_here = engine.node_processes();
 }
 
 std::shared_ptr<Engine> Current() {
@@ -183,6 +187,10 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
     // Another MPI's launcher: say so here, as MPI_Init may abort with its own words.
     Status launcher = CheckLauncherPmiHere();
     if (!launcher.ok()) return launcher;
+    // A fault-tolerant job: a frozen rank is declared failed after the stall shutdown
+    // time (else the peer timeout), and excluded as a dead one is.
+    ArmFailureDetector(config.stall_shutdown_seconds > 0 ? config.stall_shutdown_seconds
+                                                         : config.peer_timeout_seconds);
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
     if (!g_finalize_at_exit) std::atexit(FinalizeAtExit);
@@ -288,6 +296,7 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   if (g_failed_world != MPI_COMM_NULL && comm_f2c == -1) {
     // The last world lost a rank (ULFM): this one is its survivors (collective over them).
     status = Shrink(g_failed_world, &world);
+    if (status.ok()) EndExcludedRanks(g_failed_world, world, g_failed_world_here);
     MPI_Comm_free(&g_failed_world);
   } else {
     status = MpiStatus(MPI_Comm_dup(base, &world), "MPI_Comm_dup");

@@ -5,7 +5,8 @@ tests/test_fault_tolerance.py with the core built against that MPI.
 Every rank trains a small linear model with DistributedOptimizer over an
 ElasticSampler, committing after every batch inside hvd.elastic.run. At step
 PTEST_KILL_STEP the victims (PTEST_VICTIMS: world ranks, default the last) SIGKILL
-themselves where PTEST_KILL_WHERE says:
+themselves (PTEST_SIGNAL=SIGSTOP: freeze, to be declared failed by the detector and
+ended by a survivor) where PTEST_KILL_WHERE says:
 
   allreduce   just before the step's gradients are reduced (the others are inside it)
   broadcast   inside a broadcast of every rank (its turn to send)
@@ -45,7 +46,25 @@ def victims():
 def die_here_if_victim(where, step, world_rank):
     if (os.environ.get("PTEST_KILL_WHERE") == where and step == int(os.environ["PTEST_KILL_STEP"])
             and world_rank in victims()):
-        os.kill(os.getpid(), signal.SIGKILL)
+        if os.environ.get("PTEST_SIGNAL") == "SIGSTOP":
+            with open(os.path.join(os.environ["PTEST_TMPDIR"], "frozen.%d" % world_rank), "w") as f:
+                f.write(str(os.getpid()))
+        os.kill(os.getpid(), getattr(signal, os.environ.get("PTEST_SIGNAL", "SIGKILL")))
+        log("woke up after being declared failed")  # never: a survivor ends it
+
+
+def still_runs(pid):
+    """Whether process `pid` exists and is neither a zombie nor gone (within 5 s)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+        except OSError:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def dataset():
@@ -135,6 +154,11 @@ def body():
     assert not repeated, "committed samples trained on again after the failure: %s" % repeated
     skipped = set(range(SAMPLES)) - record["processed"][record["epoch_of_failure"]]
     assert not skipped, "samples never trained on in the epoch of the failure: %s" % skipped
+    for name in os.listdir(os.environ["PTEST_TMPDIR"]):  # frozen victims: ended by now
+        if name.startswith("frozen."):
+            pid = int(open(os.path.join(os.environ["PTEST_TMPDIR"], name)).read())
+            assert not still_runs(pid), "frozen rank %s (pid %d) still runs" % (name, pid)
+            log("frozen rank %s was ended" % name[len("frozen."):])
     log("survivor ok, size %d, loss %.4f -> %.4f" % (hvd.size(), first, last))
     hvd.shutdown()
 

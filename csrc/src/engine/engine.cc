@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <set>
@@ -94,6 +95,14 @@ Status Engine::Init() {
                      "MPI_Allgather");
   if (!status.ok()) return status;
   std::sort(node_ranks_.begin(), node_ranks_.end());
+  // Their processes, in local rank order: a rank declared failed while still alive (a
+  // frozen process, ULFM) is ended by a survivor on its host (EndExcludedRanks).
+  const int me[2] = {topo_.rank, static_cast<int>(getpid())};
+  std::vector<int> pairs(2 * topo_.local_size);
+  status = MpiStatus(MPI_Allgather(me, 2, MPI_INT, pairs.data(), 2, MPI_INT, local_comm_),
+                     "MPI_Allgather");
+  if (!status.ok()) return status;
+  for (int i = 0; i < topo_.local_size; ++i) node_processes_.emplace_back(pairs[2 * i], pairs[2 * i + 1]);
   status = MpiStatus(MPI_Comm_split(world_, topo_.local_rank, topo_.rank, &cross_comm_),
                      "MPI_Comm_split");
   if (!status.ok()) return status;
@@ -652,6 +661,10 @@ Status Engine::PostPointToPoint(const PointToPointOp& op, int64_t* handle) {
                          std::string(op.recv ? "recv: source" : "send: destination") + " rank " +
                              std::to_string(op.peer) + " is outside the process set's " +
                              std::to_string(set->size()) + " ranks");
+  if (set->size() == 1)  // a receive from any rank would wait forever
+    return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                         std::string(op.recv ? "recv" : "send") +
+                             ": the process set has no other rank to exchange messages with");
   if (op.tag < 0)
     return Status::Error(PERSEUS_INVALID_ARGUMENT, "point-to-point tags must be >= 0, got " +
                                                        std::to_string(op.tag));
@@ -750,6 +763,7 @@ void Engine::FailWorld() {
       sets.push_back(kv.second);
       ProcessSet& set = *kv.second;
       comms.push_back(set.negotiation_comm);
+      comms.push_back(set.p2p_comm);
       comms.insert(comms.end(), set.lane_comms.begin(), set.lane_comms.end());
       comms.insert(comms.end(), set.device_comms.begin(), set.device_comms.end());
     }

@@ -120,6 +120,8 @@ class Engine {
   // After Shutdown of a failed world: its communicator, kept for MPIX_Comm_shrink
   // (the caller frees it). MPI_COMM_NULL otherwise.
   MPI_Comm TakeFailedWorld();
+  // (global rank, process id) of every rank on this host, this one included.
+  const std::vector<std::pair<int, int>>& node_processes() const { return node_processes_; }
   // The autotuner's AutoTuner::State(); empty when it is off.
   std::string autotune_state();
 
@@ -202,6 +204,7 @@ class Engine {
   std::string autotune_state_;  // for autotune_state(), which user threads call
   std::vector<int> lost_ranks_;  // members that stopped answering (global ranks)
   std::vector<int> node_ranks_;  // the global ranks on this host (local_comm_), sorted
+  std::vector<std::pair<int, int>> node_processes_;  // node_processes()
   Status lost_status_;           // the error their sets stop with
   std::mutex step_mu_;      // held by whichever thread runs Iterate()
   bool single_set_ = true;  // under step_mu_: this rank is in one process set

@@ -22,7 +22,8 @@ Status RankFailure::Declare(MPI_Comm world, const std::vector<MPI_Comm>& comms) 
   std::string ranks = failed.empty() ? std::string("a rank") : "rank(s) " + ListString(failed);
   error_ = Status::Error(
       PERSEUS_RANK_FAILED,
-      ranks + " of the job failed (their process ended; first seen in " + first_.message +
+      ranks + " of the job failed (their process ended, or stopped answering for the stall "
+              "shutdown time; first seen in " + first_.message +
           "). Nothing more runs with the ranks of this world: hvd.elastic.run goes on with "
           "the survivors from the last commit (or call shutdown() and init(), which forms "
           "the world of the survivors)");

@@ -1,8 +1,13 @@
 #include "mpi/fault_tolerance.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #if defined(__has_include)
 #if __has_include(<mpi-ext.h>)
@@ -10,6 +15,7 @@
 #endif
 #endif
 
+#include "common/logging.h"
 #include "mpi/mpi_status.h"
 
 #if defined(OMPI_HAVE_MPI_EXT_FTMPI) && defined(MPIX_ERR_PROC_FAILED)
@@ -103,6 +109,58 @@ Status Shrink(MPI_Comm comm, MPI_Comm* out) {
   return Status::Error(PERSEUS_UNSUPPORTED, "shrinking a communicator needs ULFM: " +
                                                 FaultToleranceReason());
 #endif
+}
+
+void ArmFailureDetector(double timeout_s) {
+  if (!FaultTolerant() || !(timeout_s > 0)) return;
+  if (std::getenv("OMPI_MCA_mpi_ft_detector") != nullptr) return;  // the user's choice
+  // Open MPI wants the timeout above 3 periods; a quarter leaves room for a late beat.
+  char period[32], timeout[32];
+  std::snprintf(period, sizeof period, "%g", timeout_s / 4);
+  std::snprintf(timeout, sizeof timeout, "%g", timeout_s);
+  setenv("OMPI_MCA_mpi_ft_detector", "true", 1);
+  // Its own thread beats while the application computes outside MPI for long.
+  setenv("OMPI_MCA_mpi_ft_detector_thread", "true", 0);
+  setenv("OMPI_MCA_mpi_ft_detector_period", period, 0);
+  setenv("OMPI_MCA_mpi_ft_detector_timeout", timeout, 0);
+}
+
+namespace {
+
+// Whether process `pid` still runs: it exists and is not a zombie.
+bool StillRuns(int pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+}
+
+}  // namespace
+
+void EndExcludedRanks(MPI_Comm failed, MPI_Comm survivors,
+                      const std::vector<std::pair<int, int>>& here) {
+  int old_rank = 0, size = 0;
+  MPI_Comm_rank(failed, &old_rank);
+  MPI_Comm_size(survivors, &size);
+  std::vector<int> kept(size);
+  if (MPI_Allgather(&old_rank, 1, MPI_INT, kept.data(), 1, MPI_INT, survivors) != MPI_SUCCESS) return;
+  // One survivor per host acts: the lowest of the last world's ranks there.
+  int first_here = -1;
+  for (const auto& process : here)
+    if (std::find(kept.begin(), kept.end(), process.first) != kept.end() &&
+        (first_here < 0 || process.first < first_here))
+      first_here = process.first;
+  if (first_here != old_rank) return;
+  for (const auto& process : here) {
+    if (std::find(kept.begin(), kept.end(), process.first) != kept.end()) continue;
+    if (!StillRuns(process.second)) continue;
+    kill(process.second, SIGKILL);
+    PERSEUS_LOG(kWarning) << "rank " << process.first << " of the last world (process "
+                          << process.second << " on this host) stopped answering and was "
+                          << "declared failed; it was still running, so it was ended here: it "
+                          << "cannot rejoin";
+  }
 }
 
 }  // namespace perseus
