@@ -117,8 +117,10 @@ def create(options, backend_options=None):
 # so its corrected retry meets the peers' call.
 _NAMES = 60
 # How often within a group's timeout a rank looks for its peers' messages, idle or not:
-# a rank whose collective times out learns who lacks it from a round they join.
+# a rank whose collective times out learns who lacks it from a round they join. And at
+# least this often (seconds), for the shorter timeouts of monitored_barrier().
 _PROBES_PER_TIMEOUT = 8
+_PROBE_AT_LEAST_S = 0.5
 _groups_per_set = {}  # process set id -> groups made over it so far (name prefixes)
 
 
@@ -130,7 +132,8 @@ _NOT_SUBMITTED = re.compile(r"rank\(s\) \[([0-9, ]*)\] had not submitted it")
 def _missing_ranks(error):
     """The global ranks a withdrawn request's error names, or None for another error."""
     found = _NOT_SUBMITTED.search(str(error))
-    return None if found is None else [int(r) for r in found.group(1).split(",")]
+    ranks = [int(r) for r in found.group(1).split(",") if r.strip()] if found else []
+    return ranks or None
 
 
 def monitored_barrier(group, timeout, wait_all_ranks):
@@ -144,7 +147,8 @@ def monitored_barrier(group, timeout, wait_all_ranks):
     if timeout is not None and not isinstance(timeout, datetime.timedelta):
         raise TypeError("Expected timeout argument to be of type datetime.timedelta, got %s"
                         % (timeout,))
-    group = group or _torch_dist.distributed_c10d._get_default_group()
+    if group is None:
+        group = _torch_dist.distributed_c10d._get_default_group()
     return group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
@@ -166,11 +170,13 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         # torch's timeout of the group: every collective must have been called on every
         # rank within it, else it fails here naming the ranks that did not call it.
         self._timeout_s = timeout.total_seconds() if timeout is not None else None
+        probe_s = _PROBE_AT_LEAST_S  # the engine's default is up to 5 s
         if self._timeout_s:
             self._timeout_reason = ("within the process group's timeout of %g s"
                                     % self._timeout_s)
-            # A rank with nothing to do still answers within a fraction of it.
-            _requests.probe_within(sid, self._timeout_s / _PROBES_PER_TIMEOUT)
+            probe_s = min(probe_s, self._timeout_s / _PROBES_PER_TIMEOUT)
+        # A rank with nothing to do still answers within a fraction of a timeout.
+        _requests.probe_within(sid, probe_s)
         # Every member makes the groups over one set in the same order: the same
         # prefix on every rank, and none shared with another group over that set.
         self._prefix = "torch%d" % _groups_per_set.get(sid, 0)
