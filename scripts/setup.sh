@@ -53,10 +53,11 @@ fi
 # ---------------------------------------------------------------- --all: the tests' needs
 # nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on a CPU-only
 # machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot;
-# docs/requirements.txt: MkDocs for the documentation site, which tests/test_docs.py builds.
+# docs/requirements.txt: MkDocs for the documentation site, which tests/test_docs.py builds;
+# expecttest: imported by torch's own distributed test suite (tests/torch_suite/).
 step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "17 s" \
   pip_install pytest pytest-timeout h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
-  -r docs/requirements.txt
+  "expecttest==0.3.0" -r docs/requirements.txt
 # Debian's Open MPI as a second MPI, for tests/test_open_mpi.py (the core built against
 # it: a plain python and mpirun -np 2) and tests/test_build_mpi.py (its libmpi.so in
 # Debian python's library folder, which once got linked into the MPICH build). It puts
