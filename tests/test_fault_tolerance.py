@@ -38,6 +38,18 @@ def ulfm(tmp_path_factory):
             "env": {"PYTHONPATH": package(core, tmp_path_factory.mktemp("ompi5"))}}
 
 
+def test_second_failure_during_recovery(ulfm, run_mpi):
+    """Issue 46: rank 3 dies inside the step's allreduce, then rank 1 inside the state
+    sync that follows (a second failure during recovery): ranks 0 and 2 recover again
+    and finish, with the script's checks (identical parameters, falling loss, no sample
+    skipped)."""
+    env = dict(ulfm["env"], PTEST_KILL_WHERE="allreduce", PTEST_KILL_STEP="5",
+               PTEST_VICTIMS="3", PTEST_RECOVERY_VICTIM="1")
+    out = run_mpi("elastic_shrink", NP, env=env, python=ulfm["python"],
+                  launcher=ulfm["launcher"], timeout=240)
+    assert out.count("survivor ok, size 2") == 2, out
+
+
 def test_frozen_rank_is_declared_failed_and_ended(ulfm, run_mpi):
     """Issue 46 (2): a rank SIGSTOPped inside the step's allreduce is declared failed by
     Open MPI's heartbeat detector, which the core arms from the stall shutdown time (4 s

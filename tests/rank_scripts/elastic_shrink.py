@@ -15,6 +15,9 @@ ended by a survivor) where PTEST_KILL_WHERE says:
               again after the reset: a set does not outlive its world)
   commit      during state.commit()
 
+PTEST_RECOVERY_VICTIM (a world rank): that rank also dies, SIGKILLed inside the state
+sync that follows the first failure (a second failure during recovery).
+
 The survivors must each raise HorovodInternalError (never hang), restore the last
 commit, shrink to the survivors (size and ranks change), sync from the new rank 0 and
 finish the epochs. At the end each survivor checks, against a reference it computes:
@@ -41,6 +44,25 @@ SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 2
 def victims():
     return [int(r) for r in os.environ.get("PTEST_VICTIMS", "").split(",") if r] or \
         [launcher_rank_size()[1] - 1]
+
+
+def recovery_victim():
+    value = os.environ.get("PTEST_RECOVERY_VICTIM")
+    return None if value is None else int(value)
+
+
+def die_in_recovery_sync(state, record, world_rank):
+    """The recovery victim: its state.sync() after a reset SIGKILLs it as it starts,
+    the others being inside the sync's broadcast."""
+    original = state.sync
+
+    def sync():
+        if record["recovered"] is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        original()
+
+    if world_rank == recovery_victim():
+        state.sync = sync
 
 
 def die_here_if_victim(where, step, world_rank):
@@ -104,6 +126,7 @@ def body():
         record["committed_at_failure"] = set(state.sampler.processed_indices)
 
     state.register_reset_callbacks([on_reset])
+    die_in_recovery_sync(state, record, world_rank)
 
     @hvd.elastic.run
     def train(state):
@@ -143,7 +166,8 @@ def body():
 
     losses = train(state)
     assert record["recovered"] is not None, "no failure was recovered from"
-    assert hvd.size() == world_size - len(victims()), (hvd.size(), world_size)
+    lost = len(victims()) + (recovery_victim() is not None)
+    assert hvd.size() == world_size - lost, (hvd.size(), world_size)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = hvd.allgather(flat.unsqueeze(0))
     for r in range(hvd.size()):
