@@ -66,3 +66,15 @@ def package(core, folder):
                     ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     shutil.copy2(core, folder / "perseus" / "lib" / "libperseus.so")
     return str(folder)
+
+
+if __name__ == "__main__":
+    # python build_support/other_mpi_core.py NAME MPICXX: builds (or takes from the cache)
+    # the core, makes the package beside it and prints the folder to put on PYTHONPATH
+    # (scripts/elastic_demo.sh).
+    name, compiler = sys.argv[1], sys.argv[2]
+    built = build_core(name, compiler)
+    folder = built.parent / "python"
+    shutil.rmtree(folder, ignore_errors=True)  # this checkout's Python files, as they are now
+    folder.mkdir()
+    print(package(built, folder))

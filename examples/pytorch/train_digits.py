@@ -23,6 +23,10 @@ ranks that share a GPU are reduced host-staged through MPI, with one warning. El
 or with --device cpu, it trains on the CPU. Each epoch prints the samples per second
 over all ranks; the end prints the run's, and whether every rank holds the same weights.
 
+--elastic trains inside hvd.elastic.run, committing every --commit-every batches: on Open
+MPI 5 with ULFM (`bash scripts/elastic_demo.sh`, which also SIGKILLs a rank with
+--kill-rank) a rank that dies is left behind and the others go on from the last commit.
+
 Settings: command-line options, or environment variables EPOCHS, BATCH_SIZE, LR,
 MOMENTUM, WEIGHT_DECAY, SEED, CHECKPOINT, HIDDEN, DEVICE (an option given on the command
 line wins).
@@ -31,6 +35,7 @@ line wins).
 import argparse
 import math
 import os
+import signal
 import time
 
 import numpy as np
@@ -76,7 +81,21 @@ def parse_args(argv=None):
     p.add_argument("--progress", action="store_true", help="a progress bar per epoch on rank 0")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default=env("DEVICE", "auto", str),
                    help="auto: a GPU per rank where torch sees CUDA devices, else the CPU")
-    return p.parse_args(argv)
+    p.add_argument("--elastic", action="store_true",
+                   help="train inside hvd.elastic.run, committing every --commit-every "
+                        "batches: where the job may outlive a rank (Open MPI 5 with ULFM: "
+                        "scripts/elastic_demo.sh), the others go on from the last commit")
+    p.add_argument("--commit-every", type=int, default=4, help="--elastic: batches per commit")
+    p.add_argument("--kill-rank", type=int, default=None,
+                   help="a demonstration of --elastic: this rank SIGKILLs itself ...")
+    p.add_argument("--kill-at-epoch", type=int, default=1,
+                   help="... at its third batch of this epoch (counting from 0)")
+    args = p.parse_args(argv)
+    if args.kill_rank is not None and not args.elastic:
+        p.error("--kill-rank needs --elastic (without it a rank that dies ends the job)")
+    if args.commit_every < 1:
+        p.error("--commit-every must be at least 1")
+    return args
 
 
 def load_digits_split(test_fraction, seed):
@@ -180,6 +199,44 @@ def resume_state(args):
     return state
 
 
+def train_elastic(args, train_set, model, optimizer, start_epoch, train_epoch):
+    """The epochs inside hvd.elastic.run (Horovod's elastic API): the model, optimizer,
+    epoch and the sampler's progress are committed every --commit-every batches; after a
+    rank fails, the others restore the last commit, shrink to a world without it, take
+    rank 0's state and go on with the rest of the epoch."""
+    sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=args.seed)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler,
+                                   epoch=start_epoch)
+    world_rank = hvd.rank()  # as launched: --kill-rank counts these
+
+    def after_reset():
+        if hvd.rank() == 0:
+            print("A rank failed: going on with %d rank(s) from the last commit (epoch %d)"
+                  % (hvd.size(), state.epoch + 1), flush=True)
+
+    state.register_reset_callbacks([after_reset])
+
+    def on_batch(i):
+        if args.kill_rank == world_rank and state.epoch == args.kill_at_epoch and i == 2:
+            print("Rank %d: SIGKILL to itself (--kill-rank)" % world_rank, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        sampler.record_batch(i, args.batch_size)
+        if (i + 1) % args.commit_every == 0:
+            state.commit()
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < args.epochs:
+            # This epoch's samples not processed yet, split over the world as it is now.
+            loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+            train_epoch(state.epoch, loader, on_batch)
+            state.epoch += 1  # before the commit: a restore goes on with the next epoch
+            sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+
+
 def main(argv=None):
     args = parse_args(argv)
     hvd.init()
@@ -222,16 +279,17 @@ def main(argv=None):
     say("Training an MLP on digits: %d train / %d test samples, %d rank(s), batch %d per rank, "
         "lr %.4g" % (len(train_set), len(test_set), size, args.batch_size, args.lr * size))
     began = time.monotonic()
-    accuracy, trained, training_s = 0.0, 0.0, 0.0
-    for epoch in range(start_epoch, args.epochs):
+    run = {"accuracy": 0.0, "trained": 0.0, "training_s": 0.0}
+
+    def train_epoch(epoch, batches, on_batch=None):
+        """One epoch over `batches` (x, y) on this rank; prints the epoch's line."""
         model.train()
-        sampler.set_epoch(epoch)
-        lr = learning_rate(args, size, epoch)  # cosine decay: the last epochs settle
+        lr = learning_rate(args, hvd.size(), epoch)  # cosine decay: the last epochs settle
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum, seen = 0.0, 0
         epoch_began = time.monotonic()
-        for i, (x, y) in enumerate(loader):
+        for i, (x, y) in enumerate(batches):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
@@ -239,19 +297,33 @@ def main(argv=None):
             optimizer.step()
             loss_sum += loss.item() * len(y)
             seen += len(y)
-            if args.progress and rank == 0:
-                progress(i + 1, len(loader))
+            if on_batch is not None:
+                on_batch(i)
+            if args.progress and hvd.rank() == 0:
+                progress(i + 1, len(batches))
         # loss.item() above waited for each step, so the GPU is done with the epoch here.
         epoch_s = time.monotonic() - epoch_began
         totals = hvd.allreduce(torch.tensor([loss_sum, float(seen)], dtype=torch.float64),
                                op=hvd.Sum, name="train.loss")
-        train_loss = (totals[0] / totals[1]).item()
+        train_loss = (totals[0] / max(1.0, totals[1])).item()
         slowest_s = hvd.allreduce(torch.tensor([epoch_s]), op=hvd.Max, name="train.epoch_s").item()  # the pace
-        trained, training_s = trained + totals[1].item(), training_s + slowest_s
-        test_loss, accuracy = evaluate(model, test_set, device)
-        say("Epoch %2d/%d: lr %.4g  %.0f samples/s  train loss %.4f  test loss %.4f  test "
-            "accuracy %.2f%%" % (epoch + 1, args.epochs, lr, totals[1].item() / slowest_s,
-                                 train_loss, test_loss, 100 * accuracy), flush=True)
+        run["trained"] += totals[1].item()
+        run["training_s"] += slowest_s
+        test_loss, run["accuracy"] = evaluate(model, test_set, device)
+        if hvd.rank() == 0:
+            print("Epoch %2d/%d: lr %.4g  %.0f samples/s  train loss %.4f  test loss %.4f  test "
+                  "accuracy %.2f%%" % (epoch + 1, args.epochs, lr, totals[1].item() / slowest_s,
+                                       train_loss, test_loss, 100 * run["accuracy"]), flush=True)
+
+    if args.elastic:
+        train_elastic(args, train_set, model, optimizer, start_epoch, train_epoch)
+    else:
+        for epoch in range(start_epoch, args.epochs):
+            sampler.set_epoch(epoch)
+            train_epoch(epoch, loader)
+    accuracy, trained, training_s = run["accuracy"], run["trained"], run["training_s"]
+    rank, size = hvd.rank(), hvd.size()  # a world that lost a rank is smaller
+    say = print if rank == 0 else (lambda *a, **k: None)
 
     if start_epoch >= args.epochs:  # resumed a finished run: just score it
         _, accuracy = evaluate(model, test_set, device)
