@@ -58,6 +58,12 @@ fi
 step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "17 s" \
   pip_install pytest pytest-timeout h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
   "expecttest==0.3.0" -r docs/requirements.txt
+# The tools torch users train with, for tests/test_torch_tools.py and
+# benchmarks/tools_bench.py: PyTorch Lightning (pytorch-lightning, without the larger
+# `lightning` bundle), DeepSpeed (an sdist whose build uses the torch above; no op is
+# compiled) and accelerate. Pinned: each accepts torch 2.13.0 and leaves it as it is.
+step "installing PyTorch Lightning, DeepSpeed and accelerate into .venv" "25 s" \
+  pip_install "pytorch-lightning==2.6.6" "deepspeed==0.19.8" "accelerate==1.15.0"
 # Debian's Open MPI as a second MPI, for tests/test_open_mpi.py (the core built against
 # it: a plain python and mpirun -np 2) and tests/test_build_mpi.py (its libmpi.so in
 # Debian python's library folder, which once got linked into the MPICH build). It puts
