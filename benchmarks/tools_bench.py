@@ -1,7 +1,7 @@
 """Epoch time of PyTorch Lightning's DDPStrategy and of DeepSpeed's ZeRO stages 0-3,
 each over gloo and over the "perseus" backend, on the same CPU model, in one run.
 
-    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/tools_bench.py [--repeat 7] [--json PATH]
+    .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/tools_bench.py [--repeat 16] [--json PATH]
 
 What torch users train with, where benchmarks/ddp_bench.py times torch's own DDP. A
 block is one training run of one tool over one backend: the process group is made
@@ -10,11 +10,13 @@ MPIEnvironment; DeepSpeed: deepspeed.init_distributed(dist_backend=...) then
 deepspeed.initialize()), the same seeded model trains on the same data for --warmup
 untimed epochs and --epochs timed ones, and the group is destroyed again (so each
 block starts from nothing, as a job would). A block's epoch time is the wall time of
-its timed epochs / --epochs, the maximum over the ranks; its set-up time (process
-group, Trainer or engine, up to the first epoch) is reported apart. Within each round
+its timed epochs / --epochs, the maximum over the ranks; its CPU time (all threads of
+the process, the backend's own too, mean over the ranks) and set-up time (process
+group, Trainer or engine, up to the first epoch) are reported apart. Within each round
 every tool runs over both backends, gloo first in even rounds and perseus first in
 odd ones, so drift on this shared machine hits both alike. The table gives the
-medians over rounds and the medians of the per-round ratios perseus / gloo.
+medians over rounds, the medians of the per-round ratios perseus / gloo (wall and
+CPU), and in how many rounds perseus was the faster.
 
 After each block every rank's final weights must be bitwise equal to every other
 rank's, and perseus's equal (to --tolerance, default 0: bitwise) to gloo's of the same
@@ -23,10 +25,12 @@ tool, or the run stops: a fast wrong answer is not a result.
 The model: --layers Linear(--width, --width) + ReLU, then Linear(--width, 10) (default
 21 x 64: 44 parameter tensors, 0.09 M parameters, little compute per step, so
 per-collective latency and per-tensor overhead dominate), SGD with momentum, batch
---batch per rank, --steps steps per epoch; the ranks train on disjoint halves of one
-data set (rank r takes samples r, r + np, ...: Lightning's DistributedSampler does
-the same). One torch thread per rank. Goal (issue 48): perseus at least as fast as
-gloo (ratio <= 1.0) for each tool.
+--batch per rank, --steps steps per epoch (--zero3-steps for ZeRO-3, whose steps are
+about 7x slower); the ranks train on disjoint halves of one data set (under DeepSpeed
+rank r takes samples r, r + np, ...; Lightning's DistributedSampler shuffles them, in
+the same order over both backends). DeepSpeed keeps its defaults, gradient clipping
+to norm 1.0 included (one more all-reduce a step). One torch thread per rank. Goal
+(issue 48): perseus at least as fast as gloo (ratio <= 1.0) for each tool.
 
 DeepSpeed runs with its CPU accelerator (DS_ACCELERATOR=cpu, set here) and without its
 shared-memory op (deepspeed.comm.torch.build_shm_op), which only serves inference's
@@ -294,9 +298,9 @@ def report(args, tools, missing, samples, worst, size):
              args.repeat, args.epochs, args.warmup))
     if missing:
         print("left out (not installed): %s\n" % ", ".join(TOOLS[t] for t in missing))
-    print("| tool | backend | ms/step | CPU ms/step | set-up s | / gloo | CPU / gloo | goal | "
-          "perseus - gloo weights |")
-    print("|---|---|---:|---:|---:|---:|---:|---|---|")
+    print("| tool | backend | ms/step | CPU ms/step | set-up s | / gloo | CPU / gloo | rounds "
+          "faster | goal | perseus - gloo weights |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     result = {}
     for tool in tools:
         per_step = 1e3 / steps(args, tool)
@@ -306,17 +310,19 @@ def report(args, tools, missing, samples, worst, size):
             sample = samples[(tool, backend)]
             entry[backend] = sample
             if backend == "gloo":
-                cells, verdict, same = ("1", "1"), "", ""
+                cells, verdict, same = ("1", "1", ""), "", ""
             else:
                 r = entry["ratio"] = ratio(samples, tool)
                 c = entry["cpu_ratio"] = ratio(samples, tool, "cpu_s")
-                cells = ("%.3f" % r, "%.3f" % c)
+                faster = entry["rounds_faster"] = sum(
+                    p < g for p, g in zip(sample["epoch_s"], samples[(tool, "gloo")]["epoch_s"]))
+                cells = ("%.3f" % r, "%.3f" % c, "%d/%d" % (faster, len(sample["epoch_s"])))
                 verdict = "<= 1.0: %s" % ("PASS" if r <= 1.0 else "MISS")
                 same = "identical" if worst[tool] == 0 else "max %.3g" % worst[tool]
-            print("| %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s |" % (
+            print("| %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |" % (
                 TOOLS[tool], backend, per_step * statistics.median(sample["epoch_s"]),
                 per_step * statistics.median(sample["cpu_s"]),
-                statistics.median(sample["setup_s"]), cells[0], cells[1], verdict, same))
+                statistics.median(sample["setup_s"]), cells[0], cells[1], cells[2], verdict, same))
     if args.json:
         Path(args.json).write_text(json.dumps({"np": size, "args": vars(args), "tools": result},
                                               indent=1))

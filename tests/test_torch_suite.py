@@ -1,9 +1,10 @@
 """PyTorch's own distributed test suite (DistributedTest._DistTestBase, torch 2.13) against
 the "perseus" backend, at np 2 (issue 48, part 2), through tests/torch_suite/.
 
-Two runs: under its own name (no test may fail), and with the suite's name checks
-shown "gloo" (--gloo-name-checks), which runs the tests that torch keys on gloo's name
-(timeouts, sparse all_reduce, monitored_barrier, the coalesced all_reduces, get_future).
+Two runs: under its own name (no test may fail), then, with the suite's name checks
+shown "gloo" (--gloo-name-checks), the tests gloo passes that the first run did not:
+those torch keys on gloo's name (timeouts, sparse all_reduce, monitored_barrier, the
+coalesced all_reduces, get_future).
 Every test that gloo passes on this machine (tests/torch_suite/gloo_passes.txt) must pass
 in one of them, except those in KNOWN, each with its reason (docs/ddp.md lists them).
 """
@@ -43,9 +44,15 @@ def test_what_gloo_passes_passes_on_perseus(tmp_path):
     own, own_report = run_suite(tmp_path, "own_name")
     failed = {n: t for n, t in own.items() if t["outcome"] == "failed"}
     assert not failed, "failed under perseus's own name: %s\n%s" % (failed, own_report)
-    as_gloo, _ = run_suite(tmp_path, "gloo_name", "--gloo-name-checks")
     gloo_passes = [line.strip() for line in (SUITE / "gloo_passes.txt").read_text().splitlines()
                    if line.strip() and not line.startswith("#")]
+    # Shown "gloo", only what gloo passes and the name "perseus" did not (a second full
+    # run would cost half a minute more for the same answers).
+    again = sorted(n for n in gloo_passes if own.get(n, {}).get("outcome") != "passed")
+    as_gloo = {}
+    if again:
+        as_gloo, _ = run_suite(tmp_path, "gloo_name", "--gloo-name-checks",
+                               "--select", "^(%s)$" % "|".join(again))
     missing = [n for n in gloo_passes if n not in KNOWN and
                own.get(n, {}).get("outcome") != "passed" and
                as_gloo.get(n, {}).get("outcome") != "passed"]

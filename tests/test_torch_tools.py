@@ -25,12 +25,13 @@ import tool_digits  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
-EPOCHS = 2
+EPOCHS = 1
 # The examples' defaults: batch 16 per rank, SGD lr 0.1, momentum 0.9.
 SETTINGS = dict(epochs=EPOCHS, batch=16, ranks=2, lr=0.1, momentum=0.9)
 # Data-parallel training averages two ranks' mean gradients where the reference takes
-# one mean over both halves: equal but for rounding, which the 90 steps of SGD with
-# momentum grow to 3-5e-7 here (29 Nov: Lightning and ZeRO 0-3 3.4e-7, accelerate 4.8e-7).
+# one mean over both halves: equal but for rounding, which the 45 steps of an epoch
+# (SGD with momentum) grow to a few 1e-7 (29 Nov: 2.4e-7 for Lightning and ZeRO 0-3,
+# 1.8e-7 for accelerate; 3.4e-7 and 4.8e-7 after 2 epochs).
 TOLERANCE = 1e-5
 
 
@@ -71,10 +72,10 @@ def run_example(script, args, timeout=120):
 def check(out, what, saved, expected):
     """The example's report of `what`: over perseus on 2 ranks, the same weights on both
     (the digest line), a model that learned, and weights that match the reference."""
-    found = re.search(r"^%s, %d epochs: test accuracy ([\d.]+)%% on 2 rank\(s\) over perseus$"
+    found = re.search(r"^%s, %d epoch\(s\): test accuracy ([\d.]+)%% on 2 rank\(s\) over perseus$"
                       % (re.escape(what), EPOCHS), out, re.M)
     assert found, out
-    assert float(found.group(1)) >= 80.0, out  # 2 epochs reach 84-86 %
+    assert float(found.group(1)) >= 60.0, out  # an epoch reaches 69-74 %, chance is 10 %
     position = out.index(found.group(0))
     assert out[position:].splitlines()[1].startswith("Ranks' weights: identical"), out
     weights = torch.load(saved)

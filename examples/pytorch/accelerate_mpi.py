@@ -24,7 +24,6 @@ of every batch (prepare() shards the loader); rank 0 prints the test accuracy an
 whether every rank ends with the same weights (the job exits 1 if not), and with
 --save writes them. Tested with accelerate==1.15.0 (scripts/setup.sh --all installs it).
 """
-import argparse
 import os
 import sys
 
@@ -41,14 +40,7 @@ import tool_digits  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser(description="accelerate over perseus on the CPU, under mpirun")
-    p.add_argument("--backend", default="perseus", help="torch.distributed backend")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16, help="per rank")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--save", help="rank 0 writes the final weights here (torch.save)")
-    args = p.parse_args()
+    args = tool_digits.arguments("accelerate over perseus on the CPU, under mpirun").parse_args()
     torch.set_num_threads(1)  # one rank per core
 
     if args.backend == "perseus":
@@ -75,7 +67,7 @@ def main():
     net = accelerator.unwrap_model(model)
     same = tool_digits.check_and_report(
         tool_digits.flat(net.parameters()), tool_digits.accuracy(net, test),
-        "accelerate, %d epochs" % args.epochs, args.save)
+        "accelerate, %d epoch(s)" % args.epochs, args.save)
     accelerator.end_training()  # destroys the process group
     sys.exit(0 if same else 1)
 

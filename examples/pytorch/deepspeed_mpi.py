@@ -26,7 +26,6 @@ DeepSpeed's default gradient clipping (to norm 1.0). Rank 0 prints the test
 accuracy and whether every rank ends with the same weights (the job exits 1 if not);
 --save PREFIX writes each stage's weights to PREFIX<stage>.pt.
 """
-import argparse
 import importlib
 import os
 import sys
@@ -85,16 +84,11 @@ def train(stage, args, train_set, test_set):
 
 
 def main():
-    p = argparse.ArgumentParser(description="DeepSpeed ZeRO over perseus on the CPU, under mpirun")
-    p.add_argument("--backend", default="perseus", help="torch.distributed backend")
+    p = tool_digits.arguments("DeepSpeed ZeRO over perseus on the CPU, under mpirun",
+                              save_help="rank 0 writes stage s's final weights to <SAVE><s>.pt")
     p.add_argument("--stage", type=int, nargs="+", default=[2], choices=[0, 1, 2, 3],
                    help="ZeRO stage(s): each trains the same model from the same start")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16, help="per rank")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--shm-op", action="store_true", help="let DeepSpeed build its shm op")
-    p.add_argument("--save", help="rank 0 writes stage s's final weights to <SAVE><s>.pt")
     args = p.parse_args()
     torch.set_num_threads(1)  # one rank per core
     if not args.shm_op:
@@ -107,7 +101,7 @@ def main():
     for stage in args.stage:
         weights, accuracy = train(stage, args, train_set, test_set)
         same &= tool_digits.check_and_report(
-            weights, accuracy, "DeepSpeed ZeRO-%d, %d epochs" % (stage, args.epochs),
+            weights, accuracy, "DeepSpeed ZeRO-%d, %d epoch(s)" % (stage, args.epochs),
             args.save and "%s%d.pt" % (args.save, stage))
     deepspeed.comm.destroy_process_group()
     sys.exit(0 if same else 1)

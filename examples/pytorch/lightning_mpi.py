@@ -18,7 +18,6 @@ float32 tensor) for comparison with another run. Needs `pip install
 pytorch-lightning==2.6.6` (scripts/setup.sh --all installs it; the `lightning` package
 works too).
 """
-import argparse
 import os
 import sys
 import warnings
@@ -57,14 +56,7 @@ class Digits(pl.LightningModule):
 
 
 def main():
-    p = argparse.ArgumentParser(description="Lightning's DDPStrategy over perseus, under mpirun")
-    p.add_argument("--backend", default="perseus", help="torch.distributed backend")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16, help="per rank")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--save", help="rank 0 writes the final weights here (torch.save)")
-    args = p.parse_args()
+    args = tool_digits.arguments("Lightning's DDPStrategy over perseus, under mpirun").parse_args()
     torch.set_num_threads(1)  # one rank per core
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
 
@@ -84,7 +76,7 @@ def main():
 
     weights = tool_digits.flat(module.net.parameters())
     same = tool_digits.check_and_report(weights, tool_digits.accuracy(module.net, test),
-                                        "Lightning DDPStrategy, %d epochs" % args.epochs,
+                                        "Lightning DDPStrategy, %d epoch(s)" % args.epochs,
                                         args.save)
     sys.exit(0 if same else 1)
 

@@ -10,6 +10,7 @@ tool splits a global batch between the ranks its own way, but the average gradie
 the same, so a single process that trains on the whole global batches (reference())
 takes the same steps, to rounding.
 """
+import argparse
 import hashlib
 
 import torch
@@ -18,6 +19,18 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 TRAIN = 1440  # samples; divisible by every global batch the examples use (16 x 2, ...)
+
+
+def arguments(description, save_help="rank 0 writes the final weights here (torch.save)"):
+    """The options every tool example takes; an example adds its own before parsing."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--backend", default="perseus", help="torch.distributed backend")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=16, help="per rank")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--save", help=save_help)
+    return p
 
 
 def digits():
