@@ -21,6 +21,7 @@ class FakeCudaTensor:
     """Just what adapter.prepare and the request building read of a CUDA tensor."""
     is_cpu = False
     is_cuda = True
+    layout = torch.strided
     requires_grad = False  # in-place calls check it (autograd's rule for in-place ops)
 
     def __init__(self, index, shape=(3, 2), dtype=torch.float32, address=0xD000):

@@ -187,10 +187,6 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
     // Another MPI's launcher: say so here, as MPI_Init may abort with its own words.
     Status launcher = CheckLauncherPmiHere();
     if (!launcher.ok()) return launcher;
-    // A fault-tolerant job: a frozen rank is declared failed after the stall shutdown
-    // time (else the peer timeout), and excluded as a dead one is.
-    ArmFailureDetector(config.stall_shutdown_seconds > 0 ? config.stall_shutdown_seconds
-                                                         : config.peer_timeout_seconds);
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
     if (!g_finalize_at_exit) std::atexit(FinalizeAtExit);

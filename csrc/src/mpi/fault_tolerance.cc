@@ -111,20 +111,6 @@ Status Shrink(MPI_Comm comm, MPI_Comm* out) {
 #endif
 }
 
-void ArmFailureDetector(double timeout_s) {
-  if (!FaultTolerant() || !(timeout_s > 0)) return;
-  if (std::getenv("OMPI_MCA_mpi_ft_detector") != nullptr) return;  // the user's choice
-  // Open MPI wants the timeout above 3 periods; a quarter leaves room for a late beat.
-  char period[32], timeout[32];
-  std::snprintf(period, sizeof period, "%g", timeout_s / 4);
-  std::snprintf(timeout, sizeof timeout, "%g", timeout_s);
-  setenv("OMPI_MCA_mpi_ft_detector", "true", 1);
-  // Its own thread beats while the application computes outside MPI for long.
-  setenv("OMPI_MCA_mpi_ft_detector_thread", "true", 0);
-  setenv("OMPI_MCA_mpi_ft_detector_period", period, 0);
-  setenv("OMPI_MCA_mpi_ft_detector_timeout", timeout, 0);
-}
-
 namespace {
 
 // Whether process `pid` still runs: it exists and is not a zombie.

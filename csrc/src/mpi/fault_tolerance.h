@@ -33,16 +33,11 @@ std::vector<int> FailedRanks(MPI_Comm comm);
 // A communicator of the survivors of `comm`, in their order (collective over them).
 Status Shrink(MPI_Comm comm, MPI_Comm* out);
 
-// Sets Open MPI's heartbeat failure detector to declare a process failed after
-// `timeout_s` without a heartbeat (a frozen process: SIGSTOP, a host that stopped), on
-// its own thread, unless the user set it up (OMPI_MCA_mpi_ft_detector*). Before
-// MPI_Init, in a fault-tolerant job only; no-op otherwise.
-void ArmFailureDetector(double timeout_s);
-
 // After Shrink(failed, survivors), collective over the survivors: the processes of
 // `failed` on this host (`here`: its rank there, process id) that are not among the
-// survivors but still run (declared failed while frozen) are killed, so that one that
-// wakes up cannot rejoin and the launcher sees it end. Says so for each.
+// survivors but still run (declared failed while frozen, by Open MPI's heartbeat
+// detector where the user turned it on: OMPI_MCA_mpi_ft_detector=true) are killed, so
+// that one that wakes up cannot rejoin and the launcher sees it end. Says so for each.
 void EndExcludedRanks(MPI_Comm failed, MPI_Comm survivors,
                       const std::vector<std::pair<int, int>>& here);
 
