@@ -74,8 +74,8 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------- the driver
 
 def build_fake(folder):
-    """The fake CUDA runtime and NCCL (tests/fake_gpu.py builds it), optimised."""
-    import fake_gpu
+    """The fake CUDA runtime and NCCL (tests/support/fake_gpu.py builds it), optimised."""
+    from support import fake_gpu
     mpicc = os.path.join(os.path.dirname(sys.executable), "mpicc")
     if not os.path.exists(mpicc):
         mpicc = shutil.which("mpicc")
@@ -157,7 +157,7 @@ def measure(args):
     from perseus.torch import device as torch_device
     from perseus.torch.buckets import FIRST_BUCKET_BYTES, assign_buckets
     from perseus.torch.grad_buckets import BUCKET_BYTES
-    import fake_gpu
+    from support import fake_gpu
 
     hvd.init()
     # The CUDA branch with the legacy stream (0) as every caller's current stream.

@@ -1,6 +1,6 @@
 """A copy of the core built against another MPI than the venv's MPICH, for what runs
-Perseus on it: Debian's Open MPI 4 (tests/test_open_mpi.py) and pip's Open MPI 5 with
-ULFM (tests/test_fault_tolerance.py, benchmarks/elastic_recovery.py).
+Perseus on it: Debian's Open MPI 4 (tests/launch/test_open_mpi.py) and pip's Open MPI 5 with
+ULFM (tests/mpi/test_fault_tolerance.py, benchmarks/elastic_recovery.py).
 
 The build (one to two minutes on 2 cores) is cached under ~/.cache/perseus/<name>/,
 keyed by a hash of the core's sources and build files and the compiler wrapper, so it

@@ -8,7 +8,7 @@
 # The core is built without nvcc or CUDA headers, so the kernel travels as PTX text and
 # the driver compiles it for the GPU at hand when it is loaded (cuda/memory/copy_kernel.cc).
 # How it is made, deterministically (the same nvcc release gives the same bytes;
-# tests/test_pack_kernel.py checks that the committed file is what this script makes):
+# tests/gpu/test_pack_kernel.py checks that the committed file is what this script makes):
 #   1. nvcc -ptx for compute_75 (Turing), the oldest target CUDA 13 supports: the driver
 #      JITs it for every newer GPU (A100 is sm_80, H100 sm_90, B200 sm_100). Volta and
 #      older cannot run it; there the core falls back (cuda/memory/batched_copy.h).

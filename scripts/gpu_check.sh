@@ -27,7 +27,7 @@
 #      checks that libperseus and mpi4py load one libmpi, the one that mpicxx links;
 #   5. runs perseusrun --check-build; with an NCCL of 2.30 or later (--nccl PATH, else
 #      torch's; scripts/gpu_check_plan.py nccl decides) the check_multi_rank.py beside a
-#      given one (NCCL alone); tests/test_gpu.py once per configuration (in this process
+#      given one (NCCL alone); tests/gpu/test_gpu.py once per configuration (in this process
 #      first; then NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL
 #      np=2 if two GPUs, and with that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4
 #      lanes, each followed by a stress run of 1,000 steps, tests/rank_scripts/gpu_stress.py; all at
@@ -294,9 +294,9 @@ if [ -n "$NCCL_CHECK" ] && [ "$CUDA_RC" = 0 ]; then
   [ "$DRY_RUN" = 1 ] || report "## $NCCL_CHECK" "" '```text' "$(tail -30 "$LOGS/nccl_multi_rank.log")" '```' ""
 fi
 
-PYTEST=("$VPY" -m pytest -v -p no:cacheprovider -rfEs tests/test_gpu.py)  # -v: a result per test as it ends, also in a run cut short
+PYTEST=("$VPY" -m pytest -v -p no:cacheprovider -rfEs tests/gpu/test_gpu.py)  # -v: a result per test as it ends, also in a run cut short
 CONFIGS=${PERSEUS_GPU_CHECK_CONFIGS:-$("$VPY" scripts/gpu_check_info.py configs)}
-report "## tests/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
+report "## tests/gpu/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
 RESERVE_S=$(( BENCH == 1 ? 100 : 0 ))  # the benchmark runs after the tests
 step test_inproc 120 "${PYTEST[@]}" -m "not mpi"
 # The stress run of a shared-GPU NCCL configuration (tests/rank_scripts/gpu_stress.py): STRESS_STEPS

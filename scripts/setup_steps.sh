@@ -1,6 +1,6 @@
 # scripts/setup.sh's steps: each says what it does and how long it took the first
 # time, shows that it is alive while it runs, and says how long it took here.
-# Sourced by setup.sh (from the checkout's root); tests/test_setup.py runs it alone.
+# Sourced by setup.sh (from the checkout's root); tests/launch/test_setup.py runs it alone.
 
 # step "what it does" "first time" command...: says both, runs the command (with a
 # line every 30 s, SETUP_TICK_S, while it runs, with the output of $PROGRESS where the

@@ -1,6 +1,6 @@
 """What lightning_mpi.py, deepspeed_mpi.py and accelerate_mpi.py share: scikit-learn's
 handwritten digits, a small MLP, the check that every rank ends with the same weights,
-and the one-process training those weights should equal (tests/test_torch_tools.py
+and the one-process training those weights should equal (tests/mpi/test_torch_tools.py
 compares them).
 
 Each global step trains on `batch x ranks` training samples, split evenly between the

@@ -316,8 +316,8 @@ def compressed(compression, tensors, reduce):
 
 # ---- layout for perseus_enqueue -------------------------------------------------
 # A record is one struct call with its fields in library.Request's order (the
-# header's, tests/test_header_mirror.py), written out in the packers below;
-# tests/test_request_packing.py reads every field back through library.Request, so
+# header's, tests/meta/test_header_mirror.py), written out in the packers below;
+# tests/unit/test_request_packing.py reads every field back through library.Request, so
 # a field written in another's place fails there. A field added to the header is
 # added to library.Request, to Request above and to the packers, nowhere else.
 _STRIDE = _lib.REQUEST_SIZE

@@ -307,7 +307,7 @@ def _run_repeat(repeat, tensor):
     """run_inplace() of a repeated call, in one perseus_run: None if it is not one (the
     record of _submit_repeat). Its checks are _submit_repeat's, written out in both: a
     shared helper is one more Python call on the small call's path
-    (tests/test_call_budget.py)."""
+    (tests/mpi/test_call_budget.py)."""
     entry = _repeats.get(repeat)
     if entry is None:
         return None

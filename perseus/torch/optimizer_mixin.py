@@ -48,7 +48,7 @@ def _core_holds(hold, pending_bytes, now):
     hold = (since, limit, ms): pending since `since`, under its hold (limit, ms) =
     ProcessSet.hold(). The rule of csrc/src/engine/schedule.h (SchedulePolicy::HoldUntil),
     repeated here because asking the core would cost the enqueue that gathering saves;
-    tests/test_schedule.py checks that the two agree."""
+    tests/unit/test_schedule.py checks that the two agree."""
     since, limit, ms = hold
     return limit > 0 and pending_bytes < limit and now < since + ms / 1e3
 

@@ -1,4 +1,4 @@
-"""Helpers for tests/test_caffe.py: the patched Caffe build, prototxt files for small
+"""Helpers for tests/frameworks/test_caffe.py: the patched Caffe build, prototxt files for small
 jobs on scikit-learn's digits, `mpirun ... caffe train` with a hard timeout, and the
 weights a job snapshots."""
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from conftest import REPO_ROOT, clean_env, find_mpirun, run_bounded
+from support.jobs import REPO_ROOT, clean_env, find_mpirun, run_bounded
 
 BUILD_SH = REPO_ROOT / "patches" / "bvlc_caffe" / "build.sh"
 # Where build.sh builds (PERSEUS_CAFFE_CACHE, else a folder outside the checkout keyed by

@@ -1,5 +1,5 @@
 // The C++ unit tests' checks: each failed Expect is printed and counted; Verdict() prints
-// "ok", which the Python side (tests/cpp_build.py's callers) looks for, only when none failed.
+// "ok", which the Python side (tests/support/cpp_build.py's callers) looks for, only when none failed.
 #pragma once
 
 #include <cstdio>

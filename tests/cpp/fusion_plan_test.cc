@@ -1,8 +1,8 @@
 // Fusion planning with CPU and GPU requests whose GPU ordinals differ by rank (rank 0
 // on cuda:0, rank 1 on cuda:1): every rank must plan the same batches in the same
 // order, and no batch may mix CPU with GPU tensors, or GPU allreduces with different
-// scale factors (NCCL scales a fused buffer with one factor). Built and run by
-// tests/test_gpu_core.py; prints "ok" or what went wrong.
+// scale factors (NCCL scales a fused buffer with one factor). Run by
+// tests/unit/test_cpp.py; prints "ok" or what went wrong.
 #include <cstdio>
 #include <string>
 #include <vector>

@@ -1,7 +1,8 @@
 // The pieces a one-rank NCCL reduction is split into (cuda/nccl/nccl_one_rank.h), checked
 // against a literal re-enactment of the kernel's blocks: every piece is written whole,
-// the pieces add up, and no call needs more than two. Built and run by
-// tests/test_gpu_core.py; prints "ok" or what went wrong.
+// the pieces add up, and no call needs more than two. Run by tests/unit/test_cpp.py;
+// prints "ok" or what went wrong.
+// build: -O2
 #include <cstdint>
 #include <cstdio>
 #include <vector>

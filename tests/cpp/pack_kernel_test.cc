@@ -5,6 +5,8 @@
 // -fsanitize=alignment (uint4 is 16-byte aligned here as on the GPU): an access the
 // kernel did not align aborts the test. Every destination byte is checked, and the
 // guard bytes around each destination, and that sources are unchanged.
+// build: -O1 -fsanitize=alignment,undefined -fno-sanitize-recover=all
+// build-with: cuda/memory/copy_table.cc
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -1,5 +1,5 @@
 // The engine's scheduling policy (csrc/src/engine/schedule.h), one case per rule,
-// against values worked out by hand. Built and run by tests/test_schedule.py; prints
+// against values worked out by hand. Run by tests/unit/test_cpp.py; prints
 // "ok" or what went wrong.
 //
 // With the argument "hold-table" it instead reads lines "limit ms bytes age_us" and

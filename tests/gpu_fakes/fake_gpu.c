@@ -19,7 +19,7 @@
  *   - NCCL kernels do not deadlock the GPU, and (with launch order implicit) no two
  *     threads launch NCCL work on one GPU at once (fake_device.c).
  * It counts live streams, device and pinned buffers and communicators, so a test can
- * see that shutdown frees them. Built by tests/fake_gpu.py as one library that both
+ * see that shutdown frees them. Built by tests/support/fake_gpu.py as one library that both
  * libcudart.so.12 and libnccl.so.2 link to.
  *
  * FAKE_GPU_TIMING=1: a timing mode for measuring the host cost of Perseus's GPU path

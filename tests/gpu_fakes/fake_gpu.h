@@ -26,7 +26,7 @@ int fake_is_legacy_stream(void* stream);
 /* The device of a live stream; -1 (and a misuse counted) if it is not one. */
 int fake_stream_device(void* stream);
 int fake_current_device(void); /* cudaSetDevice's, on this thread */
-/* The counters of fake_gpu_stats, in the order tests/fake_gpu.py's STAT_KEYS names them. */
+/* The counters of fake_gpu_stats, in the order tests/support/fake_gpu.py's STAT_KEYS names them. */
 enum { kStatDevice, kStatHost, kStatStreams, kStatEvents, kStatComms, kStatMisuse, kStatCommsCreated,
        kStatNcclCalls, kStats };
 void fake_stat_add(int stat, long delta);

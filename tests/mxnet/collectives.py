@@ -2,7 +2,7 @@
 
 Each op's result is compared exactly with the reduction/concatenation every rank
 computes itself from the other ranks' deterministic inputs; op=Adasum (collectives,
-DistributedOptimizer, DistributedTrainer) against tests/adasum_reference.py.
+DistributedOptimizer, DistributedTrainer) against tests/support/adasum_reference.py.
 """
 import os
 import time
@@ -13,7 +13,7 @@ import numpy as np
 
 from common import (DTYPES, FLOAT_DTYPES, assert_close, assert_equal, hvd, log, main,
                     make_array, nd)
-from adasum_reference import adasum, assert_adasum_close  # tests/, on the path via common
+from support.adasum_reference import adasum, assert_adasum_close  # tests/, on the path via common
 
 REDUCERS = {hvd.Sum: ("sum", lambda xs: np.sum(xs, axis=0)),
             hvd.Min: ("sum", lambda xs: np.min(xs, axis=0)),

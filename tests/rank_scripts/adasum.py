@@ -4,7 +4,7 @@ Adasum and Sum requests in flight together, prescale/postscale, process sets (al
 non-power-of-two size), identical bits on every rank, joined ranks (zeros), and the local
 errors (int dtype -> ValueError, reducescatter -> NotImplementedError, no gradient) after
 which the engine still works.
-Expected values come from tests/adasum_reference.py (numpy)."""
+Expected values come from tests/support/adasum_reference.py (numpy)."""
 import os
 import sys
 
@@ -13,7 +13,7 @@ import torch
 from common import dtype_name, expect_raises, hvd, init, main, make_tensor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from adasum_reference import assert_adasum_close  # noqa: E402
+from support.adasum_reference import assert_adasum_close  # noqa: E402
 
 SHAPES = [(), (0,), (1,), (17,), (5, 3), (2, 3, 4)]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

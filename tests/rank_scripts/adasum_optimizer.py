@@ -3,7 +3,7 @@
 The reference runs in this one process with plain torch: one optimizer per rank (their
 states differ), each stepping the shared weights on its rank's slice of the batch; the
 per-rank deltas of every parameter are combined by the numpy Adasum of
-tests/adasum_reference.py and added to the shared weights. After STEPS steps the
+tests/support/adasum_reference.py and added to the shared weights. After STEPS steps the
 distributed weights must match it (float64) and be bit-identical on every rank.
 Variants: SGD with momentum, Adam, backward_passes_per_step=2, num_groups, explicit
 synchronize() before step(), a parameter without gradient, a process set.
@@ -21,7 +21,7 @@ from optimizer import reference as whole_batch_reference
 from perseus.torch.optimizer import DistributedOptimizer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from adasum_reference import adasum  # noqa: E402
+from support.adasum_reference import adasum  # noqa: E402
 
 STEPS = 6
 TOL = 1e-10

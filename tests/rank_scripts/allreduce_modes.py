@@ -1,5 +1,5 @@
 """Allreduce under PERSEUS_ALLREDUCE_DTYPE and PERSEUS_ALLREDUCE_MODE (set by
-tests/test_hierarchical.py): every op, dtype and scaling, sizes that do not divide by
+tests/mpi/test_hierarchical.py): every op, dtype and scaling, sizes that do not divide by
 the ranks per node, alone and fused, on several lanes and on process sets.
 
 Every result's bytes are compared across ranks (an allgather of the bytes), and its

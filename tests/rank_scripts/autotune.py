@@ -11,7 +11,7 @@ itself. After STEPS steps:
   fixed never change) and ends with the settled setting;
 - the weights equal single-process training on the whole batch, bit-identical across
   ranks.
-The job's environment (tests/test_autotune.py) sets the autotuner's variables.
+The job's environment (tests/mpi/test_autotune.py) sets the autotuner's variables.
 """
 import csv
 import os

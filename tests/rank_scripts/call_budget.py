@@ -8,7 +8,7 @@ and what the core asked of MPI (perseus_counters), per call in steady state, for
 - backend_all_reduce: one torch.distributed.all_reduce of 4 KiB on the "perseus"
   backend.
 
-Rank 0 prints one line "BUDGET <json>" with the averages; tests/test_call_budget.py
+Rank 0 prints one line "BUDGET <json>" with the averages; tests/mpi/test_call_budget.py
 holds them to their budgets. Each result is also checked against a reference, so a
 cheaper call that is wrong cannot pass.
 """

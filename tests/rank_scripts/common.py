@@ -8,7 +8,7 @@ A script calls `main(body)`: any exception prints a traceback tagged with the ra
 ends the process with exit code 1 at once (MPICH then tears the job down), so a
 failure on one rank fails the test instead of leaving the others waiting.
 
-PTEST_DEVICE=cuda (or cuda:N) runs a script's checks on CUDA tensors (tests/test_gpu.py):
+PTEST_DEVICE=cuda (or cuda:N) runs a script's checks on CUDA tensors (tests/gpu/test_gpu.py):
 make_tensor() then puts every input on this rank's GPU (or on GPU N, shared by all
 ranks), results must come back on that device, and references are still computed on
 the CPU.
@@ -22,7 +22,7 @@ import zlib
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rank_script import launcher_rank_size, log, main, rank_tag  # noqa: E402,F401 - shared by scripts
+from support.rank_script import launcher_rank_size, log, main, rank_tag  # noqa: E402,F401 - shared by scripts
 
 import perseus.torch.horovod as hvd  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""A rank that leaves in the middle of training (driven by tests/test_failures.py, not
+"""A rank that leaves in the middle of training (driven by tests/mpi/test_failures.py, not
 by run_mpi: the job is expected to fail). The last rank leaves at step LEAVE_STEP:
 
 PTEST_LEAVE=kill      SIGKILL to itself (a crash): MPICH's launcher tears the job down

@@ -1,6 +1,6 @@
 """A rank killed in the middle of training, the others going on (issue 46): Horovod's
 elastic API unchanged, on Open MPI 5 with ULFM (mpirun --with-ft ulfm), run by
-tests/test_fault_tolerance.py with the core built against that MPI.
+tests/mpi/test_fault_tolerance.py with the core built against that MPI.
 
 Every rank trains a small linear model with DistributedOptimizer over an
 ElasticSampler, committing after every batch inside hvd.elastic.run. At step

@@ -3,7 +3,7 @@ arguments (Horovod 0.28.1's tests): RuntimeError for an uneven equal-split allto
 splits that do not fit, and a scalar reducescatter; ValueError for float splits.
 Perseus raises one error that is both, on every rank, and goes on working.
 
-Then each request the core's rules refuse (tests/request_rules.py) is refused alike
+Then each request the core's rules refuse (tests/support/request_rules.py) is refused alike
 by a raw perseus_enqueue and by the torch call that makes it (whose check asks the
 core, through perseus.common.builder): the same exception class and the core's
 message. So are the checks only Python makes (an integer root rank, a name's text):
@@ -12,7 +12,7 @@ import torch
 
 from common import hvd, log, main
 
-import request_rules  # tests/, on the path once common is imported
+from support import request_rules  # tests/, on the path once common is imported
 from perseus.common import ops
 
 TORCH_DTYPES = {"bool": torch.bool, "int32": torch.int32, "float32": torch.float32}

@@ -1,5 +1,5 @@
 """A member that stops answering, or stops submitting, while the others wait for it
-(driven by tests/test_failures.py, with small stall times: check T, shutdown S).
+(driven by tests/mpi/test_failures.py, with small stall times: check T, shutdown S).
 
 PTEST_FROZEN=stop    the last rank stops itself with SIGSTOP after a first allreduce
                      (its pid and the time go to $PTEST_TMPDIR/stopped first). Once
@@ -37,7 +37,7 @@ import time
 import torch
 
 from common import hvd, init, launcher_rank_size, main
-from rank_script import CapturedStderr, announce_victim, wait_for_stop
+from support.rank_script import CapturedStderr, announce_victim, wait_for_stop
 
 T = float(os.environ["PERSEUS_STALL_CHECK_TIME_SECONDS"])
 S = float(os.environ["PERSEUS_STALL_SHUTDOWN_TIME_SECONDS"])

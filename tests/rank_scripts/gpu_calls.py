@@ -15,11 +15,11 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
-import fake_gpu  # noqa: E402
+from support import capi  # noqa: E402
+from support import fake_gpu  # noqa: E402
 from gpu_collectives import assert_fake_released, reduce_ref, same  # noqa: E402
 from perseus.common import library as lib  # noqa: E402
-from rank_script import main  # noqa: E402
+from support.rank_script import main  # noqa: E402
 
 N = 12
 

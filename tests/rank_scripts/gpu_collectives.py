@@ -14,10 +14,10 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
-import fake_gpu  # noqa: E402
-from capi import ALLREDUCE, ALLGATHER, ALLTOALL, BFLOAT16, BROADCAST, REDUCESCATTER  # noqa: E402
-from rank_script import log, main  # noqa: E402
+from support import capi  # noqa: E402
+from support import fake_gpu  # noqa: E402
+from support.capi import ALLREDUCE, ALLGATHER, ALLTOALL, BFLOAT16, BROADCAST, REDUCESCATTER  # noqa: E402
+from support.rank_script import log, main  # noqa: E402
 
 DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, BFLOAT16, np.float32, np.float64]
 OPS = [capi.SUM, capi.AVERAGE, capi.MIN, capi.MAX, capi.PRODUCT]

@@ -23,8 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fake_gpu  # noqa: E402
-from rank_script import log, main  # noqa: E402
+from support import fake_gpu  # noqa: E402
+from support.rank_script import log, main  # noqa: E402
 
 FLOAT32, SUM, COUNT = 7, 0, 1000
 

@@ -17,9 +17,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
+from support import capi  # noqa: E402
 from gpu_collectives import assert_fake_released  # noqa: E402
-from rank_script import launcher_rank_size, log, main  # noqa: E402
+from support.rank_script import launcher_rank_size, log, main  # noqa: E402
 
 
 def cpu_ok(size, tag):

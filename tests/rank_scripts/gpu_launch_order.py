@@ -34,10 +34,10 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
-import fake_gpu  # noqa: E402
-from capi import ALLREDUCE, BROADCAST  # noqa: E402
-from rank_script import CapturedStderr, announce_victim, log, main, victim_file, wait_for_stop  # noqa: E402
+from support import capi  # noqa: E402
+from support import fake_gpu  # noqa: E402
+from support.capi import ALLREDUCE, BROADCAST  # noqa: E402
+from support.rank_script import CapturedStderr, announce_victim, log, main, victim_file, wait_for_stop  # noqa: E402
 
 STEPS = int(os.environ.get("LAUNCH_ORDER_STEPS", "8"))
 DTYPES = [np.float32, np.int32, np.float16, np.int64]

@@ -16,10 +16,10 @@ import numpy as np
 OTHER = ctypes.CDLL(os.environ["OTHER_NCCL"], mode=ctypes.RTLD_GLOBAL)  # before Perseus, as torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
-import fake_gpu  # noqa: E402
+from support import capi  # noqa: E402
+from support import fake_gpu  # noqa: E402
 from perseus.common import library as lib  # noqa: E402
-from rank_script import log, main  # noqa: E402
+from support.rank_script import log, main  # noqa: E402
 
 
 def body():

@@ -17,11 +17,11 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
-import fake_gpu  # noqa: E402
-from capi import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER  # noqa: E402
+from support import capi  # noqa: E402
+from support import fake_gpu  # noqa: E402
+from support.capi import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER  # noqa: E402
 from gpu_collectives import assert_fake_released, reduce_ref, same  # noqa: E402
-from rank_script import log, main  # noqa: E402
+from support.rank_script import log, main  # noqa: E402
 
 
 def run(rank, size, device, streams, tag):

@@ -26,11 +26,11 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
-import fake_gpu  # noqa: E402
-from capi import ALLREDUCE, BFLOAT16, BROADCAST  # noqa: E402
+from support import capi  # noqa: E402
+from support import fake_gpu  # noqa: E402
+from support.capi import ALLREDUCE, BFLOAT16, BROADCAST  # noqa: E402
 from gpu_collectives import DTYPES, assert_fake_released, reduce_ref, same  # noqa: E402
-from rank_script import log, main  # noqa: E402
+from support.rank_script import log, main  # noqa: E402
 
 MAX_PER_LAUNCH = 160  # PERSEUS_COPY_MAX_ENTRIES
 GUARD = 32

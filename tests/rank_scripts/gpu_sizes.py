@@ -21,10 +21,10 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
-from capi import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER  # noqa: E402
+from support import capi  # noqa: E402
+from support.capi import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER  # noqa: E402
 from gpu_collectives import assert_fake_released, reduce_ref  # noqa: E402
-from rank_script import log, main  # noqa: E402
+from support.rank_script import log, main  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 

@@ -33,7 +33,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rank_script import log, main  # noqa: E402
+from support.rank_script import log, main  # noqa: E402
 
 STEPS = int(os.environ.get("STRESS_STEPS", "1000"))
 LARGEST = int(os.environ.get("STRESS_LARGEST", str(64 << 20)))  # bytes per tensor at most
@@ -120,10 +120,10 @@ def make_input(r, rank, members):
 # ---------------------------------------------------------------- two ways in
 
 class FakeGpu:
-    """The core's C ABI (tests/capi.py), device 0 on the fake CUDA runtime and NCCL."""
+    """The core's C ABI (tests/support/capi.py), device 0 on the fake CUDA runtime and NCCL."""
 
     def __init__(self):
-        import capi
+        from support import capi
         self.capi = capi
         self.rank, self.size = capi.init()
 
@@ -158,7 +158,7 @@ class FakeGpu:
         return self.capi.from_bf16(out) if dtype == "bfloat16" else out
 
     def close(self):
-        import fake_gpu
+        from support import fake_gpu
         self.capi.shutdown()
         stats = fake_gpu.stats()
         assert stats["misuses"] == 0, stats

@@ -1,4 +1,4 @@
-"""CUDA-only checks beside the collective scripts that tests/test_gpu.py reruns on CUDA
+"""CUDA-only checks beside the collective scripts that tests/gpu/test_gpu.py reruns on CUDA
 tensors (allreduce.py, allgather.py, ... with PTEST_DEVICE): large and odd sizes,
 Compression.fp16 / bf16 on CUDA tensors, join(device=this GPU), what nccl_built()
 and cuda_built() say, and results on the inputs' device. References on the CPU

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import capi  # noqa: E402
-from rank_script import log, main  # noqa: E402
+from support import capi  # noqa: E402
+from support.rank_script import log, main  # noqa: E402
 
 
 def cpu_round(rank, size, tag):

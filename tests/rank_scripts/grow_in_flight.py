@@ -1,6 +1,6 @@
 """A tensor grown (resize_() to 100x, or an out= op) while its request is in flight
 (issue 16 item 7). torch reallocates a growing storage in place and frees the old
-memory at once. The test runs with MALLOC_MMAP_THRESHOLD_ low (tests/test_failures.py),
+memory at once. The test runs with MALLOC_MMAP_THRESHOLD_ low (tests/mpi/test_failures.py),
 so freed memory is unmapped and an engine still using it would crash the process
 (SIGSEGV without the pin: the 1 MiB tensors here, and the 100x they grow to).
 

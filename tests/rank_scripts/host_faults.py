@@ -1,5 +1,5 @@
 """A job on two namespace hosts that loses hostB while its allreduces are in flight
-(tests/test_multi_host.py runs it with perseusrun, not run_mpi: the job must fail).
+(tests/launch/test_multi_host.py runs it with perseusrun, not run_mpi: the job must fail).
 
 Every rank loops over allreduces of 1 MiB and smaller tensors, several in flight at
 once. Once all have done STEPS_BEFORE_FAULT steps, rank 0 writes $PTEST_TMPDIR/running

@@ -5,7 +5,7 @@ at positions that differ by rank. For every op, float dtype and shape, alone and
 fused in a group, with and without scaling, the result bytes are compared across
 ranks (an allgather of the bytes) and the values against a float64 reference in
 which NaN propagates, as in numpy and torch (Max/Min of anything and NaN is NaN).
-Adasum is checked across ranks only. tests/test_multiprocess.py runs it at several
+Adasum is checked across ranks only. tests/mpi/test_multiprocess.py runs it at several
 sizes, lane counts and chunk sizes, which change the MPI algorithms underneath.
 """
 import torch

@@ -1,4 +1,4 @@
-"""The job of tests/test_multi_host.py, run twice at np 4: on two namespace hosts of two
+"""The job of tests/launch/test_multi_host.py, run twice at np 4: on two namespace hosts of two
 ranks each (perseusrun -np 4 -H hostA:2,hostB:2, PTEST_HOSTS=2) and on one host (plain
 mpirun, PTEST_HOSTS=1), so that the test can compare the results bit for bit.
 

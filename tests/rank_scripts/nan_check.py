@@ -1,8 +1,8 @@
-"""PERSEUS_ALLREDUCE_NANCHECK=1 (set by tests/test_diagnostics.py): a NaN or Inf in
+"""PERSEUS_ALLREDUCE_NANCHECK=1 (set by tests/mpi/test_diagnostics.py): a NaN or Inf in
 one rank's allreduce input fails the request on every rank with the same error, naming
 the tensor and the ranks where it appeared; clean requests, integer tensors and the
 requests after an error are unaffected, also clean requests fused into the same buffer
-as a bad one (tests/test_diagnostics.py holds small requests long enough for that)."""
+as a bad one (tests/mpi/test_diagnostics.py holds small requests long enough for that)."""
 import zlib
 
 import torch

@@ -9,7 +9,7 @@ import time
 import torch
 
 from common import assert_reduced, expect_raises, hvd, init, main, make_tensor
-from rank_script import CapturedStderr
+from support.rank_script import CapturedStderr
 
 
 def body():

@@ -1,4 +1,4 @@
-"""Randomized soak (tests/test_soak.py runs it at np 2 and 4 with 1-4 lanes and tiny
+"""Randomized soak (tests/mpi/test_soak.py runs it at np 2 and 4 with 1-4 lanes and tiny
 fusion thresholds).
 
 Round after round, every rank draws the same random list of requests from a shared

@@ -1,4 +1,4 @@
-"""The stall inspector (run with small stall times by tests/test_diagnostics.py).
+"""The stall inspector (run with small stall times by tests/mpi/test_diagnostics.py).
 
 PTEST_STALL=idle      rank 0 submits 'stall.x' while the others sit idle (their engines
                       run no rounds): rank 0 warns, naming the tensor and the missing
@@ -16,7 +16,7 @@ import time
 import torch
 
 from common import expect_raises, hvd, init, main
-from rank_script import CapturedStderr
+from support.rank_script import CapturedStderr
 
 
 def ranks(rs):

@@ -1,4 +1,4 @@
-"""The timeline (run by tests/test_timeline.py at np 2, two lanes, tiny fusion buffers).
+"""The timeline (run by tests/mpi/test_timeline.py at np 2, two lanes, tiny fusion buffers).
 
 1. HOROVOD_TIMELINE with mark cycles, set per rank before init(): only rank 0's file
    appears; while training runs it parses as an unterminated JSON array (a copy is

@@ -1,4 +1,4 @@
-/* An MPI_Init_thread that forks, for the fork-safety tests (tests/test_fork_during_init.py).
+/* An MPI_Init_thread that forks, for the fork-safety tests (tests/mpi/test_fork_during_init.py).
  * Preloaded (LD_PRELOAD), it stands in for the MPI's own, then calls the real one
  * (PMPI_Init_thread, found at call time: no MPI header or library needed here). It
  * models what Open MPI's singleton start does inside MPI_Init_thread, on any MPI:

@@ -1,5 +1,5 @@
 /* An MPI_Get_library_version that reports another MPI, for the mixed-build check
- * (tests/test_mpi_library_check.py). Preloaded (LD_PRELOAD), it answers with
+ * (tests/launch/test_mpi_library_check.py). Preloaded (LD_PRELOAD), it answers with
  * $PTEST_MPI_LIBRARY_VERSION, as the library of a mixed build (MPICH's mpi.h, Open
  * MPI's libmpi) would answer; every other MPI function stays the real one. */
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 """TF1 DistributedOptimizer(op=Adasum) is the delta optimizer (float64):
 each rank's MomentumOptimizer updates the variables locally from its own data, the
-per-variable changes are combined by Adasum (tests/adasum_reference.py) and every
+per-variable changes are combined by Adasum (tests/support/adasum_reference.py) and every
 rank ends with the same variables, while the momentum slots stay per rank.
 Checked in a graph with MonitoredTrainingSession (ranks start from different
 weights; BroadcastGlobalVariablesHook), eagerly, with backward_passes_per_step=2,
@@ -17,7 +17,7 @@ from common import hvd, log, main
 from tiny_model import forward, init_weights, mse_gradient
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from adasum_reference import adasum  # noqa: E402
+from support.adasum_reference import adasum  # noqa: E402
 
 LR = 0.125  # exact in float32 (the TF1 optimizer keeps it as a float32 tensor)
 MU = 0.875

@@ -2,7 +2,7 @@
 references; grouped variants; process sets; gradients of allreduce, allgather,
 broadcast, reducescatter and alltoall against analytic references; barrier/join;
 op=Adasum (collectives, DistributedGradientTape, Keras DistributedOptimizer) against
-tests/adasum_reference.py; errors raised as TensorFlow errors on every rank, after
+tests/support/adasum_reference.py; errors raised as TensorFlow errors on every rank, after
 which the engine works."""
 import zlib
 
@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import DTYPES, FLOAT_DTYPES, assert_equal, hvd, log, main, make_array, reduce_ref
-from adasum_reference import adasum, assert_adasum_close  # tests/, on the path via common
+from support.adasum_reference import adasum, assert_adasum_close  # tests/, on the path via common
 
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
 

@@ -1,5 +1,5 @@
 """Helpers for the TensorFlow scripts that mpirun runs on every rank (with .venv-tf's
-python, see tests/test_tensorflow.py).
+python, see tests/frameworks/test_tensorflow.py).
 
 Inputs come from `make_array(tag, rank, shape, dtype)`, a pure function of its
 arguments, so every rank rebuilds every other rank's input and computes the
@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rank_script import launcher_rank_size, log, main, rank_tag  # noqa: E402,F401 - shared by scripts
+from support.rank_script import launcher_rank_size, log, main, rank_tag  # noqa: E402,F401 - shared by scripts
 
 import tensorflow as tf  # noqa: E402
 

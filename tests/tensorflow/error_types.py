@@ -4,7 +4,7 @@ library goes on. So are, through the code every front end shares (issue 37), a r
 rank or a process set's rank that is not an integer (TypeError) and a name that is not
 valid Unicode text (ValueError), with those checks' own messages.
 
-Each request the core's rules refuse (tests/request_rules.py) is refused alike by a
+Each request the core's rules refuse (tests/support/request_rules.py) is refused alike by a
 raw perseus_enqueue, by the TensorFlow call that makes it (whose Python side asks the
 core through perseus.common.builder, or whose op does) and by the op itself, given
 the request with no Python check before it: the same status (as the exception class
@@ -13,7 +13,7 @@ import re
 
 from common import hvd, log, main, tf
 
-import request_rules  # tests/, on the path once common is imported
+from support import request_rules  # tests/, on the path once common is imported
 from perseus.common import ops
 from perseus.common.exceptions import exception_for
 from perseus.tensorflow import op_library

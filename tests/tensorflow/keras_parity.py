@@ -4,7 +4,7 @@ and register_local_var (local gradients divided by the size unless
 scale_local_gradients=False), PartialDistributedGradientTape's
 get_local_and_global_gradients (issue 40; Keras 3 and tf-keras layers in every run), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
 DistributedOptimizer over tf.keras.optimizers.legacy optimizers, `lr=` spelling
-included, and Horovod's _compute_gradients / _agg_helper hooks. Runs under Keras 3 and, from tests/test_tensorflow.py, Keras 2."""
+included, and Horovod's _compute_gradients / _agg_helper hooks. Runs under Keras 3 and, from tests/frameworks/test_tensorflow.py, Keras 2."""
 import os
 
 import numpy as np

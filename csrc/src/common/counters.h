@@ -1,5 +1,5 @@
 // Process-wide counts of what the core asked of MPI, for tests that hold the cost of a
-// call to a budget (tests/test_call_budget.py) independently of timing: perseus_counters.
+// call to a budget (tests/mpi/test_call_budget.py) independently of timing: perseus_counters.
 #ifndef PERSEUS_COUNTERS_H_
 #define PERSEUS_COUNTERS_H_
 

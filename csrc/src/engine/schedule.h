@@ -11,7 +11,7 @@
 //    a poll that found a request unfinished), enough bytes or enough time ends it.
 //    Front ends that gather before they enqueue (DistributedOptimizer's _gather)
 //    read the Hold through perseus_process_set_hold and apply the same rule;
-//    tests/test_schedule.py fails if the two disagree.
+//    tests/unit/test_schedule.py fails if the two disagree.
 // 2. Backoff (AfterRound). After a round that agreed nothing, a set whose ranks'
 //    pending requests did not match retries after a growing pause; a local
 //    submission starts a round at once regardless.

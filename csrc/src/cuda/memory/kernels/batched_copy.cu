@@ -5,7 +5,7 @@
 //
 // The core is built without nvcc: it embeds the PTX that scripts/gen_pack_ptx.sh makes
 // from this file (batched_copy_ptx.inc) and loads it at run time (cuda/memory/copy_kernel.cc).
-// After editing this file, run the script; tests/test_pack_kernel.py checks that the
+// After editing this file, run the script; tests/gpu/test_pack_kernel.py checks that the
 // committed PTX is what the script makes, and runs this code on the CPU.
 //
 // Bandwidth: where source and destination are congruent modulo 16 (the fusion buffer's

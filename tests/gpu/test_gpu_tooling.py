@@ -1,0 +1,643 @@
+"""The GPU tooling that runs on a CPU-only machine: library folder discovery and the
+once-only hand-over to the core (perseus.common.gpu), Horovod's *_built answers,
+benchmarks/gpu_bench.py and scripts/gpu_check.sh without a CUDA device, and
+gpu_check's set-up (venv, MPI, settings, same-mpi) on a mock of the lent GPU machine.
+
+The GPU work itself is in tests/gpu/test_gpu.py (skipped here)."""
+import ctypes
+import glob
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from support.jobs import REPO_ROOT, clean_env
+from perseus.common import gpu
+
+
+def _touch(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").close()
+
+
+def _write_program(path, body):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A fake site-packages with torch and the nvidia wheels of CUDA 12 and 13."""
+    root = tmp_path / "site-packages"
+    for rel in ("torch/__init__.py", "torch/lib/libtorch_cuda.so",
+                "nvidia/nccl/lib/libnccl.so.2",               # nvidia-nccl-cu12 / -cu13
+                "nvidia/cu13/lib/libcudart.so.13",            # nvidia-cuda-runtime (CUDA 13)
+                "nvidia/cuda_runtime/lib/libcudart.so.12",    # nvidia-cuda-runtime-cu12
+                "nvidia/cu13/include/cuda.h"):
+        _touch(str(root / rel))
+    return root
+
+
+def test_framework_library_dirs(site):
+    dirs = gpu.framework_library_dirs(str(site / "torch"))
+    assert dirs == [str(site / "torch" / "lib"), str(site / "nvidia" / "cu13" / "lib"),
+                    str(site / "nvidia" / "cuda_runtime" / "lib"), str(site / "nvidia" / "nccl" / "lib")]
+
+
+def test_framework_without_lib_or_wheels(tmp_path):
+    _touch(str(tmp_path / "pkg" / "__init__.py"))
+    assert gpu.framework_library_dirs(str(tmp_path / "pkg")) == []
+
+
+def test_loaded_library_dirs_from_maps(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    maps = "\n".join([
+        "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6",
+        "7f02-7f03 r-xp 00000000 08:01 2 %s/libnccl.so.2" % b,
+        "7f04-7f05 r--p 00000000 08:01 3 %s/libcudart.so.13" % a,
+        "7f06-7f07 r-xp 00000000 08:01 2 %s/libnccl.so.2" % b,
+        "7f08-7f09 rw-p 00000000 00:00 0 [heap]",
+        "7f0a-7f0b r-xp 00000000 08:01 4 %s/libnccl_net.so" % a,  # a plugin, not NCCL itself
+    ])
+    assert gpu.loaded_library_dirs(maps) == [str(b), str(a)]
+    assert gpu.loaded_library_dirs("") == []
+
+
+def test_default_dirs_find_installed_wheels():
+    # Whatever nvidia/*/lib folders this Python can see (setup.sh installs
+    # nvidia-nccl-cu13 into .venv) are searched.
+    expected = [os.path.realpath(d) for entry in sys.path if entry and os.path.isdir(entry)
+                for d in glob.glob(os.path.join(entry, "nvidia", "*", "lib"))]
+    dirs = gpu.default_dirs()
+    for d in expected:
+        assert d in dirs
+    assert len(dirs) == len(set(dirs))
+    assert all(os.path.isdir(d) for d in dirs)
+
+
+def test_default_dirs_put_the_asking_framework_first(site, monkeypatch):
+    other = site.parent / "other"
+    _touch(str(other / "tensorflow" / "__init__.py"))
+    _touch(str(other / "tensorflow" / "lib" / "x.so"))
+    found = {"torch": str(site / "torch"), "tensorflow": str(other / "tensorflow")}
+    monkeypatch.setattr(gpu, "package_dir", found.get)
+    monkeypatch.setattr(gpu, "loaded_library_dirs", lambda: [])
+    dirs = gpu.default_dirs(first="tensorflow")
+    assert dirs[0] == str(other / "tensorflow" / "lib")
+    assert dirs[1] == str(site / "torch" / "lib")
+
+
+def test_package_dir_does_not_import(run_python):
+    code = ("import sys; from perseus.common import gpu; d = gpu.package_dir('torch'); "
+            "assert d and d.endswith('torch'), d; assert 'torch' not in sys.modules; "
+            "assert gpu.package_dir('no_such_package_here') is None")
+    res = run_python(code)
+    assert res.returncode == 0, res.stderr
+
+
+def test_nccl_version_code():
+    assert gpu.nccl_version_code("NCCL 2.32.3 from /x/python3.12/nvidia/nccl/lib/libnccl.so.2") == 23203
+    assert gpu.nccl_version_code("CUDA runtime 13.0.1\nnccl: /a/libnccl.so.2 (version 2.18.10)") == 21810
+    assert gpu.nccl_version_code("nccl: not found; tried /usr/lib/python3.12.1/x") == 0
+    assert gpu.nccl_version_code("") == 0
+
+
+@pytest.fixture
+def fake_core(monkeypatch):
+    """perseus_set_gpu_library_dirs / perseus_gpu_load / perseus_gpu_describe stand-ins
+    that record their calls, and a fresh once-only state."""
+    calls = {"dirs": [], "load": 0}
+
+    def set_dirs(raw):
+        calls["dirs"].append(raw.decode())
+        return 0
+
+    def load(cuda_ok, nccl_ok):
+        calls["load"] += 1
+        ctypes.cast(cuda_ok, ctypes.POINTER(ctypes.c_int32))[0] = 1
+        ctypes.cast(nccl_ok, ctypes.POINTER(ctypes.c_int32))[0] = 1
+        return 0
+
+    monkeypatch.setattr(gpu._lib, "perseus_set_gpu_library_dirs", set_dirs, raising=False)
+    monkeypatch.setattr(gpu._lib, "perseus_gpu_load", load, raising=False)
+    monkeypatch.setattr(gpu._lib, "perseus_gpu_describe",
+                        lambda: b"libcudart.so.13: /x/libcudart.so.13 (CUDA 13.0)\n"
+                                b"NCCL 2.32.3: /y/libnccl.so.2\ndevices: 1", raising=False)
+    monkeypatch.setattr(gpu, "_prepared", None)
+    monkeypatch.setattr(gpu, "_loaded", None)
+    return calls
+
+
+def test_prepare_once(fake_core, site):
+    first = [str(site / "nvidia" / "nccl" / "lib"), str(site / "torch" / "lib")]
+    assert gpu.prepare(first + [str(site / "missing")]) == first  # absent folders dropped
+    assert gpu.prepare([str(site / "nvidia" / "cu13" / "lib")]) == first
+    assert fake_core["dirs"] == [os.pathsep.join(first)]
+
+
+def test_load_prepares_defaults_and_asks_once(fake_core, monkeypatch):
+    monkeypatch.setattr(gpu, "default_dirs", lambda first=None: [])
+    assert gpu.load() == (True, True)
+    assert gpu.cuda_built() is True
+    assert gpu.nccl_built() == 23203
+    assert fake_core["dirs"] == [""] and fake_core["load"] == 1
+
+
+def test_load_after_the_core_chose_its_folders(fake_core, monkeypatch):
+    # The core refuses other folders once it loaded the libraries: load() still answers.
+    def refuse(raw):
+        fake_core["dirs"].append(raw.decode())
+        return 1  # PERSEUS_INVALID_ARGUMENT
+    monkeypatch.setattr(gpu._lib, "perseus_set_gpu_library_dirs", refuse, raising=False)
+    monkeypatch.setattr(gpu._lib, "perseus_last_error", lambda: b"already loaded", raising=False)
+    assert gpu.load() == (True, True) and fake_core["load"] == 1
+
+
+def test_built_answers_are_truthful():
+    """On this machine, against the real core: the answers follow what loads (the CPU
+    machine has no libcudart, so CUDA never loads here), and nothing raises."""
+    code = ("from perseus.common import gpu, basics; import json; "
+            "print(json.dumps([gpu.supported(), basics.cuda_built(), basics.nccl_built(), gpu.describe()]))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=str(REPO_ROOT), env=clean_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    import json
+    supported, cuda, nccl, text = json.loads(res.stdout)
+    assert isinstance(cuda, bool) and isinstance(nccl, int)
+    assert text  # always says something: versions, or why not
+    if not supported:
+        assert not cuda and nccl == 0 and "missing" in text
+    if nccl:
+        assert cuda, "NCCL counted as built without the CUDA runtime"
+
+
+def test_missing_loader_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(gpu._lib, "perseus_gpu_load", None, raising=False)
+    monkeypatch.setattr(gpu, "_prepared", None)
+    assert gpu.cuda_built() is False and gpu.nccl_built() == 0
+    with pytest.raises(gpu.GpuSupportMissing, match="pip install"):
+        gpu.prepare()
+
+
+# ---------------------------------------------------------------- without a CUDA device
+
+needs_no_cuda = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the behaviour on a machine without CUDA")
+
+
+@needs_no_cuda
+def test_gpu_bench_says_no_device():
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_bench.py")], cwd=str(REPO_ROOT),
+                         env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no CUDA device" in res.stdout and "nothing to measure" in res.stdout
+
+
+def _gpu_check(tmp_path, *args, python=sys.executable, env=None):
+    env = clean_env(dict({"PYTHON": str(python), "PERSEUS_GPU_VENV": str(tmp_path / "venv"),
+                          "PERSEUS_GPU_REPORT": str(tmp_path / "report.md"),
+                          "PERSEUS_GPU_LOGS": str(tmp_path / "logs"),
+                          "PERSEUS_WHEELS": str(tmp_path / "wheels")}, **(env or {})))
+    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "gpu_check.sh")] + list(args),
+                          cwd=str(REPO_ROOT), env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_gpu_check_prints_the_download_command(tmp_path):
+    res = _gpu_check(tmp_path, "--print-download")
+    assert res.returncode == 0, res.stderr
+    command = res.stdout.replace("\\\n", " ")
+    assert command.startswith("python3 -m pip download --only-binary=:all: --python-version 3.12")
+    for part in ("-d wheels", '"mpich==', '"pytest-timeout==', "manylinux_2_28_x86_64", "manylinux1_x86_64"):
+        assert part in command, part
+
+
+@needs_no_cuda
+def test_gpu_check_stops_without_cuda(tmp_path):
+    res = _gpu_check(tmp_path)
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "NO CUDA DEVICE" in res.stdout
+    # It stopped before changing anything.
+    assert not (tmp_path / "venv").exists() and not (tmp_path / "logs").exists()
+
+
+# ---------------------------------------------------------------- a mock of the lent GPU machine
+# ../shared/gpu-machine.md: python3 is itself a venv holding torch, numpy, pytest, mpi4py
+# and setuptools; a system Open MPI (/usr/bin/mpicxx, /usr/bin/mpirun); no ssh or rsh;
+# root. The mock has the same shape: a venv made from this one (so a venv inside a venv)
+# holding a fake torch and seeing this venv's packages through a .pth, Open MPI wrappers
+# that answer as Open MPI's do, and a PATH without ssh, rsh or any other MPI.
+
+FAKE_TORCH = """
+import os
+__version__ = "2.11.0+cu130"
+class version:
+    cuda = "13.0"
+class cuda:
+    class nccl:
+        version = staticmethod(lambda: (2, 28, 9))
+    is_available = staticmethod(lambda: os.environ.get("FAKE_TORCH_GPU") == "1")
+    device_count = staticmethod(lambda: int(cuda.is_available()))
+    get_device_name = staticmethod(lambda i: "NVIDIA H100 80GB HBM3")
+    get_device_capability = staticmethod(lambda i: (9, 0))
+"""
+
+FAKE_OPENMPI = {  # what Open MPI 4.1.6's programs print; anything else goes to "the compiler"
+    "mpicxx": """case "$1" in
+  -showme:link) echo "-pthread -L{lib} -lmpi_cxx -lmpi" ;;
+  -showme:version) echo "mpicxx: Open MPI 4.1.6 (Language: C++)" ;;
+  *) echo "g++: error: unrecognized command-line option '$1'" >&2; exit 1 ;;
+esac""",
+    "mpirun": """[ "$1" = --version ] || exit 1
+printf 'mpirun (Open MPI) 4.1.6\\n\\nReport bugs to http://www.open-mpi.org/community/help/\\n'""",
+}
+
+
+def _fake_openmpi(bin_dir, lib_dir):
+    for name, body in FAKE_OPENMPI.items():
+        _write_program(bin_dir / name, body.replace("{lib}", str(lib_dir)))
+
+
+def _purelib(python):
+    return subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def machine(tmp_path):
+    """The mock: .base (the machine's python, a venv with torch and the rest), .usr (a system Open MPI
+    in usr/bin, its libmpi in usr/lib), .tools (every program on PATH but ssh, rsh and MPI),
+    .wheels (holding an mpich wheel, which the system MPI must win over)."""
+    m = type("Machine", (), {})()
+    m.base = tmp_path / "opt-torch-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(m.base)], check=True)
+    m.base_site = _purelib(m.base / "bin" / "python")
+    os.makedirs(os.path.join(m.base_site, "torch"))
+    with open(os.path.join(m.base_site, "torch", "__init__.py"), "w") as f:
+        f.write(FAKE_TORCH)
+    with open(os.path.join(m.base_site, "this_venv.pth"), "w") as f:  # numpy, pytest, mpi4py, ...
+        f.write(_purelib(sys.executable) + "\n")
+    m.usr = tmp_path / "usr"
+    m.libmpi = m.usr / "lib" / "libmpi.so.40.30.6"
+    _touch(str(m.libmpi))
+    os.makedirs(str(m.usr / "lib" / "openmpi" / "lib"))
+    os.symlink("../../libmpi.so.40.30.6", str(m.usr / "lib" / "openmpi" / "lib" / "libmpi.so"))
+    _fake_openmpi(m.usr / "bin", m.usr / "lib" / "openmpi" / "lib")
+    m.tools = tmp_path / "tools"
+    m.tools.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for name in (os.listdir(folder) if os.path.isdir(folder) else []):
+            hidden = name in ("ssh", "rsh", "slogin") or name.startswith(("mpi", "orte", "ompi"))
+            if not hidden and not os.path.lexists(str(m.tools / name)):
+                os.symlink(os.path.join(folder, name), str(m.tools / name))
+    m.wheels = tmp_path / "wheels"
+    m.wheels.mkdir()
+    (m.wheels / "mpich-5.0.2-py3-none-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    m.venv = tmp_path / "venv"
+    m.path = os.pathsep.join([str(m.usr / "bin"), str(m.tools)])
+    return m
+
+
+def _plan(out):
+    """The assignments of the plan that gpu_check.sh printed: {name: value}."""
+    found = {}
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            line = line[len("export "):]
+        name, sep, value = line.partition("=")
+        if sep and name.isidentifier():
+            found[name] = shlex.split(value)[0] if value else ""
+    return found
+
+
+def test_gpu_check_plan_on_the_gpu_machine(machine, tmp_path):
+    res = _gpu_check(tmp_path, "--plan", python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "FAKE_TORCH_GPU": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "base Python: %s" % (machine.base / "bin" / "python") in out
+    assert "cuda:0 NVIDIA H100 80GB HBM3 (compute capability 9.0)" in out
+    plan = _plan(out)
+    # A venv made from a venv: a .pth names the base venv's site-packages.
+    assert plan["VENV_MODE"] == "pth"
+    assert "is itself a venv" in out
+    assert "#     %s\n    #     %s\n" % (machine.base_site, _purelib(sys.executable)) in out
+    # The system Open MPI, not the wheel; its mpirun; its libmpi for mpi4py.
+    usr_bin = machine.usr / "bin"
+    assert (plan["MPI_SOURCE"], plan["MPI_FLAVOUR"]) == ("system", "openmpi")
+    assert plan["MPICXX"] == plan["PERSEUS_MPICXX"] == str(usr_bin / "mpicxx")
+    assert plan["MPIRUN"] == plan["PERSEUS_MPIRUN"] == str(usr_bin / "mpirun")
+    assert plan["MPI4PY_LIBMPI"] == str(machine.libmpi)
+    assert plan["INSTALL_MPICH"] == "0" and plan["REMOVE_VENV_MPICH"] == "0"
+    # No ssh: an agent that exists, and what root needs; the tests' harness keeps them.
+    assert plan["OMPI_MCA_plm_rsh_agent"] == str(machine.tools / "false")
+    assert plan["OMPI_MCA_rmaps_base_oversubscribe"] == "1"
+    assert plan["OMPI_MCA_hwloc_base_binding_policy"] == "none"
+    root = os.geteuid() == 0
+    assert (plan.get("OMPI_ALLOW_RUN_AS_ROOT"), plan.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")) == \
+        (("1", "1") if root else (None, None))
+    assert set(plan["PERSEUS_KEEP_ENV"].split()) == (
+        {"MPI4PY_LIBMPI", "OMPI_MCA_plm_rsh_agent", "OMPI_MCA_rmaps_base_oversubscribe",
+         "OMPI_MCA_hwloc_base_binding_policy"}
+        | ({"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"} if root else set()))
+    assert "plan done: nothing was changed" in out
+    assert not machine.venv.exists() and not (tmp_path / "logs").exists()
+
+
+def test_gpu_check_plan_without_a_system_mpi(machine, tmp_path):
+    res = _gpu_check(tmp_path, "--plan", python=machine.base / "bin" / "python",
+                     env={"PATH": str(machine.tools)})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "NO CUDA DEVICE" in res.stdout  # a plan is shown all the same
+    plan = _plan(res.stdout)
+    venv = machine.venv
+    assert (plan["MPI_SOURCE"], plan["MPI_FLAVOUR"], plan["INSTALL_MPICH"]) == ("wheel", "mpich", "1")
+    assert plan["PERSEUS_MPICXX"] == str(venv / "bin" / "mpicxx")
+    assert plan["PERSEUS_MPIRUN"] == str(venv / "bin" / "mpirun")
+    assert plan["MPI4PY_LIBMPI"] == str(venv / "lib")
+    assert not [name for name in plan if name.startswith("OMPI_")]
+    assert plan["PERSEUS_KEEP_ENV"] == "MPI4PY_LIBMPI"
+
+
+def test_gpu_check_plan_names_no_mpi_it_cannot_use(machine, tmp_path):
+    # mpicxx.openmpi without an mpirun of its own beside it: no mix with another mpirun.
+    (machine.usr / "bin" / "mpicxx").rename(machine.usr / "bin" / "mpicxx.openmpi")
+    (machine.usr / "bin" / "mpirun").unlink()
+    res = _gpu_check(tmp_path, "--plan", python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "PERSEUS_MPICXX": str(machine.usr / "bin" / "mpicxx.openmpi")})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "%s has no mpirun beside it" % (machine.usr / "bin" / "mpicxx.openmpi") in res.stderr
+    # With one of its own (Debian's mpirun.openmpi), it is the choice.
+    _write_program(machine.usr / "bin" / "mpirun.openmpi", FAKE_OPENMPI["mpirun"])
+    res = _gpu_check(tmp_path, "--plan", python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "PERSEUS_MPICXX": str(machine.usr / "bin" / "mpicxx.openmpi")})
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = _plan(res.stdout)
+    assert (plan["MPI_SOURCE"], plan["MPIRUN"]) == ("PERSEUS_MPICXX", str(machine.usr / "bin" / "mpirun.openmpi"))
+
+
+def test_gpu_check_plan_removes_an_mpich_it_did_not_choose(machine, tmp_path):
+    # The venv of an earlier run holds MPICH (mpicxx, mpirun and libmpi in VENV): with a
+    # system MPI chosen, it goes, or mpi4py and PATH would find a second MPI.
+    _fake_openmpi(machine.venv / "bin", machine.usr / "lib" / "openmpi" / "lib")  # stand-ins: they are there
+    python = machine.base / "bin" / "python"
+    plan = _plan(_gpu_check(tmp_path, "--plan", python=python, env={"PATH": machine.path}).stdout)
+    assert (plan["MPI_SOURCE"], plan["REMOVE_VENV_MPICH"]) == ("system", "1")
+    # Chosen by name, the venv's own MPI stays.
+    plan = _plan(_gpu_check(tmp_path, "--plan", python=python, env={
+        "PATH": machine.path, "PERSEUS_MPICXX": str(machine.venv / "bin" / "mpicxx")}).stdout)
+    assert (plan["MPI_SOURCE"], plan["REMOVE_VENV_MPICH"]) == ("PERSEUS_MPICXX", "0")
+
+
+def test_gpu_check_plan_for_a_python_that_is_no_venv(machine, tmp_path):
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    res = _gpu_check(tmp_path, "--plan", python=base,
+                     env={"PATH": machine.path, "PYTHONPATH": machine.base_site})  # the fake torch
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert _plan(res.stdout)["VENV_MODE"] == "system-site-packages"
+
+
+def test_gpu_check_dry_run_shows_the_steps(machine, tmp_path):
+    python = machine.base / "bin" / "python"
+    res = _gpu_check(tmp_path, "--dry-run", python=python, env={"PATH": machine.path})
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "a real run would stop here with exit code 3" in out
+    assert "would run: %s scripts/gpu_check_plan.py make-venv %s" % (python, machine.venv) in out
+    assert "has what the build and the tests need" in out
+    assert not [line for line in out.splitlines() if "would run" in line and "mpich" in line]  # no MPICH
+    assert "-m pip install -v --disable-pip-version-check --no-build-isolation --no-deps --no-index -e ." in out
+    assert "scripts/gpu_check_info.py same-mpi %s" % (machine.usr / "bin" / "mpicxx") in out
+    from test_gpu import CONFIGS
+    shared = [c for c in CONFIGS if "_shared_lanes" in c]  # torch's NCCL 2.28.9 cannot: left out
+    assert len(shared) == 6
+    for config in ["inproc"] + list(CONFIGS):
+        assert ("would run (test_%s," % config in out) == (config not in shared), config
+    assert "stress_" not in out and "nccl_multi_rank" not in out
+    assert "would run (gpu_bench, up to 150s): %s -np 1" % (machine.venv / "bin" / "perseusrun") in out
+    assert "dry run done" in out
+    assert not machine.venv.exists() and not (tmp_path / "logs").exists(), "the dry run created files"
+
+
+# ---------------------------------------------------------------- which NCCL (--nccl)
+
+def _nccl_stub(folder, version, compress=False, check=False):
+    """A libnccl.so.2 stand-in that answers ncclGetVersion (compressed as the shared one is,
+    with a check_multi_rank.py beside it if asked); returns the path to give --nccl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "stub.c"
+    source.write_text("int ncclGetVersion(int* v) { *v = %d; return 0; }\n" % version)
+    library = folder / "libnccl.so.2"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    if check:
+        (folder / "check_multi_rank.py").write_text("print('multi-rank ok')\n")
+    if not compress:
+        return library
+    import lzma
+    packed = folder / "libnccl-2.32.3-sm90.so.2.xz"
+    packed.write_bytes(lzma.compress(library.read_bytes()))
+    library.unlink()
+    return packed
+
+
+def test_gpu_check_plan_without_nccl_given_takes_torchs(machine, tmp_path):
+    res = _gpu_check(tmp_path, "--plan", python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "FAKE_TORCH_GPU": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = _plan(res.stdout)
+    assert (plan["NCCL_LIB"], plan["NCCL_VERSION"], plan["MULTI_RANK"], plan["NCCL_CHECK"]) == ("", "22809", "0", "")
+    assert "NCCL: torch's own ((not found)), version 2.28.9" in res.stdout
+    assert "cannot run several ranks on one GPU (NCCL 2.30 or later can): the shared-GPU NCCL configurations are " \
+           "left out; give --nccl PATH" in res.stdout and "install nvidia-nccl-cu13>=2.30" in res.stdout
+    assert "PERSEUS_NCCL_LIB" not in plan and "PERSEUS_NCCL_LIB" not in plan["PERSEUS_KEEP_ENV"]
+
+
+def test_gpu_check_plan_takes_the_nccl_given_unpacked(machine, tmp_path):
+    given = _nccl_stub(tmp_path / "shared" / "nccl", 23203, compress=True, check=True)
+    res = _gpu_check(tmp_path, "--plan", "--nccl", str(given), python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "FAKE_TORCH_GPU": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = _plan(res.stdout)
+    unpacked = str(REPO_ROOT / ".gpu_check_nccl" / "libnccl.so.2")
+    assert (plan["NCCL_LIB"], plan["NCCL_XZ"], plan["NCCL_VERSION"], plan["MULTI_RANK"]) == \
+        (unpacked, str(given), "23203", "1")
+    assert plan["NCCL_CHECK"] == str(given.parent / "check_multi_rank.py")
+    assert plan["PERSEUS_NCCL_LIB"] == unpacked
+    assert '    export PERSEUS_KEEP_ENV="$PERSEUS_KEEP_ENV PERSEUS_NCCL_LIB"\n' in res.stdout  # passed on to the jobs
+    assert "it runs several ranks on one GPU" in res.stdout
+    assert not (REPO_ROOT / ".gpu_check_nccl").exists(), "the plan unpacked NCCL"
+
+
+@pytest.mark.parametrize("version, multi", [(22809, "0"), (23000, "1")])
+def test_gpu_check_plan_reads_the_version_of_the_nccl_given(machine, tmp_path, version, multi):
+    given = _nccl_stub(tmp_path / "nccl", version)
+    res = _gpu_check(tmp_path, "--plan", "--nccl", str(given), python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path})
+    assert res.returncode == 0, res.stdout + res.stderr
+    plan = _plan(res.stdout)
+    assert (plan["NCCL_LIB"], plan["NCCL_XZ"], plan["MULTI_RANK"], plan["NCCL_CHECK"]) == (str(given), "", multi, "")
+
+
+def test_gpu_check_refuses_an_nccl_that_is_none(machine, tmp_path):
+    bogus = tmp_path / "libnccl.so.2"
+    bogus.write_text("not a library")
+    res = _gpu_check(tmp_path, "--plan", "--nccl", str(bogus), python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path})
+    assert res.returncode == 2 and "no NCCL set-up possible: %s does not load as NCCL" % bogus in res.stderr, \
+        res.stdout + res.stderr
+    res = _gpu_check(tmp_path, "--plan", "--nccl", python=machine.base / "bin" / "python", env={"PATH": machine.path})
+    assert res.returncode == 2 and "--nccl needs a path" in res.stderr, res.stdout + res.stderr
+
+
+def test_gpu_check_dry_run_with_a_multi_rank_nccl(machine, tmp_path):
+    """With NCCL 2.30+ given: its check first, then every configuration, the shared-GPU
+    NCCL ones each followed by its stress run at its ranks and lanes."""
+    given = _nccl_stub(tmp_path / "shared" / "nccl", 23203, compress=True, check=True)
+    res = _gpu_check(tmp_path, "--dry-run", "--nccl", str(given), python=machine.base / "bin" / "python",
+                     env={"PATH": machine.path, "FAKE_TORCH_GPU": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    unpacked = REPO_ROOT / ".gpu_check_nccl" / "libnccl.so.2"
+    assert "unpacking %s to %s" % (given, unpacked) in out
+    assert "would run (nccl_multi_rank, up to 150s): %s %s %s 2" % (
+        machine.base / "bin" / "python", given.parent / "check_multi_rank.py", unpacked) in out
+    from test_gpu import CONFIGS
+    for config in CONFIGS:
+        assert "would run (test_%s, up to 240s): " % config in out and " -k %s-" % config in out, config
+    for np_ in (2, 4):
+        for lanes in (1, 2, 4):
+            config = "nccl_np%d_shared_lanes%d" % (np_, lanes)
+            line = [l for l in out.splitlines() if "would run (stress_%s," % config in l]
+            assert len(line) == 1, config
+            assert "STRESS_STEPS=1000" in line[0] and "PERSEUS_ALLREDUCE_STREAMS=%d" % lanes in line[0]
+            assert "perseusrun -np %d " % np_ in line[0]
+            assert line[0].endswith("tests/rank_scripts/gpu_stress.py")
+    assert not (REPO_ROOT / ".gpu_check_nccl").exists(), "the dry run unpacked NCCL"
+
+
+def test_make_venv_sees_the_base_venvs_packages(machine, tmp_path):
+    """What failed on the GPU machine: a venv made from a venv with --system-site-packages
+    does not see the base venv's torch. make-venv's does, after its own packages."""
+    python = str(machine.base / "bin" / "python")
+    old = tmp_path / "system-site-packages"
+    subprocess.run([python, "-m", "venv", "--without-pip", "--system-site-packages", str(old)], check=True)
+    assert subprocess.run([str(old / "bin" / "python"), "-c", "import torch"], capture_output=True).returncode != 0
+    res = subprocess.run([python, str(REPO_ROOT / "scripts" / "gpu_check_plan.py"), "make-venv",
+                          str(machine.venv)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    venv_python = str(machine.venv / "bin" / "python")
+    for name, where in (("shadowed", machine.base_site), ("shadowed", _purelib(venv_python))):
+        with open(os.path.join(where, name + ".py"), "w") as f:
+            f.write("WHERE = %r\n" % where)
+    code = "import torch, shadowed; print(torch.cuda.get_device_name(0)); print(shadowed.WHERE)"
+    out = subprocess.run([venv_python, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:2] == ["NVIDIA H100 80GB HBM3", _purelib(venv_python)]  # the venv's own copy wins
+    # pip and setuptools are the base's: no older copies of its own (ensurepip) shadow them.
+    code = "import pip, setuptools; print(pip.__file__); print(setuptools.__file__)"
+    out = subprocess.run([venv_python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert [path.startswith(_purelib(sys.executable)) for path in out] == [True, True], out
+
+
+# ---------------------------------------------------------------- the test harness and same-mpi
+
+def test_clean_env_passes_on_the_chosen_mpi_settings(monkeypatch):
+    chosen = {"OMPI_MCA_plm_rsh_agent": "/usr/bin/false", "MPI4PY_LIBMPI": "/usr/lib/libmpi.so.40"}
+    leaks = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_MCA_orte_hnp_uri": "x", "PMI_RANK": "1", "PMIX_RANK": "1",
+             "HYDRA_CONTROL_FD": "3", "PERSEUS_FUSION_THRESHOLD": "0"}
+    for name, value in dict(chosen, **leaks).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("PERSEUS_KEEP_ENV", raising=False)
+    assert "OMPI_MCA_plm_rsh_agent" not in clean_env()  # only what is named passes
+    monkeypatch.setenv("PERSEUS_KEEP_ENV", " ".join(chosen))
+    env = clean_env()
+    assert {name: env.get(name) for name in chosen} == chosen
+    assert not set(leaks) & set(env)
+
+
+def test_find_mpirun_follows_perseus_mpirun(tmp_path, monkeypatch):
+    from conftest import find_mpirun
+    chosen = tmp_path / "usr" / "bin" / "mpirun"
+    _write_program(chosen, "exit 1")
+    monkeypatch.setenv("PERSEUS_MPIRUN", str(chosen))
+    assert find_mpirun() == str(chosen)
+    monkeypatch.delenv("PERSEUS_MPIRUN")
+    assert find_mpirun() != str(chosen)
+
+
+def _same_mpi(mpicxx):
+    return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "gpu_check_info.py"), "same-mpi",
+                           str(mpicxx)], cwd=str(REPO_ROOT), env=clean_env(), capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_same_mpi_fails_on_headers_of_another_mpi(machine, tmp_path):
+    """libperseus (built here with the venv's MPICH) against the wrapper of another MPI:
+    one libmpi file is mapped, and still it is a mix, as on the GPU machine."""
+    ours = os.path.join(os.path.dirname(sys.executable), "mpicxx")
+    res = _same_mpi(ours)
+    assert res.returncode == 0 and res.stdout.strip().endswith("PASS"), res.stdout + res.stderr
+    # A real ELF with Open MPI's soname behind the fake Open MPI's libmpi.so.
+    stub = tmp_path / "stub.c"
+    stub.write_text("int MPI_Init(void) { return 0; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libmpi.so.40", "-o", str(machine.libmpi), str(stub)],
+                   check=True)
+    res = _same_mpi(machine.usr / "bin" / "mpicxx")
+    assert res.returncode == 1, res.stdout + res.stderr
+    needed = [line for line in res.stdout.splitlines() if line.startswith("FAIL: libperseus needs")]
+    assert needed == ["FAIL: libperseus needs libmpi.so.12, but the wrapper it is built with, %s, links "
+                      "libmpi.so.40 (%s): its MPI headers and the libmpi it loads are of two MPIs"
+                      % (machine.usr / "bin" / "mpicxx", machine.libmpi)], res.stdout
+
+
+def test_same_mpi_counts_libmpi_not_its_bindings(monkeypatch):
+    # Open MPI's mpicxx links libmpi_cxx.so.40 too (seen running gpu_check against it).
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    from gpu_check_info import is_libmpi
+    names = ["libmpi.so.40", "/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4", "libmpi.so.12", "libmpich.so.12",
+             "libmpi.so", "libmpi_cxx.so.40", "libmpi_abi.so.1", "libmpi_mpifh.so.40", "libmpix.so"]
+    assert [is_libmpi(n) for n in names] == [True] * 5 + [False] * 4
+
+
+def test_same_mpi_reports_check_mpi_library(monkeypatch, capsys):
+    """Where libperseus can tell its headers from its library (check_mpi_library), a
+    mismatch it raises is a FAIL, in its words."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    import gpu_check_info
+    from perseus.common import library
+
+    def mismatch():
+        raise RuntimeError("compiled against MPICH 5.0.2, loaded Open MPI v4.1.6")
+    monkeypatch.setattr(library, "check_mpi_library", mismatch, raising=False)
+    assert gpu_check_info.same_mpi(os.path.join(os.path.dirname(sys.executable), "mpicxx")) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: check_mpi_library: compiled against MPICH 5.0.2, loaded Open MPI v4.1.6" in out
+
+
+@needs_no_cuda
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script, np", [("gpu_torch_training", 2), ("gpu_torch_ordering", 2),
+                                        ("gpu_torch_collectives", 1), ("gpu_torch_sizes", 2)])
+def test_gpu_scripts_run_on_the_cpu(run_mpi, script, np):
+    """PTEST_GPU=cpu runs the torch CUDA scripts' own logic (helpers, references,
+    tolerances) with CPU tensors, so they stay runnable between visits to a GPU machine.
+    (gpu_torch_mismatch needs two device kinds; gpu_torch_sizes stops at 1 MiB here.)"""
+    run_mpi(script, np, env={"PTEST_GPU": "cpu", "PTEST_SIZES_LARGEST": str(1 << 20)}, timeout=240)
+
+
+@needs_no_cuda
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_gpu_stress_runs_through_torch_on_the_cpu(run_mpi):
+    """The torch front end's part of tests/rank_scripts/gpu_stress.py (what
+    scripts/gpu_check.sh runs on a GPU) with CPU tensors on both sides; its C ABI part runs on the fake GPU in
+    tests/gpu/test_gpu_core.py."""
+    out = run_mpi("gpu_stress", 2, timeout=240, env={"STRESS_DEVICE": "cpu", "STRESS_STEPS": "12",
+                                                     "STRESS_LARGEST": "300000", "PERSEUS_CHUNK_SIZE": "65536",
+                                                     "PERSEUS_FUSION_THRESHOLD": "262144"})
+    assert "stress: 12 steps" in out, out

@@ -1,0 +1,1 @@
+"""What the tests share: job launching, fakes, references (tests/README.md)."""

@@ -1,0 +1,56 @@
+"""Runs several rank scripts one after another in this process: one MPI job, and one
+interpreter start and framework import per rank for all of them instead of one each
+(4 ranks importing TensorFlow take 10 s on 2 cores). tests/conftest.py's run_mpi_batch
+starts it; a test whose script the batch did not see through runs it alone.
+
+    mpirun -np N python tests/support/rank_batch.py <script.py> [<script.py> ...]
+
+Each script runs as python would run it alone (a fresh __main__, its folder first
+on sys.path, sys.argv), with a scratch directory of its own in $PTEST_TMPDIR and the
+environment restored after it; Perseus is shut down after it if it left it running.
+"[rank r] BATCH END <name>" on stdout says the script returned; a script that fails
+ends the process at once (rank_script.main), so the END lines say how far it got.
+Framework-free: it runs in the TensorFlow and MXNet venvs too.
+"""
+import os
+import runpy
+import sys
+
+# Run as a script: its own folder is on sys.path, tests/ (above the support package) is not.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.rank_script import rank_tag  # noqa: E402
+
+
+def run_one(path, scratch_root):
+    name = os.path.splitext(os.path.basename(path))[0]
+    saved_env, saved_path, saved_argv = dict(os.environ), list(sys.path), list(sys.argv)
+    scratch = os.path.join(scratch_root, name)
+    os.makedirs(scratch, exist_ok=True)
+    os.environ["PTEST_TMPDIR"] = scratch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    sys.argv = [path]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:], sys.argv = saved_path, saved_argv
+    from perseus.common import basics  # loaded by the script already: no framework import
+    if basics.is_initialized():
+        basics.shutdown()
+    # One write: the line stays whole among the other ranks' output.
+    sys.stdout.flush()
+    os.write(1, ("%s BATCH END %s\n" % (rank_tag(), name)).encode())
+
+
+def main(paths):
+    scratch_root = os.environ["PTEST_TMPDIR"]
+    for path in paths:
+        run_one(path, scratch_root)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
