@@ -27,6 +27,34 @@ from support.jobs import (DEFAULT_TIMEOUT_S, RANK_SCRIPTS, REPO_ROOT, TESTS_DIR,
 TIERS = ("unit", "mpi", "gpu", "frameworks", "launch", "meta")
 
 
+# The fast tier (pytest -m fast, tests/README.md): node ids or their beginnings. Together
+# they fail on a fault planted in any layer, in under 3 minutes on 2 cores.
+FAST = (
+    "unit/test_cpp.py",                       # the core's pure C++ parts
+    "unit/test_request_packing.py",           # the request record, Python side
+    "unit/test_schedule.py",
+    "unit/test_single_process.py::test_world_of_one",
+    "unit/test_single_process.py::test_allreduce_of_one_is_identity",
+    "unit/test_single_process.py::test_allgather_broadcast_alltoall_of_one",
+    "unit/test_single_process.py::test_errors_before_init_and_reinit",
+    "unit/test_single_process.py::test_bad_setting_fails_init_naming_the_variable[PERSEUS_ALLREDUCE_STREAMS=0]",
+    "meta/test_core_layers.py",               # C++ and Python layer rules
+    "meta/test_imports.py",
+    "meta/test_header_mirror.py",
+    "meta/test_comment_paths.py",
+    "mpi/test_multiprocess.py::test_script[allreduce-2]",   # one job: every batched core script
+    "mpi/test_training_api.py::test_script[optimizer-2]",   # one job: the optimizer scripts
+    "mpi/test_ddp.py::test_gradients_equal_torch_ddp[2]",
+    "mpi/test_torch_backend.py::test_torch_api_ddp_fsdp_zero[2]",
+    "gpu/test_torch_device.py",
+    "gpu/test_gpu_core.py::test_device_lanes_on_fake_gpu",
+    "frameworks/test_tensorflow.py::test_tensorflow_script[collectives-2]",  # one job: all at np 2
+    "frameworks/test_mxnet.py::test_mxnet_script[collectives-2]",  # one job: the batched ones
+    "launch/test_launcher.py::test_mpich",
+    "launch/test_launcher.py::test_openmpi",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = Path(str(item.fspath)).relative_to(TESTS_DIR).parts[0]
@@ -34,6 +62,15 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError("%s: a test module outside the tier folders %s (tests/README.md)"
                                     % (item.nodeid, ", ".join(TIERS)))
         item.add_marker(getattr(pytest.mark, tier))
+        if item.nodeid.replace("tests/", "", 1).startswith(FAST):
+            item.add_marker(pytest.mark.fast)
+    # On a whole collection, an entry of FAST that names no test is a typo that would
+    # shrink the tier unseen.
+    ids = [item.nodeid.replace("tests/", "", 1) for item in items]
+    if {Path(i).parts[0] for i in ids} >= set(TIERS):
+        stale = [entry for entry in FAST if not any(i.startswith(entry) for i in ids)]
+        if stale:
+            raise pytest.UsageError("FAST in tests/conftest.py names no test: %s" % stale)
 
 
 @pytest.fixture
@@ -72,10 +109,19 @@ def run_mpi(tmp_path):
 
 # Scripts a batch saw through on every rank, by batch: (scripts, np, env, python).
 _batches_seen = {}
+# (module, script, nprocs) of the tests this session runs.
+_selected_cases = set()
+
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "script" in params and "nprocs" in params:
+            _selected_cases.add((str(item.fspath), params["script"], params["nprocs"]))
 
 
 @pytest.fixture
-def run_mpi_batch(run_mpi, tmp_path_factory):
+def run_mpi_batch(run_mpi, tmp_path_factory, request):
     """Returns run_mpi_batch(script, np, batch, env=None, timeout=DEFAULT_TIMEOUT_S,
     python=None, scripts_dir=RANK_SCRIPTS): the test of `script`, one of the scripts
     in `batch`, which the first of their tests runs in one job (tests/support/rank_batch.py),
@@ -83,11 +129,14 @@ def run_mpi_batch(run_mpi, tmp_path_factory):
     (it failed, or one before it did, or the batch ran out of time) runs alone through
     run_mpi, whose report is the test's. For scripts that need no fresh process: a
     script that fails only after another in the same process is not reported as such
-    (it passes alone)."""
+    (it passes alone). Where this session runs only some of the batch's tests (-m fast,
+    -k), the batch holds only their scripts."""
+    module = str(request.node.fspath)
 
     def run(script, np, batch, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
             scripts_dir=RANK_SCRIPTS):
         assert script in batch, (script, batch)
+        batch = [s for s in batch if (module, s, np) in _selected_cases] or batch
         key = (tuple(batch), np, tuple(sorted((env or {}).items())), str(python), str(scripts_dir))
         if key not in _batches_seen:
             _batches_seen[key] = set()  # an interrupted batch is not run again
