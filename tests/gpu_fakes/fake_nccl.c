@@ -12,6 +12,15 @@
  * failed kernel returns ncclInternalError, and ncclGetLastError says why (a deadlock,
  * naming its wait-for cycle).
  *
+ * ncclSend and ncclRecv move data between the two ranks as NCCL does, the k-th send
+ * from A to B into B's k-th receive from A. Each kernel's token says what it sends to
+ * and receives from the token's receiver (calls, bytes); a peer whose sends do not
+ * meet this kernel's receives, or the other way round, in number or size, fails the
+ * kernel on both ranks as a misuse naming both, before any data moves (real NCCL would
+ * hang or write past the buffer). A peer outside the communicator is a misuse. A
+ * kernel of sends and receives waits for every rank of its communicator as a
+ * collective does: the fake's model (Perseus runs messages on communicators of two).
+ *
  * NCCL's one-rank reductions that scale (PreMulSum, Average of floats) leave the last
  * elements unwritten before NCCL 2.29.7, as the real kernel does (one_rank_written);
  * FAKE_NCCL_VERSION (default 22305, i.e. 2.23.5) sets the version reported and modelled.
@@ -620,24 +629,63 @@ static void run_op(const Op* o) {
   }
 }
 
+/* What a kernel tells each peer: which kernel it is, and its sends to and receives from
+ * that peer. */
+typedef struct {
+  long seq;
+  long sends, send_bytes; /* to the token's receiver */
+  long recvs, recv_bytes; /* from it */
+} Token;
+
 /* While the kernel holds its slot: waits for every peer to start the same kernel (a
- * token from each; the tokens of one communicator are in order, before its data). */
-static void await_peers(FakeComm* c, long seq) {
-  long* theirs = (long*)calloc(c->nranks, sizeof(long));
+ * token from each; the tokens of one communicator are in order, before its data), and
+ * checks that its sends and receives meet theirs (t_failed if not). */
+static void await_peers(FakeComm* c, long seq, const Op* ops, int n) {
+  Token* mine = (Token*)calloc(c->nranks, sizeof(Token));
+  Token* theirs = (Token*)calloc(c->nranks, sizeof(Token));
+  for (int i = 0; i < n; ++i) {
+    Token* t = &mine[ops[i].root];
+    size_t bytes = ops[i].count * type_size(ops[i].type);
+    if (ops[i].kind == kSend) t->sends++, t->send_bytes += (long)bytes;
+    if (ops[i].kind == kRecv) t->recvs++, t->recv_bytes += (long)bytes;
+  }
   for (int r = 0; r < c->nranks; ++r) {
     if (r == c->rank) continue;
+    mine[r].seq = seq;
     MPI_Request req;
-    MPI_Irecv(&theirs[r], 1, MPI_LONG, c->world[r], c->tag, MPI_COMM_WORLD, &req);
+    MPI_Irecv(&theirs[r], sizeof(Token), MPI_BYTE, c->world[r], c->tag, MPI_COMM_WORLD, &req);
     post(req, 1);
-    MPI_Isend(&seq, 1, MPI_LONG, c->world[r], c->tag, MPI_COMM_WORLD, &req);
+    MPI_Isend(&mine[r], sizeof(Token), MPI_BYTE, c->world[r], c->tag, MPI_COMM_WORLD, &req);
     post(req, 0);
   }
   complete();
-  if (t_failed) return; /* theirs is left: withdrawn receives may not be done with it */
-  for (int r = 0; r < c->nranks; ++r)
-    if (r != c->rank && theirs[r] != seq)
+  if (t_failed) return; /* theirs and mine are left: withdrawn calls may not be done with them */
+  const Token* self = &mine[c->rank];
+  if (self->sends != self->recvs || self->send_bytes != self->recv_bytes) {
+    fail("%s kernel #%ld: rank %d sends %ld bytes in %ld call(s) to itself and receives %ld bytes in %ld from "
+         "itself",
+         c->name, seq, c->rank, self->send_bytes, self->sends, self->recv_bytes, self->recvs);
+    fake_misuse("%s", t_last_error);
+    t_failed = 1;
+  }
+  for (int r = 0; r < c->nranks; ++r) {
+    if (r == c->rank) continue;
+    if (theirs[r].seq != seq)
       fake_misuse("%s: rank %d started its kernel #%ld while this rank started #%ld: calls out of step",
-                  c->name, r, theirs[r], seq);
+                  c->name, r, theirs[r].seq, seq);
+    const Token *a = &mine[r], *b = &theirs[r];
+    if (a->sends != b->recvs || a->send_bytes != b->recv_bytes || a->recvs != b->sends ||
+        a->recv_bytes != b->send_bytes) {
+      fail("%s kernel #%ld: sends and receives do not meet: rank %d sends %ld bytes in %ld call(s) to rank %d, "
+           "which receives %ld bytes in %ld; rank %d receives %ld bytes in %ld call(s) from rank %d, which sends "
+           "%ld bytes in %ld",
+           c->name, seq, c->rank, a->send_bytes, a->sends, r, b->recv_bytes, b->recvs, c->rank, a->recv_bytes,
+           a->recvs, r, b->send_bytes, b->sends);
+      fake_misuse("%s", t_last_error);
+      t_failed = 1;
+    }
+  }
+  free(mine);
   free(theirs);
 }
 
@@ -655,7 +703,7 @@ static int launch(const Op* ops, int n) {
     return fail("%s", why);
   }
   t_failed = 0;
-  await_peers(c, seq);
+  await_peers(c, seq, ops, n);
   for (int i = 0; i < n && !t_failed; ++i) run_op(&ops[i]);
   if (!t_failed) complete();
   device_end(t_slot, t_failed);
@@ -751,9 +799,16 @@ int ncclAllGather(const void* send, void* recv, size_t count, int t, void* comm,
   return submit(&o);
 }
 
+/* A peer outside the communicator: a misuse (NCCL returns ncclInvalidArgument). */
+static int check_peer(FakeComm* c, int peer, const char* what) {
+  if (peer >= 0 && peer < c->nranks) return 0;
+  fake_misuse("%s to peer %d of a communicator of %d ranks", what, peer, c->nranks);
+  return 4;
+}
+
 int ncclSend(const void* buf, size_t count, int t, int peer, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
-  if (check_comm(c, s, "ncclSend")) return 4;
+  if (check_comm(c, s, "ncclSend") || check_peer(c, peer, "ncclSend")) return 4;
   if (fake_timing_mode()) return 0;
   order_on_stream(fake_stream_agent(s), "ncclSend", buf, count * type_size(t), NULL, 0);
   Op o = {kSend, buf, NULL, count, t, 0, peer, c};
@@ -762,7 +817,7 @@ int ncclSend(const void* buf, size_t count, int t, int peer, void* comm, void* s
 
 int ncclRecv(void* buf, size_t count, int t, int peer, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
-  if (check_comm(c, s, "ncclRecv")) return 4;
+  if (check_comm(c, s, "ncclRecv") || check_peer(c, peer, "ncclRecv")) return 4;
   if (fake_timing_mode()) return 0;
   order_on_stream(fake_stream_agent(s), "ncclRecv", NULL, 0, buf, count * type_size(t));
   Op o = {kRecv, NULL, buf, count, t, 0, peer, c};
