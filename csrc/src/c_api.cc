@@ -752,6 +752,8 @@ perseus_status_t perseus_point_to_point(const perseus_p2p_t* message, int64_t* h
   op.peer = op.recv && message->peer == -1 ? MPI_ANY_SOURCE : message->peer;
   op.tag = message->tag;
   op.set_id = message->process_set;
+  op.device = message->device < 0 ? -1 : message->device;
+  op.stream = message->stream;
   Status status = engine->PostPointToPoint(op, handle_out);
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }

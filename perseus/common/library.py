@@ -109,7 +109,8 @@ class P2P(ctypes.Structure):
     """perseus_p2p_t: one point-to-point message."""
     _fields_ = [("recv", ctypes.c_int32), ("data", ctypes.c_void_p), ("bytes", ctypes.c_int64),
                 ("peer", ctypes.c_int32), ("tag", ctypes.c_int32),
-                ("process_set", ctypes.c_int32)]
+                ("process_set", ctypes.c_int32), ("device", ctypes.c_int32),
+                ("stream", ctypes.c_void_p)]
 
 
 # name -> (restype, argtypes). Every function of perseus.h, in header order.

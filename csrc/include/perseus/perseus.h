@@ -288,20 +288,28 @@ perseus_status_t perseus_withdraw(int64_t handle, const char* reason);
  * the shortest interval asked for stays. */
 perseus_status_t perseus_process_set_probe(int32_t id, double interval_s);
 /* ---- point-to-point (torch's send and recv) -------------------------------------
- * Not negotiated: MPI matches a send with a receive of the same process set by source
- * and tag, in the order each was posted, over a communicator of the set's own (so they
- * never meet collectives). The data is host memory, kept valid by the caller until the
- * handle completes; a receive fails, naming both sizes, unless the message has exactly
- * `bytes` bytes. After a receive completes, perseus_handle_output's shape[0] is the
- * source's rank in the set (its data is NULL). perseus_withdraw cancels a receive; a
- * send it fails at once, though MPI may still deliver it. */
+ * Not negotiated: a send is matched with a receive of the same process set by source
+ * and tag, in the order each was posted, apart from collectives. Host memory (device
+ * -1) goes over MPI, on a communicator of the set's own. Device memory goes over NCCL,
+ * on a communicator of two ranks per pair (made at the pair's first message), matched
+ * first over MPI: `stream` is the framework's stream the data is ready on, and once
+ * the handle completes the NCCL call is queued, not done: perseus_stream_wait orders a
+ * stream after it. A device receive needs a named source (NCCL has no wildcard). The
+ * data is kept valid by the caller until the handle completes (device memory: until
+ * the stream waited on has passed it); a receive fails, naming both sizes, unless the
+ * message has exactly `bytes` bytes (a device send then fails too). After a receive
+ * completes, perseus_handle_output's shape[0] is the source's rank in the set (its data
+ * is NULL). perseus_withdraw cancels a receive; a send it fails at once, though MPI may
+ * still deliver a host one (a device one is not sent once withdrawn). */
 typedef struct {
   int32_t recv;         /* 1: receive into data; 0: send data */
   void* data;
-  int64_t bytes;        /* at most 2^31 - 1 */
-  int32_t peer;         /* rank within the process set; a receive: -1 for any rank */
+  int64_t bytes;        /* host memory: at most 2^31 - 1 */
+  int32_t peer;         /* rank within the process set; a host receive: -1 for any rank */
   int32_t tag;          /* >= 0 */
   int32_t process_set;  /* 0 = global */
+  int32_t device;       /* -1: host memory; else the CUDA device holding data */
+  void* stream;         /* device memory: the framework's cudaStream_t (NULL = legacy default) */
 } perseus_p2p_t;
 perseus_status_t perseus_point_to_point(const perseus_p2p_t* message, int64_t* handle_out);
 /* Forgets a completed handle. */

@@ -72,6 +72,37 @@ Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings, ReadyEvents* c
   return Status::OK();
 }
 
+Status PrepareDeviceMessage(int device, void* stream, const GpuSettings& settings,
+                            std::shared_ptr<void>* ready) {
+  const std::string fallback = "; send a CPU copy (tensor.cpu()) instead";
+  if (!settings.use_nccl)
+    return Status::Error(PERSEUS_UNSUPPORTED,
+                         "point-to-point messages of GPU memory go over NCCL, which "
+                         "PERSEUS_GPU_OPERATIONS=mpi turns off" + fallback);
+  int count = 0;
+  Status status = LoadCuda(settings.cuda_lib);
+  if (status.ok()) status = DeviceCount(&count);
+  if (status.ok()) status = LoadNccl(settings.nccl_lib);
+  if (!status.ok())
+    return Status::Error(PERSEUS_UNSUPPORTED, "point-to-point messages of GPU memory need CUDA and NCCL: " +
+                                                  status.message + fallback);
+  if (device >= count)
+    return Status::Error(PERSEUS_INVALID_ARGUMENT, "device cuda:" + std::to_string(device) +
+                                                       " does not exist; this process sees " +
+                                                       std::to_string(count) + " CUDA device(s)");
+  const int bound = BindDevice(device);
+  if (bound != device)
+    return Status::Error(PERSEUS_INVALID_ARGUMENT,
+                         "the tensor is on cuda:" + std::to_string(device) + " but this process already uses cuda:" +
+                             std::to_string(bound) + "; Perseus drives one GPU per process");
+  DeviceGuard guard(device, &status);
+  if (status.ok()) status = AcquireEvent(device, ready);
+  if (status.ok())
+    status = CudaStatus(Cuda()->EventRecord(AsEvent(*ready), static_cast<cudaStream_t>(stream)),
+                        "cudaEventRecord on the message's stream");
+  return status;
+}
+
 Status SetGpuLibraryDirs(const std::string& colon_separated) {
   return SetLibraryDirs(colon_separated);
 }

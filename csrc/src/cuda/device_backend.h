@@ -38,6 +38,13 @@ bool CudaLoads(const GpuSettings& settings);
 // does not exist, a second device in one process, a failing cudaEventRecord).
 Status PrepareGpuEntry(Entry* entry, const GpuSettings& settings, ReadyEvents* call);
 
+// For a device point-to-point message, on the framework's thread: checks that NCCL can
+// carry it here (GPU operations over NCCL, which loads), binds `device` as a GPU request
+// does (one GPU per process), and records a pooled event on `stream` (NULL = legacy
+// default) into *ready, which the message's NCCL call waits for.
+Status PrepareDeviceMessage(int device, void* stream, const GpuSettings& settings,
+                            std::shared_ptr<void>* ready);
+
 // ---- the C ABI (perseus.h) -------------------------------------------------------
 Status SetGpuLibraryDirs(const std::string& colon_separated);
 // Loads both libraries now. OK when the CUDA runtime loaded; the flags say which did.

@@ -63,6 +63,9 @@ Engine::Engine(const Config& config, MPI_Comm world, bool thread_multiple, LaneB
       gpu_(std::move(backend.gpu)),
       handles_(handles),
       p2p_(std::make_unique<PointToPoint>(handles)),
+      device_messages_(std::move(backend.messages)),
+      message_handles_{[handles] { return handles->Create(); },
+                       [handles](int64_t h, const Status& s, Result r) { handles->Complete(h, s, std::move(r)); }},
       schedule_(config.cycle_time_ms),
       watch_interval_(StallInspector::ProbeInterval(config)),
       // One rank, or no MPI_THREAD_MULTIPLE (no GPU batches at all): nothing to order.
@@ -169,6 +172,7 @@ void Engine::Shutdown() {
   for (auto& kv : sets)
     if (kv.second->stall) kv.second->stall->Drain();
   p2p_->Close(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
+  if (device_messages_) device_messages_->Close(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
   sets.clear();  // lanes finish the batches every rank agreed on, then stop
   SetWaitHook(nullptr);  // no thread of ours waits any more
   handles_->FailAll(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down"));
@@ -668,11 +672,15 @@ Status Engine::PostPointToPoint(const PointToPointOp& op, int64_t* handle) {
   if (op.tag < 0)
     return Status::Error(PERSEUS_INVALID_ARGUMENT, "point-to-point tags must be >= 0, got " +
                                                        std::to_string(op.tag));
-  return p2p_->Post(op, set->p2p_comm, set->rank, handle);
+  if (op.device < 0) return p2p_->Post(op, set->p2p_comm, set->rank, handle);
+  if (!device_messages_)
+    return Status::Error(PERSEUS_UNSUPPORTED, "point-to-point messages of GPU memory are not supported here");
+  MessageRoute route{set->device_p2p_comm, set->rank, set->size()};
+  return device_messages_->Post(op, route, message_handles_, handle);
 }
 
 bool Engine::WithdrawPointToPoint(int64_t handle, const std::string& why) {
-  return p2p_->Withdraw(handle, why);
+  return p2p_->Withdraw(handle, why) || (device_messages_ && device_messages_->Withdraw(handle, why));
 }
 
 Status Engine::SetProbeInterval(int id, double interval_s) {
@@ -764,6 +772,7 @@ void Engine::FailWorld() {
       ProcessSet& set = *kv.second;
       comms.push_back(set.negotiation_comm);
       comms.push_back(set.p2p_comm);
+      comms.push_back(set.device_p2p_comm);
       comms.insert(comms.end(), set.lane_comms.begin(), set.lane_comms.end());
       comms.insert(comms.end(), set.device_comms.begin(), set.device_comms.end());
     }
@@ -982,7 +991,8 @@ Status Engine::RemoveProcessSet(int id) {
     auto it = sets_.find(id);
     if (it == sets_.end())
       return Status::Error(PERSEUS_INVALID_ARGUMENT, "unknown process set " + std::to_string(id));
-    if (!it->second->in_flight.empty() || p2p_->Busy(id))
+    if (!it->second->in_flight.empty() || p2p_->Busy(id) ||
+        (device_messages_ && device_messages_->Busy(id)))
       return Status::Error(PERSEUS_INVALID_ARGUMENT,
                            "process set " + std::to_string(id) + " still has requests in flight");
     removed = std::move(it->second);
@@ -992,6 +1002,7 @@ Status Engine::RemoveProcessSet(int id) {
     removed->stall->AnnounceRemoval();
     removed->stall->Drain();
   }
+  if (device_messages_) device_messages_->Forget(id);  // before its communicator goes
   return Status::OK();  // freed here or, if the engine still holds it, after its step
 }
 

@@ -185,6 +185,8 @@ class Engine {
   const std::unique_ptr<GpuEnqueue> gpu_;             // the GPU work of Enqueue
   HandleTable* handles_;
   std::unique_ptr<PointToPoint> p2p_;
+  std::unique_ptr<DeviceMessages> device_messages_;  // GPU memory's (lane_api/device_messages.h)
+  const MessageHandles message_handles_;             // handles_, as device messages use them
   const SchedulePolicy schedule_;
   Topology topo_;
 

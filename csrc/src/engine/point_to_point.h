@@ -18,19 +18,11 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/point_to_point_op.h"
 #include "common/status.h"
 #include "engine/handle_table.h"
 
 namespace perseus {
-
-struct PointToPointOp {
-  bool recv = false;
-  void* data = nullptr;  // host memory, valid until the handle completes
-  int64_t bytes = 0;
-  int peer = 0;          // rank in the set; recv: MPI_ANY_SOURCE for any
-  int tag = 0;
-  int set_id = 0;
-};
 
 class PointToPoint {
  public:

@@ -17,6 +17,7 @@ Status OpenProcessSet(int id, std::vector<int> ranks, MPI_Comm comm, MPI_Comm wo
     MPI_Comm_rank(comm, &set->rank);
     Status status = MpiStatus(MPI_Comm_dup(comm, &set->negotiation_comm), "MPI_Comm_dup");
     if (status.ok()) status = MpiStatus(MPI_Comm_dup(comm, &set->p2p_comm), "MPI_Comm_dup");
+    if (status.ok()) status = MpiStatus(MPI_Comm_dup(comm, &set->device_p2p_comm), "MPI_Comm_dup");
     for (int i = 0; status.ok() && i < 2 * lanes; ++i) {
       MPI_Comm lane_comm;
       status = MpiStatus(MPI_Comm_dup(comm, &lane_comm), "MPI_Comm_dup");
@@ -54,6 +55,7 @@ ProcessSet::~ProcessSet() {
   for (MPI_Comm& c : device_comms) MPI_Comm_free(&c);
   if (negotiation_comm != MPI_COMM_NULL) MPI_Comm_free(&negotiation_comm);
   if (p2p_comm != MPI_COMM_NULL) MPI_Comm_free(&p2p_comm);
+  if (device_p2p_comm != MPI_COMM_NULL) MPI_Comm_free(&device_p2p_comm);
 }
 
 }  // namespace perseus

@@ -41,6 +41,7 @@ struct ProcessSet {
   // Members only.
   MPI_Comm negotiation_comm = MPI_COMM_NULL;
   MPI_Comm p2p_comm = MPI_COMM_NULL;  // point-to-point messages (engine/point_to_point.h)
+  MPI_Comm device_p2p_comm = MPI_COMM_NULL;  // matching those of GPU memory (lanes/device_messages.h)
   std::vector<MPI_Comm> lane_comms;
   std::unique_ptr<Negotiator> negotiator;
   std::unique_ptr<StallInspector> stall;

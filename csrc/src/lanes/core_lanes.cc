@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "lanes/device_lane.h"
+#include "lanes/device_messages.h"
 #include "lanes/mpi_lane.h"
 #include "mpi/node_comms.h"
 
@@ -80,6 +81,7 @@ LaneBackend MakeCoreLanes(const MpiLaneSettings& mpi, const GpuSettings& gpu, bo
   backend.lanes = std::make_unique<CoreLanes>(mpi, gpu, thread_multiple, across);
   backend.gpu = std::make_unique<CoreGpuEnqueue>(gpu);
   backend.launches = std::make_unique<CoreLaunchPort>(gpu, std::move(across));
+  backend.messages = std::make_unique<NcclDeviceMessages>(gpu, thread_multiple);
   return backend;
 }
 

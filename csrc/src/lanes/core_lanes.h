@@ -1,8 +1,9 @@
 // The core's lanes' side (lane_api/lane_backend.h): a LaneFactory of MPI lanes for CPU
 // tensors and device lanes for GPU tensors, the GPU work of enqueue
-// (cuda/device_backend.h), and the port through which the engine orders GPU launches
-// across process sets (the device lanes' gpu::CrossSetOrder). The C ABI makes one from
-// the configuration and hands it to the engine.
+// (cuda/device_backend.h), the port through which the engine orders GPU launches
+// across process sets (the device lanes' gpu::CrossSetOrder), and point-to-point
+// messages of GPU memory (lanes/device_messages.h). The C ABI makes one from the
+// configuration and hands it to the engine.
 #ifndef PERSEUS_LANES_CORE_LANES_H_
 #define PERSEUS_LANES_CORE_LANES_H_
 

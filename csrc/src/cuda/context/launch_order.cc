@@ -89,5 +89,21 @@ void LaunchTurn::Pass() {
   d.cv.notify_all();
 }
 
+SoloLaunch::SoloLaunch() {
+  Device& d = TheDevice();
+  std::unique_lock<std::mutex> lock(d.mu);
+  d.cv.wait(lock, [&] { return !d.launching; });
+  d.launching = true;
+}
+
+SoloLaunch::~SoloLaunch() {
+  Device& d = TheDevice();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.launching = false;
+  }
+  d.cv.notify_all();
+}
+
 }  // namespace gpu
 }  // namespace perseus

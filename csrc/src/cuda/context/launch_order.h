@@ -99,6 +99,17 @@ class LaunchTurn {
   bool taken_ = false, passed_ = false;
 };
 
+// A launch outside every set's turns (a point-to-point message, which no negotiation
+// orders): waits until no lane of the process is launching, and keeps the others out
+// until it goes (NCCL refuses launches on one GPU from two threads at once).
+class SoloLaunch {
+ public:
+  SoloLaunch();
+  ~SoloLaunch();
+  SoloLaunch(const SoloLaunch&) = delete;
+  SoloLaunch& operator=(const SoloLaunch&) = delete;
+};
+
 }  // namespace gpu
 }  // namespace perseus
 
