@@ -90,15 +90,19 @@ def run(packed, finish, state):
     return synchronize(_register((_builder.int64s(n).unpack_from(buf), buf), finish, state, None))
 
 
-def point_to_point(recv, address, nbytes, peer, tag, process_set_id, keep):
-    """Posts one point-to-point message (perseus_point_to_point): `nbytes` at host
+def point_to_point(recv, address, nbytes, peer, tag, process_set_id, keep, device=-1,
+                   stream=None, consumer_stream=None):
+    """Posts one point-to-point message (perseus_point_to_point): `nbytes` at
     `address`, to or (recv) from set rank `peer` (recv: -1 for any) with `tag`. `keep`
-    references the memory until the message completes. Registered like submit()'s
-    requests; synchronize() returns the peer's set rank (a receive's source)."""
-    message = _lib.P2P(1 if recv else 0, address, nbytes, peer, tag, process_set_id)
+    references the memory until the message completes. Device memory: `device` (>= 0)
+    holds it, ready on `stream`; consumer_stream as for submit(). Registered like
+    submit()'s requests; synchronize() returns the peer's set rank (a receive's
+    source)."""
+    message = _lib.P2P(1 if recv else 0, address, nbytes, peer, tag, process_set_id, device,
+                       stream)
     handle = ctypes.c_int64()
     _lib.check(_lib.perseus_point_to_point(ctypes.byref(message), ctypes.byref(handle)))
-    return _register(((handle.value,), None), _finish_source, keep, None)
+    return _register(((handle.value,), None), _finish_source, keep, consumer_stream)
 
 
 def _finish_source(state, handles):

@@ -385,17 +385,20 @@ def _pack_new(op_type, name, grouped, requests, items):
 
 def point_to_point(recv, tensor, peer, tag, process_set):
     """Sends `tensor` to, or receives it (in place) from, set rank `peer` (recv: -1
-    for any) with `tag`: a handle whose synchronize() returns the peer's set rank.
-    CPU tensors of any dtype the core knows; the bytes go as they are."""
+    for any; CPU only) with `tag`: a handle whose synchronize() returns the peer's set
+    rank. Tensors of any dtype the core knows; the bytes go as they are. A CUDA tensor
+    is read (written) after the current stream's work, over NCCL, and synchronize()
+    makes the then current stream wait for the message, as for a collective."""
     source, _, device = prepare(tensor)
-    if device != _CPU:
-        raise NotImplementedError("point-to-point of CUDA tensors is not supported by "
-                                  "Perseus yet; send a CPU copy (tensor.cpu())")
     if recv and source is not tensor:
         raise ValueError("recv: the tensor must be contiguous (it is received in place)")
     nbytes = source.numel() * source.element_size()
+    stream, consumer = None, None
+    if device != _CPU:
+        stream, consumer = _device.current_stream(device), _device.consumer(device)
     return _requests.point_to_point(recv, source.data_ptr(), nbytes, peer, tag,
-                                    _builder.set_id(process_set), source)
+                                    _builder.set_id(process_set), source, device, stream,
+                                    consumer)
 
 
 def join():

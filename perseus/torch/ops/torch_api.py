@@ -278,14 +278,15 @@ def barrier(process_set, name=None):
 # ---- point-to-point ------------------------------------------------------------------
 
 def send(tensor, peer, tag, process_set):
-    """To set rank `peer`; not a collective (no name): MPI matches it by source and tag."""
+    """To set rank `peer`; not a collective (no name): matched by source and tag (MPI for
+    a CPU tensor, the pair's matching before NCCL for a CUDA one)."""
     tensors_only("send", tensor=tensor)
     return Work(_ops.point_to_point(False, tensor, peer, tag, process_set), [tensor])
 
 
 def recv(tensor, peer, tag, process_set):
-    """Into `tensor` from set rank `peer` (-1: any); the Work's _source_rank() says who
-    sent it, as torch's."""
+    """Into `tensor` from set rank `peer` (-1: any, CPU tensors only); the Work's
+    _source_rank() says who sent it, as torch's."""
     tensors_only("recv", tensor=tensor)
     work = Work(_ops.point_to_point(True, tensor, peer, tag, process_set), [tensor])
     work._finish = lambda source: setattr(work, "source", source)
