@@ -208,6 +208,19 @@ def cpp_test(tmp_path_factory):
     return build
 
 
+@pytest.fixture(scope="session")
+def fake_gpu(tmp_path_factory):
+    """The fake CUDA runtime and NCCL (tests/gpu_fakes): one library, linked as
+    libcudart.so.12 and libnccl.so.2 in one folder; the environment that points the core
+    at it (PERSEUS_CUDA_LIB, PERSEUS_NCCL_LIB) and the fake at its device folder."""
+    from support import fake_gpu as fake
+    from support.cpp_build import find_mpi_compiler
+    folder = tmp_path_factory.mktemp("fake_gpu")
+    library = fake.build(find_mpi_compiler("mpicc"), folder)
+    return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
+            "FAKE_GPU_LIB": library, "FAKE_GPU_DEVICE_DIR": str(folder)}
+
+
 _SETTINGS_AT_INIT = """
 import perseus.torch.horovod as hvd
 try:

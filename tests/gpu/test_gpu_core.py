@@ -44,17 +44,6 @@ NO_NCCL = ("the real NCCL library is not installed: `pip install nvidia-nccl-cu1
            "into this environment, or set PERSEUS_TEST_NCCL_DIR to a folder holding libnccl.so.2")
 
 
-@pytest.fixture(scope="module")
-def fake_gpu(tmp_path_factory):
-    """The fake CUDA runtime and NCCL: one library, linked as libcudart.so.12 and
-    libnccl.so.2 in one folder (point PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB at it)."""
-    from support import fake_gpu as fake
-    folder = tmp_path_factory.mktemp("fake_gpu")
-    library = fake.build(find_mpi_compiler("mpicc"), folder)
-    return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
-            "FAKE_GPU_LIB": library, "FAKE_GPU_DEVICE_DIR": str(folder)}
-
-
 # ---------------------------------------------------------------- the loader
 
 LOAD_SNIPPET = textwrap.dedent("""
@@ -185,7 +174,7 @@ def test_describe_says_what_this_nccl_does_with_shared_gpus_and_launch_order(run
 
 
 def test_check_build_says_it(fake_gpu):
-    from conftest import clean_env
+    from support.jobs import clean_env
     res = subprocess.run([sys.executable, str(REPO_ROOT / "bin" / "perseusrun"), "--check-build"], cwd=str(REPO_ROOT),
                          env=clean_env(dict(fake_gpu, FAKE_NCCL_VERSION="23203", NCCL_MULTI_RANK_GPU_ENABLE="1")),
                          capture_output=True, text=True, timeout=60)
@@ -389,7 +378,7 @@ def test_gpu_calls_per_request_on_fake_gpu(run_mpi, fake_gpu, nprocs):
 def staged_collectives(nprocs, env, says):
     """Runs gpu_collectives.py, whose every GPU batch must be host-staged (two lanes each),
     and returns the lines of its stderr that contain `says`."""
-    from conftest import clean_env, find_mpirun
+    from support.jobs import clean_env, find_mpirun
     result = subprocess.run([find_mpirun(), "-np", str(nprocs), sys.executable,
                              str(TESTS_DIR / "rank_scripts" / "gpu_collectives.py")],
                             cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=180,
@@ -536,7 +525,7 @@ def test_a_stopped_rank_outside_the_set_holds_its_launches_until_given_up(fake_g
     it (warning at T) and gives it up at S; the batch then launches and completes
     (tests/rank_scripts/gpu_launch_order.py, LAUNCH_ORDER_STOP). Without that wait in the
     inspector, nothing was reported and the batch waited forever."""
-    from conftest import clean_env, find_mpirun, run_bounded
+    from support.jobs import clean_env, find_mpirun, run_bounded
     env = dict(fake_gpu, **LAUNCH_ORDER, LAUNCH_ORDER_SETS="0,1", LAUNCH_ORDER_STEPS="2", LAUNCH_ORDER_STOP="1",
                PTEST_TMPDIR=str(tmp_path), PERSEUS_STALL_CHECK_TIME_SECONDS="2",
                PERSEUS_STALL_SHUTDOWN_TIME_SECONDS="3")
@@ -575,7 +564,7 @@ def test_stress_run_on_fake_gpu(run_mpi, fake_gpu, case):
 
 @pytest.mark.mpi
 def test_stress_watchdog_turns_a_hang_into_a_failure_naming_the_step(fake_gpu):
-    from conftest import clean_env, find_mpirun
+    from support.jobs import clean_env, find_mpirun
     script = str(TESTS_DIR / "rank_scripts" / "gpu_stress.py")
     result = subprocess.run([find_mpirun(), "-np", "2", sys.executable, script],
                             cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120,

@@ -560,7 +560,7 @@ def test_clean_env_passes_on_the_chosen_mpi_settings(monkeypatch):
 
 
 def test_find_mpirun_follows_perseus_mpirun(tmp_path, monkeypatch):
-    from conftest import find_mpirun
+    from support.jobs import find_mpirun
     chosen = tmp_path / "usr" / "bin" / "mpirun"
     _write_program(chosen, "exit 1")
     monkeypatch.setenv("PERSEUS_MPIRUN", str(chosen))

@@ -6,22 +6,11 @@ the framework's stream; and on real GPUs where torch sees two or more."""
 import pytest
 import torch
 
-from support.cpp_build import find_mpi_compiler
-
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def fake_gpu(tmp_path_factory):
-    """The fake CUDA runtime and NCCL: one library, linked as libcudart.so.12 and
-    libnccl.so.2 in one folder (point PERSEUS_CUDA_LIB and PERSEUS_NCCL_LIB at it)."""
-    from support import fake_gpu as fake
-    folder = tmp_path_factory.mktemp("fake_gpu")
-    library = fake.build(find_mpi_compiler("mpicc"), folder)
-    return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
-            "FAKE_GPU_LIB": library, "FAKE_GPU_DEVICE_DIR": str(folder),
-            # A message the fake's device model can never finish fails within this.
-            "FAKE_GPU_DEVICE_TIMEOUT_S": "30"}
+# A message the fake's device model can never finish fails within this.
+DEVICE_TIMEOUT = {"FAKE_GPU_DEVICE_TIMEOUT_S": "30"}
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
@@ -32,7 +21,7 @@ def test_point_to_point_of_cuda_tensors_on_fake_gpu(run_mpi, fake_gpu, nprocs):
     Perseus lacks, a non-contiguous receive, sizes that differ (on both sides, each
     naming both); the group's timeout ends a receive nobody sends to, on the pair's
     leader and on its follower, and the tag works afterwards."""
-    run_mpi("gpu_torch_p2p", nprocs, env=fake_gpu, timeout=180)
+    run_mpi("gpu_torch_p2p", nprocs, env=dict(fake_gpu, **DEVICE_TIMEOUT), timeout=180)
 
 
 @pytest.mark.parametrize("setup, env", [
@@ -42,7 +31,7 @@ def test_point_to_point_of_cuda_tensors_on_fake_gpu(run_mpi, fake_gpu, nprocs):
 def test_a_message_nccl_cannot_carry_fails_on_both_ranks(run_mpi, fake_gpu, setup, env):
     """Where NCCL cannot carry a message (two ranks on one GPU with an NCCL that refuses
     it; GPU operations over MPI), the send and the receive each fail saying why."""
-    run_mpi("gpu_torch_p2p", 2, env=dict(fake_gpu, P2P_REFUSED=setup, **env), timeout=120)
+    run_mpi("gpu_torch_p2p", 2, env=dict(fake_gpu, P2P_REFUSED=setup, **DEVICE_TIMEOUT, **env), timeout=120)
 
 
 @pytest.mark.cuda
