@@ -592,6 +592,16 @@ perseus_status_t perseus_enqueue(const perseus_request_t* requests, int32_t n,
   return status.ok() ? PERSEUS_SUCCESS : Report(status);
 }
 
+perseus_status_t perseus_enqueue_deferred(const perseus_request_t* requests, int32_t n,
+                                          int64_t* handles_out) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  if (n < 0 || (n > 0 && (requests == nullptr || handles_out == nullptr)))
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_enqueue_deferred: bad arguments"));
+  Status status = engine->Enqueue(requests, n, handles_out, /*wake_engine=*/false);
+  return status.ok() ? PERSEUS_SUCCESS : Report(status);
+}
+
 perseus_status_t perseus_enqueue_and_drive(const perseus_request_t* requests, int32_t n,
                                            int64_t* handles_out, double max_drive_s) {
   auto engine = Current();

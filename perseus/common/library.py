@@ -160,6 +160,7 @@ _SIGNATURES = {
     "perseus_enqueue": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "perseus_enqueue_and_drive": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
                                             ctypes.c_double]),
+    "perseus_enqueue_deferred": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
     "perseus_run": (_status, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_double]),
     "perseus_poll": (_status, [ctypes.c_int64, _i32p]),
     "perseus_wait": (_status, [ctypes.c_int64, ctypes.c_double]),
@@ -226,6 +227,7 @@ perseus_check_reduction = _bind("perseus_check_reduction")
 perseus_check_rows = _bind("perseus_check_rows")
 perseus_enqueue = _bind("perseus_enqueue")
 perseus_enqueue_and_drive = _bind("perseus_enqueue_and_drive")
+perseus_enqueue_deferred = _bind("perseus_enqueue_deferred")
 perseus_run = _bind("perseus_run")
 perseus_poll = _bind("perseus_poll")
 perseus_wait = _bind("perseus_wait")

@@ -223,13 +223,23 @@ perseus_status_t perseus_enqueue(const perseus_request_t* requests, int32_t n,
  * latency path has no thread hand-off. Collect results with perseus_wait as usual. */
 perseus_status_t perseus_enqueue_and_drive(const perseus_request_t* requests, int32_t n,
                                            int64_t* handles_out, double max_drive_s);
+/* perseus_enqueue for a caller that will wait for these requests soon, and drive the
+ * engine then (perseus_wait and the like): the engine thread is not woken for them
+ * (with no idle core, it would take the caller's core), and what the caller enqueues
+ * meanwhile goes out with them, in one round. Until a thread waits for or polls them,
+ * they wait for the engine thread's next look (another enqueue, its hold's end, its
+ * next probe of the set's peers: perseus_process_set_probe). */
+perseus_status_t perseus_enqueue_deferred(const perseus_request_t* requests, int32_t n,
+                                          int64_t* handles_out);
 /* perseus_enqueue_and_drive, perseus_wait_all and perseus_release of every handle in
  * one call, for a caller that waits at once and reads no core-allocated output (an
  * in-place allreduce or broadcast, a barrier): the latency path of a repeated small
  * call. Returns PERSEUS_SUCCESS, or the first failed request's status with its
  * message; either way every handle is released. If a request is still pending after
  * timeout_s (<0: forever), returns PERSEUS_TIMEOUT and releases nothing: the caller
- * goes on with handles_out as after perseus_enqueue. */
+ * goes on with handles_out as after perseus_enqueue. handles_out is written only once
+ * the requests are enqueued: a caller that zeroed it tells a request refused (nothing
+ * enqueued, every entry still 0; handles are never 0) from one that failed. */
 perseus_status_t perseus_run(const perseus_request_t* requests, int32_t n, int64_t* handles_out,
                              double timeout_s);
 /* 1 when done (successfully or not), 0 while pending. */
