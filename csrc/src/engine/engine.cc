@@ -391,7 +391,7 @@ void Engine::EndHold() {
 
 void Engine::Step(ProcessSet* set, bool stopping, bool driving, Clock::time_point now,
                   Clock::time_point* wake_at, bool* busy, int64_t* hold_headroom) {
-  const Clock::duration spin = driving ? kDriverSpin : kBackgroundSpin;
+  const Clock::duration spin = driving ? WaiterSpin() : kBackgroundSpin;
   *hold_headroom = 0;  // unless this set ends the step holding requests
   if (lost_pending_.load(std::memory_order_acquire)) StopLostSets();
   if (rank_failure_.pending()) FailWorld();

@@ -78,7 +78,7 @@ bool LaunchOrder::Finish(const std::vector<int>& sets, bool driving, Clock::time
   Status error;
   if (!rounds_->Test(&agreed, &changed, &error)) {
     step->busy = true;
-    step->wake_at = now + PollGap(now - round_start_, driving ? kDriverSpin : kBackgroundSpin);
+    step->wake_at = now + PollGap(now - round_start_, driving ? WaiterSpin() : kBackgroundSpin);
     return false;
   }
   if (!error.ok()) {

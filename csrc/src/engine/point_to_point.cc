@@ -111,7 +111,7 @@ void PointToPoint::Loop() {
     if (done.empty() && !pending_.empty()) {
       // Nothing finished: pause by the wait policy (a new message wakes it sooner).
       const Clock::time_point now = Clock::now();
-      auto gap = PollGap(now - oldest, SomeoneWaits() ? kDriverSpin : kBackgroundSpin);
+      auto gap = PollGap(now - oldest, SomeoneWaits() ? WaiterSpin() : kBackgroundSpin);
       if (gap > Clock::duration::zero()) cv_.wait_for(lock, gap);
     }
   }

@@ -1,7 +1,12 @@
 #include "mpi/wait_policy.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -15,7 +20,39 @@ std::atomic<int> g_waiters{0};
 std::atomic<bool> g_peer_lost{false}, g_peer_lost_elsewhere{false};
 std::atomic<const WaitHook*> g_wait_hook{nullptr};
 constexpr auto kMaxPoll = std::chrono::microseconds(200);
+constexpr auto kIdleCoreCheck = std::chrono::milliseconds(20);
+std::atomic<Clock::rep> g_idle_core_checked{0};  // Clock ticks; 0: never
+std::atomic<bool> g_no_idle_core{false};
+
+// Whether more threads are runnable now than the machine has cores: the fourth field
+// of /proc/loadavg, "runnable/all" (the reader is one of them). Elsewhere: false.
+bool NoIdleCore() {
+  static const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[128];
+  ssize_t n = read(fd, text, sizeof(text) - 1);
+  close(fd);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  const char* field = text;
+  for (int i = 0; i < 3 && field != nullptr; ++i) {
+    field = std::strchr(field, ' ');
+    if (field != nullptr) ++field;
+  }
+  return field != nullptr && std::strtol(field, nullptr, 10) > cores;
+}
 }  // namespace
+
+Clock::duration WaiterSpin() {
+  const Clock::rep now = Clock::now().time_since_epoch().count();
+  Clock::rep checked = g_idle_core_checked.load(std::memory_order_relaxed);
+  // One waiter looks at a time; the others use what it saw last.
+  if (now - checked >= std::chrono::duration_cast<Clock::duration>(kIdleCoreCheck).count() &&
+      g_idle_core_checked.compare_exchange_strong(checked, now, std::memory_order_relaxed))
+    g_no_idle_core.store(NoIdleCore(), std::memory_order_relaxed);
+  return g_no_idle_core.load(std::memory_order_relaxed) ? kBackgroundSpin : kDriverSpin;
+}
 
 void AddWaiter() { g_waiters.fetch_add(1, std::memory_order_relaxed); }
 void RemoveWaiter() { g_waiters.fetch_sub(1, std::memory_order_relaxed); }
@@ -47,7 +84,7 @@ Status CompleteRequest(int start_rc, MPI_Request* request, const char* what) {
     // Even a waiter stops spinning after a while: with every core busy, its spin
     // would slow the late peer that everyone waits for.
     Clock::duration gap =
-        PollGap(Clock::now() - start, SomeoneWaits() ? kDriverSpin : kBackgroundSpin);
+        PollGap(Clock::now() - start, SomeoneWaits() ? WaiterSpin() : kBackgroundSpin);
     if (gap == Clock::duration::zero()) continue;
     if (const WaitHook* hook = g_wait_hook.load()) hook->call(hook->arg);
     if (PeerLost())

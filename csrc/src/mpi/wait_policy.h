@@ -35,9 +35,16 @@ void AddWaiter();
 void RemoveWaiter();
 
 // Back-to-back tests for this long before pausing: a thread that waits for the
-// result (a driver) spins longer than the background thread.
+// result (a driver) spins longer than the background thread, while a core is idle.
 constexpr auto kDriverSpin = std::chrono::microseconds(1000);
 constexpr auto kBackgroundSpin = std::chrono::microseconds(20);
+// The spin of a thread that waits for the result: kDriverSpin, or kBackgroundSpin while
+// the machine has no idle core (more threads runnable than cores, looked at every
+// 20 ms at most), where a spin takes the core of a runnable thread, maybe of the peer
+// everyone waits for. (torch's DDP over the "perseus" backend, np 2 on 2 cores under
+// load 5-6, both spins in one job: steps 19 % longer with kDriverSpin always on
+// ddp_bench's many_small, 8 % on large; benchmarks/README.md.)
+Clock::duration WaiterSpin();
 
 // The pause before testing again a request pending for `waited`: none while within
 // `spin`, then an eighth of the time waited, at most 200 us.
