@@ -21,6 +21,8 @@ from perseus.common.ops import DTYPE_SIZES
 # How long a caller that waits at once runs the engine itself before leaving the
 # rest to the engine thread (and to sliced waits, so Ctrl-C is honoured).
 DRIVE_S = 0.5
+# enqueue()'s `drive` for a caller that waits soon, not at once.
+SOON = "soon"
 
 
 def enqueue(packed, drive=False):
@@ -29,6 +31,9 @@ def enqueue(packed, drive=False):
 
     drive=True is for a caller that waits at once: this thread then runs the engine
     until the requests complete, so no thread hand-off is on the latency path.
+    drive=SOON, for one that waits soon (before anything else of its own needs
+    them), e.g. after submitting a few more: the engine thread is not woken, and the
+    wait drives them (perseus_enqueue_deferred).
 
     Returns (handles, buf): the core handles (a tuple, one per request) and the
     buffer that holds the names, shapes and splits the core may read until every
@@ -37,8 +42,10 @@ def enqueue(packed, drive=False):
     """
     buf, n = packed
     base = buf.buffer_info()[0]
-    if drive:
+    if drive is True:
         status = _lib.perseus_enqueue_and_drive(base + 8 * n, n, base, DRIVE_S)
+    elif drive:
+        status = _lib.perseus_enqueue_deferred(base + 8 * n, n, base)
     else:
         status = _lib.perseus_enqueue(base + 8 * n, n, base)
     if status:
@@ -74,20 +81,46 @@ def submit(packed, finish, state, drive=False, consumer_stream=None):
     return _register(enqueue(packed, drive), finish, state, consumer_stream)
 
 
-def run(packed, finish, state):
+def run(packed, finish, state, bound=None, failed=None):
     """submit() and synchronize() at once, for a caller that waits at once and reads
     no core-allocated output (a repeated in-place call): one call into the core
     (perseus_run), which also releases the handles. Returns finish(state, ()), or
     raises the request's error. Still pending after a wait slice (Ctrl-C is honoured
-    between slices): registered as submit() does, and synchronized."""
+    between slices): registered as submit() does, and synchronized.
+
+    bound: None, or (deadline, reason): settle_by()'s, every rank must have submitted
+    the requests by time.monotonic() `deadline` (a torch process group's timeout).
+    failed: None raises the error of a request that failed; else run returns
+    failed(error), for a caller that reports it later (a torch Work). A request the
+    core refused to enqueue raises either way: it was never submitted."""
     buf, n = packed
     base = buf.buffer_info()[0]
-    status = _lib.perseus_run(base + 8 * n, n, base, _WAIT_SLICE_S)
+    wait_s = _WAIT_SLICE_S
+    if bound is not None:
+        wait_s = min(wait_s, max(0.0, bound[0] - time.monotonic()))
+    status = _lib.perseus_run(base + 8 * n, n, base, wait_s)
     if status == 0:
         return finish(state, ())
     if status != exceptions.TIMEOUT:
-        raise _lib.error(status)
-    return synchronize(_register((_builder.int64s(n).unpack_from(buf), buf), finish, state, None))
+        error = _lib.error(status)
+        # perseus_run writes the handles only once the requests are enqueued.
+        if failed is None or not _builder.int64s(1).unpack_from(buf)[0]:
+            raise error
+        return failed(error)
+    return settled(_register((_builder.int64s(n).unpack_from(buf), buf), finish, state, None),
+                   bound, failed)
+
+
+def settled(handle, bound=None, failed=None):
+    """synchronize(handle) within `bound` and reporting to `failed`, as run() does."""
+    try:
+        if bound is not None:
+            settle_by(handle, bound[0], bound[1])
+        return synchronize(handle)
+    except Exception as error:  # KeyboardInterrupt leaves the handle pending
+        if failed is None:
+            raise
+        return failed(error)
 
 
 def point_to_point(recv, address, nbytes, peer, tag, process_set_id, keep, device=-1,

@@ -212,9 +212,11 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
     "<name>.<i>"), or a list, a name per tensor: requests enqueued together, not a
     group (DistributedOptimizer's gradients). inplace: allreduce and broadcast write
     into the tensors. root_rank: broadcast's, a global rank. splits: alltoall's, or
-    None (even). drive: the caller waits at once, so this thread runs the engine.
-    pin: pin CPU storages against a growing resize_() while in flight (keepalive.py);
-    False for a caller that owns the tensors until synchronize() (the optimizer)."""
+    None (even). drive: the caller waits at once (True), so this thread runs the
+    engine, or soon (requests.SOON), and runs it then; either way the caller does
+    nothing to the tensors meanwhile, so nothing is pinned. pin: pin CPU storages
+    against a growing resize_() while in flight (keepalive.py); False for a caller
+    that owns the tensors until synchronize() (the optimizer)."""
     sid = _builder.set_id(process_set)
     if op_type == _ops.BROADCAST:
         root_rank = _builder.root_in_set(process_set, root_rank)
@@ -285,25 +287,26 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
 
 
 def run_inplace(op_type, tensor, name, process_set, *, op=_ops.Sum, prescale=1.0,
-                postscale=1.0, root_rank=0):
+                postscale=1.0, root_rank=0, bound=None, failed=None):
     """submit() and synchronize() of one tensor's in-place call (allreduce_,
     broadcast_): returns the tensor. A named CPU call that repeats its last call's
     settings, dtype and shape (the loop of a benchmark, a step) goes to the core in one
-    call (_run_repeat)."""
+    call (_run_repeat). bound and failed: see requests.run (a torch process group's
+    timeout; a Work that reports the error later, whose failed(error) is returned)."""
     if type(name) is str:
         # The key of submit()'s repeat: set_id() checked the set when it was made.
         sid = process_set.process_set_id
         root = root_rank if op_type != _ops.BROADCAST or sid == _ops.GLOBAL_PROCESS_SET else None
         done = _run_repeat((op_type, name, sid, id(process_set), op, prescale, postscale, root),
-                           tensor)
+                           tensor, bound, failed)
         if done is not None:
             return done
-    return synchronize(submit(op_type, (tensor,), name, process_set, inplace=True, op=op,
-                              prescale=prescale, postscale=postscale, root_rank=root_rank,
-                              drive=True))
+    return _requests.settled(submit(op_type, (tensor,), name, process_set, inplace=True, op=op,
+                                    prescale=prescale, postscale=postscale,
+                                    root_rank=root_rank, drive=True), bound, failed)
 
 
-def _run_repeat(repeat, tensor):
+def _run_repeat(repeat, tensor, bound=None, failed=None):
     """run_inplace() of a repeated call, in one perseus_run: None if it is not one (the
     record of _submit_repeat). Its checks are _submit_repeat's, written out in both: a
     shared helper is one more Python call on the small call's path
@@ -323,7 +326,8 @@ def _run_repeat(repeat, tensor):
     address = tensor.data_ptr()
     state = (tensor, address, tensor.untyped_storage())  # the memory, kept until done
     _increment_version(state[:1])
-    return _requests.run(prebuilt.pack_alone(address, address), _finish_repeat, state)
+    return _requests.run(prebuilt.pack_alone(address, address), _finish_repeat, state, bound,
+                         failed)
 
 
 def _finish_repeat(state, handles):

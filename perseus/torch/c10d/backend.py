@@ -17,11 +17,19 @@ routes init_process_group("perseus") and new groups here; this module does the w
     operations layer (perseus/torch/ops/torch_api.py), and returns its Work, whose
     get_future() is what DDP's reducer and its comm hooks chain on. Results, mismatch
     errors and argument checks are those of Perseus's own API.
+  * A collective of CPU tensors whose caller waits for it at once (_now: a synchronous
+    call; torch's C++ code, such as DDP's reducer, which asks for the future at once) is
+    driven by the calling thread from its submission, as hvd.allreduce_ is: the engine
+    thread is not woken, which with no idle core would take the caller's core (an
+    all_reduce or broadcast of one tensor even completes in one call into the core).
+    async_op=True calls of torch.distributed's functions, which may be waited later,
+    are left to the engine thread.
 """
 
 import datetime
 import re
 import socket
+import sys
 import time
 import warnings
 
@@ -152,6 +160,34 @@ def monitored_barrier(group, timeout, wait_all_ranks):
     return group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
+# torch.distributed's functions (all_reduce, ...): the one caller whose opts.asyncOp says
+# whether it waits for the Work at once.
+_TORCH_FUNCTIONS = vars(_torch_dist.distributed_c10d)
+_SOON = _requests.SOON
+
+
+def _now(opts, tensor):
+    """When the caller of the group's method that calls this (frame 1) waits for its
+    collective of `tensor` (torch_api's `now`): for a CPU tensor, at once (True) in a
+    synchronous call of torch.distributed's functions (opts.asyncOp False); maybe much
+    later (False) in one with async_op=True; soon (SOON) from anywhere else: torch's C++
+    code (DDP's reducer asks for the future at once; its buffer broadcasts, two in
+    flight, are waited for in turn; the frame below is then whatever Python that thread
+    ran last) or a direct call."""
+    if not getattr(tensor, "is_cpu", False):
+        return False  # CUDA: the handle completes once queued; the future pool waits
+    if opts is None:
+        return _SOON
+    if not opts.asyncOp:
+        return True
+    try:
+        if sys._getframe(2).f_globals is _TORCH_FUNCTIONS:
+            return False
+    except ValueError:  # no Python frame below: a thread of torch's C++ code
+        pass
+    return _SOON
+
+
 def _one(tensors, what):
     if len(tensors) != 1:
         raise ValueError("the 'perseus' backend's %s takes one tensor per call, got %d"
@@ -170,10 +206,12 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         # torch's timeout of the group: every collective must have been called on every
         # rank within it, else it fails here naming the ranks that did not call it.
         self._timeout_s = timeout.total_seconds() if timeout is not None else None
+        self._bound = None  # (seconds, reason): the time limit of each call
         probe_s = _PROBE_AT_LEAST_S  # the engine's default is up to 5 s
         if self._timeout_s:
             self._timeout_reason = ("within the process group's timeout of %g s"
                                     % self._timeout_s)
+            self._bound = (self._timeout_s, self._timeout_reason)
             probe_s = min(probe_s, self._timeout_s / _PROBES_PER_TIMEOUT)
         # A rank with nothing to do still answers within a fraction of a timeout.
         _requests.probe_within(sid, probe_s)
@@ -207,21 +245,22 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         return "ProcessGroupPerseus(ranks=%s)" % self.process_set.ranks
 
     def _named(self, start, bound=None):
-        """start(name) -> Work, under this call's name: the group's next name. A name
-        is used again once the call that had it has completed here (waiting for it if
-        need be: every rank submitted it before this one). bound: (seconds, reason),
-        the time limit of this call instead of the group's timeout."""
+        """start(name, bound) -> Work, under this call's name: the group's next name. A
+        name is used again once the call that had it has completed here (waiting for it
+        if need be: every rank submitted it before this one). bound: (seconds, reason),
+        the time limit of this call instead of the group's timeout; start gets it as
+        (deadline, reason), or None, for a call it runs to completion."""
         turn = self._turn % _NAMES
         previous = self._in_flight[turn]
         if previous is not None:
             _requests.settle(previous)
-        called = time.monotonic()
-        work = start("%s.%d" % (self._prefix, turn))
-        if bound is None and self._timeout_s:
-            bound = (self._timeout_s, self._timeout_reason)
+        if bound is None:
+            bound = self._bound
         if bound is not None:
-            work._deadline = called + bound[0]
-            work._deadline_reason = bound[1]
+            bound = (time.monotonic() + bound[0], bound[1])
+        work = start("%s.%d" % (self._prefix, turn), bound)
+        if bound is not None:
+            work._deadline, work._deadline_reason = bound
         self._turn += 1
         self._in_flight[turn] = work._handle
         return work
@@ -230,30 +269,33 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
+        now = _now(opts, tensors[0] if tensors else None)
         if tensors and tensors[0].layout == torch.sparse_coo:
             tensor = _one(tensors, "sparse allreduce")
-            return self._named(lambda name: _torch_api.all_reduce_sparse(
-                tensor, code, self.process_set, name))
+            return self._named(lambda name, _: _torch_api.all_reduce_sparse(
+                tensor, code, self.process_set, name, now))
         if len(tensors) != 1:
-            return self._named(lambda name: _torch_api.all_reduce_coalesced(
-                tensors, code, self.process_set, name))
-        return self._named(lambda name: _torch_api.all_reduce(
-            tensors[0], code, self.process_set, name))
+            return self._named(lambda name, _: _torch_api.all_reduce_coalesced(
+                tensors, code, self.process_set, name, now))
+        return self._named(lambda name, bound: _torch_api.all_reduce(
+            tensors[0], code, self.process_set, name, now, bound))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One grouped request: the core fuses what fits in a buffer."""
         code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
-        return self._named(lambda name: _torch_api.all_reduce_coalesced(
-            tensors, code, self.process_set, name))
+        now = _now(opts, tensors[0] if tensors else None)
+        return self._named(lambda name, _: _torch_api.all_reduce_coalesced(
+            tensors, code, self.process_set, name, now))
 
     def reduce(self, tensors, opts):
         """An allreduce; ranks other than the root reduce a copy, so their tensor is
         left as it was."""
         tensor = _one(tensors, "reduce")
+        now = _now(opts, tensor)
         target = tensor if self.rank() == opts.rootRank else tensor.clone()
         code = core_op(opts.reduceOp)
-        work = self._named(lambda name: _torch_api.all_reduce(
-            target, code, self.process_set, name))
+        work = self._named(lambda name, bound: _torch_api.all_reduce(
+            target, code, self.process_set, name, now, bound))
         work._outputs = [tensor]
         return work
 
@@ -263,20 +305,24 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         if len(chunks) != self.size() or any(c.numel() != output.numel() for c in chunks):
             raise ValueError("reduce_scatter: the input list needs %d tensors of the output's "
                              "%d elements" % (self.size(), output.numel()))
-        return self.reduce_scatter_single(output, _torch_api.flat(chunks), opts)
+        return self._reduce_scatter(output, _torch_api.flat(chunks), opts, _now(opts, output))
 
     def reduce_scatter_single(self, output, input, opts):
-        code = core_op(opts.reduceOp)
-        return self._named(lambda name: _torch_api.reduce_scatter_tensor(
-            output, input, code, self.process_set, name))
+        return self._reduce_scatter(output, input, opts, _now(opts, input))
 
     _reduce_scatter_base = reduce_scatter_single
+
+    def _reduce_scatter(self, output, input, opts, now):
+        code = core_op(opts.reduceOp)
+        return self._named(lambda name, _: _torch_api.reduce_scatter_tensor(
+            output, input, code, self.process_set, name, now))
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         """One grouped reducescatter (FSDP's coalesced gradients)."""
         code = core_op(opts.reduceOp)
-        return self._named(lambda name: _torch_api.reduce_scatter_coalesced(
-            outputs, inputs, code, self.process_set, name))
+        now = _now(opts, inputs[0] if inputs else None)
+        return self._named(lambda name, _: _torch_api.reduce_scatter_coalesced(
+            outputs, inputs, code, self.process_set, name, now))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -285,19 +331,22 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs = _one(output_tensors, "allgather")
         tensor = _one(input_tensors, "allgather")
-        return self._named(lambda name: _torch_api.all_gather(
-            outputs, tensor, self.process_set, name))
+        now = _now(opts, tensor)
+        return self._named(lambda name, _: _torch_api.all_gather(
+            outputs, tensor, self.process_set, name, now))
 
     def all_gather_single(self, output, input, opts=None):
-        return self._named(lambda name: _torch_api.all_gather_into_tensor(
-            output, input, self.process_set, name))
+        now = _now(opts, input)
+        return self._named(lambda name, _: _torch_api.all_gather_into_tensor(
+            output, input, self.process_set, name, now))
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         """One grouped allgather."""
-        return self._named(lambda name: _torch_api.all_gather_coalesced(
-            outputs, inputs, self.process_set, name))
+        now = _now(opts, inputs[0] if inputs else None)
+        return self._named(lambda name, _: _torch_api.all_gather_coalesced(
+            outputs, inputs, self.process_set, name, now))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -311,12 +360,14 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             raise ValueError("gather: the root needs %d output tensors of the input's %d "
                              "elements" % (size, tensor.numel()))
         splits = [tensor.numel() if r == root else 0 for r in range(size)]
-        return self._named(lambda name: _torch_api.exchange(
-            "gather", tensor, splits, outputs, self.process_set, name))
+        now = _now(opts, tensor)
+        return self._named(lambda name, _: _torch_api.exchange(
+            "gather", tensor, splits, outputs, self.process_set, name, now))
 
     def scatter(self, output_tensors, input_tensors, opts):
         """An alltoall in which only the root sends."""
         output = _one(output_tensors, "scatter")
+        now = _now(opts, output)
         root, size = opts.rootRank, self.size()
         if self.rank() == root:
             chunks = _one(input_tensors, "scatter")
@@ -326,8 +377,8 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             sent, splits = list(chunks), [output.numel()] * size
         else:
             sent, splits = output.new_empty(0), [0] * size
-        return self._named(lambda name: _torch_api.exchange(
-            "scatter", sent, splits, [output], self.process_set, name))
+        return self._named(lambda name, _: _torch_api.exchange(
+            "scatter", sent, splits, [output], self.process_set, name, now))
 
     # -- the rest
 
@@ -337,14 +388,16 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             raise ValueError("broadcast: root %d is outside the group's %d ranks"
                              % (opts.rootRank, self.size()))
         root = self.process_set.ranks[opts.rootRank]
-        return self._named(lambda name: _torch_api.broadcast(
-            tensor, root, self.process_set, name))
+        now = _now(opts, tensor)
+        return self._named(lambda name, bound: _torch_api.broadcast(
+            tensor, root, self.process_set, name, now, bound))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
-        return self._named(lambda name: _torch_api.all_to_all_single(
+        now = _now(opts, input)
+        return self._named(lambda name, _: _torch_api.all_to_all_single(
             output, input, output_split_sizes or None, input_split_sizes or None,
-            self.process_set, name))
+            self.process_set, name, now))
 
     alltoall_base = all_to_all_single
 
@@ -353,12 +406,15 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         if len(output_tensors) != self.size() or len(input_tensors) != self.size():
             raise ValueError("all_to_all: pass %d input and %d output tensors (one per rank)"
                              % (self.size(), self.size()))
-        return self._named(lambda name: _torch_api.exchange(
+        now = _now(opts, input_tensors[0])
+        return self._named(lambda name, _: _torch_api.exchange(
             "alltoall", list(input_tensors), [t.numel() for t in input_tensors],
-            list(output_tensors), self.process_set, name))
+            list(output_tensors), self.process_set, name, now))
 
     def barrier(self, opts=None):
-        return self._named(lambda name: _torch_api.barrier(self.process_set, name))
+        """Driven by the caller whether it waits at once or not (perseus.torch.ops.barrier):
+        it carries no data."""
+        return self._named(lambda name, _: _torch_api.barrier(self.process_set, name))
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """gloo's monitored barrier: a barrier that fails after `timeout` (a timedelta;
@@ -371,7 +427,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             timeout = _torch_dist.constants.default_pg_timeout
         seconds = timeout.total_seconds()
         reason = "within monitored_barrier's timeout of %g s" % seconds
-        work = self._named(lambda name: _torch_api.barrier(self.process_set, name),
+        work = self._named(lambda name, _: _torch_api.barrier(self.process_set, name),
                            (seconds, reason))
         try:
             work.wait()
@@ -416,5 +472,6 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         """all_gather_coalesced: one grouped allgather; output_lists[r][i] gets rank r's
         inputs[i]."""
-        return self._named(lambda name: _torch_api.all_gather_lists(
-            output_lists, inputs, self.process_set, name))
+        now = _now(opts, inputs[0] if inputs else None)
+        return self._named(lambda name, _: _torch_api.all_gather_lists(
+            output_lists, inputs, self.process_set, name, now))

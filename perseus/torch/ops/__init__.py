@@ -36,17 +36,21 @@ def allreduce(tensors, process_set, op=_ops.Sum, name=None, prescale=1.0, postsc
               inplace=False, grouped=False, drive=False, pin=True):
     """Reduces `tensors` (a list: one call; grouped: one unit, the ranks must agree on
     its size) over the set. name: None, a str, or (not grouped) a list of one name per
-    tensor. inplace: into the tensors. drive: the caller waits at once. pin: see
-    adapter.submit."""
+    tensor. inplace: into the tensors. drive: the caller waits at once (True) or soon
+    (requests.SOON). pin: see adapter.submit."""
     return _adapter.submit(_ops.ALLREDUCE, tensors, name, process_set, grouped, inplace=inplace,
                            op=op, prescale=prescale, postscale=postscale, drive=drive, pin=pin)
 
 
-def allreduce_now_(tensor, process_set, op=_ops.Sum, name=None, prescale=1.0, postscale=1.0):
+def allreduce_now_(tensor, process_set, op=_ops.Sum, name=None, prescale=1.0, postscale=1.0,
+                   bound=None, failed=None):
     """Reduces one tensor in place and returns it (a repeated named call: one call into
-    the core)."""
+    the core). bound: None or (deadline, reason), a time limit (see
+    perseus.common.requests.run); failed: None raises the collective's error, else
+    failed(error) gets it and is returned."""
     return _adapter.run_inplace(_ops.ALLREDUCE, tensor, name, process_set, op=op,
-                                prescale=prescale, postscale=postscale)
+                                prescale=prescale, postscale=postscale, bound=bound,
+                                failed=failed)
 
 
 def allgather(tensors, process_set, name=None, grouped=False, drive=False):
@@ -61,9 +65,11 @@ def broadcast(tensors, root_rank, process_set, name=None, inplace=False, grouped
                            root_rank=root_rank, drive=drive)
 
 
-def broadcast_now_(tensor, root_rank, process_set, name=None):
-    """Overwrites one tensor with root_rank's and returns it."""
-    return _adapter.run_inplace(_ops.BROADCAST, tensor, name, process_set, root_rank=root_rank)
+def broadcast_now_(tensor, root_rank, process_set, name=None, bound=None, failed=None):
+    """Overwrites one tensor with root_rank's and returns it (bound, failed: see
+    allreduce_now_)."""
+    return _adapter.run_inplace(_ops.BROADCAST, tensor, name, process_set, root_rank=root_rank,
+                                bound=bound, failed=failed)
 
 
 def alltoall(tensor, process_set, splits=None, name=None, drive=False):

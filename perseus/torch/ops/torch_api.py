@@ -7,6 +7,15 @@ where torch puts it: in place for all_reduce and broadcast, into the given outpu
 or list otherwise. `process_set` is the group's registered set (this rank a member),
 `code` a core reduce-op code (reduce_ops.core_op), `root_rank` a global rank, `name` the
 request's name or None. Membership, async_op and src/group_src are the faces' business.
+
+`now` says when the caller waits for the Work: False, maybe much later (the engine
+thread runs the request meanwhile); True, at once (a synchronous call): the calling
+thread drives it from its submission, and all_reduce and broadcast run it to completion
+in one call into the core, within `bound` (None or (deadline, reason), see
+perseus.common.requests.run), returning a completed Work; requests.SOON, before anything
+else of its own needs it (torch's C++ code: DDP's reducer, its buffer broadcasts): the
+wait drives it, with whatever was submitted meanwhile. Only False wakes the engine
+thread, which with no idle core would take the caller's core.
 """
 
 import torch
@@ -50,18 +59,23 @@ def _scatter_into(targets, flat):
 
 # ---- reductions ----------------------------------------------------------------------
 
-def all_reduce(tensor, code, process_set, name=None):
-    return Work(_ops.allreduce((tensor,), process_set, code, name, inplace=True), [tensor])
+def all_reduce(tensor, code, process_set, name=None, now=False, bound=None):
+    if now is True:
+        work = Work.completed([tensor])
+        _ops.allreduce_now_(tensor, process_set, code, name, bound=bound, failed=work.failed)
+        return work
+    return Work(_ops.allreduce((tensor,), process_set, code, name, inplace=True, drive=now),
+                [tensor])
 
 
-def all_reduce_coalesced(tensors, code, process_set, name=None):
+def all_reduce_coalesced(tensors, code, process_set, name=None, now=False):
     """One grouped request: the core fuses what fits in a buffer."""
     tensors = list(tensors)
-    return Work(_ops.allreduce(tensors, process_set, code, name, inplace=True, grouped=True),
-                tensors)
+    return Work(_ops.allreduce(tensors, process_set, code, name, inplace=True, grouped=True,
+                               drive=now), tensors)
 
 
-def all_reduce_sparse(tensor, code, process_set, name=None):
+def all_reduce_sparse(tensor, code, process_set, name=None, now=False):
     """The sum of every rank's sparse COO `tensor` (CPU), in its place, coalesced, as
     gloo gives it: one grouped allgather of every rank's size, indices and values (a
     rank's number of entries is its own), added up here. Sizes that differ fail on
@@ -84,10 +98,11 @@ def all_reduce_sparse(tensor, code, process_set, name=None):
 
     # dim 0 of the indices and values runs over the entries: what allgather concatenates
     parts = (shape, tensor._indices().t().contiguous(), tensor._values().contiguous())
-    return Work(_ops.allgather(parts, process_set, name, grouped=True), [tensor], finish)
+    return Work(_ops.allgather(parts, process_set, name, grouped=True, drive=now), [tensor],
+                finish)
 
 
-def reduce_scatter_tensor(output, input, code, process_set, name=None):
+def reduce_scatter_tensor(output, input, code, process_set, name=None, now=False):
     """Reduces `input` (set size equal chunks, in rank order); this rank's chunk of the
     result goes to `output`."""
     tensors_only("reduce_scatter_tensor", output=output, input=input)
@@ -102,11 +117,11 @@ def reduce_scatter_tensor(output, input, code, process_set, name=None):
     def finish(mine):
         output.copy_(mine.view(output.shape))
 
-    return Work(_ops.reducescatter((input.reshape(size, -1),), process_set, code, name),
-                [output], finish)
+    return Work(_ops.reducescatter((input.reshape(size, -1),), process_set, code, name,
+                                   drive=now), [output], finish)
 
 
-def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None):
+def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None, now=False):
     """One grouped reducescatter (FSDP's coalesced gradients)."""
     size = process_set.size()
     for output, input in zip(outputs, inputs):
@@ -122,12 +137,12 @@ def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None):
             output.copy_(piece.view(output.shape))
 
     return Work(_ops.reducescatter([t.reshape(size, -1) for t in inputs], process_set, code,
-                                   name, grouped=True), outputs, finish)
+                                   name, grouped=True, drive=now), outputs, finish)
 
 
 # ---- gathers -------------------------------------------------------------------------
 
-def all_gather(tensor_list, tensor, process_set, name=None):
+def all_gather(tensor_list, tensor, process_set, name=None, now=False):
     """Fills tensor_list[i] with rank i's `tensor` (every rank's has the same shape)."""
     tensors_only("all_gather", tensor=tensor)
     if len(tensor_list) != process_set.size():
@@ -140,11 +155,11 @@ def all_gather(tensor_list, tensor, process_set, name=None):
         torch._foreach_copy_(targets, list(gathered.unbind(0)))
 
     # One row per rank: the core concatenates along dim 0.
-    return Work(_ops.allgather((tensor.reshape((1,) + tuple(tensor.shape)),), process_set, name),
-                targets, finish)
+    return Work(_ops.allgather((tensor.reshape((1,) + tuple(tensor.shape)),), process_set, name,
+                               drive=now), targets, finish)
 
 
-def all_gather_into_tensor(output, input, process_set, name=None):
+def all_gather_into_tensor(output, input, process_set, name=None, now=False):
     """Concatenates every rank's input into `output`, in rank order: output is
     (size * d0, ...) or (size, *input.shape)."""
     tensors_only("all_gather_into_tensor", output_tensor=output, input_tensor=input)
@@ -157,10 +172,11 @@ def all_gather_into_tensor(output, input, process_set, name=None):
     def finish(gathered):
         output.copy_(gathered.view(output.shape))
 
-    return Work(_ops.allgather((input.reshape(1, -1),), process_set, name), [output], finish)
+    return Work(_ops.allgather((input.reshape(1, -1),), process_set, name, drive=now),
+                [output], finish)
 
 
-def all_gather_coalesced(outputs, inputs, process_set, name=None):
+def all_gather_coalesced(outputs, inputs, process_set, name=None, now=False):
     """One grouped allgather."""
     size = process_set.size()
     for output, input in zip(outputs, inputs):
@@ -176,10 +192,10 @@ def all_gather_coalesced(outputs, inputs, process_set, name=None):
             output.copy_(rows.view(output.shape))
 
     return Work(_ops.allgather([t.reshape(1, -1) for t in inputs], process_set, name,
-                               grouped=True), outputs, finish)
+                               grouped=True, drive=now), outputs, finish)
 
 
-def all_gather_lists(output_lists, inputs, process_set, name=None):
+def all_gather_lists(output_lists, inputs, process_set, name=None, now=False):
     """torch.distributed.all_gather_coalesced: output_lists[r][i] gets rank r's inputs[i]
     (the inputs of one rank may differ in shape; every rank passes the same shapes).
     One grouped allgather. The checks are gloo's, raised where they fail, before
@@ -209,19 +225,26 @@ def all_gather_lists(output_lists, inputs, process_set, name=None):
                 outputs[i].copy_(row.view(outputs[i].shape))
 
     work = Work(_ops.allgather([t.reshape(1, -1) for t in inputs], process_set, name,
-                               grouped=True), [t for outputs in targets for t in outputs], finish)
+                               grouped=True, drive=now),
+                [t for outputs in targets for t in outputs], finish)
     work._outputs = targets  # the future's value, as gloo's: one list per rank
     return work
 
 
 # ---- the rest ------------------------------------------------------------------------
 
-def broadcast(tensor, root_rank, process_set, name=None):
-    return Work(_ops.broadcast((tensor,), root_rank, process_set, name, inplace=True), [tensor])
+def broadcast(tensor, root_rank, process_set, name=None, now=False, bound=None):
+    if now is True:
+        work = Work.completed([tensor])
+        _ops.broadcast_now_(tensor, root_rank, process_set, name, bound=bound,
+                            failed=work.failed)
+        return work
+    return Work(_ops.broadcast((tensor,), root_rank, process_set, name, inplace=True,
+                               drive=now), [tensor])
 
 
 def all_to_all_single(output, input, output_split_sizes, input_split_sizes, process_set,
-                      name=None):
+                      name=None, now=False):
     """Sends input_split_sizes[i] rows of `input` (dim 0, in order; None: equal parts)
     to rank i and writes what every rank sent here into `output`, in rank order
     (output_split_sizes[i] rows from rank i)."""
@@ -252,10 +275,11 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, proc
 
     # An even split of a first dimension the set does not divide is the core's refusal
     # (perseus_check_rows, asked by the adapter), as for every front end.
-    return Work(_ops.alltoall(input, process_set, input_split_sizes, name), [output], finish)
+    return Work(_ops.alltoall(input, process_set, input_split_sizes, name, drive=now),
+                [output], finish)
 
 
-def exchange(what, tensors, splits, targets, process_set, name=None):
+def exchange(what, tensors, splits, targets, process_set, name=None, now=False):
     """An alltoall of `tensors` flattened in order (splits[i] elements to rank i);
     what arrives goes into `targets`, in order: gather, scatter and all_to_all of lists."""
     flat_input = flat(tensors) if isinstance(tensors, (list, tuple)) else tensors.reshape(-1)
@@ -268,7 +292,8 @@ def exchange(what, tensors, splits, targets, process_set, name=None):
                              % (what, received.numel(), expected))
         _scatter_into(targets, received)
 
-    return Work(_ops.alltoall(flat_input, process_set, splits, name), targets, finish)
+    return Work(_ops.alltoall(flat_input, process_set, splits, name, drive=now), targets,
+                finish)
 
 
 def barrier(process_set, name=None):

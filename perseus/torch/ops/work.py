@@ -50,32 +50,43 @@ class Work(_torch_dist.Work):
     collectives in another order (the drop-in DDP's reducer), where waiting for one
     in get_future() could wait for a peer that waits for another."""
 
-    def __init__(self, handle, outputs, finish=None, background=False):
+    def __init__(self, handle, outputs, finish=None, background=False, done=False):
         super().__init__()
         self._handle = handle
         self._outputs = outputs
         self._finish = finish
         self._background = background
-        self._lock = threading.Lock()
-        self._done = False
+        self._done = done
         self._error = None
         self._future = None
         self._source = None  # what _settle completes: the future itself, or its source
-        self._stream = _creator_stream(outputs)
         # time.monotonic() by which every rank must have submitted the collective, and
         # what the error says then (a process group's timeout; backend.py sets them).
         self._deadline = self._deadline_reason = None
+        if done:  # CPU outputs (see completed()): no stream, and no lock to take
+            self._stream = None
+            return
+        self._lock = threading.Lock()
+        self._stream = _creator_stream(outputs)
 
     @classmethod
     def completed(cls, outputs):
-        """A Work for an operation that already ran to completion (e.g. barrier)."""
-        work = cls(None, outputs)
-        work._done = True
-        return work
+        """A Work for an operation on CPU tensors that already ran to completion (e.g.
+        a collective the caller's thread ran: torch_api's `now`); failed() records its
+        error, if it failed, for wait() and the future to raise."""
+        return cls(None, outputs, done=True)
+
+    def failed(self, error):
+        """The collective failed with `error` (requests.run's `failed`): returns the
+        Work."""
+        self._error = error
+        return self
 
     def _complete(self):
         """Synchronizes once (CUDA: the current stream waits); the outcome (outputs or
         error) is kept for later calls."""
+        if self._done:  # set last, once the outcome is kept: no lock needed to read it
+            return
         with self._lock:
             if self._done:
                 return
@@ -96,14 +107,15 @@ class Work(_torch_dist.Work):
         default): raise TimeoutError when the collective has not completed by then;
         it stays pending.
         """
-        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-        if seconds and not self._done:
-            deadline = time.monotonic() + float(seconds)
-            while not self.is_completed():
-                if time.monotonic() >= deadline:
-                    raise TimeoutError("collective did not complete within %s" % (timeout,))
-                time.sleep(0.0005)
-        self._complete()
+        if not self._done:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            if seconds:
+                deadline = time.monotonic() + float(seconds)
+                while not self.is_completed():
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError("collective did not complete within %s" % (timeout,))
+                    time.sleep(0.0005)
+            self._complete()
         if self._error is not None:
             raise self._error
         return True
@@ -144,11 +156,16 @@ class Work(_torch_dist.Work):
         """A torch.futures.Future completed with result() (or the error). For CPU
         outputs it is complete when returned (see the module's docstring)."""
         if self._future is None:
-            if self._stream is None and not self._background:
-                self._complete()
+            if self._stream is None:
+                if not self._background:
+                    self._complete()
+                if self._done and self._error is None:  # the common case: no step between
+                    future = self._future = self._source = torch.futures.Future()
+                    future.set_result(self._outputs)  # no callbacks yet: it cannot fail
+                    return future
             self._source = torch.futures.Future(devices=_devices(self._outputs))
             if self._done and self._error is None:
-                self._future = self._source  # the common case: no step in between
+                self._future = self._source  # no step in between
                 _settle(self)
             else:
                 self._future = self._source.then(_value_or_raise)
