@@ -314,6 +314,13 @@ const std::vector<Variable>& Table() {
       {"PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
        "training steps per autotuner sample", kAgreed,
        IntIn(&Config::autotune_steps_per_sample, 1, 10000)},
+      {"PERSEUS_ELASTIC_PERSIST_INTERVAL", nullptr,
+       "perseusrun --elastic without ULFM: hvd.elastic.run persists every N-th commit, "
+       "which a restarted job resumes from",
+       kAgreed, IntIn(&Config::elastic_persist_interval, 1, 1000000000)},
+      {"PERSEUS_ELASTIC_PERSIST_DIR", nullptr,
+       "the private folder rank 0 persists commits to (empty = ~/.cache/perseus/elastic)",
+       kRank0, Text(&Config::elastic_persist_dir)},
       {"PERSEUS_TIMELINE", "HOROVOD_TIMELINE", "Chrome-trace timeline file written by rank 0",
        kRank0, Text(&Config::timeline_path)},
       {"PERSEUS_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",

@@ -47,6 +47,8 @@ struct Config {
   std::string autotune_log;               // CSV of the samples, written by rank 0; empty = off
   int autotune_warmup_samples = 3;        // samples discarded before scoring starts
   int autotune_steps_per_sample = 10;     // training steps in one scored sample
+  int64_t elastic_persist_interval = 1;   // perseusrun --elastic's restart: persist every N-th commit
+  std::string elastic_persist_dir;        // ... into this private folder; empty = the cache's
   std::vector<std::string> set_explicitly;  // PERSEUS_* names the environment set (either spelling)
 
   // Whether the user set the variable `name` (a PERSEUS_* name of the table): the
