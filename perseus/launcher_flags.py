@@ -148,12 +148,16 @@ def add_to(parser):
 
     g = parser.add_argument_group("elastic arguments")
     g.add_argument("--elastic", action="store_true",
-                   help="the job outlives a rank that fails: the survivors go on in a "
-                        "world of their own (hvd.elastic.run); needs a core built with "
-                        "Open MPI 5's ULFM (mpirun --with-ft ulfm)")
+                   help="the job outlives a rank that fails (hvd.elastic.run): on a core "
+                        "built with Open MPI 5's ULFM the survivors go on in a world of "
+                        "their own (mpirun --with-ft ulfm); on any other the job is started "
+                        "again and resumes from its last persisted commit")
+    g.add_argument("--reset-limit", type=int, metavar="N",
+                   help="--elastic without ULFM: restart the job at most N times after a "
+                        "rank dies, then end it (default: 3)")
     for flags, metavar in ((["--min-np", "--min-num-proc"], "N"),
                            (["--max-np", "--max-num-proc"], "N"), (["--slots-per-host"], "N"),
-                           (["--elastic-timeout"], "S"), (["--reset-limit"], "N"),
+                           (["--elastic-timeout"], "S"),
                            (["--blacklist-cooldown-range"], ("MIN", "MAX")),
                            (["--host-discovery-script"], "SCRIPT")):
         g.add_argument(*flags, action=_Refuse, nargs=len(metavar) if isinstance(metavar, tuple)

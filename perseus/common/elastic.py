@@ -14,12 +14,20 @@ commit() never finds host updates (and so costs no collective), and a
 HostsUpdatedInterrupt (a resize request) ends run() with an error saying what
 elastic resizing needs. The framework modules
 (perseus.torch.elastic, perseus.tensorflow.elastic) add their states and run().
+
+Where the MPI has no ULFM, `perseusrun --elastic` restarts the whole job when a rank
+dies (perseus/launcher.py sets PERSEUS_ELASTIC_RUN_ID and PERSEUS_ELASTIC_RESTARTS in
+the ranks): run() then persists every PERSEUS_ELASTIC_PERSIST_INTERVAL-th commit (rank 0
+writes it atomically into a private folder, perseus.common.private_files), and a
+restarted job's run() resumes from the last one persisted (_Persister).
 """
 
 import functools
+import os
+import pickle
 import sys
 
-from perseus.common import basics
+from perseus.common import basics, private_files
 from perseus.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 RESIZE_UNSUPPORTED = (
@@ -41,6 +49,7 @@ class State:
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks = []
+        self._persister = None  # run() sets it when perseusrun --elastic restarts the job
 
     def register_reset_callbacks(self, callbacks):
         """Functions called (no arguments) after every reset, e.g. to rescale the
@@ -59,8 +68,12 @@ class State:
     def commit(self):
         """Saves the state (the next restore() returns to it) and checks for host
         updates. Saving copies every tracked value: commit every few batches, not
-        after each."""
+        after each. In a job that perseusrun --elastic restarts (an MPI without ULFM),
+        every PERSEUS_ELASTIC_PERSIST_INTERVAL-th commit is also persisted (every rank
+        takes part; rank 0 writes)."""
         self.save()
+        if self._persister is not None:
+            self._persister.commit(self)
         self.check_host_updates()
 
     def check_host_updates(self):
@@ -79,6 +92,16 @@ class State:
 
     def reset(self):
         """Called after a reset, before the callbacks; nothing to do by default."""
+
+    def _persisted(self):
+        """The last commit as picklable data, for a job that perseusrun --elastic may
+        restart. Every rank calls it (it may take a collective); rank 0's is written."""
+        raise NotImplementedError()
+
+    def _load_persisted(self, data):
+        """Makes `data` (what _persisted returned) the last commit (restore() then
+        returns to it)."""
+        raise NotImplementedError()
 
 
 class ObjectState(State):
@@ -106,6 +129,116 @@ class ObjectState(State):
         for attr, value in self._saved_state.items():
             setattr(self, attr, value)
 
+    def _persisted(self):
+        return dict(self._saved_state)
+
+    def _load_persisted(self, data):
+        self._saved_state = dict(data)
+
+
+def _defining(cls, name):
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
+def can_persist(state):
+    """Whether `state` can persist its commits: the class that saves it also says how
+    to persist it (ObjectState, TorchState); a subclass with a save() of its own, such
+    as TensorFlow's states, cannot yet."""
+    cls = type(state)
+    owner = _defining(cls, "_persisted")
+    return owner is not State and owner is _defining(cls, "save")
+
+
+PERSIST_PREFIX = "commit."
+
+
+def persist_dir():
+    """The folder commits are persisted to: PERSEUS_ELASTIC_PERSIST_DIR, else the cache's
+    elastic/ (perseusrun reads the same to remove a finished job's file)."""
+    return (os.environ.get("PERSEUS_ELASTIC_PERSIST_DIR")
+            or os.path.join(private_files.cache_dir(), "elastic"))
+
+
+def persist_path(folder, run_id):
+    return os.path.join(folder, "%s%s.pkl" % (PERSIST_PREFIX, run_id))
+
+
+def restart_run():
+    """(run id, restarts so far, restart limit) when perseusrun --elastic restarts this
+    job after a rank dies (a core without ULFM), else None."""
+    run_id = os.environ.get("PERSEUS_ELASTIC_RUN_ID")
+    if not run_id:
+        return None
+    return (run_id, int(os.environ.get("PERSEUS_ELASTIC_RESTARTS", "0")),
+            int(os.environ.get("PERSEUS_ELASTIC_RESET_LIMIT", "0")))
+
+
+class PersistError(private_files.UnsafePathError):
+    """Commits cannot be persisted where asked; raised on every rank, same message."""
+
+
+class _Persister:
+    """Persists every interval-th commit of a job that perseusrun --elastic restarts,
+    and resumes a restarted job from the last one. Made on every rank at run()'s first
+    call; rank 0 checks the folder and the others learn its verdict (one broadcast), so
+    a bad folder fails every rank with the same message."""
+
+    def __init__(self, state, run_id):
+        from perseus.common.objects import broadcast_object
+        self._broadcast = broadcast_object
+        self.run_id = run_id
+        self.interval = int(basics.config().get("PERSEUS_ELASTIC_PERSIST_INTERVAL", "1"))
+        self.commits = 0
+        folder = persist_dir()
+        self.path = persist_path(folder, run_id)
+        problem = None
+        if not can_persist(state):
+            problem = ("%s cannot persist its commits yet (ObjectState and TorchState can), "
+                       "so a job that perseusrun --elastic restarts could not resume from one"
+                       % type(state).__name__)
+        elif basics.rank() == 0:
+            try:
+                private_files.private_folder(folder)
+                private_files.check_writable(self.path)
+            except OSError as e:
+                problem = "PERSEUS_ELASTIC_PERSIST_DIR: %s" % e
+        problem = broadcast_object(problem, root_rank=0)
+        if problem:
+            raise PersistError("hvd.elastic.run cannot persist commits for perseusrun "
+                               "--elastic's restart: " + problem)
+
+    def commit(self, state):
+        self.commits += 1
+        if self.commits % self.interval:
+            return
+        data = state._persisted()  # on every rank: it may gather (the samplers' records)
+        if basics.rank() == 0:
+            with private_files.replace_privately(self.path) as f:
+                pickle.dump({"run": self.run_id, "commit": self.commits, "state": data}, f,
+                            protocol=pickle.HIGHEST_PROTOCOL)
+
+    def resume(self, state):
+        """Rank 0 loads the last persisted commit of this run into `state` (the sync
+        that follows gives it to every rank); -> its commit number on every rank, or
+        None when none was persisted."""
+        loaded = None
+        if basics.rank() == 0:
+            folder = os.path.dirname(self.path)
+            for name in os.listdir(folder):  # a write that a kill cut short
+                if name.startswith(".%s" % os.path.basename(self.path)) and name.endswith(".tmp"):
+                    os.unlink(os.path.join(folder, name))
+            if os.path.lexists(self.path):
+                with private_files.open_private(self.path) as f:
+                    record = pickle.load(f)
+                if record.get("run") == self.run_id:
+                    state._load_persisted(record["state"])
+                    state.restore()
+                    loaded = record["commit"]
+        loaded = self._broadcast(loaded, root_rank=0)
+        if loaded is not None:
+            self.commits = loaded
+        return loaded
+
 
 def reset():
     """What follows a failure before the next attempt. Horovod shuts down and
@@ -125,18 +258,51 @@ def reset():
 _said_mode = False
 
 
+def mode():
+    """(mode, why): "shrink" (a rank that fails is left behind: ULFM), "restart"
+    (perseusrun --elastic restarts the job from the last persisted commit) or "end"."""
+    enabled, why = basics.fault_tolerance()
+    if enabled:
+        return "shrink", why
+    run = restart_run()
+    if run is not None:
+        return "restart", ("%s; perseusrun --elastic started this job and restarts it when a "
+                           "rank dies (restart %d of at most %d)" % (why, run[1], run[2]))
+    return "end", why
+
+
 def _say_mode():
-    """Once per process, on rank 0: whether a lost rank is recovered in place or ends
-    the job, and why (issue 46: the mode is stated when the job starts)."""
+    """Once per process, on rank 0: whether a lost rank is recovered in place, restarts
+    the job, or ends it, and why (issue 46: the mode is stated when the job starts)."""
     global _said_mode
     if _said_mode:
         return
     _said_mode = True
-    enabled, why = basics.fault_tolerance()
+    kind, why = mode()
     if basics.rank() == 0:
-        sys.stderr.write("[perseus] hvd.elastic: %s: %s\n" % (
-            "a rank that fails is left behind and training goes on with the others"
-            if enabled else "a rank that fails ends the job", why))
+        sys.stderr.write("[perseus] hvd.elastic: %s: %s\n" % ({
+            "shrink": "a rank that fails is left behind and training goes on with the others",
+            "restart": "a rank that fails restarts the job, which resumes from the last "
+                       "persisted commit",
+            "end": "a rank that fails ends the job"}[kind], why))
+        sys.stderr.flush()
+
+
+def _start_persisting(state):
+    """In a job that perseusrun --elastic restarts: persist `state`'s commits from now
+    on and, in a restarted job, load the last one persisted (rank 0; the sync that
+    follows gives it to all)."""
+    run = restart_run()
+    if run is None or state._persister is not None or mode()[0] != "restart":
+        return
+    state._persister = persister = _Persister(state, run[0])
+    if run[1] > 0:
+        commit = persister.resume(state)
+        if basics.rank() == 0:
+            sys.stderr.write("[perseus] hvd.elastic: restart %d: %s\n" % (
+                run[1], "resuming from persisted commit %d" % commit if commit is not None
+                else "no commit was persisted before the failure: starting from the beginning"))
+            sys.stderr.flush()
 
 
 def run_fn(func, reset_fn=reset):
@@ -147,6 +313,7 @@ def run_fn(func, reset_fn=reset):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         _say_mode()
+        _start_persisting(state)
         while True:
             try:
                 # Inside: a rank that fails during the sync after a failure is one more.

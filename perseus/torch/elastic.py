@@ -40,6 +40,9 @@ class _ModelHandler:
     def _broadcast(self):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
+    def persisted(self):
+        return self._saved
+
 
 class _OptimizerHandler(_ModelHandler):
     def _broadcast(self):
@@ -52,6 +55,11 @@ class _SamplerHandler(_ModelHandler):
         state = self.value.state_dict()
         state["processed_indices"] = set().union(*allgather_object(state["processed_indices"]))
         self.value.load_state_dict(broadcast_object(state, root_rank=0))
+
+    def persisted(self):
+        # Every rank's committed record, joined (one allgather), as the sync joins them.
+        joined = set().union(*allgather_object(self._saved["processed_indices"]))
+        return dict(self._saved, processed_indices=joined)
 
 
 # What TorchState tracks beyond plain values, by type (as Horovod does).
@@ -106,3 +114,12 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def _persisted(self):
+        return {"values": super()._persisted(),
+                "tracked": {name: handler.persisted() for name, handler in self._handlers.items()}}
+
+    def _load_persisted(self, data):
+        for name, handler in self._handlers.items():
+            handler._saved = data["tracked"][name]
+        super()._load_persisted(data["values"])

@@ -115,6 +115,33 @@ def test_elastic_starts_open_mpi_with_ulfm_and_refuses_mpich():
     assert "--with-ft" not in cmd(["-np", "4", "python", "t.py"], OPENMPI)
 
 
+
+def test_elastic_restart_runs_mpirun_without_ulfm_and_restarts_only_deaths():
+    """Issue 46: on a core without ULFM, perseusrun --elastic runs the plain mpirun
+    (main() sets elastic_restart) and restarts a job only when mpirun's exit code says a
+    rank was killed by a signal (Hydra: the signal's number; Open MPI: 128 + it)."""
+    from perseus.launcher import died_of_signal
+    args = make_parser().parse_args(["--elastic", "-np", "4", "python", "t.py"])
+    args.elastic_restart = True
+    for flavour in (MPICH, OPENMPI):
+        made = build_command(args, flavour, "/opt/mpi/bin/mpirun", environ={}, cpu_count=4,
+                             is_root=False)
+        assert "--with-ft" not in made, made
+    assert [died_of_signal(c) for c in (9, 137, 15, 143, 11, 139, 6)] == [True] * 7
+    assert [died_of_signal(c) for c in (0, 1, 2, 3, 127, 130, -9)] == [False] * 7
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--reset-limit", "2", "-np", "2", "python"], "--reset-limit needs --elastic"),
+    (["--elastic", "--reset-limit", "-1", "-np", "2", "python"], "--reset-limit must be 0 or more"),
+])
+def test_reset_limit_checks(argv, error, capsys):
+    from perseus.launcher import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and error in capsys.readouterr().err
+
+
 def test_extra_mpi_args():
     c = cmd(["-np", "2", "--mpi-args", "-genv FOO 'a b'", "python", "t.py"], MPICH)
     assert c[3:] == ["-genv", "FOO", "a b", "python", "t.py"]

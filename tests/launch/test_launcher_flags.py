@@ -47,8 +47,7 @@ HOROVODRUN_FLAGS = [
     ("--host-discovery-script", "d.sh"), ("--gloo",), ("--mpi",), ("--jsrun",),
 ]
 ELASTIC = {"--min-np", "--min-num-proc", "--max-np", "--max-num-proc", "--slots-per-host",
-           "--elastic-timeout", "--reset-limit", "--blacklist-cooldown-range",
-           "--host-discovery-script"}
+           "--elastic-timeout", "--blacklist-cooldown-range", "--host-discovery-script"}
 REFUSED = ELASTIC | {"--gloo", "--jsrun"}
 EXITING = {"-v", "--version", "-cb", "--check-build"}
 

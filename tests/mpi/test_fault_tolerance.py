@@ -8,13 +8,20 @@ step and place, and the survivors must recover in place and finish, their parame
 identical to the bit, the loss falling, and no sample skipped or trained on again
 across the failure (the script checks). mpirun must end the job with exit code 0.
 PERSEUS_SKIP_OMPI5=1 skips these tests on purpose.
+
+Where the MPI has no ULFM (the MPICH core of .venv), `perseusrun --elastic` restarts the
+job after a rank is killed and hvd.elastic.run resumes from the last persisted commit
+(tests/rank_scripts/elastic_restart.py): the last tests here.
 """
+import os
+import stat
 import subprocess
 import sys
 
 import pytest
 
-from support.jobs import REPO_ROOT, clean_env, find_mpirun, framework_python, run_bounded
+from support.jobs import REPO_ROOT, RANK_SCRIPTS, clean_env, find_mpirun, framework_python
+from support.jobs import run_bounded
 from support.jobs import BUILD_SUPPORT  # noqa: F401 - puts build_support/ on sys.path
 from other_mpi_core import build_core, package
 
@@ -64,6 +71,32 @@ def test_survivors_recover_in_place(ulfm, run_mpi, where, step, victims):
                   launcher=ulfm["launcher"], timeout=240)
     survivors = NP - len(victims.split(","))
     assert out.count("survivor ok, size %d" % survivors) == survivors, out
+
+
+@pytest.fixture(scope="module")
+def fake_gpu_ompi5(ulfm, tmp_path_factory):
+    """The fake CUDA runtime and NCCL (tests/gpu_fakes) built against Open MPI 5, whose
+    MPI_COMM_WORLD its communicators run over (the suite's fake_gpu is MPICH's)."""
+    from support import fake_gpu as fake
+    folder = tmp_path_factory.mktemp("fake_gpu_ompi5")
+    library = fake.build(str(ulfm["python"].parent / "mpicc"), folder)
+    return {"PERSEUS_CUDA_LIB": str(folder), "PERSEUS_NCCL_LIB": str(folder),
+            "FAKE_GPU_LIB": library, "FAKE_GPU_DEVICE_DIR": str(folder)}
+
+
+def test_gpu_survivors_abort_nccl_and_recover(ulfm, fake_gpu_ompi5, run_mpi):
+    """Issue 46, point 5: rank 3 is SIGKILLed as its 5th ncclAllReduce starts (the fake
+    NCCL kills it), the other three inside the same kernel waiting for it, which never
+    completes until its communicator is aborted (as on a real GPU). The survivors raise
+    HorovodInternalError, abort their lanes' NCCL communicators, recover through
+    hvd.elastic.run with new communicators over the three, and finish the steps, each
+    result and the committed total checked against numpy (tests/rank_scripts/gpu_elastic.py),
+    with no misuse of the fake (ncclCommDestroy of a broken communicator, a call on an
+    aborted one). FAKE_GPU_DEVICE_TIMEOUT_S bounds a kernel nobody aborts (a failure)."""
+    env = dict(ulfm["env"], **fake_gpu_ompi5, FAKE_NCCL_DIE_RANK="3", FAKE_NCCL_DIE_AT_ALLREDUCE="5",
+               FAKE_GPU_DEVICE_TIMEOUT_S="30")
+    out = run_mpi("gpu_elastic", NP, env=env, python=ulfm["python"], launcher=ulfm["launcher"], timeout=120)
+    assert out.count("gpu survivor ok, size 3") == 3, out
 
 
 CHECK = """
@@ -118,3 +151,69 @@ def test_elastic_demo_loses_a_rank_and_reaches_the_accuracy(ulfm):
     reference, _ = final_accuracy(fresh)
     assert accuracy >= reference - 2.0, (accuracy, reference, report)
 
+
+
+def perseusrun_elastic(*flags):
+    """perseusrun --elastic on the MPICH core (no ULFM: it restarts the job), as
+    run_mpi's launcher."""
+    return [sys.executable, "-m", "perseus.launcher", "--elastic"] + list(flags)
+
+
+KILL_STEP, INTERVAL, STEPS_PER_EPOCH = 9, 2, 6  # elastic_restart.py at np 4: 6 steps an epoch
+
+
+def test_restart_resumes_from_the_last_persisted_commit(run_mpi, tmp_path):
+    """Issue 46: no ULFM. Rank 3 of 4 is SIGKILLed at step 9 (a commit after every step,
+    every 2nd persisted); perseusrun --elastic starts the job again, which resumes at
+    step 8 (epoch 1), not from scratch, and finishes with the script's checks (identical
+    parameters, falling loss, no sample of the persisted commit trained again or
+    skipped). The finished job's commit file is removed; the folder is private."""
+    commits = tmp_path / "commits"
+    env = {"PTEST_RESTART_CASE": "resume", "PTEST_VICTIM": "3",
+           "PTEST_KILL_STEP": str(KILL_STEP),
+           "PERSEUS_ELASTIC_PERSIST_INTERVAL": str(INTERVAL),
+           "PERSEUS_ELASTIC_PERSIST_DIR": str(commits)}
+    out = run_mpi("elastic_restart", NP, env=env, launcher=perseusrun_elastic(), timeout=240)
+    resumed = KILL_STEP - KILL_STEP % INTERVAL
+    assert "run 0 started at step 0 epoch 0" in out, out
+    assert "run 1 started at step %d epoch %d" % (resumed, resumed // STEPS_PER_EPOCH) in out, out
+    assert "run 2" not in out, out
+    assert out.count("restart ok: run 1, %d steps" % (3 * STEPS_PER_EPOCH)) == NP, out
+    assert stat.S_IMODE(os.lstat(commits).st_mode) == 0o700
+    assert os.listdir(commits) == [], os.listdir(commits)
+
+
+def test_restart_limit_ends_the_job_saying_so(tmp_path):
+    """A rank that dies in every run: after --reset-limit 1 restart perseusrun gives up,
+    saying so, with mpirun's non-zero exit code."""
+    env = clean_env({"PTEST_RESTART_CASE": "always", "PTEST_VICTIM": "1",
+                     "PTEST_KILL_STEP": "1", "PTEST_TMPDIR": str(tmp_path),
+                     "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
+    cmd = perseusrun_elastic("--reset-limit", "1") + [
+        "-np", "2", sys.executable, str(RANK_SCRIPTS / "elastic_restart.py")]
+    rc, out, err, _ = run_bounded(cmd, env, 180)
+    report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err)
+    assert rc != 0, report
+    assert "restarting the job (restart 1 of at most 1, --reset-limit)" in err, report
+    assert ("the job was already restarted 1 time(s), the --reset-limit: giving up"
+            in err), report
+    assert "a rank that fails restarts the job" in err, report  # the mode, said at once
+    # Each run resumes: the second from the commit after step 1 (every commit persisted).
+    assert "run 0 started at step 0 epoch 0" in out and "run 1 started at step 1 epoch 0" in out, \
+        report
+    assert "restart 1: resuming from persisted commit 1" in err, report
+
+
+def test_restart_refuses_a_persist_folder_that_is_a_link(run_mpi, tmp_path):
+    """A persist folder that is a symbolic link: hvd.elastic.run refuses it on every
+    rank, naming the variable and why."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    env = {"PTEST_RESTART_CASE": "bad_dir", "PTEST_VICTIM": "-1", "PTEST_KILL_STEP": "0",
+           "PERSEUS_ELASTIC_PERSIST_DIR": str(link)}
+    out = run_mpi("elastic_restart", 2, env=env, launcher=perseusrun_elastic(), timeout=120)
+    assert out.count("refused: hvd.elastic.run cannot persist commits") == 2, out
+    assert out.count("PERSEUS_ELASTIC_PERSIST_DIR: refusing to use the folder %s: it is a "
+                     "symbolic link" % link) == 2, out

@@ -1,0 +1,112 @@
+"""A rank killed where the MPI has no ULFM (issue 46): `perseusrun --elastic` starts the
+job again and hvd.elastic.run resumes from the last persisted commit. Run by
+tests/mpi/test_fault_tolerance.py on the MPICH core, under perseusrun --elastic.
+
+Every rank trains a small linear model with DistributedOptimizer over an
+ElasticSampler, committing after every batch inside hvd.elastic.run
+(PERSEUS_ELASTIC_PERSIST_INTERVAL says which commits are persisted). PTEST_RESTART_CASE:
+
+  resume   in the first run (PERSEUS_ELASTIC_RESTARTS=0), rank PTEST_VICTIM SIGKILLs
+           itself at step PTEST_KILL_STEP, before the step's allreduce (the others are
+           inside it); the restarted job must resume from the last persisted commit and
+           finish. Rank 0 logs where each run started ("started at step S epoch E").
+           At the end every rank checks, against references it computes: the steps
+           and losses of the whole training are there once each, the loss fell, every
+           rank holds the same parameters to the bit, and in the epoch of the failure
+           no sample the persisted commit had processed was trained again and none
+           was skipped.
+  always   the victim dies at PTEST_KILL_STEP in every run (the restart limit).
+  bad_dir  hvd.elastic.run must refuse PERSEUS_ELASTIC_PERSIST_DIR on every rank.
+"""
+import os
+import signal
+
+import torch
+
+from common import log, main
+
+import perseus.torch.horovod as hvd
+from perseus.common.elastic import PersistError
+
+SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 3
+
+
+def dataset():
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(SAMPLES, FEATURES, generator=generator)
+    w = torch.arange(1.0, FEATURES + 1) / FEATURES
+    return x, x @ w + 0.01 * torch.randn(SAMPLES, generator=generator)
+
+
+def body():
+    case = os.environ["PTEST_RESTART_CASE"]
+    attempt = int(os.environ["PERSEUS_ELASTIC_RESTARTS"])
+    hvd.init()
+    x, y = dataset()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(torch.utils.data.TensorDataset(x, y), shuffle=True)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler,
+                                   epoch=0, step=0, losses=[])
+    record = {"start": None, "committed": None, "trained": set()}
+
+    @hvd.elastic.run
+    def train(state):
+        if record["start"] is None:
+            record["start"] = (state.step, state.epoch)
+            record["committed"] = set(state.sampler.processed_indices)
+            if hvd.rank() == 0:
+                log("run %d started at step %d epoch %d" % (attempt, state.step, state.epoch))
+        for state.epoch in range(state.epoch, EPOCHS):
+            indices = list(state.sampler)
+            for batch in range(-(-len(indices) // BATCH)):
+                mine = indices[batch * BATCH:(batch + 1) * BATCH]
+                if (hvd.rank() == int(os.environ["PTEST_VICTIM"])
+                        and state.step == int(os.environ["PTEST_KILL_STEP"])
+                        and (attempt == 0 or case == "always")):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
+                loss.backward()
+                optimizer.step()
+                if state.epoch == record["start"][1]:
+                    record["trained"].update(mine)
+                state.sampler.record_batch(batch, BATCH)
+                state.losses.append(hvd.allreduce(loss.detach(), name="loss").item())
+                state.step += 1
+                state.commit()
+            state.sampler.set_epoch(state.epoch + 1)
+        return state.losses
+
+    if case == "bad_dir":
+        try:
+            train(state)
+        except PersistError as e:
+            log("refused: %s" % e)
+            hvd.shutdown()
+            return
+        raise AssertionError("hvd.elastic.run accepted PERSEUS_ELASTIC_PERSIST_DIR=%s"
+                             % os.environ.get("PERSEUS_ELASTIC_PERSIST_DIR"))
+
+    losses = train(state)
+    steps = EPOCHS * SAMPLES // (BATCH * hvd.size())
+    assert state.step == steps and len(losses) == steps, (state.step, len(losses), steps)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.unsqueeze(0))
+    for r in range(hvd.size()):
+        assert torch.equal(gathered[r], flat), "rank %d holds other parameters" % r
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert last < first, "the loss did not fall: %.4f -> %.4f" % (first, last)
+    trained = set().union(*hvd.allgather_object(record["trained"]))
+    repeated = trained & record["committed"]
+    assert not repeated, "samples of the persisted commit trained again: %s" % repeated
+    skipped = set(range(SAMPLES)) - trained - record["committed"]
+    assert not skipped, "samples never trained in the epoch it resumed in: %s" % skipped
+    log("restart ok: run %d, %d steps, loss %.4f -> %.4f" % (attempt, state.step, first, last))
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main(body)
