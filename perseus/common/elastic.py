@@ -72,8 +72,9 @@ class State:
         every PERSEUS_ELASTIC_PERSIST_INTERVAL-th commit is also persisted (every rank
         takes part; rank 0 writes)."""
         self.save()
-        if self._persister is not None:
-            self._persister.commit(self)
+        persister = getattr(self, "_persister", None)  # a subclass may skip State.__init__
+        if persister is not None:
+            persister.commit(self)
         self.check_host_updates()
 
     def check_host_updates(self):
@@ -293,7 +294,7 @@ def _start_persisting(state):
     on and, in a restarted job, load the last one persisted (rank 0; the sync that
     follows gives it to all)."""
     run = restart_run()
-    if run is None or state._persister is not None or mode()[0] != "restart":
+    if run is None or getattr(state, "_persister", None) is not None or mode()[0] != "restart":
         return
     state._persister = persister = _Persister(state, run[0])
     if run[1] > 0:
