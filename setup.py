@@ -11,6 +11,13 @@ one-function probe is linked first, with the core's exact command line, so a mix
 setup stops in seconds. `python setup.py build_ext --mpi-check-only` runs just that.
 The core depends on the wrapper (its file and `-show`) and the headers as on its
 sources, so that a build with another MPI in the same folder relinks it.
+
+Where `ccache` is on PATH (scripts/setup.sh --all installs it), every compile goes
+through it, so a fresh clone, or a core built against another MPI at the same sources
+(build_support/other_mpi_core.py), compiles only what changed since any build on the
+machine: its cache (~/.cache/ccache) is keyed by content, with paths inside the
+checkout made relative (CCACHE_BASEDIR) and the wrapper known by `mpicxx -v`, which
+names no folder. PERSEUS_CCACHE=0 compiles without it.
 """
 import os
 import re
@@ -46,6 +53,20 @@ or point the build at a system MPI:
     PERSEUS_MPICXX=/usr/bin/mpicxx pip install .
 (With pip's build isolation, run pip from the environment that has mpicxx.)
 """
+
+
+def compile_launcher():
+    """[ccache] where it is on PATH and PERSEUS_CCACHE is not 0, else []. Sets ccache's
+    settings for the compiles (unless the caller set them): paths under this checkout
+    hashed as relative paths, so that clones share objects; the wrapper identified by
+    its `-v` (its name, version and the compiler's), not by its file's mtime, which is
+    new in every venv."""
+    ccache = shutil.which("ccache")
+    if os.environ.get("PERSEUS_CCACHE", "1") == "0" or ccache is None:
+        return []
+    os.environ.setdefault("CCACHE_BASEDIR", str(ROOT))
+    os.environ.setdefault("CCACHE_COMPILERCHECK", "%compiler% -v")
+    return [ccache]
 
 
 def find_mpicxx():
@@ -98,7 +119,8 @@ class BuildCore(build_ext):
         # that would otherwise stay $CXX without MPI's flags: set every one there is.
         for name in ("compiler_so", "compiler_so_cxx"):
             if name in self.compiler.executables:
-                self.compiler.set_executable(name, [mpicxx] + wrapper.first_compile_flags())
+                self.compiler.set_executable(
+                    name, compile_launcher() + [mpicxx] + wrapper.first_compile_flags())
         if "compiler_cxx" in self.compiler.executables:
             self.compiler.set_executable("compiler_cxx", [mpicxx])
         for name in ("linker_so", "linker_so_cxx"):

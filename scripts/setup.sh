@@ -8,9 +8,9 @@
 #
 # The main job (./train.sh) needs only .venv: PyTorch, numpy, scikit-learn (the digits),
 # MPI from the mpich wheel (mpirun, mpicc, mpi.h), mpi4py, and Perseus built in place.
-# --all adds the test tools, NCCL's library, Debian's Open MPI, Debian's Slurm and the
-# tools that make namespace hosts, the TensorFlow, MXNet and Open MPI 5 (ULFM) venvs and
-# the patched Caffe; PERSEUS_SKIP_TF=1, PERSEUS_SKIP_MX=1, PERSEUS_SKIP_OMPI5=1,
+# --all adds the test tools, ccache, NCCL's library, Debian's Open MPI, Debian's Slurm
+# and the tools that make namespace hosts, the TensorFlow, MXNet and Open MPI 5 (ULFM)
+# venvs and the patched Caffe; PERSEUS_SKIP_TF=1, PERSEUS_SKIP_MX=1, PERSEUS_SKIP_OMPI5=1,
 # PERSEUS_SKIP_CAFFE=1, PERSEUS_SKIP_OPEN_MPI=1 and PERSEUS_SKIP_SLURM=1 leave those out
 # (their tests then say so).
 # Each step prints what it does and how long it took the first time on a quiet 2-core
@@ -64,6 +64,23 @@ step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library int
 # compiled) and accelerate. Pinned: each accepts torch 2.13.0 and leaves it as it is.
 step "installing PyTorch Lightning, DeepSpeed and accelerate into .venv" "25 s" \
   pip_install "pytorch-lightning==2.6.6" "deepspeed==0.19.8" "accelerate==1.15.0"
+# ccache: setup.py compiles the core through it where it is installed, and so does the
+# Caffe build, keyed by content under ~/.cache/ccache: a fresh clone, or the core built
+# against another MPI by the tests (build_support/other_mpi_core.py: Open MPI 4 and 5),
+# recompiles only the sources that changed since any build on this machine (the two
+# other cores took 63 s and 142 s of a loaded CI run, each rebuilt from scratch).
+install_ccache() {
+  local sudo=
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  apt_ccache() {
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      ccache >/dev/null
+  }
+  apt_ccache || { $sudo apt-get update -q >/dev/null && apt_ccache; }
+}
+if ! command -v ccache >/dev/null; then
+  step "installing ccache (apt, root or sudo)" "5 s" install_ccache
+fi
 # Debian's Open MPI as a second MPI, for tests/launch/test_open_mpi.py (the core built against
 # it: a plain python and mpirun -np 2) and tests/launch/test_build_mpi.py (its libmpi.so in
 # Debian python's library folder, which once got linked into the MPICH build). It puts
