@@ -122,6 +122,16 @@ def died_of_signal(returncode):
                                returncode - 128 in DEATH_SIGNALS)
 
 
+def _end_with_parent():
+    """In mpirun before its exec (Linux): SIGTERM when perseusrun dies, as an exec'd
+    mpirun would have died with it; mpirun then ends its ranks."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_restarting(cmd, env, limit, say=None):
     """Runs cmd (mpirun) and runs it again after a rank was killed by a signal, at most
     `limit` times; -> the last exit code. The ranks get PERSEUS_ELASTIC_RUN_ID (one per
@@ -147,7 +157,7 @@ def run_restarting(cmd, env, limit, say=None):
             child_env = dict(env, PERSEUS_ELASTIC_RUN_ID=run_id,
                              PERSEUS_ELASTIC_RESTARTS=str(restarts),
                              PERSEUS_ELASTIC_RESET_LIMIT=str(limit))
-            stop["child"] = subprocess.Popen(cmd, env=child_env)
+            stop["child"] = subprocess.Popen(cmd, env=child_env, preexec_fn=_end_with_parent)
             returncode = stop["child"].wait()
             if returncode == 0:
                 path = elastic.persist_path(elastic.persist_dir(), run_id)

@@ -222,23 +222,33 @@ class _Persister:
         """Rank 0 loads the last persisted commit of this run into `state` (the sync
         that follows gives it to every rank); -> its commit number on every rank, or
         None when none was persisted."""
-        loaded = None
+        loaded = problem = None
         if basics.rank() == 0:
-            folder = os.path.dirname(self.path)
-            for name in os.listdir(folder):  # a write that a kill cut short
-                if name.startswith(".%s" % os.path.basename(self.path)) and name.endswith(".tmp"):
-                    os.unlink(os.path.join(folder, name))
-            if os.path.lexists(self.path):
-                with private_files.open_private(self.path) as f:
-                    record = pickle.load(f)
-                if record.get("run") == self.run_id:
-                    state._load_persisted(record["state"])
-                    state.restore()
-                    loaded = record["commit"]
-        loaded = self._broadcast(loaded, root_rank=0)
+            try:
+                loaded = self._load(state)
+            except Exception as e:  # told to every rank, which would else wait for rank 0
+                problem = "cannot resume from %s: %s: %s" % (self.path, type(e).__name__, e)
+        loaded, problem = self._broadcast((loaded, problem), root_rank=0)
+        if problem:
+            raise PersistError("hvd.elastic.run " + problem)
         if loaded is not None:
             self.commits = loaded
         return loaded
+
+    def _load(self, state):
+        folder = os.path.dirname(self.path)
+        for name in os.listdir(folder):  # a write that a kill cut short
+            if name.startswith(".%s" % os.path.basename(self.path)) and name.endswith(".tmp"):
+                os.unlink(os.path.join(folder, name))
+        if not os.path.lexists(self.path):
+            return None
+        with private_files.open_private(self.path) as f:
+            record = pickle.load(f)
+        if record.get("run") != self.run_id:
+            return None
+        state._load_persisted(record["state"])
+        state.restore()
+        return record["commit"]
 
 
 def reset():

@@ -159,22 +159,23 @@ def perseusrun_elastic(*flags):
     return [sys.executable, "-m", "perseus.launcher", "--elastic"] + list(flags)
 
 
-KILL_STEP, INTERVAL, STEPS_PER_EPOCH = 9, 2, 6  # elastic_restart.py at np 4: 6 steps an epoch
+KILL_COMMIT, INTERVAL, STEPS_PER_EPOCH = 10, 2, 6  # elastic_restart.py at np 4: 6 steps an epoch
 
 
 def test_restart_resumes_from_the_last_persisted_commit(run_mpi, tmp_path):
-    """Issue 46: no ULFM. Rank 3 of 4 is SIGKILLed at step 9 (a commit after every step,
-    every 2nd persisted); perseusrun --elastic starts the job again, which resumes at
-    step 8 (epoch 1), not from scratch, and finishes with the script's checks (identical
-    parameters, falling loss, no sample of the persisted commit trained again or
-    skipped). The finished job's commit file is removed; the folder is private."""
+    """Issue 46: no ULFM. A commit after every step, every 2nd persisted; rank 0 of 4 is
+    SIGKILLed in the middle of writing commit 10 (half of it on disk). perseusrun
+    --elastic starts the job again, which resumes from commit 8 (step 8, epoch 1: the
+    last whole one, not from scratch nor a torn one) and finishes with the script's
+    checks (identical parameters, falling loss, no sample of the persisted commit
+    trained again or skipped). The finished job's commit file and the torn write are
+    removed; the folder is private."""
     commits = tmp_path / "commits"
-    env = {"PTEST_RESTART_CASE": "resume", "PTEST_VICTIM": "3",
-           "PTEST_KILL_STEP": str(KILL_STEP),
+    env = {"PTEST_RESTART_CASE": "resume", "PTEST_KILL_COMMIT": str(KILL_COMMIT),
            "PERSEUS_ELASTIC_PERSIST_INTERVAL": str(INTERVAL),
            "PERSEUS_ELASTIC_PERSIST_DIR": str(commits)}
     out = run_mpi("elastic_restart", NP, env=env, launcher=perseusrun_elastic(), timeout=240)
-    resumed = KILL_STEP - KILL_STEP % INTERVAL
+    resumed = KILL_COMMIT - INTERVAL
     assert "run 0 started at step 0 epoch 0" in out, out
     assert "run 1 started at step %d epoch %d" % (resumed, resumed // STEPS_PER_EPOCH) in out, out
     assert "run 2" not in out, out
@@ -211,7 +212,7 @@ def test_restart_refuses_a_persist_folder_that_is_a_link(run_mpi, tmp_path):
     real.mkdir(mode=0o700)
     link = tmp_path / "link"
     link.symlink_to(real)
-    env = {"PTEST_RESTART_CASE": "bad_dir", "PTEST_VICTIM": "-1", "PTEST_KILL_STEP": "0",
+    env = {"PTEST_RESTART_CASE": "bad_dir",
            "PERSEUS_ELASTIC_PERSIST_DIR": str(link)}
     out = run_mpi("elastic_restart", 2, env=env, launcher=perseusrun_elastic(), timeout=120)
     assert out.count("refused: hvd.elastic.run cannot persist commits") == 2, out

@@ -6,19 +6,21 @@ Every rank trains a small linear model with DistributedOptimizer over an
 ElasticSampler, committing after every batch inside hvd.elastic.run
 (PERSEUS_ELASTIC_PERSIST_INTERVAL says which commits are persisted). PTEST_RESTART_CASE:
 
-  resume   in the first run (PERSEUS_ELASTIC_RESTARTS=0), rank PTEST_VICTIM SIGKILLs
-           itself at step PTEST_KILL_STEP, before the step's allreduce (the others are
-           inside it); the restarted job must resume from the last persisted commit and
-           finish. Rank 0 logs where each run started ("started at step S epoch E").
+  resume   in the first run (PERSEUS_ELASTIC_RESTARTS=0), rank 0 SIGKILLs itself in
+           the middle of writing persisted commit PTEST_KILL_COMMIT (half its bytes
+           written); the restarted job must resume from the last whole persisted commit
+           and finish. Rank 0 logs where each run started ("started at step S epoch E").
            At the end every rank checks, against references it computes: the steps
            and losses of the whole training are there once each, the loss fell, every
            rank holds the same parameters to the bit, and in the epoch of the failure
            no sample the persisted commit had processed was trained again and none
            was skipped.
-  always   the victim dies at PTEST_KILL_STEP in every run (the restart limit).
+  always   rank PTEST_VICTIM SIGKILLs itself at step PTEST_KILL_STEP, before the step's
+           allreduce (the others are inside it), in every run (the restart limit).
   bad_dir  hvd.elastic.run must refuse PERSEUS_ELASTIC_PERSIST_DIR on every rank.
 """
 import os
+import pickle
 import signal
 
 import torch
@@ -26,6 +28,7 @@ import torch
 from common import log, main
 
 import perseus.torch.horovod as hvd
+from perseus.common import elastic
 from perseus.common.elastic import PersistError
 
 SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 3
@@ -38,10 +41,30 @@ def dataset():
     return x, x @ w + 0.01 * torch.randn(SAMPLES, generator=generator)
 
 
+class _DieMidWrite:
+    """perseus.common.elastic's pickle on rank 0 of the first run: writing commit
+    PTEST_KILL_COMMIT, it writes half the bytes, flushes them and SIGKILLs itself."""
+
+    def __getattr__(self, name):
+        return getattr(pickle, name)
+
+    def dump(self, record, f, protocol=None):
+        data = pickle.dumps(record, protocol=protocol)
+        if record["commit"] != int(os.environ["PTEST_KILL_COMMIT"]):
+            f.write(data)
+            return
+        f.write(data[:len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def body():
     case = os.environ["PTEST_RESTART_CASE"]
     attempt = int(os.environ["PERSEUS_ELASTIC_RESTARTS"])
     hvd.init()
+    if case == "resume" and attempt == 0 and hvd.rank() == 0:
+        elastic.pickle = _DieMidWrite()
     x, y = dataset()
     torch.manual_seed(0)
     model = torch.nn.Linear(FEATURES, 1)
@@ -63,9 +86,8 @@ def body():
             indices = list(state.sampler)
             for batch in range(-(-len(indices) // BATCH)):
                 mine = indices[batch * BATCH:(batch + 1) * BATCH]
-                if (hvd.rank() == int(os.environ["PTEST_VICTIM"])
-                        and state.step == int(os.environ["PTEST_KILL_STEP"])
-                        and (attempt == 0 or case == "always")):
+                if (case == "always" and hvd.rank() == int(os.environ["PTEST_VICTIM"])
+                        and state.step == int(os.environ["PTEST_KILL_STEP"])):
                     os.kill(os.getpid(), signal.SIGKILL)
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
