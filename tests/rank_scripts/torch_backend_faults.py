@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import expect_raises, hvd, launcher_rank_size, log, main
+from common import expect_raises, hvd, launcher_rank_size, log, main, touch, wait_for
 
 import perseus.torch  # noqa: F401 - registers the backend
 
@@ -112,8 +112,11 @@ def check_timeout():
             waited = time.monotonic() - start
             assert waited >= 0.95, "%s gave up after %.2f s, before the timeout" % (what, waited)
         log("timeout: ok")
+        touch("timeout_checked")
     else:
-        time.sleep(3)
+        # Not in restart() (a shutdown here would be rank 0's error) until rank 0 is done;
+        # a file, not the library under test (was a fixed 3 s sleep).
+        wait_for("timeout_checked", timeout_s=30)
     # The turns no longer line up (rank 0 called two more collectives): start afresh.
     restart()
 
@@ -187,23 +190,30 @@ def check_messages():
     if SIZE < 3:
         return
     # new_group without the last rank's call: only the last rank is named.
+    # The ranks that wait for another's error stay out of restart() until it came (their
+    # shutdown would be the error); files, not the library under test (were fixed
+    # sleeps of 4 s and 8 s).
     if RANK != LAST:
         expect_raises(RuntimeError, "new_group without rank %d" % LAST, dist.new_group,
                       list(range(SIZE - 1)), within_s=15,
                       contains=["rank(s) [%d] did not call it" % LAST])
+        touch("new_group_failed.%d" % RANK)
     else:
-        time.sleep(4)
+        for rank in range(SIZE - 1):
+            wait_for("new_group_failed.%d" % rank, timeout_s=30)
     restart()
     # A set rank 1 removes while rank 0 submits to it.
     pair = hvd.add_process_set([0, 1])
     if RANK == 1:
         hvd.remove_process_set(pair)
-        time.sleep(8)
+        touch("set_removed")
+        wait_for("removal_seen", timeout_s=30)
     elif RANK == 0:
-        time.sleep(0.5)
+        wait_for("set_removed", timeout_s=30)  # was a 0.5 s sleep
         expect_raises(ValueError, "allreduce on a set removed on rank 1", hvd.allreduce,
                       torch.ones(2), name="removed", process_set=pair, within_s=7,
                       contains=["removed on rank(s) [1]"])
+        touch("removal_seen")
     restart()
     log("messages: ok")
 
