@@ -73,6 +73,20 @@ def test_survivors_recover_in_place(ulfm, run_mpi, where, step, victims):
     assert out.count("survivor ok, size %d" % survivors) == survivors, out
 
 
+def test_frozen_rank_is_ended_and_left_behind(ulfm, run_mpi):
+    """Issue 46, point 2: rank 3 stops (SIGSTOP) before the step's allreduce, with Open
+    MPI's heartbeat detector off (its default). At the peer timeout the survivors, which
+    share its host, end it (SIGKILL: it cannot rejoin when it wakes), and go on as for a
+    dead rank: identical parameters, falling loss, no sample skipped, the frozen process
+    gone (the script checks). Before, the survivors' reset waited for it for good."""
+    env = dict(ulfm["env"], PTEST_KILL_WHERE="allreduce", PTEST_KILL_STEP="5",
+               PTEST_VICTIMS="3", PTEST_SIGNAL="SIGSTOP", PERSEUS_PEER_TIMEOUT_SECONDS="5")
+    out = run_mpi("elastic_shrink", NP, env=env, python=ulfm["python"],
+                  launcher=ulfm["launcher"], timeout=240)
+    assert out.count("survivor ok, size 3") == 3, out
+    assert out.count("frozen rank 3 was ended") == 3, out
+
+
 @pytest.fixture(scope="module")
 def fake_gpu_ompi5(ulfm, tmp_path_factory):
     """The fake CUDA runtime and NCCL (tests/gpu_fakes) built against Open MPI 5, whose

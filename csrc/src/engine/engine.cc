@@ -738,6 +738,13 @@ std::vector<std::shared_ptr<ProcessSet>> Engine::SetsWithLostRanks() {
 }
 
 void Engine::LoseRanks(const std::vector<int>& lost, const Status& status) {
+  // Under ULFM a rank that stopped answering is a failed rank when it runs on this host:
+  // ended here, it fails as a dead rank does, and the survivors shrink past it (the
+  // next step fails the world). One alone on another host is left to the path below.
+  if (rank_failure_.enabled() && EndSilentRanksHere(lost, node_processes_)) {
+    if (rank_failure_.Note(Status::Error(PERSEUS_RANK_FAILED, status.message))) cv_.notify_all();
+    return;
+  }
   // Waits on them give up (this thread's too); MPI is not finalized at exit.
   MarkPeerLost(std::any_of(lost.begin(), lost.end(), [this](int rank) {
     return !std::binary_search(node_ranks_.begin(), node_ranks_.end(), rank);

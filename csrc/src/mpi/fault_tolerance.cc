@@ -122,6 +122,15 @@ bool StillRuns(int pid) {
   return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
 }
 
+// Ends process `pid` of rank `rank` of the last world if it still runs, saying why.
+void EndStillRunning(int rank, int pid, const char* why) {
+  if (!StillRuns(pid)) return;
+  kill(pid, SIGKILL);
+  PERSEUS_LOG(kWarning) << "rank " << rank << " of the last world (process " << pid
+                        << " on this host) " << why << "; it was still running, so it was "
+                        << "ended here: it cannot rejoin";
+}
+
 }  // namespace
 
 void EndExcludedRanks(MPI_Comm failed, MPI_Comm survivors,
@@ -140,13 +149,20 @@ void EndExcludedRanks(MPI_Comm failed, MPI_Comm survivors,
   if (first_here != old_rank) return;
   for (const auto& process : here) {
     if (std::find(kept.begin(), kept.end(), process.first) != kept.end()) continue;
-    if (!StillRuns(process.second)) continue;
-    kill(process.second, SIGKILL);
-    PERSEUS_LOG(kWarning) << "rank " << process.first << " of the last world (process "
-                          << process.second << " on this host) stopped answering and was "
-                          << "declared failed; it was still running, so it was ended here: it "
-                          << "cannot rejoin";
+    EndStillRunning(process.first, process.second, "stopped answering and was declared failed");
   }
+}
+
+bool EndSilentRanksHere(const std::vector<int>& lost,
+                        const std::vector<std::pair<int, int>>& here) {
+  size_t found = 0;
+  for (const auto& process : here) {
+    if (std::find(lost.begin(), lost.end(), process.first) == lost.end()) continue;
+    ++found;
+    EndStillRunning(process.first, process.second,
+                    "answered no ping for the stall shutdown time or the peer timeout");
+  }
+  return found == lost.size();
 }
 
 }  // namespace perseus

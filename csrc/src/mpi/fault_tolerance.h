@@ -41,6 +41,16 @@ Status Shrink(MPI_Comm comm, MPI_Comm* out);
 void EndExcludedRanks(MPI_Comm failed, MPI_Comm survivors,
                       const std::vector<std::pair<int, int>>& here);
 
+// The stall inspector gave up on `lost` (world ranks that answered no ping for the
+// stall shutdown time or the peer timeout) in a fault-tolerant run: those that run on
+// this host (`here`) and still run are killed (SIGKILL), saying so, so that MPI sees
+// them fail, the survivors can shrink past them, and one that wakes up cannot rejoin.
+// Returns whether every rank of `lost` runs on this host: only then is its failure
+// certain to reach MPI (a frozen rank alone on another host is seen only by Open
+// MPI's heartbeat detector).
+bool EndSilentRanksHere(const std::vector<int>& lost,
+                        const std::vector<std::pair<int, int>>& here);
+
 }  // namespace perseus
 
 #endif  // PERSEUS_MPI_FAULT_TOLERANCE_H_
