@@ -1,7 +1,8 @@
 """hvd.elastic for TensorFlow and Keras on the fixed MPI world: state sync from
 rank 0, commit / restore, run() retrying after an injected HorovodInternalError
 and after a real collective failure (a TF error from a Perseus op), reset
-callbacks, the Keras state callbacks in model.fit, and the resize error.
+callbacks, the Keras state callbacks in model.fit, the resize error, and what run()
+refuses or persists in a job that perseusrun --elastic restarts (no ULFM).
 
 References: every rank's initial weights come from make_array(tag, rank), so each
 rank rebuilds rank 0's; a step applies the averaged gradient (r + 1) x (epoch + 1)
@@ -203,10 +204,47 @@ def check_resize_refused(rank, size):
         raise AssertionError("a resize request was not refused")
 
 
+def check_restart_persistence(rank, size):
+    """In a job that perseusrun --elastic restarts (no ULFM: its variables set by hand
+    here), run() refuses a TensorFlow state on every rank, which could not resume its
+    variables from a persisted commit, and persists an ObjectState's commits (rank 0
+    writes the file, of the last commit)."""
+    import os
+    import pickle
+    from perseus.common import elastic
+
+    folder = os.path.join(os.environ["PTEST_TMPDIR"], "commits")
+    os.environ.update(PERSEUS_ELASTIC_RUN_ID="tf-check", PERSEUS_ELASTIC_RESTARTS="0",
+                      PERSEUS_ELASTIC_RESET_LIMIT="1", PERSEUS_ELASTIC_PERSIST_DIR=folder)
+    try:
+        @hvd.elastic.run
+        def train(state):
+            for state.epoch in range(state.epoch, 3):
+                state.commit()
+
+        try:
+            train(hvd.elastic.TensorFlowKerasState(build(rank), epoch=0))
+        except elastic.PersistError as e:
+            assert "TensorFlowKerasState cannot persist its commits yet" in str(e), e
+        else:
+            raise AssertionError("run() accepted a TensorFlow state it cannot persist")
+        train(hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, epoch=0))
+        hvd.allreduce(tf.constant(0.0), name="persisted")  # rank 0 has written by now
+        if rank == 0:
+            with open(elastic.persist_path(folder, "tf-check"), "rb") as f:
+                record = pickle.load(f)
+            assert (record["commit"], record["state"]) == (3, {"epoch": 2}), record
+    finally:
+        for name in ("PERSEUS_ELASTIC_RUN_ID", "PERSEUS_ELASTIC_RESTARTS",
+                     "PERSEUS_ELASTIC_RESET_LIMIT", "PERSEUS_ELASTIC_PERSIST_DIR"):
+            os.environ.pop(name)
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    for check in (check_keras_state, check_run_retries, check_keras_fit, check_resize_refused):
+    for check in (check_keras_state, check_run_retries, check_keras_fit, check_resize_refused,
+                  check_restart_persistence):
         check(rank, size)
         log(check.__name__, "passed")
     hvd.shutdown()
