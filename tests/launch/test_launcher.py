@@ -231,3 +231,31 @@ def test_framework_version_from_metadata():
     from perseus.check_build import framework_version
     assert framework_version("pytest") == pytest.__version__
     assert framework_version("no_such_package_here") is None
+
+
+RESTARTED_JOB = """
+import os, sys
+restarts = int(os.environ["PERSEUS_ELASTIC_RESTARTS"])
+print(os.environ["PERSEUS_ELASTIC_RUN_ID"], restarts, os.environ["PERSEUS_ELASTIC_RESET_LIMIT"])
+sys.exit(int(sys.argv[1].split(",")[restarts]))
+"""
+
+
+@pytest.mark.parametrize("codes,limit,rc,runs,said", [
+    ("9,137,0", 2, 0, 3, "restart 2 of at most 2"),       # Hydra's and Open MPI's codes of a kill
+    ("9,9,9", 1, 9, 2, "already restarted 1 time(s), the --reset-limit: giving up"),
+    ("1", 3, 1, 1, "exit code 1, which is not a rank killed by a signal"),
+])
+def test_restart_policy(codes, limit, rc, runs, said, capfd):
+    """Issue 46: perseusrun --elastic's loop (the real kills are in
+    mpi/test_fault_tolerance.py): a job stands in for mpirun, exiting with the codes
+    given, one per run; the same run id in every run, the restart count, the limit."""
+    from perseus.launcher import run_restarting
+    messages = []
+    got = run_restarting([sys.executable, "-c", RESTARTED_JOB, codes], clean_env(), limit,
+                         say=messages.append)
+    lines = capfd.readouterr().out.split()
+    assert got == rc, (got, messages)
+    assert lines[1::3] == [str(n) for n in range(runs)] and len(set(lines[0::3])) == 1, lines
+    assert lines[2::3] == [str(limit)] * runs, lines
+    assert said in " ".join(messages), messages
