@@ -32,8 +32,26 @@
  * Failure injection (environment): FAKE_NCCL_FAIL_INIT_RANK=<world rank> makes
  * ncclCommInitRank fail there (after the exchange, so nobody hangs);
  * FAKE_NCCL_FAIL_ALLREDUCE_AFTER=<n> makes every ncclAllReduce after the n-th fail on
- * every rank (use at one rank only).
+ * every rank (use at one rank only); FAKE_NCCL_DIE_RANK=<world rank> with
+ * FAKE_NCCL_DIE_AT_ALLREDUCE=<n>: that rank's process SIGKILLs itself as its n-th
+ * ncclAllReduce starts, before its kernel tells its peers anything.
+ *
+ * A peer that dies (its process ends, as under ULFM with mpirun --with-ft ulfm) stops
+ * contributing, as on a real GPU: the survivors' kernel that waits for it never
+ * completes (MPI's errors about the dead process are noted, ncclCommGetAsyncError then
+ * says ncclRemoteError, and the kernel goes on waiting) until its communicator is
+ * aborted: ncclCommAbort, from any thread, ends the kernel in flight (its call returns
+ * ncclInternalError, ncclGetLastError says it was aborted), waits for it to leave,
+ * and frees the communicator. Any later call on an aborted communicator is a misuse,
+ * as is ncclCommDestroy of a communicator with a kernel in flight or a lost peer
+ * (real NCCL can hang there; PyTorch learned to abort instead). The fake's own traffic
+ * is on MPI_COMM_WORLD, which in a job started with ULFM (OMPI_MCA_mpi_ft_enable) it
+ * sets to MPI_ERRORS_RETURN at the first communicator, so that a dead peer's errors
+ * reach the fake instead of ending the process; the
+ * creator of a communicator probes each world rank by name rather than receiving from
+ * MPI_ANY_SOURCE, which ULFM refuses after a failure nobody acknowledged.
  */
+#include <signal.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -50,6 +68,7 @@
 int cudaDeviceGetPCIBusId(char* id, int length, int d); /* fake_gpu.c */
 
 #define COMM_MAGIC 0x5eea0003
+#define COMM_ABORTED 0x5eeaab07 /* kept (not freed) after ncclCommAbort, to name later misuses */
 #define MAX_OPS 64
 #define BUS_ID_BYTES 64
 
@@ -60,6 +79,9 @@ typedef struct {
   long kernels; /* launched so far: the next one's place in the device model */
   int failed;   /* a kernel failed: peers' messages may be left unreceived */
   int implicit; /* launch order implicit in effect */
+  volatile int aborting; /* ncclCommAbort was called: the kernel in flight ends */
+  volatile int peer_lost; /* MPI reported a peer's process dead (ULFM) */
+  int active;             /* kernels in flight on it (under g_mu) */
   char name[96];
   int op_used[MAX_OPS];
   double op_scalar[MAX_OPS];
@@ -88,6 +110,7 @@ static __thread char* t_receiving = NULL;      /* which of them are receives */
 static __thread int t_npending = 0, t_cap = 0;
 static __thread int t_slot = -1;   /* the device model's slot of the kernel this thread runs */
 static __thread int t_failed = 0;  /* and whether it failed (t_last_error says why) */
+static __thread FakeComm* t_comm = NULL; /* the communicator of the kernel this thread runs */
 
 enum { kInt8, kUint8, kInt32, kUint32, kInt64, kUint64, kF16, kF32, kF64, kBf16 };
 enum { kSum, kProd, kMax, kMin, kAvg };
@@ -301,14 +324,22 @@ static void post(MPI_Request r, int receive) {
   t_receiving[t_npending] = (char)receive;
   t_pending[t_npending++] = r;
 }
+/* A peer's process is dead (MPI said so): it contributes nothing more. */
+static void lost_peer(FakeComm* c) { c->peer_lost = 1; }
 static void isend(FakeComm* c, int peer, const void* p, size_t n) {
-  MPI_Request r;
-  MPI_Isend(p, (int)n, MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &r);
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (MPI_Isend(p, (int)n, MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
+    lost_peer(c);
+    r = MPI_REQUEST_NULL;
+  }
   post(r, 0);
 }
 static void irecv(FakeComm* c, int peer, void* p, size_t n) {
-  MPI_Request r;
-  MPI_Irecv(p, (int)n, MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &r);
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (MPI_Irecv(p, (int)n, MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &r) != MPI_SUCCESS) {
+    lost_peer(c);
+    r = MPI_REQUEST_NULL;
+  }
   post(r, 1);
 }
 /* Waits for what this thread posted; inside a kernel, the device model watches the wait
@@ -324,11 +355,17 @@ static void complete(void) {
   char why[sizeof t_last_error];
   for (int spins = 0; !t_failed; ++spins) {
     int done = 0;
-    MPI_Testall(t_npending, t_pending, &done, MPI_STATUSES_IGNORE);
-    if (done) break;
-    if (device_waiting(t_slot, now_s() - start, why, sizeof why)) {
+    /* An error names a dead peer (ULFM): its part never comes, so the kernel never
+     * completes, whatever the other requests do, until the communicator is aborted. */
+    if (MPI_Testall(t_npending, t_pending, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) lost_peer(t_comm);
+    if (done && !(t_comm != NULL && t_comm->peer_lost)) break;
+    int aborted = t_comm != NULL && t_comm->aborting;
+    if (aborted)
+      snprintf(why, sizeof why, "%s was aborted (ncclCommAbort) while this kernel waited%s", t_comm->name,
+               t_comm->peer_lost ? " for a peer whose process is dead" : "");
+    if (aborted || device_waiting(t_slot, now_s() - start, why, sizeof why)) {
       fail("%s", why);
-      t_failed = 1;
+      t_failed = aborted ? 2 : 1; /* 2: aborted, which its peers need not hear of */
       for (int i = 0; i < t_npending; ++i) {
         if (t_pending[i] == MPI_REQUEST_NULL) continue;
         if (t_receiving[i]) MPI_Cancel(&t_pending[i]);
@@ -345,6 +382,12 @@ static void complete(void) {
 static int nccl_env_on(const char* name) {
   const char* v = getenv(name);
   return v != NULL && strcmp(v, "1") == 0;
+}
+/* A job started with ULFM on (mpirun --with-ft ulfm sets it), where a process may die
+ * and the others go on. */
+static int ulfm_run(void) {
+  const char* v = getenv("OMPI_MCA_mpi_ft_enable");
+  return v != NULL && (strcmp(v, "1") == 0 || strcmp(v, "true") == 0);
 }
 static int multi_rank_gpu(void) { return nccl_version() >= 23000 && nccl_env_on("NCCL_MULTI_RANK_GPU_ENABLE"); }
 
@@ -386,6 +429,7 @@ static int init_comm(void** out, int nranks, ncclUniqueId id, int rank, const ch
   int ids[2], world_rank;
   memcpy(ids, id.internal, sizeof ids);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  if (ulfm_run()) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN); /* a dead peer: see the header */
   device_register(); /* before any peer may look at this process's GPU */
   FakeComm* c = (FakeComm*)calloc(1, sizeof *c);
   c->magic = COMM_MAGIC;
@@ -405,10 +449,21 @@ static int init_comm(void** out, int nranks, ncclUniqueId id, int rank, const ch
   if (cudaDeviceGetPCIBusId(me.bus, BUS_ID_BYTES - 1, c->device) != 0) snprintf(me.bus, BUS_ID_BYTES, "?");
   if (rank == 0) { /* the creator learns who is who, then tells everyone */
     all[0] = me;
-    for (int i = 1; i < nranks; ++i) {
-      Member m;
-      MPI_Recv(&m, sizeof m, MPI_BYTE, MPI_ANY_SOURCE, c->tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      all[m.rank] = m;
+    int world_size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    for (int i = 1, spins = 0; i < nranks; ++spins) { /* by source: see the header */
+      int got = 0;
+      for (int src = 0; src < world_size && i < nranks; ++src) {
+        int flag = 0;
+        if (src == world_rank || MPI_Iprobe(src, c->tag, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS ||
+            !flag)
+          continue;
+        Member m;
+        MPI_Recv(&m, sizeof m, MPI_BYTE, src, c->tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        all[m.rank] = m;
+        ++i, got = 1;
+      }
+      if (!got) back_off(spins);
     }
     for (int r = 1; r < nranks; ++r)
       MPI_Send(all, nranks * sizeof(Member), MPI_BYTE, all[r].world, c->tag, MPI_COMM_WORLD);
@@ -451,6 +506,10 @@ int ncclCommInitRankConfig(void** out, int nranks, ncclUniqueId id, int rank, nc
 }
 
 static int check_live(FakeComm* c, const char* what) {
+  if (c != NULL && c->magic == COMM_ABORTED) {
+    fake_misuse("%s on %s after ncclCommAbort (the communicator is gone)", what, c->name);
+    return 4;
+  }
   if (c == NULL || c->magic != COMM_MAGIC) {
     fake_misuse("%s on %p, not a live communicator", what, (void*)c);
     return 4;
@@ -478,23 +537,49 @@ static void drain(FakeComm* c) {
   }
 }
 
-static int destroy(FakeComm* c) {
-  if (c == NULL || c->magic != COMM_MAGIC) return 4;
-  if (c->failed) drain(c);
-  for (int k = 0; k < MAX_OPS; ++k)
-    if (c->op_used[k]) fake_misuse("communicator destroyed with reduction operator %d alive", k + 5);
+static int kernels_in_flight(FakeComm* c) {
+  pthread_mutex_lock(&g_mu);
+  int n = c->active;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+
+static int destroy(FakeComm* c, int abort) {
+  if (check_live(c, abort ? "ncclCommAbort" : "ncclCommDestroy")) return 4;
+  if (!abort && (kernels_in_flight(c) || c->peer_lost)) {
+    /* Real NCCL can hang here for good; the fake says so and aborts instead. */
+    fake_misuse("ncclCommDestroy of %s, which %s: real NCCL can hang there; a broken communicator must be "
+                "aborted (ncclCommAbort)", c->name,
+                c->peer_lost ? "lost a peer (its process is dead)" : "has a kernel in flight");
+    abort = 1;
+  }
+  if (abort) { /* ends the kernel in flight (complete() sees it) and waits for it to leave */
+    c->aborting = 1;
+    for (int spins = 0; kernels_in_flight(c); ++spins) back_off(spins);
+  }
+  if (c->failed && !c->peer_lost) drain(c);
+  if (!abort)
+    for (int k = 0; k < MAX_OPS; ++k)
+      if (c->op_used[k]) fake_misuse("communicator destroyed with reduction operator %d alive", k + 5);
   device_forget(c->tag);
-  c->magic = 0;
   free(c->world);
   free(c->pids);
-  free(c);
+  c->world = c->pids = NULL;
   fake_stat_add(kStatComms, -1);
+  if (abort) {
+    c->magic = COMM_ABORTED; /* kept, so that a later call on it is named */
+  } else {
+    c->magic = 0;
+    free(c);
+  }
   return 0;
 }
-int ncclCommDestroy(void* c) { return destroy((FakeComm*)c); }
-int ncclCommAbort(void* c) { return destroy((FakeComm*)c); }
-int ncclCommGetAsyncError(void* c, int* err) {
-  *err = 0;
+int ncclCommDestroy(void* c) { return destroy((FakeComm*)c, 0); }
+int ncclCommAbort(void* c) { return destroy((FakeComm*)c, 1); }
+int ncclCommGetAsyncError(void* comm, int* err) {
+  FakeComm* c = (FakeComm*)comm;
+  if (check_live(c, "ncclCommGetAsyncError")) return 4;
+  *err = c->peer_lost ? 6 : 0; /* ncclRemoteError: a peer is gone */
   return 0;
 }
 
@@ -697,19 +782,31 @@ static int launch(const Op* ops, int n) {
   char what[256], why[sizeof t_last_error];
   snprintf(what, sizeof what, "%s%s #%ld of %s", kOpNames[ops[0].kind], n > 1 ? " (a group)" : "", seq, c->name);
   KernelInfo info = {c->tag, seq, c->rank, c->nranks, c->pids, c->implicit};
+  pthread_mutex_lock(&g_mu);
+  c->active++;
+  pthread_mutex_unlock(&g_mu);
   t_slot = device_start(&info, what, why, sizeof why);
   if (t_slot < 0) {
     c->failed = 1;
+    pthread_mutex_lock(&g_mu);
+    c->active--;
+    pthread_mutex_unlock(&g_mu);
     return fail("%s", why);
   }
   t_failed = 0;
+  t_comm = c;
   await_peers(c, seq, ops, n);
   for (int i = 0; i < n && !t_failed; ++i) run_op(&ops[i]);
   if (!t_failed) complete();
-  device_end(t_slot, t_failed);
+  device_end(t_slot, t_failed == 1); /* an aborted kernel is not a failure its peers hear of */
   t_slot = -1;
-  c->failed |= t_failed;
-  return t_failed ? 3 : 0; /* ncclInternalError; t_last_error says why */
+  t_comm = NULL;
+  c->failed |= t_failed != 0;
+  const int failed = t_failed;
+  pthread_mutex_lock(&g_mu);
+  c->active--; /* last: an abort waiting for it may free c now */
+  pthread_mutex_unlock(&g_mu);
+  return failed ? 3 : 0; /* ncclInternalError; t_last_error says why */
 }
 
 /* An operation called: run now, or at ncclGroupEnd inside a group. */
@@ -750,6 +847,10 @@ int ncclAllReduce(const void* send, void* recv, size_t count, int t, int op, voi
   long nth = ++g_allreduces;
   pthread_mutex_unlock(&g_mu);
   if (fail_after >= 0 && nth > fail_after) return 6; /* ncclRemoteError */
+  int world_rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  if (world_rank == fake_env_int("FAKE_NCCL_DIE_RANK", -1) && nth == fake_env_int("FAKE_NCCL_DIE_AT_ALLREDUCE", -1))
+    raise(SIGKILL); /* mid-step, its peers inside the same kernel */
   size_t n = count * type_size(t);
   order_on_stream(fake_stream_agent(s), "ncclAllReduce", send, n, recv, n);
   Op o = {kAllReduce, send, recv, count, t, op, 0, c};
