@@ -66,7 +66,8 @@ HYDRA_NO_TIMESTAMPS = ("Hydra's mpirun (MPICH, Intel MPI) cannot timestamp outpu
 
 ELASTIC_NOT_YET = ("adding workers to a running job is not yet in Perseus (issue 46): a world "
                    "that shrinks when a rank fails works (`perseusrun --elastic -np N`, with "
-                   "Open MPI 5's ULFM, and hvd.elastic.run), one that grows does not, so "
+                   "Open MPI 5's ULFM, and hvd.elastic.run; without ULFM the job restarts "
+                   "from its last persisted commit), one that grows does not, so "
                    "horovodrun's --min-np, --max-np, --host-discovery-script and their "
                    "companions are refused")
 NO_GLOO = ("Perseus has no Gloo controller: it runs over MPI, which perseusrun launches with "
