@@ -13,7 +13,7 @@ from support.jobs import REPO_ROOT, clean_env, find_mpirun, run_bounded
 
 BUILD_SH = REPO_ROOT / "patches" / "bvlc_caffe" / "build.sh"
 # Where build.sh builds (PERSEUS_CAFFE_CACHE, else a folder outside the checkout keyed by
-# the patches and Perseus's headers): build.sh says, so that one script knows the rule.
+# the patches and build.sh): build.sh says, so that one script knows the rule.
 CACHE = Path(subprocess.run(["bash", str(BUILD_SH), "--cache-dir"], check=True, capture_output=True,
                             text=True, env=clean_env()).stdout.strip())
 # The tool finds libperseus.so through its RUNPATH, made by whichever clone built the
