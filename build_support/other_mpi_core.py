@@ -4,7 +4,11 @@ ULFM (tests/mpi/test_fault_tolerance.py, benchmarks/elastic_recovery.py).
 
 The build (one to two minutes on 2 cores) is cached under ~/.cache/perseus/<name>/,
 keyed by a hash of the core's sources and build files and the compiler wrapper, so it
-is redone only when they change, and clones share it. package() makes a folder to put
+is redone only when they change, and clones share it. The wrapper's path is in the key
+(the library's RUNPATH names its folder), so a fresh clone with its own venv builds
+again; setup.py compiles through ccache where it is installed, so that build compiles
+only the sources that changed since any build on the machine (4 s instead of 300 s
+for the Open MPI 5 core at one source changed, then mostly the link). package() makes a folder to put
 on PYTHONPATH: this checkout's Python files, with that core in lib/.
 """
 import hashlib
