@@ -248,7 +248,7 @@ sys.exit(int(sys.argv[1].split(",")[restarts]))
 ])
 def test_restart_policy(codes, limit, rc, runs, said, capfd):
     """Issue 46: perseusrun --elastic's loop (the real kills are in
-    mpi/test_fault_tolerance.py): a job stands in for mpirun, exiting with the codes
+    tests/mpi/test_fault_tolerance.py): a job stands in for mpirun, exiting with the codes
     given, one per run; the same run id in every run, the restart count, the limit."""
     from perseus.launcher import run_restarting
     messages = []
