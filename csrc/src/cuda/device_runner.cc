@@ -71,18 +71,57 @@ Status LastReadyPerStream(const Batch& batch, std::vector<const Entry*>* out) {
   return Status::OK();
 }
 
+// How long an abort waits for a batch being run to leave on its own (a real NCCL's
+// calls return at once, the kernel queued); past it, the batch's thread is blocked in
+// an NCCL call waiting for the dead peer, and only the abort ends that call.
+constexpr std::chrono::milliseconds kAbortGrace(100);
+
 }  // namespace
 
 DeviceRunner::DeviceRunner(DeviceRunnerArgs args) : args_(std::move(args)) {}
+
+void DeviceRunner::Abort(const Status& why) {
+  std::unique_lock<std::mutex> lock(abort_mu_);
+  if (aborted_) return;
+  aborted_ = true;
+  aborted_why_ = why;
+  if (running_) left_.wait_for(lock, kAbortGrace, [this] { return !running_; });
+  AbortCommLocked();  // done already where the batch left in time
+}
+
+void DeviceRunner::AbortCommLocked() {
+  if (comm_ == nullptr || comm_aborted_.load()) return;
+  Status ignored;
+  DeviceGuard guard(device_, &ignored);
+  Nccl()->CommAbort(comm_);  // never ncclCommDestroy: on a broken communicator it can hang
+  comm_aborted_.store(true);
+  PERSEUS_LOG(kDebug) << "GPU lane " << args_.index << " of set " << args_.set_id
+                      << " aborted its NCCL communicator (the world failed)";
+}
+
 
 DeviceRunner::~DeviceRunner() { Close(); }
 
 Status DeviceRunner::Execute(const Batch& batch, std::vector<Result>* results) {
   LaunchTurn turn(args_.turns.get(), batch.launch_turn, batch.launch_gated);  // passed on however this ends
   Status status;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_) return aborted_why_;
+    running_ = true;
+  }
   if (mode_ == Mode::kClosed) status = Open();
   if (status.ok() && mode_ == Mode::kBroken) status = broken_;
   if (status.ok()) status = Run(batch, &turn, results);
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    running_ = false;
+    if (aborted_) {  // the world failed meanwhile: whatever this batch did fails with it
+      AbortCommLocked();
+      status = aborted_why_;
+    }
+  }
+  left_.notify_all();
   return status;
 }
 
@@ -201,6 +240,7 @@ Status DeviceRunner::OpenNccl() {
   // it per communicator, launch order implicit: the launch order (cuda/context/launch_order.h) is
   // then the order the GPU starts kernels of different communicators in.
   Status local;
+  ncclComm_t new_comm = nullptr;
   {
     DeviceGuard guard(device_, &local);
     if (local.ok() && LaunchOrderPerCommunicator(nccl.version).yes && nccl.CommInitRankConfig != nullptr) {
@@ -208,14 +248,17 @@ Status DeviceRunner::OpenNccl() {
       config.launchOrderImplicit = 1;
       comm_name_ = "perseus set " + std::to_string(args_.set_id) + " lane " + std::to_string(args_.index);
       config.commName = comm_name_.c_str();
-      local = NcclStatus(nccl.CommInitRankConfig(&comm_, args_.size, id, args_.rank, &config),
+      local = NcclStatus(nccl.CommInitRankConfig(&new_comm, args_.size, id, args_.rank, &config),
                          "ncclCommInitRankConfig");
     } else if (local.ok()) {
-      local = NcclStatus(nccl.CommInitRank(&comm_, args_.size, id, args_.rank), "ncclCommInitRank");
+      local = NcclStatus(nccl.CommInitRank(&new_comm, args_.size, id, args_.rank), "ncclCommInitRank");
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);  // an abort from now on reaches it
+    comm_ = local.ok() ? new_comm : nullptr;
+  }
   if (!local.ok()) {
-    comm_ = nullptr;
     local.message += " (PERSEUS_GPU_OPERATIONS=mpi runs GPU collectives host-staged through MPI, without NCCL)";
   }
   Status agreed;
@@ -223,11 +266,11 @@ Status DeviceRunner::OpenNccl() {
     auto mpi = LockMpi();
     agreed = AgreeOnStatus(args_.comm, local);
   }
-  if (!agreed.ok() && comm_ != nullptr) {
-    Status ignored;
-    DeviceGuard guard(device_, &ignored);
-    nccl.CommAbort(comm_);  // a peer failed: nothing to wait for
+  if (!agreed.ok()) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    AbortCommLocked();  // a peer failed: nothing to wait for
     comm_ = nullptr;
+    comm_aborted_.store(false);
   }
   return agreed;
 }
@@ -237,7 +280,7 @@ Status DeviceRunner::Run(const Batch& batch, LaunchTurn* turn, std::vector<Resul
   DeviceGuard guard(device_, &status);
   if (!status.ok()) return status;
   DeviceContext ctx = Context();
-  if (comm_ != nullptr) {  // a peer's failure in an earlier batch may show here first
+  if (comm_ != nullptr && !comm_aborted_.load()) {  // a peer's failure in an earlier batch may show here first
     ncclResult_t async = kNcclSuccess;
     status = ctx.Nc(ctx.nccl->CommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
     if (status.ok() && async != kNcclSuccess && async != kNcclInProgress)
@@ -280,8 +323,12 @@ Status DeviceRunner::Run(const Batch& batch, LaunchTurn* turn, std::vector<Resul
 }
 
 void DeviceRunner::Break(const Status& why) {
-  if (comm_ != nullptr) Nccl()->CommAbort(comm_);
-  comm_ = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    AbortCommLocked();
+    comm_ = nullptr;
+    comm_aborted_.store(false);
+  }
   mode_ = Mode::kBroken;
   broken_ = Status::Error(why.code, "GPU lane " + std::to_string(args_.index) +
                                         " stopped after a CUDA/NCCL failure and aborted its NCCL "
@@ -295,9 +342,14 @@ void DeviceRunner::Close() {
   DeviceGuard guard(device_, &status);
   // The batches every rank agreed on have been queued: let them finish (a peer's
   // NCCL failure ends the wait), then free everything.
+  // An aborted communicator (the world failed) is gone already: its kernels ended.
   Status drained = DrainStream(Context());
-  if (comm_ != nullptr) drained.ok() ? Nccl()->CommDestroy(comm_) : Nccl()->CommAbort(comm_);
-  comm_ = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (drained.ok() && comm_ != nullptr && !comm_aborted_.load()) Nccl()->CommDestroy(comm_);
+    else AbortCommLocked();
+    comm_ = nullptr;
+  }
   fusion_.Release(stream_);
   if (drained.ok()) host_.Release();  // else copies may still use it: leak rather than corrupt
   DropStream();
@@ -314,8 +366,8 @@ void DeviceRunner::DropStream() {
 
 DeviceContext DeviceRunner::Context() {
   return DeviceContext{*Cuda(),
-                       comm_ ? Nccl() : nullptr,
-                       comm_,
+                       comm_ && !comm_aborted_.load() ? Nccl() : nullptr,
+                       comm_aborted_.load() ? nullptr : comm_,
                        stream_,
                        device_,
                        args_.comm,

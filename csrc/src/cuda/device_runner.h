@@ -23,7 +23,11 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -61,6 +65,14 @@ class DeviceRunner {
   // Open (NCCL or host-staged): a batch runs without opening's collective calls
   // (ncclCommInitRank), so it may run on another thread than the lane's.
   bool open() const { return mode_ == Mode::kNccl || mode_ == Mode::kStaged; }
+  // The world failed (Lane::Abort): the NCCL communicator is aborted, never destroyed
+  // (ncclCommDestroy of a broken communicator can hang), and this batch and later ones
+  // fail with `why`. Any thread. A batch being run is given a moment (kAbortGrace) to
+  // leave on its own, and its thread then aborts the communicator itself, outside any
+  // NCCL call; one still inside after it is blocked in NCCL, waiting for the dead peer,
+  // and the communicator is aborted from here, which ends that call (what
+  // ncclCommAbort from another thread is for).
+  void Abort(const Status& why);
 
  private:
   enum class Mode { kClosed, kNccl, kStaged, kBroken };
@@ -72,6 +84,7 @@ class DeviceRunner {
   void Close();
   void DropStream();
   DeviceContext Context();
+  void AbortCommLocked();  // with abort_mu_ held
 
   DeviceRunnerArgs args_;
   Mode mode_ = Mode::kClosed;  // touched only by the thread running a batch
@@ -83,6 +96,13 @@ class DeviceRunner {
   DeviceBuffer fusion_;
   HostBuffer host_;
   std::vector<char> scratch_;
+  // The abort, against the lane's thread: comm_ is aborted at most once (comm_aborted_,
+  // after which nothing calls NCCL with it); running_ while the thread runs a batch.
+  std::mutex abort_mu_;
+  std::condition_variable left_;  // running_ became false
+  bool aborted_ = false, running_ = false;
+  std::atomic<bool> comm_aborted_{false};  // read by the lane's thread without the lock
+  Status aborted_why_;
 };
 
 }  // namespace gpu

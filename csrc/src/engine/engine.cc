@@ -26,6 +26,9 @@ namespace {
 // before it sleeps on the handle (as perseus_wait does).
 constexpr double kMeetDriveS = 0.5;
 
+// How often PollFailures asks ULFM for failed processes while device lanes exist.
+constexpr std::chrono::milliseconds kFailurePoll(100);
+
 // add_process_set's meeting (Meet): where the global set agrees it, the order of GPU
 // launches across sets begins (LaunchOrder::Number).
 constexpr const char* kAddSetMeeting = "perseus.add_process_set";
@@ -278,7 +281,24 @@ void Engine::Loop() {
 }
 
 Clock::time_point Engine::WakeAt() const {
-  return Clock::time_point(Clock::duration(wake_at_.load()));
+  const Clock::time_point at = Clock::time_point(Clock::duration(wake_at_.load()));
+  if (!poll_failures_.load(std::memory_order_relaxed)) return at;
+  return std::min(at, Clock::now() + kFailurePoll);  // PollFailures' next look
+}
+
+void Engine::PollFailures(Clock::time_point now) {
+  if (!poll_failures_.load(std::memory_order_relaxed) || rank_failure_.noted() || now < next_failure_poll_)
+    return;
+  next_failure_poll_ = now + kFailurePoll;
+  std::vector<int> failed;
+  {
+    auto mpi = LockMpi();
+    failed = FailedRanks(world_);
+  }
+  if (!failed.empty())
+    rank_failure_.Note(Status::Error(PERSEUS_RANK_FAILED,
+                                     "ULFM's list of failed processes, asked while GPU lanes run "
+                                     "(MPIX_Comm_get_failed: rank(s) " + ListString(failed) + ")"));
 }
 
 bool Engine::Iterate(bool driving) {
@@ -286,6 +306,7 @@ bool Engine::Iterate(bool driving) {
   std::vector<std::shared_ptr<ProcessSet>> sets;
   bool stopping;
   Clock::time_point now = Clock::now();
+  PollFailures(now);
   {
     std::lock_guard<std::mutex> lock(mu_);
     arrived.swap(incoming_);
@@ -511,6 +532,10 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       batch.chunk_bytes = knobs.chunk_bytes;
       Lane& lane = LaneFor(set, batch);
       bool inline_ok = SchedulePolicy::MayRunInline(knobs, batch, only_batch, driving, single_set_);
+      // Fault tolerant: a GPU batch never runs on the thread that steps, where an NCCL
+      // call blocked on a dead peer (a full queue behind a kernel that waits for it)
+      // would keep the step, and so PollFailures, from ever seeing the failure.
+      if (rank_failure_.enabled() && batch.items.front().meta.device != PERSEUS_CPU_DEVICE) inline_ok = false;
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
   }
@@ -549,6 +574,7 @@ Lane& Engine::LaneFor(ProcessSet* set, const Batch& batch) {
   if (batch.items.front().meta.device == PERSEUS_CPU_DEVICE)
     return *set->lanes[set->next_lane++ % std::min<size_t>(set->knobs.lanes, set->lanes.size())];
   if (set->device_lanes.empty()) {
+    if (rank_failure_.enabled()) poll_failures_.store(true);  // see PollFailures
     std::vector<LaneSpec> specs;
     for (size_t i = 0; i < set->device_comms.size(); ++i)
       specs.push_back(LaneSpec{static_cast<int>(i), set->device_comms[i], set->rank, set->size(), &set->ranks,
@@ -772,11 +798,13 @@ void Engine::LoseRanks(const std::vector<int>& lost, const Status& status) {
 void Engine::FailWorld() {
   std::vector<MPI_Comm> comms = {world_, local_comm_, cross_comm_};
   std::vector<std::shared_ptr<ProcessSet>> sets;
+  std::vector<Lane*> lanes;  // made by the thread that steps, which holds step_mu_ as this one does
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& kv : sets_) {
       sets.push_back(kv.second);
       ProcessSet& set = *kv.second;
+      for (auto& lane : set.device_lanes) lanes.push_back(lane.get());
       comms.push_back(set.negotiation_comm);
       comms.push_back(set.p2p_comm);
       comms.push_back(set.device_p2p_comm);
@@ -786,6 +814,9 @@ void Engine::FailWorld() {
   }
   const Status error = rank_failure_.Declare(world_, comms);
   launch_order_->GiveUp();  // its rounds would wait for the dead rank
+  // Revoking reaches MPI only: the device lanes abort their NCCL communicators, whose
+  // kernels would wait for the dead rank for good (Lane::Abort).
+  for (Lane* lane : lanes) lane->Abort(error);
   std::vector<std::unordered_map<std::string, EntryPtr>> failed;  // released after mu_
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -227,6 +227,13 @@ class Engine {
   // GPU batches, AddProcessSet makes the rounds, Iterate steps them. Until Shutdown.
   std::unique_ptr<LaunchOrder> launch_order_;
   RankFailure rank_failure_;
+  // ULFM and device lanes: an NCCL kernel waiting for a dead peer makes no MPI call
+  // that would fail, so while device lanes exist the engine asks ULFM for failed
+  // processes (MPIX_Comm_get_failed, a local call) at most every kFailurePoll, waking
+  // for it (PollFailures, from Iterate; next_failure_poll_ under step_mu_).
+  void PollFailures(Clock::time_point now);
+  std::atomic<bool> poll_failures_{false};
+  Clock::time_point next_failure_poll_;
   std::vector<int> set_ids_;  // under step_mu_: this step's sets, by id (for Step)
 
   std::mutex control_mu_;  // serialises process-set changes made by user threads

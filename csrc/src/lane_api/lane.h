@@ -26,6 +26,13 @@ class Lane {
   // Runs `batch` on the calling thread when the lane is idle with nothing queued
   // (so the order on its communicator is unchanged); false when it is busy.
   virtual bool TryRunInline(const Batch& batch) = 0;
+  // The world failed (a rank's process ended, ULFM): ends what the lane runs with the
+  // dead peer on resources of its own that MPI's revoke does not reach (a device lane
+  // aborts its NCCL communicator, which ends a kernel waiting for that peer), so that
+  // its thread, and the lane's destruction, never wait for the dead; this batch and
+  // later ones fail with `why`. Any thread, once; an MPI lane needs nothing (its
+  // communicators are revoked).
+  virtual void Abort(const Status& why) { (void)why; }
 };
 
 }  // namespace perseus

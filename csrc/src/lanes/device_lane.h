@@ -23,6 +23,7 @@ class DeviceLane : public Lane {
   ~DeviceLane() override;  // finishes queued batches, waits for the stream, frees all
   void Push(Batch batch) override;
   bool TryRunInline(const Batch& batch) override;
+  void Abort(const Status& why) override { runner_.Abort(why); }
 
  private:
   void Execute(const Batch& batch);

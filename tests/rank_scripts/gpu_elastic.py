@@ -1,0 +1,157 @@
+"""A rank killed while a GPU allreduce is in flight, the others going on (issue 46, point
+5): hvd.elastic.run on Open MPI 5 with ULFM (mpirun --with-ft ulfm), CUDA tensors over
+NCCL. Run by tests/mpi/test_fault_tolerance.py (the fake GPU) and scripts/gpu_elastic_check.sh.
+
+Two ways to run it:
+  * on the fake CUDA runtime and NCCL (FAKE_GPU_LIB set), built against Open MPI 5: a
+    "CUDA tensor" is a CPU tensor that says it is on cuda:0 and torch's current stream
+    is a fake stream (as tests/rank_scripts/gpu_torch_p2p.py). The victim is killed by
+    the fake NCCL itself (FAKE_NCCL_DIE_RANK, FAKE_NCCL_DIE_AT_ALLREDUCE): SIGKILL as
+    its n-th ncclAllReduce starts, so the survivors are inside the same kernel, waiting
+    for a peer that never comes, as on a real GPU.
+  * on a real GPU (no FAKE_GPU_LIB; scripts/gpu_check.sh's elastic check): every rank
+    on cuda:0 (NCCL_MULTI_RANK_GPU_ENABLE=1), the victim (PTEST_VICTIM, default the last
+    rank) SIGKILLs itself from a thread while its step's allreduce is in flight, at step
+    PTEST_KILL_STEP.
+
+Each step allreduces (Sum) a tensor whose values depend on the rank and the step,
+inside hvd.elastic.run, committing after every step. The survivors must raise
+HorovodInternalError (never hang: the lanes' NCCL communicators are aborted), recover
+(a world of 3), and finish every step, each result checked against numpy over the
+ranks of that step's world; at the end the committed running total is checked against
+numpy too (a CPU allreduce between each result and its commit: on a real GPU the
+values of an aborted kernel are undefined, and the failure shows at the next
+collective), and the fake saw no misuse (ncclCommDestroy of a broken communicator, a call
+on an aborted one). Each survivor prints "gpu survivor ok, size <n>".
+"""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import torch
+
+from common import launcher_rank_size, log, main
+from support import fake_gpu
+
+import perseus.torch.horovod as hvd
+
+STEPS, N = 8, 1000
+FAKE = bool(os.environ.get("FAKE_GPU_LIB"))
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A CPU tensor that says it is on cuda:0, for the fake runtime."""
+    __torch_function__ = torch._C._disabled_torch_function_impl
+    device = property(lambda self: torch.device("cuda", 0))
+    is_cuda = property(lambda self: True)
+    is_cpu = property(lambda self: False)
+
+
+class _Stream:
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+STREAM = None
+
+
+def setup_device():
+    global STREAM
+    if FAKE:
+        STREAM = fake_gpu.new_stream(0, "torch current stream")
+        current = _Stream(STREAM)
+        torch.cuda.current_stream = lambda device=None: current  # what perseus asks torch
+    else:
+        torch.cuda.set_device(0)  # every rank on one GPU
+
+
+def value(rank, step):
+    """What `rank` contributes at `step` (float64 numpy; exact in float32)."""
+    return ((np.arange(N) * 3 + rank * 7 + step * 11) % 101).astype(np.float64)
+
+
+def device_tensor(values):
+    cpu = torch.from_numpy(values.astype(np.float32))
+    if not FAKE:
+        return cpu.cuda()
+    t = torch.Tensor._make_subclass(FakeCudaTensor, torch.empty_like(cpu))
+    t.as_subclass(torch.Tensor).copy_(cpu)
+    fake_gpu.kernel(0, STREAM, write=(t.data_ptr(), t.numel() * 4))  # written on the stream
+    return t
+
+
+def host(t):
+    if not FAKE:
+        return t.cpu().numpy().astype(np.float64)
+    fake_gpu.kernel(0, STREAM, read=(t.data_ptr(), t.numel() * 4))
+    fake_gpu.host_sync(0, STREAM)
+    fake_gpu.host_read(t.data_ptr(), t.numel() * 4)
+    return t.as_subclass(torch.Tensor).clone().numpy().astype(np.float64)
+
+
+def kill_soon():
+    """The real-GPU victim: its stream is kept busy (about half a second) so that its
+    step's NCCL kernel has not started when a thread SIGKILLs it 50 ms later, the
+    others' kernels waiting for it (the fake NCCL kills its victim itself, inside the
+    kernel)."""
+    torch.cuda._sleep(1_000_000_000)
+
+    def later():
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=later, daemon=True).start()
+
+
+def body():
+    world_rank, world_size = launcher_rank_size()
+    hvd.init()
+    setup_device()
+    victim = int(os.environ.get("PTEST_VICTIM", world_size - 1))
+    kill_step = int(os.environ.get("PTEST_KILL_STEP", "4"))
+    state = hvd.elastic.TorchState(step=0, total=np.zeros(N), sizes=[])
+    seen = {"failures": 0, "start": None}
+
+    def on_reset():
+        seen["failures"] += 1
+        log("reset: now rank %d of %d, from step %d" % (hvd.rank(), hvd.size(), state.step))
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < STEPS:
+            if not FAKE and world_rank == victim and state.step == kill_step:
+                kill_soon()
+            t = device_tensor(value(hvd.rank(), state.step))
+            hvd.allreduce_(t, name="gpu.elastic.step", op=hvd.Sum)
+            got = host(t)
+            # On a real GPU the request completed when its kernel was queued: a kernel
+            # aborted after a failure leaves undefined values, and the failure shows at
+            # the next collective. So a CPU collective comes between the result and the
+            # commit (a training loop's loss allreduce does the same).
+            hvd.allreduce(torch.zeros(1), name="gpu.elastic.fence")
+            expected = sum(value(r, state.step) for r in range(hvd.size()))
+            assert np.array_equal(got, expected), "step %d at size %d: got %s, expected %s" % (
+                state.step, hvd.size(), got[:6], expected[:6])
+            state.total = state.total + got
+            state.sizes = state.sizes + [hvd.size()]
+            state.step += 1
+            state.commit()
+
+    start = time.monotonic()
+    train(state)
+    assert seen["failures"] == 1, "resets: %d (expected one failure)" % seen["failures"]
+    assert hvd.size() == world_size - 1, (hvd.size(), world_size)
+    assert len(state.sizes) == STEPS and state.sizes[-1] == world_size - 1, state.sizes
+    # The committed total: each step's sum over the ranks of the world it ran in.
+    reference = sum(sum(value(r, s) for r in range(size)) for s, size in enumerate(state.sizes))
+    assert np.array_equal(state.total, reference), "the running total differs from numpy's"
+    fake_gpu.check_no_misuse("rank %d" % hvd.rank())
+    log("gpu survivor ok, size %d, %.1f s" % (hvd.size(), time.monotonic() - start))
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main(body)
