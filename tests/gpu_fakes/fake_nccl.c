@@ -554,6 +554,7 @@ static int destroy(FakeComm* c, int abort) {
     abort = 1;
   }
   if (abort) { /* ends the kernel in flight (complete() sees it) and waits for it to leave */
+    c->magic = COMM_ABORTED; /* from now on a call on it is a misuse, even one racing the abort */
     c->aborting = 1;
     for (int spins = 0; kernels_in_flight(c); ++spins) back_off(spins);
   }
@@ -599,6 +600,7 @@ int ncclRedOpCreatePreMulSum(int* op, void* scalar, int type, int residence, voi
 }
 int ncclRedOpDestroy(int op, void* comm) {
   FakeComm* c = (FakeComm*)comm;
+  if (check_live(c, "ncclRedOpDestroy")) return 4; /* after ncclCommAbort: the operator went with it */
   if (op < 5 || !c->op_used[op - 5]) fake_misuse("ncclRedOpDestroy of unknown operator %d", op);
   else c->op_used[op - 5] = 0;
   return 0;
