@@ -91,10 +91,12 @@ void DeviceRunner::Abort(const Status& why) {
 
 void DeviceRunner::AbortCommLocked() {
   if (comm_ == nullptr || comm_aborted_.load()) return;
+  // Marked first: a call of the batch in NCCL returns while the abort runs, and what
+  // it does next must leave the communicator alone (DeviceContext::CommAborted).
+  comm_aborted_.store(true);
   Status ignored;
   DeviceGuard guard(device_, &ignored);
   Nccl()->CommAbort(comm_);  // never ncclCommDestroy: on a broken communicator it can hang
-  comm_aborted_.store(true);
   PERSEUS_LOG(kDebug) << "GPU lane " << args_.index << " of set " << args_.set_id
                       << " aborted its NCCL communicator (the world failed)";
 }
@@ -378,7 +380,9 @@ DeviceContext DeviceRunner::Context() {
                        args_.settings.nan_check,
                        &fusion_,
                        &host_,
-                       &scratch_};
+                       &scratch_,
+                       nullptr,
+                       &comm_aborted_};
 }
 
 }  // namespace gpu

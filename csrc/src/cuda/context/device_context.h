@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -36,6 +37,11 @@ struct DeviceContext {
   HostBuffer* host;
   std::vector<char>* scratch;  // host scratch of the MPI algorithms
   LaunchTurn* turn = nullptr;  // the batch's launch turn (launch_order.h), held around its NCCL calls
+  // Set once `comm` was aborted (the world failed; DeviceRunner::Abort, maybe while a
+  // call of this batch was in NCCL): nothing may use `comm` after, not even to free
+  // what was made with it (ncclRedOpDestroy), which went with it.
+  const std::atomic<bool>* comm_aborted = nullptr;
+  bool CommAborted() const { return comm_aborted != nullptr && comm_aborted->load(); }
 
   Status Cu(cudaError_t rc, const char* what) const { return CudaStatus(rc, what); }
   Status Nc(ncclResult_t rc, const char* what) const { return NcclStatus(rc, what, comm); }

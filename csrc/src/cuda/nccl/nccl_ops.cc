@@ -34,7 +34,8 @@ bool NcclServes(const TensorMeta& meta) {
 }
 
 ReduceOp::~ReduceOp() {
-  if (custom_ != nullptr) custom_->nccl->RedOpDestroy(op_, custom_->comm);
+  // After an abort the operator went with the communicator (ncclCommAbort frees both).
+  if (custom_ != nullptr && !custom_->CommAborted()) custom_->nccl->RedOpDestroy(op_, custom_->comm);
 }
 
 Status ReduceOp::Create(const TensorMeta& meta, const DeviceContext& ctx) {
