@@ -281,3 +281,28 @@ def wait_for(name, timeout_s=60.0):
         if time.monotonic() > deadline:
             raise AssertionError("waited %.0f s for signal %r" % (timeout_s, name))
         time.sleep(0.005)
+
+
+# ---------------------------------------------------------------- elastic training
+# The scripts that lose a rank (elastic_shrink.py, elastic_restart.py) train the same
+# small regression, so that what they check after a failure is checked on one model.
+
+def regression_data(samples, features):
+    """(x, y): the same noisy linear data on every rank and in every run."""
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(samples, features, generator=generator)
+    w = torch.arange(1.0, features + 1) / features
+    return x, x @ w + 0.01 * torch.randn(samples, generator=generator)
+
+
+def elastic_regression(x, y):
+    """(model, optimizer, state): a linear model on (x, y) with DistributedOptimizer, an
+    ElasticSampler, and a TorchState that also keeps epoch, step and losses."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(x.shape[1], 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(torch.utils.data.TensorDataset(x, y), shuffle=True)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler,
+                                   epoch=0, step=0, losses=[])
+    return model, optimizer, state

@@ -25,20 +25,13 @@ import signal
 
 import torch
 
-from common import log, main
+from common import elastic_regression, log, main, regression_data
 
 import perseus.torch.horovod as hvd
 from perseus.common import elastic
 from perseus.common.elastic import PersistError
 
 SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 3
-
-
-def dataset():
-    generator = torch.Generator().manual_seed(7)
-    x = torch.randn(SAMPLES, FEATURES, generator=generator)
-    w = torch.arange(1.0, FEATURES + 1) / FEATURES
-    return x, x @ w + 0.01 * torch.randn(SAMPLES, generator=generator)
 
 
 class _DieMidWrite:
@@ -65,14 +58,8 @@ def body():
     hvd.init()
     if case == "resume" and attempt == 0 and hvd.rank() == 0:
         elastic.pickle = _DieMidWrite()
-    x, y = dataset()
-    torch.manual_seed(0)
-    model = torch.nn.Linear(FEATURES, 1)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                         named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(torch.utils.data.TensorDataset(x, y), shuffle=True)
-    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler,
-                                   epoch=0, step=0, losses=[])
+    x, y = regression_data(SAMPLES, FEATURES)
+    model, optimizer, state = elastic_regression(x, y)
     record = {"start": None, "committed": None, "trained": set()}
 
     @hvd.elastic.run

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from common import launcher_rank_size, log, main
+from common import elastic_regression, launcher_rank_size, log, main, regression_data
 
 import perseus.torch.horovod as hvd
 
@@ -89,24 +89,11 @@ def still_runs(pid):
     return True
 
 
-def dataset():
-    generator = torch.Generator().manual_seed(7)
-    x = torch.randn(SAMPLES, FEATURES, generator=generator)
-    w = torch.arange(1.0, FEATURES + 1) / FEATURES
-    return x, x @ w + 0.01 * torch.randn(SAMPLES, generator=generator)
-
-
 def body():
     world_rank, world_size = launcher_rank_size()
     hvd.init()
-    x, y = dataset()
-    torch.manual_seed(0)
-    model = torch.nn.Linear(FEATURES, 1)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                         named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(torch.utils.data.TensorDataset(x, y), shuffle=True)
-    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler,
-                                   epoch=0, step=0, losses=[])
+    x, y = regression_data(SAMPLES, FEATURES)
+    model, optimizer, state = elastic_regression(x, y)
     record = {"set": None, "recovered": None, "committed_at_failure": None,
               "epoch_of_failure": None,
               "after_failure": set(), "processed": {}}

@@ -34,24 +34,12 @@ import torch
 
 from common import launcher_rank_size, log, main
 from support import fake_gpu
+from support.fake_torch_cuda import FakeCudaTensor, use_fake_current_stream
 
 import perseus.torch.horovod as hvd
 
 STEPS, N = 8, 1000
 FAKE = bool(os.environ.get("FAKE_GPU_LIB"))
-
-
-class FakeCudaTensor(torch.Tensor):
-    """A CPU tensor that says it is on cuda:0, for the fake runtime."""
-    __torch_function__ = torch._C._disabled_torch_function_impl
-    device = property(lambda self: torch.device("cuda", 0))
-    is_cuda = property(lambda self: True)
-    is_cpu = property(lambda self: False)
-
-
-class _Stream:
-    def __init__(self, handle):
-        self.cuda_stream = handle
 
 
 STREAM = None
@@ -60,9 +48,7 @@ STREAM = None
 def setup_device():
     global STREAM
     if FAKE:
-        STREAM = fake_gpu.new_stream(0, "torch current stream")
-        current = _Stream(STREAM)
-        torch.cuda.current_stream = lambda device=None: current  # what perseus asks torch
+        STREAM = use_fake_current_stream()  # what perseus asks torch
     else:
         torch.cuda.set_device(0)  # every rank on one GPU
 

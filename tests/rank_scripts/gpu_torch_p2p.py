@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from common import expect_raises, launcher_rank_size, log, main
 from support import fake_gpu
+from support.fake_torch_cuda import FakeCudaTensor, use_fake_current_stream
 
 import perseus.torch  # noqa: F401 - registers the backend
 
@@ -50,29 +51,13 @@ def value(rank, shape, dtype, salt=0):
 
 # ---- the device: fake or real ------------------------------------------------------
 
-class FakeCudaTensor(torch.Tensor):
-    """A CPU tensor that says it is on cuda:0, for the fake runtime; torch's own ops on
-    it see (and return) plain CPU tensors."""
-    __torch_function__ = torch._C._disabled_torch_function_impl
-    device = property(lambda self: torch.device("cuda", 0))
-    is_cuda = property(lambda self: True)
-    is_cpu = property(lambda self: False)
-
-
-class _Stream:
-    def __init__(self, handle):
-        self.cuda_stream = handle
-
-
 STREAM = None  # the fake's "current stream"
 
 
 def setup_device():
     global STREAM
     if FAKE:
-        STREAM = fake_gpu.new_stream(0, "torch current stream")
-        current = _Stream(STREAM)
-        torch.cuda.current_stream = lambda device=None: current  # what perseus asks torch
+        STREAM = use_fake_current_stream()  # what perseus asks torch
     else:
         torch.cuda.set_device(RANK % torch.cuda.device_count())
 
