@@ -27,10 +27,14 @@ The exception is --elastic on a core whose MPI has no ULFM (MPICH, Open MPI 4): 
 perseusrun stays, runs mpirun as its child, and when the job ends because a rank was
 killed by a signal, starts it again (same command, same hosts and np), up to
 --reset-limit times; hvd.elastic.run in the ranks persists commits and resumes from
-the last one (perseus/common/elastic.py).
+the last one (perseus/common/elastic.py). With --host-discovery-script (any core)
+perseusrun also follows the hosts the script prints: it starts the job on them, and
+when they change the ranks stop at a commit and the job starts again on the new ones
+(perseus/launcher_elastic.py).
 """
 
 import argparse
+import copy
 import os
 import re
 import secrets
@@ -41,7 +45,7 @@ import subprocess
 import sys
 
 import perseus
-from perseus import launcher_flags, launcher_mpi_match
+from perseus import launcher_elastic, launcher_flags, launcher_mpi_match
 from perseus.launcher_mpi_match import MPICH, OPENMPI
 
 FLAVOURS = (OPENMPI, MPICH)
@@ -331,6 +335,74 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     return cmd + list(args.command)
 
 
+def growing_options(args, environ, first):
+    """run_growing's options from parsed args (checked by check_elastic)."""
+    timeout = args.elastic_timeout
+    if timeout is None:
+        timeout = int(environ.get("HOROVOD_ELASTIC_TIMEOUT") or launcher_elastic.ELASTIC_TIMEOUT_S)
+    return {"script": args.host_discovery_script, "slots": args.slots_per_host or 1,
+            "min_np": args.min_np if args.min_np is not None else (args.np or 1),
+            "max_np": args.max_np or 0, "elastic_timeout": timeout,
+            "discovery_timeout": discovery_timeout(environ),
+            "cooldown_range": tuple(args.blacklist_cooldown_range)
+            if args.blacklist_cooldown_range else None,
+            "limit": RESET_LIMIT_DEFAULT if args.reset_limit is None else args.reset_limit,
+            "first": first}
+
+
+def discovery_timeout(environ):
+    text = environ.get("PERSEUS_HOST_DISCOVERY_TIMEOUT")
+    if not text:
+        return launcher_elastic.DISCOVERY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise LauncherError("PERSEUS_HOST_DISCOVERY_TIMEOUT must be a number of seconds "
+                            "above 0, not %r" % text)
+    return value
+
+
+def _run_growing(parser, args, flavour, mpirun):
+    """perseusrun --elastic --host-discovery-script: the first discovery (its errors
+    end perseusrun before any rank starts), then launcher_elastic.run_growing."""
+    try:
+        first = launcher_elastic.discover(args.host_discovery_script, args.slots_per_host or 1,
+                                          discovery_timeout(os.environ))
+        opts = growing_options(args, os.environ, first)
+    except (launcher_elastic.DiscoveryError, LauncherError) as e:
+        parser.error(str(e))
+
+    def start_command(hosts, np):
+        each = copy.copy(args)
+        each.hosts, each.hostfile, each.np = launcher_elastic.describe(hosts), None, np
+        return build_command(each, flavour, mpirun)
+
+    mpirun_env = launcher_flags.mpirun_environment(args, flavour)
+    print("perseusrun: --elastic: following the hosts of %s (now %s): between %d and %s "
+          "rank(s); a change of hosts stops the ranks at their next commit and starts the job "
+          "again on the new hosts, at most %d time(s) with the restarts after a rank dies "
+          "(--reset-limit), and hvd.elastic.run resumes from that commit"
+          % (args.host_discovery_script, launcher_elastic.describe(first) or "no host",
+             opts["min_np"], opts["max_np"] or "all slots", opts["limit"]),
+          file=sys.stderr, flush=True)
+    for note in launcher_flags.notes(args, flavour):
+        print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
+    if args.verbose or args.dry_run:
+        chosen = launcher_elastic.plan(first, [], launcher_elastic.Blacklist(), opts["min_np"],
+                                       opts["max_np"])
+        shown = ("waiting for %d slot(s)" % opts["min_np"] if chosen is None else
+                 " ".join(shlex.quote(c) for c in start_command(*chosen)))
+        print("perseusrun (%s): %s" % (flavour, shown),
+              file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
+    if args.dry_run:
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return launcher_elastic.run_growing(start_command, dict(os.environ, **mpirun_env), opts)
+
+
 def make_parser():
     p = argparse.ArgumentParser(
         prog="perseusrun",
@@ -373,10 +445,13 @@ def main(argv=None):
     if args.check_build:
         from perseus import check_build  # loads the core and asks it about the GPU libraries
         return check_build.main()
-    if args.np is None and not (args.hosts or args.hostfile):
+    if args.np is None and not (args.hosts or args.hostfile or args.host_discovery_script):
         parser.error("the following arguments are required: -np/-n/--num-proc "
                      "(or -H/--hostfile, whose slots it defaults to)")
     launcher_flags.apply_config_file(parser, args)
+    problem = launcher_flags.check_elastic(args)
+    if problem:
+        parser.error(problem)
     if args.reset_limit is not None and not args.elastic:
         parser.error("--reset-limit needs --elastic (the job it restarts)")
     if args.reset_limit is not None and args.reset_limit < 0:
@@ -387,13 +462,18 @@ def main(argv=None):
         flavour = args.mpi_flavour or detect_flavour(mpirun)
         if args.elastic:
             built, why = core_has_ulfm()
-            args.elastic_restart = not built
+            # A job that follows its hosts restarts on them, with or without ULFM.
+            args.elastic_restart = not built or bool(args.host_discovery_script)
             if args.elastic_restart:
                 # Named in perseusrun's environment now, so that Open MPI's -x forwards
                 # the values run_restarting sets for each run.
                 for name in ("PERSEUS_ELASTIC_RUN_ID", "PERSEUS_ELASTIC_RESTARTS",
-                             "PERSEUS_ELASTIC_RESET_LIMIT"):
+                             "PERSEUS_ELASTIC_RESET_LIMIT", "PERSEUS_ELASTIC_NOTICE",
+                             "PERSEUS_ELASTIC_GENERATION"):
                     os.environ.setdefault(name, "")
+        if args.host_discovery_script:
+            check_core_mpi(mpirun, flavour)
+            return _run_growing(parser, args, flavour, mpirun)
         cmd = build_command(args, flavour, mpirun)
         np = world(args, os.cpu_count() or 1)[0]
         check_core_mpi(mpirun, flavour)

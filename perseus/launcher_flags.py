@@ -9,8 +9,10 @@ Each flag does on perseusrun what it does on horovodrun, by one of four routes:
   TCP only, binding, timestamps (mpirun_flags, rank_environment, mpirun_environment);
 * nothing here does it: the flag is accepted and a note says why it changes nothing
   (notes);
-* not available: refused at parse time, naming what to use instead (Gloo, jsrun; the
-  elastic flags until the fault-tolerance work, issue 46, brings them).
+* not available: refused at parse time, naming what to use instead (Gloo, jsrun).
+
+The elastic flags (--min-np, --max-np, --host-discovery-script, ...) drive
+perseus/launcher_elastic.py; check_elastic says what is wrong with them.
 
 A YAML --config-file (horovodrun's sections: params, autotune, timeline, stall_check,
 library_options, logging, controller) fills the flags the command line left unset.
@@ -64,12 +66,6 @@ NO_EFFECT = {
 HYDRA_NO_TIMESTAMPS = ("Hydra's mpirun (MPICH, Intel MPI) cannot timestamp output lines "
                        "(Open MPI's --timestamp-output can)")
 
-ELASTIC_NOT_YET = ("adding workers to a running job is not yet in Perseus (issue 46): a world "
-                   "that shrinks when a rank fails works (`perseusrun --elastic -np N`, with "
-                   "Open MPI 5's ULFM, and hvd.elastic.run; without ULFM the job restarts "
-                   "from its last persisted commit), one that grows does not, so "
-                   "horovodrun's --min-np, --max-np, --host-discovery-script and their "
-                   "companions are refused")
 NO_GLOO = ("Perseus has no Gloo controller: it runs over MPI, which perseusrun launches with "
            "mpirun (drop --gloo, or give --mpi)")
 NO_JSRUN = ("perseusrun does not drive jsrun: Perseus runs over MPI, so on an LSF cluster start "
@@ -154,16 +150,28 @@ def add_to(parser):
                         "their own (mpirun --with-ft ulfm); on any other the job is started "
                         "again and resumes from its last persisted commit")
     g.add_argument("--reset-limit", type=int, metavar="N",
-                   help="--elastic without ULFM: restart the job at most N times after a "
-                        "rank dies, then end it (default: 3)")
-    for flags, metavar in ((["--min-np", "--min-num-proc"], "N"),
-                           (["--max-np", "--max-num-proc"], "N"), (["--slots-per-host"], "N"),
-                           (["--elastic-timeout"], "S"),
-                           (["--blacklist-cooldown-range"], ("MIN", "MAX")),
-                           (["--host-discovery-script"], "SCRIPT")):
-        g.add_argument(*flags, action=_Refuse, nargs=len(metavar) if isinstance(metavar, tuple)
-                       else 1, metavar=metavar, why=ELASTIC_NOT_YET,
-                       help="refused: adding workers is not yet in Perseus")
+                   help="--elastic without ULFM or with --host-discovery-script: restart "
+                        "the job at most N times after a rank dies or the hosts change, "
+                        "then end it (default: 3)")
+    g.add_argument("--host-discovery-script", metavar="SCRIPT",
+                   help="--elastic: a command printing one host[:slots] per line, run at "
+                        "start and every second; when its hosts change, the ranks get "
+                        "HostsUpdatedInterrupt at their next commit and the job restarts "
+                        "on the new hosts from that commit")
+    g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+                   help="with --host-discovery-script: wait for at least N slots (default: "
+                        "-np, else 1)")
+    g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                   help="with --host-discovery-script: run at most N ranks (default: all "
+                        "slots found)")
+    g.add_argument("--slots-per-host", type=int, metavar="N",
+                   help="slots of a host the script prints without :slots (default: 1)")
+    g.add_argument("--elastic-timeout", type=int, metavar="S",
+                   help="how long to wait for --min-np slots before failing (default: "
+                        "$HOROVOD_ELASTIC_TIMEOUT, else 600)")
+    g.add_argument("--blacklist-cooldown-range", type=int, nargs=2, metavar=("MIN", "MAX"),
+                   help="seconds a host that lost a rank stays out (Horovod's doubling "
+                        "cooldown; default: the rest of the job)")
 
     g = parser.add_argument_group("timeline arguments")
     g.add_argument("--timeline-filename", metavar="FILE", help="PERSEUS_TIMELINE")
@@ -216,6 +224,48 @@ def add_to(parser):
                    help="accepted: MPI is Perseus's only controller")
     g.add_argument("--gloo", action=_Refuse, why=NO_GLOO, help="refused: no Gloo")
     g.add_argument("--jsrun", action=_Refuse, why=NO_JSRUN, help="refused: use jsrun itself")
+
+
+ELASTIC_HOST_FLAGS = ("min_np", "max_np", "slots_per_host", "elastic_timeout",
+                      "blacklist_cooldown_range")
+
+
+def check_elastic(args, environ=None):
+    """The first problem with the elastic flags, as one line, or None."""
+    environ = os.environ if environ is None else environ
+    given = [d for d in ELASTIC_HOST_FLAGS if getattr(args, d, None) is not None]
+    script = getattr(args, "host_discovery_script", None)
+    if (script or given) and not getattr(args, "elastic", False):
+        return ("%s needs --elastic (a job that follows its hosts)"
+                % _flag_of("host_discovery_script" if script else given[0]))
+    if given and not script:
+        return ("%s needs --host-discovery-script (the hosts it counts come from it)"
+                % _flag_of(given[0]))
+    if not script:
+        return None
+    if getattr(args, "hosts", None) or getattr(args, "hostfile", None):
+        return "--host-discovery-script gives the hosts: drop -H/--hostfile"
+    for dest in ("np", "min_np", "max_np", "slots_per_host"):
+        value = getattr(args, dest, None)
+        if value is not None and value < 1:
+            return "%s must be at least 1, not %d" % ("-np" if dest == "np" else _flag_of(dest),
+                                                       value)
+    low = args.min_np if args.min_np is not None else (args.np or 1)
+    if args.max_np is not None and low > args.max_np:
+        return ("--min-np %d is above --max-np %d" % (low, args.max_np) if args.min_np is not None
+                else "-np %d is above --max-np %d" % (low, args.max_np))
+    if args.elastic_timeout is not None and args.elastic_timeout < 0:
+        return "--elastic-timeout must be 0 or more seconds, not %d" % args.elastic_timeout
+    if args.elastic_timeout is None:
+        text = environ.get("HOROVOD_ELASTIC_TIMEOUT")
+        if text is not None and not text.strip().isdigit():
+            return "HOROVOD_ELASTIC_TIMEOUT must be a whole number of seconds, not %r" % text
+    if args.blacklist_cooldown_range is not None:
+        low_s, high_s = args.blacklist_cooldown_range
+        if not 1 <= low_s <= high_s <= 3600:  # Horovod's bounds
+            return ("--blacklist-cooldown-range %d %d: need 1 <= MIN <= MAX <= 3600 seconds"
+                    % (low_s, high_s))
+    return None
 
 
 def _nics(args):

@@ -20,6 +20,14 @@ dies (perseus/launcher.py sets PERSEUS_ELASTIC_RUN_ID and PERSEUS_ELASTIC_RESTAR
 the ranks): run() then persists every PERSEUS_ELASTIC_PERSIST_INTERVAL-th commit (rank 0
 writes it atomically into a private folder, perseus.common.private_files), and a
 restarted job's run() resumes from the last one persisted (_Persister).
+
+Under `perseusrun --elastic --host-discovery-script` (perseus/launcher_elastic.py) the
+job also follows its hosts: perseusrun writes a new generation into a notice file
+(PERSEUS_ELASTIC_NOTICE) when the hosts change; at each commit (and
+check_host_updates()) rank 0 stats it and one broadcast tells every rank, so all raise
+HostsUpdatedInterrupt at the same commit. run() then persists that commit, the ranks
+exit with HOSTS_UPDATED_EXIT, and perseusrun starts the job again on the new hosts,
+where run() resumes from it.
 """
 
 import functools
@@ -30,11 +38,14 @@ import sys
 from perseus.common import basics, private_files
 from perseus.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
+# The exit code of ranks that stop for new hosts; perseusrun restarts the job on them.
+HOSTS_UPDATED_EXIT = 75
+
 RESIZE_UNSUPPORTED = (
-    "elastic resizing (adding or removing workers) needs Horovod's elastic driver "
-    "(horovodrun --min-np/--max-np with a host discovery script); Perseus runs on MPI's "
-    "fixed world of ranks started by mpirun, so hvd.elastic.run only retries after a "
-    "HorovodInternalError, on the same %d ranks")
+    "elastic resizing (adding or removing workers) needs perseusrun --elastic "
+    "--host-discovery-script (which restarts the job on the new hosts); this job was "
+    "started without it, so hvd.elastic.run only retries after a HorovodInternalError, "
+    "on the same %d ranks")
 
 
 class State:
@@ -78,9 +89,17 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Would raise HostsUpdatedInterrupt when hosts were added or removed. The
-        world is fixed, so there is never an update (and no collective is needed
-        to agree on that)."""
+        """Raises HostsUpdatedInterrupt, on every rank at once, when perseusrun
+        --host-discovery-script found other hosts or slots. Rank 0 stats perseusrun's
+        notice file and one broadcast tells the others (Horovod's commit broadcasts
+        its last update's timestamp likewise). Without a discovery script there is
+        never an update, and nothing is checked or sent."""
+        watch = _host_watch()
+        if watch is None:
+            return
+        updated = watch.updated() if basics.rank() == 0 else False
+        if self._bcast_object(updated):
+            raise HostsUpdatedInterrupt()
 
     def save(self):
         raise NotImplementedError()
@@ -164,6 +183,48 @@ def persist_path(folder, run_id):
     return os.path.join(folder, "%s%s.pkl" % (PERSIST_PREFIX, run_id))
 
 
+def notice_path(folder, run_id):
+    """perseusrun's notice of host changes for run `run_id` (launcher_elastic.py)."""
+    return os.path.join(folder, "hosts.%s" % run_id)
+
+
+class _HostWatch:
+    """Rank 0's view of perseusrun's notice: `generation np hosts`, read only when a
+    stat says the file changed."""
+
+    def __init__(self, path, generation):
+        self.path, self.generation, self.seen = path, generation, None
+
+    def updated(self):
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if key == self.seen:
+            return False
+        self.seen = key
+        try:
+            with open(self.path) as f:
+                return int(f.readline().split()[0]) > self.generation
+        except (OSError, ValueError, IndexError):
+            return False
+
+
+_watch = [None, False]  # the watch, and whether the environment was read
+
+
+def _host_watch():
+    """The notice to watch when perseusrun --host-discovery-script started this job,
+    else None."""
+    if not _watch[1]:
+        _watch[1] = True
+        path = os.environ.get("PERSEUS_ELASTIC_NOTICE")
+        if path:
+            _watch[0] = _HostWatch(path, int(os.environ.get("PERSEUS_ELASTIC_GENERATION", "0")))
+    return _watch[0]
+
+
 def restart_run():
     """(run id, restarts so far, restart limit) when perseusrun --elastic restarts this
     job after a rank dies (a core without ULFM), else None."""
@@ -190,6 +251,7 @@ class _Persister:
         self.run_id = run_id
         self.interval = int(basics.config().get("PERSEUS_ELASTIC_PERSIST_INTERVAL", "1"))
         self.commits = 0
+        self.persisted = 0  # the number of the last commit written
         folder = persist_dir()
         self.path = persist_path(folder, run_id)
         problem = None
@@ -212,6 +274,11 @@ class _Persister:
         self.commits += 1
         if self.commits % self.interval:
             return
+        self.write(state)
+
+    def write(self, state):
+        """Persists the last commit (every rank calls it; rank 0 writes)."""
+        self.persisted = self.commits
         data = state._persisted()  # on every rank: it may gather (the samplers' records)
         if basics.rank() == 0:
             with private_files.replace_privately(self.path) as f:
@@ -232,7 +299,7 @@ class _Persister:
         if problem:
             raise PersistError("hvd.elastic.run " + problem)
         if loaded is not None:
-            self.commits = loaded
+            self.commits = self.persisted = loaded
         return loaded
 
     def _load(self, state):
@@ -311,9 +378,32 @@ def _start_persisting(state):
         commit = persister.resume(state)
         if basics.rank() == 0:
             sys.stderr.write("[perseus] hvd.elastic: restart %d: %s\n" % (
-                run[1], "resuming from persisted commit %d" % commit if commit is not None
+                run[1], "resuming from persisted commit %d on %d rank(s)" % (
+                    commit, basics.size()) if commit is not None
                 else "no commit was persisted before the failure: starting from the beginning"))
             sys.stderr.flush()
+        if commit is not None:
+            # As Horovod after a reset: every rank holds the commit when the reset
+            # callbacks run (e.g. to rescale the learning rate to the new size), and
+            # the sync that follows gives rank 0's state to all.
+            state.sync()
+            state.on_reset()
+
+
+def _stop_for_new_hosts(state):
+    """HostsUpdatedInterrupt under perseusrun --host-discovery-script: persist the commit
+    just made (Horovod does not restore on a host update: nothing is lost), leave, and
+    let perseusrun start the job on the new hosts."""
+    persister = getattr(state, "_persister", None)
+    if persister is not None and persister.persisted != persister.commits:
+        persister.write(state)
+    if basics.rank() == 0:
+        sys.stderr.write("[perseus] hvd.elastic: the hosts changed: commit %d is persisted; "
+                         "the job stops here and perseusrun starts it on the new hosts\n"
+                         % (persister.commits if persister is not None else 0))
+        sys.stderr.flush()
+    basics.shutdown()
+    raise SystemExit(HOSTS_UPDATED_EXIT)
 
 
 def run_fn(func, reset_fn=reset):
@@ -333,7 +423,9 @@ def run_fn(func, reset_fn=reset):
             except HorovodInternalError:
                 state.restore()
             except HostsUpdatedInterrupt as e:
-                raise NotImplementedError(RESIZE_UNSUPPORTED % basics.size()) from e
+                if _host_watch() is None or getattr(state, "_persister", None) is None:
+                    raise NotImplementedError(RESIZE_UNSUPPORTED % basics.size()) from e
+                _stop_for_new_hosts(state)
             reset_fn()
             state.on_reset()
 

@@ -46,9 +46,7 @@ HOROVODRUN_FLAGS = [
     ("-H", "a:2"), ("--hosts", "a:2"), ("-hostfile", "h"), ("--hostfile", "h"),
     ("--host-discovery-script", "d.sh"), ("--gloo",), ("--mpi",), ("--jsrun",),
 ]
-ELASTIC = {"--min-np", "--min-num-proc", "--max-np", "--max-num-proc", "--slots-per-host",
-           "--elastic-timeout", "--blacklist-cooldown-range", "--host-discovery-script"}
-REFUSED = ELASTIC | {"--gloo", "--jsrun"}
+REFUSED = {"--gloo", "--jsrun"}
 EXITING = {"-v", "--version", "-cb", "--check-build"}
 
 
@@ -76,10 +74,7 @@ def test_refused_flags_say_what_to_use_instead(flag, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert flag[0] in err
-    if flag[0] in ELASTIC:
-        assert "not yet" in err and "issue 46" in err, err
-    else:
-        assert "MPI" in err and ("mpirun" in err or "perseusrun" in err), err
+    assert "MPI" in err and ("mpirun" in err or "perseusrun" in err), err
 
 
 def test_help_lists_every_horovodrun_flag():

@@ -11,7 +11,8 @@ PERSEUS_SKIP_OMPI5=1 skips these tests on purpose.
 
 Where the MPI has no ULFM (the MPICH core of .venv), `perseusrun --elastic` restarts the
 job after a rank is killed and hvd.elastic.run resumes from the last persisted commit
-(tests/rank_scripts/elastic_restart.py): the last tests here.
+(tests/rank_scripts/elastic_restart.py), and with --host-discovery-script the job
+follows its hosts, 2 -> 4 ranks and 4 -> 2, restarting at a commit: the last tests here.
 """
 import os
 import stat
@@ -193,7 +194,7 @@ def test_restart_resumes_from_the_last_persisted_commit(run_mpi, tmp_path):
     assert "run 0 started at step 0 epoch 0" in out, out
     assert "run 1 started at step %d epoch %d" % (resumed, resumed // STEPS_PER_EPOCH) in out, out
     assert "run 2" not in out, out
-    assert out.count("restart ok: run 1, %d steps" % (3 * STEPS_PER_EPOCH)) == NP, out
+    assert out.count("restart ok: run 1, size %d, %d steps" % (NP, 3 * STEPS_PER_EPOCH)) == NP, out
     assert stat.S_IMODE(os.lstat(commits).st_mode) == 0o700
     assert os.listdir(commits) == [], os.listdir(commits)
 
@@ -232,3 +233,60 @@ def test_restart_refuses_a_persist_folder_that_is_a_link(run_mpi, tmp_path):
     assert out.count("refused: hvd.elastic.run cannot persist commits") == 2, out
     assert out.count("PERSEUS_ELASTIC_PERSIST_DIR: refusing to use the folder %s: it is a "
                      "symbolic link" % link) == 2, out
+
+
+def grow_job(tmp_path, before, after, extra=()):
+    """perseusrun --elastic --host-discovery-script on the MPICH core: the script prints
+    the hosts file, which holds `before` at start and `after` from step 3 of the first
+    run on (rank 0 writes it). -> (rc, stdout, stderr, report)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(before + "\n")
+    env = clean_env({"PTEST_RESTART_CASE": "grow", "PTEST_CHANGE_STEP": "3",
+                     "PTEST_HOSTS_FILE": str(hosts), "PTEST_NEW_HOSTS": after,
+                     "PTEST_TMPDIR": str(tmp_path),
+                     "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
+    cmd = perseusrun_elastic("--host-discovery-script", "cat %s" % hosts, "--min-np", "2",
+                             "--max-np", "4", *extra) + [
+        sys.executable, str(RANK_SCRIPTS / "elastic_restart.py")]
+    rc, out, err, _ = run_bounded(cmd, env, 180)
+    return rc, out, err, "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err)
+
+
+@pytest.mark.parametrize("before,after", [(2, 4), (4, 2)], ids=["grow_2_to_4", "shrink_4_to_2"])
+def test_the_job_follows_its_hosts(tmp_path, before, after):
+    """Issue 46, point 3, on the MPICH core (no ULFM): the discovery script's output goes
+    from localhost:<before> to localhost:<after> while the job runs. Every rank of the
+    first run sees HostsUpdatedInterrupt at the same commit and stops; perseusrun starts
+    the job again with <after> ranks, which resumes from that commit (not from scratch),
+    runs the reset callback once at its new size, and finishes with the script's checks:
+    identical parameters on every rank, a falling loss, no sample of the commit trained
+    again nor skipped."""
+    rc, out, err, report = grow_job(tmp_path, "localhost:%d" % before, "localhost:%d" % after)
+    assert rc == 0, report
+    assert "starting %d rank(s) on localhost:%d (run 0)" % (before, before) in err, report
+    assert "starting %d rank(s) on localhost:%d (run 1)" % (after, after) in err, report
+    stopped = [l for l in out.splitlines() if "stopped for new hosts after step" in l]
+    assert len(stopped) == before, report
+    steps = {l.split("after step ")[1].split(",")[0] for l in stopped}
+    assert len(steps) == 1, report  # all at the same commit
+    step = int(steps.pop())
+    assert step >= 3, report
+    assert "the hosts changed: commit %d is persisted" % step in err, report
+    assert "run 1 started at step %d" % step in out, report
+    assert "reset callback at size %d, step %d" % (after, step) in out, report
+    assert out.count("restart ok: run 1, size %d" % after) == after, report
+    assert os.listdir(tmp_path / "commits") == [], os.listdir(tmp_path / "commits")
+
+
+def test_min_np_not_met_fails_saying_so(tmp_path):
+    """Issue 46, point 3: the discovery script offers 1 slot and --min-np is 2: perseusrun
+    waits for hosts up to --elastic-timeout (2 s here), then fails saying why, with no
+    rank started."""
+    cmd = perseusrun_elastic("--host-discovery-script", "echo localhost:1", "--min-np", "2",
+                             "--elastic-timeout", "2") + [sys.executable, "-c", "print('ran')"]
+    rc, out, err, elapsed = run_bounded(cmd, clean_env({"PERSEUS_ELASTIC_PERSIST_DIR":
+                                                        str(tmp_path / "c")}), 60)
+    report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err)
+    assert rc != 0 and "ran" not in out, report
+    assert ("timed out after 2 s waiting for hosts (--elastic-timeout, HOROVOD_ELASTIC_TIMEOUT): "
+            "the discovery script offers 1 slot(s) (localhost:1), fewer than --min-np 2") in err, report

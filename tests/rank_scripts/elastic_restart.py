@@ -18,10 +18,19 @@ ElasticSampler, committing after every batch inside hvd.elastic.run
   always   rank PTEST_VICTIM SIGKILLs itself at step PTEST_KILL_STEP, before the step's
            allreduce (the others are inside it), in every run (the restart limit).
   bad_dir  hvd.elastic.run must refuse PERSEUS_ELASTIC_PERSIST_DIR on every rank.
+  grow     under perseusrun --elastic --host-discovery-script (issue 46, point 3): in the
+           first run, rank 0 writes PTEST_NEW_HOSTS into PTEST_HOSTS_FILE (what the
+           discovery script prints) after step PTEST_CHANGE_STEP, and the steps slow
+           down (0.25 s) until the ranks see HostsUpdatedInterrupt at a commit and stop
+           (exit code 75; each logs "stopped for new hosts after step S, size N"). The
+           next run, on the new hosts, must start at that step, run the reset callback
+           once at its size, and finish with the checks of `resume`.
 """
 import os
 import pickle
 import signal
+import sys
+import time
 
 import torch
 
@@ -60,7 +69,14 @@ def body():
         elastic.pickle = _DieMidWrite()
     x, y = regression_data(SAMPLES, FEATURES)
     model, optimizer, state = elastic_regression(x, y)
-    record = {"start": None, "committed": None, "trained": set()}
+    record = {"start": None, "committed": None, "trained": set(), "resets": 0}
+
+    def on_reset():  # Horovod's use: rescale to the new size; here, count and log
+        record["resets"] += 1
+        if hvd.rank() == 0:
+            log("reset callback at size %d, step %d" % (hvd.size(), state.step))
+
+    state.register_reset_callbacks([on_reset])
 
     @hvd.elastic.run
     def train(state):
@@ -76,6 +92,9 @@ def body():
                 if (case == "always" and hvd.rank() == int(os.environ["PTEST_VICTIM"])
                         and state.step == int(os.environ["PTEST_KILL_STEP"])):
                     os.kill(os.getpid(), signal.SIGKILL)
+                if case == "grow" and attempt == 0 and state.step > int(
+                        os.environ["PTEST_CHANGE_STEP"]):
+                    time.sleep(0.25)  # time for perseusrun's discovery to see the change
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
                 loss.backward()
@@ -85,6 +104,10 @@ def body():
                 state.sampler.record_batch(batch, BATCH)
                 state.losses.append(hvd.allreduce(loss.detach(), name="loss").item())
                 state.step += 1
+                if (case == "grow" and attempt == 0 and hvd.rank() == 0
+                        and state.step == int(os.environ["PTEST_CHANGE_STEP"])):
+                    with open(os.environ["PTEST_HOSTS_FILE"], "w") as f:
+                        f.write(os.environ["PTEST_NEW_HOSTS"] + "\n")
                 state.commit()
             state.sampler.set_epoch(state.epoch + 1)
         return state.losses
@@ -99,9 +122,22 @@ def body():
         raise AssertionError("hvd.elastic.run accepted PERSEUS_ELASTIC_PERSIST_DIR=%s"
                              % os.environ.get("PERSEUS_ELASTIC_PERSIST_DIR"))
 
-    losses = train(state)
-    steps = EPOCHS * SAMPLES // (BATCH * hvd.size())
-    assert state.step == steps and len(losses) == steps, (state.step, len(losses), steps)
+    size = hvd.size()
+    try:
+        losses = train(state)
+    except SystemExit as e:
+        if case != "grow" or e.code != elastic.HOSTS_UPDATED_EXIT:
+            raise
+        log("stopped for new hosts after step %d, size %d" % (state.step, size))  # shut down
+        sys.stdout.flush()
+        os._exit(e.code)
+    if case == "grow":
+        assert attempt == 1 and record["resets"] == 1, (attempt, record["resets"])
+        assert state.epoch == EPOCHS - 1 and len(losses) == state.step, (state.epoch,
+                                                                          len(losses))
+    else:
+        steps = EPOCHS * SAMPLES // (BATCH * hvd.size())
+        assert state.step == steps and len(losses) == steps, (state.step, len(losses), steps)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = hvd.allgather(flat.unsqueeze(0))
     for r in range(hvd.size()):
@@ -113,7 +149,8 @@ def body():
     assert not repeated, "samples of the persisted commit trained again: %s" % repeated
     skipped = set(range(SAMPLES)) - trained - record["committed"]
     assert not skipped, "samples never trained in the epoch it resumed in: %s" % skipped
-    log("restart ok: run %d, %d steps, loss %.4f -> %.4f" % (attempt, state.step, first, last))
+    log("restart ok: run %d, size %d, %d steps, loss %.4f -> %.4f"
+        % (attempt, hvd.size(), state.step, first, last))
     hvd.shutdown()
 
 

@@ -1,0 +1,273 @@
+"""perseusrun --elastic --host-discovery-script: a job that grows and shrinks with its
+hosts, on any MPI (issue 46, point 3).
+
+The route: a restart at a commit boundary. perseusrun runs the discovery script at
+start and every DISCOVER_PERIOD_S while the job runs (Horovod's period); when the
+hosts or slots it prints change the plan (the hosts and np the job would run on), it
+writes the new generation into a notice file in the job's private persist folder.
+hvd.elastic.run's rank 0 stats that file at each commit (and at check_host_updates()),
+one broadcast tells every rank, and they all raise HostsUpdatedInterrupt at the same
+commit: the commit just made is persisted, the ranks exit with HOSTS_UPDATED_EXIT, and
+perseusrun starts the job again on the new hosts with the new np; the new job resumes
+from that commit (perseus/common/elastic.py). This works on MPICH and Open MPI 4/5
+alike; growing in place (MPI_Comm_spawn, connect/accept on Open MPI 5) is not done.
+"""
+
+import os
+import random
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+DISCOVER_PERIOD_S = 1.0       # Horovod's DISCOVER_HOSTS_FREQUENCY_SECS
+ELASTIC_TIMEOUT_S = 600       # Horovod's ELASTIC_TIMEOUT_SECS (HOROVOD_ELASTIC_TIMEOUT)
+DISCOVERY_TIMEOUT_S = 30      # ours: Horovod waits for a hung script for good
+# Horovod's bounds of --blacklist-cooldown-range (discovery.py).
+COOLDOWN_LOWER_BOUND_S, COOLDOWN_UPPER_BOUND_S = 1, 3600
+_HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]]+$")
+
+
+class DiscoveryError(Exception):
+    """The discovery script failed, hung, or printed what is not host[:slots] lines."""
+
+
+def parse_discovered(text, default_slots, script="the discovery script"):
+    """The script's output -> [(host, slots)] in its order. A line is `host` (with
+    default_slots, --slots-per-host) or `host:slots`; empty lines are skipped (no host
+    yet, as Horovod allows). A malformed line or a host named twice is an error."""
+    hosts, seen = [], set()
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        name, sep, slots = line.rpartition(":")
+        if not sep:
+            name, slots = line, None
+        if not _HOST.match(name) or (slots is not None and not slots.isdigit()):
+            raise DiscoveryError("%s printed %r on line %d: expected host or host:slots"
+                                 % (script, raw, number))
+        count = default_slots if slots is None else int(slots)
+        if count < 1:
+            raise DiscoveryError("%s printed %r on line %d: a host needs at least one slot"
+                                 % (script, raw, number))
+        if name in seen:
+            raise DiscoveryError("%s named host %s twice (line %d): each host once, with "
+                                 "its slots" % (script, name, number))
+        seen.add(name)
+        hosts.append((name, count))
+    return hosts
+
+
+def discover(script, default_slots, timeout=DISCOVERY_TIMEOUT_S):
+    """Runs the discovery script (a shell command, as Horovod runs it) -> [(host, slots)].
+    DiscoveryError when it exits non-zero, runs past `timeout` s or prints garbage."""
+    proc = subprocess.Popen(script, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.communicate()
+        raise DiscoveryError("the host discovery script %r did not finish within %g s "
+                             "(PERSEUS_HOST_DISCOVERY_TIMEOUT)" % (script, timeout))
+    if proc.returncode != 0:
+        raise DiscoveryError("the host discovery script %r failed with exit code %d%s"
+                             % (script, proc.returncode,
+                                (": " + err.strip().splitlines()[-1]) if err.strip() else ""))
+    return parse_discovered(out, default_slots, "the host discovery script %r" % script)
+
+
+class Blacklist:
+    """Hosts that lost a rank, as Horovod's HostState: without a cooldown range a host
+    stays out for the rest of the job; with --blacklist-cooldown-range MIN MAX its n-th
+    blacklisting keeps it out for MIN * 2**n + uniform(0, 1) * MIN seconds, clamped to
+    [MIN, MAX]. Hosts of this machine are never blacklisted (the slot of a killed
+    process is free again at once, and there is no other host to go to)."""
+
+    def __init__(self, cooldown_range=None, clock=time.time, uniform=random.random):
+        self.range = cooldown_range
+        self.clock, self.uniform = clock, uniform
+        self.count, self.until = {}, {}
+
+    def add(self, host):
+        if is_local(host):
+            return None
+        self.count[host] = self.count.get(host, 0) + 1
+        if self.range is None:
+            self.until[host] = float("inf")
+        else:
+            low, high = self.range
+            delay = low * (1 << self.count[host]) + self.uniform() * low
+            self.until[host] = self.clock() + max(low, min(high, delay))
+        return self.until[host]
+
+    def blocked(self, host):
+        return self.until.get(host, 0) > self.clock()
+
+
+def is_local(host):
+    return host in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn())
+
+
+def plan(found, order, blacklist, min_np, max_np):
+    """(hosts [(host, slots)], np) to run on, or None below min_np. The hosts keep the
+    order of the last run (`order`, so rank 0 stays on its host, as Horovod keeps the
+    oldest hosts first), then new ones in the script's order; blacklisted hosts are
+    left out; np is min(max_np, the slots), and only hosts that get a rank are kept."""
+    slots = {h: n for h, n in found if not blacklist.blocked(h)}
+    names = [h for h in order if h in slots] + [h for h, _ in found
+                                                 if h in slots and h not in order]
+    total = sum(slots.values())
+    if total < min_np or total == 0:
+        return None
+    np = min(max_np, total) if max_np else total
+    hosts, left = [], np
+    for name in names:
+        if left <= 0:
+            break
+        hosts.append((name, slots[name]))
+        left -= slots[name]
+    return hosts, np
+
+
+def describe(hosts):
+    return ",".join("%s:%d" % h for h in hosts)
+
+
+def write_notice(path, generation, hosts, np):
+    """The ranks' channel: `generation np hosts`, replaced atomically."""
+    tmp = "%s.%s.tmp" % (path, secrets.token_hex(4))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("%d %d %s\n" % (generation, np, describe(hosts)))
+    os.replace(tmp, path)
+
+
+def run_growing(start_command, env, opts, say=None):
+    """Runs the job under a discovery script; -> the last exit code.
+
+    start_command(hosts, np) -> mpirun's argv. opts: script, slots (default slots a
+    host), min_np, max_np (0: no bound), elastic_timeout, discovery_timeout,
+    cooldown_range, limit (--reset-limit: restarts for deaths and host changes alike,
+    as Horovod counts resets), first (the hosts found at start)."""
+    from perseus.common import elastic, private_files
+    say = say or (lambda text: print("perseusrun: --elastic: " + text, file=sys.stderr,
+                                     flush=True))
+    run_id = "%d-%s" % (os.getpid(), secrets.token_hex(6))
+    folder = elastic.persist_dir()
+    private_files.private_folder(folder)
+    notice = elastic.notice_path(folder, run_id)
+    blacklist = Blacklist(opts["cooldown_range"])
+    stop = {"signal": None, "child": None}
+
+    def forward(signum, frame):
+        stop["signal"] = signum
+        if stop["child"] is not None and stop["child"].poll() is None:
+            stop["child"].send_signal(signum)
+
+    def find():
+        return discover(opts["script"], opts["slots"], opts["discovery_timeout"])
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM,
+                                                        signal.SIGHUP)}
+    order, found, generation, restarts = [], opts["first"], 0, 0
+    try:
+        while True:
+            deadline = time.monotonic() + opts["elastic_timeout"]
+            chosen = plan(found, order, blacklist, opts["min_np"], opts["max_np"])
+            while chosen is None:
+                if time.monotonic() >= deadline:
+                    say("timed out after %g s waiting for hosts (--elastic-timeout, "
+                        "HOROVOD_ELASTIC_TIMEOUT): the discovery script offers %d slot(s) "
+                        "(%s), fewer than --min-np %d" % (
+                            opts["elastic_timeout"], sum(n for h, n in found
+                                                         if not blacklist.blocked(h)),
+                            describe(found) or "no host", opts["min_np"]))
+                    return 1
+                if stop["signal"] is not None:
+                    return 128 + stop["signal"]
+                time.sleep(DISCOVER_PERIOD_S)
+                try:
+                    found = find()
+                except DiscoveryError as e:
+                    say("%s (trying again)" % e)
+                chosen = plan(found, order, blacklist, opts["min_np"], opts["max_np"])
+            hosts, np = chosen
+            order = [h for h, _ in hosts]
+            write_notice(notice, generation, hosts, np)
+            started = generation
+            say("starting %d rank(s) on %s (run %d)" % (np, describe(hosts), restarts))
+            child_env = dict(env, PERSEUS_ELASTIC_RUN_ID=run_id,
+                             PERSEUS_ELASTIC_RESTARTS=str(restarts),
+                             PERSEUS_ELASTIC_RESET_LIMIT=str(opts["limit"]),
+                             PERSEUS_ELASTIC_NOTICE=notice,
+                             PERSEUS_ELASTIC_GENERATION=str(generation))
+            stop["child"] = child = subprocess.Popen(start_command(hosts, np), env=child_env,
+                                                     preexec_fn=_end_with_parent)
+            told = chosen
+            while True:
+                try:
+                    child.wait(timeout=DISCOVER_PERIOD_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                try:
+                    now = find()
+                except DiscoveryError as e:  # transient while the job runs, as Horovod
+                    say("%s (the job goes on)" % e)
+                    continue
+                found = now
+                wanted = plan(found, order, blacklist, opts["min_np"], opts["max_np"])
+                if wanted is not None and wanted != told:
+                    generation += 1
+                    told = wanted
+                    write_notice(notice, generation, *wanted)
+                    say("the hosts changed: %d rank(s) on %s next; the ranks are told "
+                        "(HostsUpdatedInterrupt at their next commit)"
+                        % (wanted[1], describe(wanted[0])))
+            returncode = child.returncode
+            if returncode == 0:
+                for path in (notice, elastic.persist_path(folder, run_id)):
+                    if os.path.isfile(path) and not os.path.islink(path):
+                        os.unlink(path)
+                return 0
+            if stop["signal"] is not None:
+                return returncode
+            if returncode == elastic.HOSTS_UPDATED_EXIT and generation > started:
+                why = "the ranks stopped at a commit for the new hosts"
+            elif _died_of_signal(returncode):
+                why = "a rank was killed (mpirun's exit code %d)" % returncode
+                # Which host lost it: mpirun's exit code does not say, so no host is
+                # blacklisted yet (docs/elastic.md); Blacklist is Horovod's rule for when
+                # one is named.
+            else:
+                say("the job failed with exit code %d, which is neither a rank killed by a "
+                    "signal nor the ranks stopping for new hosts: not restarted" % returncode)
+                return returncode
+            if restarts >= opts["limit"]:
+                say("%s and the job was already restarted %d time(s), the --reset-limit: "
+                    "giving up" % (why, restarts))
+                return returncode
+            restarts += 1
+            say("%s: restarting the job (restart %d of at most %d, --reset-limit), which "
+                "resumes from its last persisted commit" % (why, restarts, opts["limit"]))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _died_of_signal(returncode):
+    from perseus.launcher import died_of_signal
+    return died_of_signal(returncode)
+
+
+def _end_with_parent():
+    from perseus.launcher import _end_with_parent as end
+    end()

@@ -1,0 +1,130 @@
+"""perseusrun --elastic --host-discovery-script (issue 46, point 3): the discovery
+script's output, its failures, the flags' checks, the plan (hosts and np) and Horovod's
+blacklist cooldown, without mpirun; the notice the ranks watch at commit. The jobs that
+grow and shrink are in tests/mpi/test_fault_tolerance.py."""
+import sys
+import time
+
+import pytest
+
+from perseus import launcher_elastic as le
+from perseus.common import elastic
+from perseus.launcher import main
+
+
+def test_discovery_output_is_read_as_horovod_reads_it():
+    text = "node1:4\n\nnode2\n  node3:2  \n"
+    assert le.parse_discovered(text, 3) == [("node1", 4), ("node2", 3), ("node3", 2)]
+    assert le.parse_discovered("", 1) == []  # no host yet: allowed, as in Horovod
+
+
+@pytest.mark.parametrize("text,said", [
+    ("node1:4\nwhat is this\n", "printed 'what is this' on line 2: expected host or host:slots"),
+    ("node1:four\n", "printed 'node1:four' on line 1"),
+    ("node1:0\n", "a host needs at least one slot"),
+    ("node1:2\nnode2:2\nnode1:4\n", "named host node1 twice (line 3)"),
+])
+def test_discovery_garbage_and_duplicates_are_named(text, said):
+    with pytest.raises(le.DiscoveryError, match=None) as e:
+        le.parse_discovered(text, 1, "the script")
+    assert said in str(e.value), str(e.value)
+
+
+def test_a_failing_or_hanging_script_is_an_error():
+    with pytest.raises(le.DiscoveryError) as e:
+        le.discover("echo no hosts >&2; exit 3", 1)
+    assert "failed with exit code 3: no hosts" in str(e.value), str(e.value)
+    started = time.monotonic()
+    with pytest.raises(le.DiscoveryError) as e:
+        le.discover("sleep 30", 1, timeout=0.5)
+    assert time.monotonic() - started < 10
+    assert "did not finish within 0.5 s (PERSEUS_HOST_DISCOVERY_TIMEOUT)" in str(e.value)
+    assert le.discover("echo localhost:2", 1) == [("localhost", 2)]
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--elastic", "--host-discovery-script", "echo a:4", "--min-np", "4", "--max-np", "2"],
+     "--min-np 4 is above --max-np 2"),
+    (["--elastic", "--host-discovery-script", "echo a:4", "-np", "3", "--max-np", "2"],
+     "-np 3 is above --max-np 2"),
+    (["--host-discovery-script", "echo a:4", "-np", "2"],
+     "--host-discovery-script needs --elastic"),
+    (["--min-np", "2", "-np", "2"], "--min-np needs --elastic"),
+    (["--elastic", "--max-np", "2", "-np", "2"], "--max-np needs --host-discovery-script"),
+    (["--elastic", "--host-discovery-script", "echo a:4", "-H", "a:4"],
+     "--host-discovery-script gives the hosts: drop -H/--hostfile"),
+    (["--elastic", "--host-discovery-script", "echo a:4", "--min-np", "0"],
+     "--min-np must be at least 1, not 0"),
+    (["--elastic", "--host-discovery-script", "echo a:4", "--blacklist-cooldown-range", "0",
+      "10"], "need 1 <= MIN <= MAX <= 3600 seconds"),
+    (["--elastic", "--host-discovery-script", "exit 3"], "failed with exit code 3"),
+    (["--elastic", "--host-discovery-script", "echo 'a b'"], "printed 'a b' on line 1"),
+    (["--elastic", "--host-discovery-script", "printf 'a:2\\na:2\\n'"], "named host a twice"),
+])
+def test_bad_input_stops_perseusrun_before_any_rank(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["python", "-c", "pass"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err, err
+
+
+def test_a_hanging_script_stops_perseusrun(monkeypatch, capsys):
+    monkeypatch.setenv("PERSEUS_HOST_DISCOVERY_TIMEOUT", "0.5")
+    with pytest.raises(SystemExit) as e:
+        main(["--elastic", "--host-discovery-script", "sleep 30", "python", "-c", "pass"])
+    assert e.value.code == 2
+    assert "did not finish within 0.5 s" in capsys.readouterr().err
+
+
+def test_the_plan_keeps_old_hosts_first_and_bounds_np():
+    none = le.Blacklist()
+    found = [("c", 2), ("a", 2), ("b", 2)]
+    assert le.plan(found, [], none, 2, 0) == ([("c", 2), ("a", 2), ("b", 2)], 6)
+    assert le.plan(found, ["b", "a"], none, 2, 3) == ([("b", 2), ("a", 2)], 3)
+    assert le.plan([("a", 1)], [], none, 2, 4) is None  # below --min-np
+    out = le.Blacklist()
+    out.add("b")
+    assert le.plan(found, ["b", "a"], out, 2, 0) == ([("a", 2), ("c", 2)], 4)
+
+
+def test_blacklist_cooldown_is_horovods():
+    """Horovod's HostState: the n-th blacklisting keeps a host out for
+    MIN * 2**n + uniform(0, 1) * MIN seconds, clamped to [MIN, MAX]; without a range, for
+    the rest of the job; this machine never."""
+    now = [1000.0]
+    b = le.Blacklist((10, 100), clock=lambda: now[0], uniform=lambda: 0.5)
+    assert [b.add("n1") - now[0] for _ in range(4)] == [25.0, 45.0, 85.0, 100.0]
+    assert b.blocked("n1") and not b.blocked("n2")
+    now[0] += 101
+    assert not b.blocked("n1")
+    forever = le.Blacklist()
+    forever.add("n1")
+    assert forever.until["n1"] == float("inf")
+    assert forever.add("localhost") is None and not forever.blocked("localhost")
+
+
+def test_the_ranks_notice_says_a_newer_generation_once(tmp_path):
+    """What rank 0 checks at commit: a stat, and the file read only when it changed."""
+    path = str(tmp_path / "hosts.run")
+    le.write_notice(path, 0, [("localhost", 2)], 2)
+    watch = elastic._HostWatch(path, 0)
+    assert not watch.updated()
+    le.write_notice(path, 1, [("localhost", 4)], 4)
+    assert watch.updated()
+    assert not watch.updated()  # unchanged since
+    assert open(path).read() == "1 4 localhost:4\n"
+
+
+def test_a_job_without_a_discovery_script_checks_nothing(monkeypatch):
+    monkeypatch.delenv("PERSEUS_ELASTIC_NOTICE", raising=False)
+    monkeypatch.setattr(elastic, "_watch", [None, False])
+    calls = []
+    state = elastic.ObjectState(bcast_object=lambda v: calls.append(v) or v,
+                                get_rank=lambda: 0, epoch=0)
+    state.commit()
+    assert calls == []  # no broadcast: nothing is sent at commit
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
