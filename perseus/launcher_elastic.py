@@ -11,6 +11,9 @@ commit: the commit just made is persisted, the ranks exit with HOSTS_UPDATED_EXI
 perseusrun starts the job again on the new hosts with the new np; the new job resumes
 from that commit (perseus/common/elastic.py). This works on MPICH and Open MPI 4/5
 alike; growing in place (MPI_Comm_spawn, connect/accept on Open MPI 5) is not done.
+
+perseusrun copies mpirun's output to its own as it comes and reads from it the host
+of a rank that died (LOST_RANK_HOST), which it blacklists with Horovod's cooldown.
 """
 
 import os
@@ -21,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 DISCOVER_PERIOD_S = 1.0       # Horovod's DISCOVER_HOSTS_FREQUENCY_SECS
@@ -29,6 +33,12 @@ DISCOVERY_TIMEOUT_S = 30      # ours: Horovod waits for a hung script for good
 # Horovod's bounds of --blacklist-cooldown-range (discovery.py).
 COOLDOWN_LOWER_BOUND_S, COOLDOWN_UPPER_BOUND_S = 1, 3600
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]]+$")
+# How mpirun names the host of a rank that died: Hydra's banner on stdout ("=   PID 123
+# RUNNING AT node7"), Open MPI's / PRRTE's line on stderr ("... noticed that process
+# rank 3 with PID 123 on node node7 exited on signal 9").
+LOST_RANK_HOST = (re.compile(r"^=\s+PID \d+ RUNNING AT (\S+)"),
+                  re.compile(r"noticed that process rank \d+ with PID \d+ on node (\S+) "
+                             r"exited on signal"))
 
 
 class DiscoveryError(Exception):
@@ -137,6 +147,56 @@ def plan(found, order, blacklist, min_np, max_np):
     return hosts, np
 
 
+class _Relay(threading.Thread):
+    """Copies one of mpirun's output streams to ours as it comes, and notes the hosts
+    mpirun says lost a rank (LOST_RANK_HOST)."""
+
+    def __init__(self, pipe, fd, lost):
+        super().__init__(daemon=True)
+        self.pipe, self.fd, self.lost, self.partial = pipe, fd, lost, b""
+
+    def run(self):
+        while True:
+            chunk = os.read(self.pipe.fileno(), 65536)
+            if not chunk:
+                break
+            _write_all(self.fd, chunk)
+            lines = (self.partial + chunk).split(b"\n")
+            self.partial = lines.pop()[-4096:]
+            for line in lines:
+                self.scan(line)
+        self.scan(self.partial)
+        self.pipe.close()
+
+    def scan(self, line):
+        text = line.decode(errors="replace").strip()
+        for pattern in LOST_RANK_HOST:
+            m = pattern.search(text)
+            if m:
+                self.lost.append(m.group(1))
+
+
+def _write_all(fd, data):
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+
+
+def host_named(reported, hosts):
+    """The host of `hosts` that mpirun's name for it means (the same name, or the same
+    first label: node7 for node7.cluster), or None."""
+    names = [h for h, _ in hosts]
+    if reported in names:
+        return reported
+    short = reported.split(".")[0]
+    same = [h for h in names if h.split(".")[0] == short]
+    return same[0] if len(same) == 1 else None
+
+
 def describe(hosts):
     return ",".join("%s:%d" % h for h in hosts)
 
@@ -209,8 +269,13 @@ def run_growing(start_command, env, opts, say=None):
                              PERSEUS_ELASTIC_RESET_LIMIT=str(opts["limit"]),
                              PERSEUS_ELASTIC_NOTICE=notice,
                              PERSEUS_ELASTIC_GENERATION=str(generation))
-            stop["child"] = child = subprocess.Popen(start_command(hosts, np), env=child_env,
-                                                     preexec_fn=_end_with_parent)
+            stop["child"] = child = subprocess.Popen(
+                start_command(hosts, np), env=child_env, preexec_fn=_end_with_parent,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            lost = []
+            relays = [_Relay(child.stdout, 1, lost), _Relay(child.stderr, 2, lost)]
+            for relay in relays:
+                relay.start()
             told = chosen
             while True:
                 try:
@@ -232,6 +297,8 @@ def run_growing(start_command, env, opts, say=None):
                     say("the hosts changed: %d rank(s) on %s next; the ranks are told "
                         "(HostsUpdatedInterrupt at their next commit)"
                         % (wanted[1], describe(wanted[0])))
+            for relay in relays:
+                relay.join()
             returncode = child.returncode
             if returncode == 0:
                 for path in (notice, elastic.persist_path(folder, run_id)):
@@ -244,9 +311,17 @@ def run_growing(start_command, env, opts, say=None):
                 why = "the ranks stopped at a commit for the new hosts"
             elif _died_of_signal(returncode):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
-                # Which host lost it: mpirun's exit code does not say, so no host is
-                # blacklisted yet (docs/elastic.md); Blacklist is Horovod's rule for when
-                # one is named.
+                for reported in lost:  # the host mpirun's output names
+                    host = host_named(reported, hosts)
+                    if host is None or is_local(host):
+                        say("host %s lost a rank: not blacklisted (%s)" % (
+                            reported, "this machine" if host is not None or is_local(reported)
+                            else "not a host of the discovery script"))
+                        continue
+                    until = blacklist.add(host)
+                    say("host %s lost a rank: blacklisted %s (Horovod's cooldown)" % (
+                        host, "for the rest of the job" if until == float("inf")
+                        else "for %.0f s" % (until - time.time())))
             else:
                 say("the job failed with exit code %d, which is neither a rank killed by a "
                     "signal nor the ranks stopping for new hosts: not restarted" % returncode)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from perseus import launcher_elastic as le
+from support.jobs import clean_env
 from perseus.common import elastic
 from perseus.launcher import main
 
@@ -124,6 +125,53 @@ def test_a_job_without_a_discovery_script_checks_nothing(monkeypatch):
                                 get_rank=lambda: 0, epoch=0)
     state.commit()
     assert calls == []  # no broadcast: nothing is sent at commit
+
+
+# Stands in for mpirun in run_growing's loop: prints its run and hosts; in the first run
+# it prints mpirun's line for a rank that died on LOST (Hydra's banner or Open MPI's) and
+# exits as mpirun does then (9); the second run succeeds.
+FAKE_MPIRUN = r"""
+import os, sys
+run = int(os.environ["PERSEUS_ELASTIC_RESTARTS"])
+print("run %d hosts %s" % (run, sys.argv[1]), flush=True)
+if run == 0:
+    if sys.argv[2] == "hydra":
+        print("=   PID 123 RUNNING AT %s" % sys.argv[3], flush=True)
+    else:
+        print("prterun noticed that process rank 1 with PID 123 on node %s exited on signal "
+              "9 (Killed)." % sys.argv[3], file=sys.stderr, flush=True)
+    sys.exit(9)
+"""
+
+
+@pytest.mark.parametrize("form,reported,blacklisted", [
+    ("hydra", "node7", True), ("ompi", "node7.cluster", True), ("hydra", "localhost", False)])
+def test_a_host_that_lost_a_rank_is_blacklisted(tmp_path, monkeypatch, capfd, form, reported,
+                                                blacklisted):
+    """A rank killed on node7 (mpirun's output names the host): perseusrun blacklists
+    node7 (no --blacklist-cooldown-range: for the rest of the job, as Horovod) and the
+    restart runs on the hosts left; a host of this machine is never blacklisted."""
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    found = [("node7", 2), ("localhost", 2)]
+    opts = {"script": "printf 'node7:2\\nlocalhost:2\\n'", "slots": 1, "min_np": 2,
+            "max_np": 0, "elastic_timeout": 5, "discovery_timeout": 5, "cooldown_range": None,
+            "limit": 1, "first": found}
+    if reported == "localhost":
+        found.reverse()
+    messages = []
+    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", FAKE_MPIRUN, le.describe(hosts),
+                                           form, reported], clean_env(), opts,
+                        say=messages.append)
+    out = capfd.readouterr().out
+    assert rc == 0, (out, messages)
+    assert "run 0 hosts %s" % le.describe(found) in out, out
+    if blacklisted:
+        assert ("host node7 lost a rank: blacklisted for the rest of the job (Horovod's "
+                "cooldown)") in messages, messages
+        assert "run 1 hosts localhost:2" in out, out
+    else:
+        assert "host localhost lost a rank: not blacklisted (this machine)" in messages, messages
+        assert "run 1 hosts localhost:2,node7:2" in out, out
 
 
 if __name__ == "__main__":
