@@ -111,29 +111,11 @@ def core_has_ulfm():
 # --reset-limit's default: restarts of a job before perseusrun gives up (Horovod's has
 # none; a job whose ranks keep dying should end, saying so, rather than loop forever).
 RESET_LIMIT_DEFAULT = 3
-# How a rank that was preempted, killed or crashed ends: the signals whose death makes
-# perseusrun --elastic restart the job. Hydra's mpirun exits with the signal's number,
-# Open MPI's and a shell's with 128 + it.
-DEATH_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV, signal.SIGBUS,
-                 signal.SIGABRT, signal.SIGILL, signal.SIGFPE)
-
-
-def died_of_signal(returncode):
-    """Whether mpirun's exit code says a rank was killed by one of DEATH_SIGNALS (and
-    not that a rank's script failed: exit code 1, or that mpirun itself was signalled:
-    negative)."""
-    return returncode > 0 and (returncode in DEATH_SIGNALS or
-                               returncode - 128 in DEATH_SIGNALS)
-
-
-def _end_with_parent():
-    """In mpirun before its exec (Linux): SIGTERM when perseusrun dies, as an exec'd
-    mpirun would have died with it; mpirun then ends its ranks."""
-    import ctypes
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+# DEATH_SIGNALS, died_of_signal and _end_with_parent live in launcher_elastic (its
+# restart loop uses them too) and are this module's names as well.
+DEATH_SIGNALS = launcher_elastic.DEATH_SIGNALS
+died_of_signal = launcher_elastic.died_of_signal
+_end_with_parent = launcher_elastic.end_with_parent
 
 
 def run_restarting(cmd, env, limit, say=None):

@@ -30,7 +30,7 @@ import time
 DISCOVER_PERIOD_S = 1.0       # Horovod's DISCOVER_HOSTS_FREQUENCY_SECS
 ELASTIC_TIMEOUT_S = 600       # Horovod's ELASTIC_TIMEOUT_SECS (HOROVOD_ELASTIC_TIMEOUT)
 DISCOVERY_TIMEOUT_S = 30      # ours: Horovod waits for a hung script for good
-# Horovod's bounds of --blacklist-cooldown-range (discovery.py).
+# Horovod's bounds of --blacklist-cooldown-range (its runner's elastic discovery module).
 COOLDOWN_LOWER_BOUND_S, COOLDOWN_UPPER_BOUND_S = 1, 3600
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]]+$")
 # How mpirun names the host of a rank that died: Hydra's banner on stdout ("=   PID 123
@@ -197,6 +197,31 @@ def host_named(reported, hosts):
     return same[0] if len(same) == 1 else None
 
 
+# How a rank that was preempted, killed or crashed ends: the signals whose death makes
+# perseusrun --elastic restart the job. Hydra's mpirun exits with the signal's number,
+# Open MPI's and a shell's with 128 + it.
+DEATH_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV, signal.SIGBUS,
+                 signal.SIGABRT, signal.SIGILL, signal.SIGFPE)
+
+
+def died_of_signal(returncode):
+    """Whether mpirun's exit code says a rank was killed by one of DEATH_SIGNALS (and
+    not that a rank's script failed: exit code 1, or that mpirun itself was signalled:
+    negative)."""
+    return returncode > 0 and (returncode in DEATH_SIGNALS or
+                               returncode - 128 in DEATH_SIGNALS)
+
+
+def end_with_parent():
+    """In mpirun before its exec (Linux): SIGTERM when perseusrun dies, as an exec'd
+    mpirun would have died with it; mpirun then ends its ranks."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def describe(hosts):
     return ",".join("%s:%d" % h for h in hosts)
 
@@ -270,7 +295,7 @@ def run_growing(start_command, env, opts, say=None):
                              PERSEUS_ELASTIC_NOTICE=notice,
                              PERSEUS_ELASTIC_GENERATION=str(generation))
             stop["child"] = child = subprocess.Popen(
-                start_command(hosts, np), env=child_env, preexec_fn=_end_with_parent,
+                start_command(hosts, np), env=child_env, preexec_fn=end_with_parent,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             lost = []
             relays = [_Relay(child.stdout, 1, lost), _Relay(child.stderr, 2, lost)]
@@ -309,7 +334,7 @@ def run_growing(start_command, env, opts, say=None):
                 return returncode
             if returncode == elastic.HOSTS_UPDATED_EXIT and generation > started:
                 why = "the ranks stopped at a commit for the new hosts"
-            elif _died_of_signal(returncode):
+            elif died_of_signal(returncode):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
                 for reported in lost:  # the host mpirun's output names
                     host = host_named(reported, hosts)
@@ -337,12 +362,3 @@ def run_growing(start_command, env, opts, say=None):
         for s, handler in previous.items():
             signal.signal(s, handler)
 
-
-def _died_of_signal(returncode):
-    from perseus.launcher import died_of_signal
-    return died_of_signal(returncode)
-
-
-def _end_with_parent():
-    from perseus.launcher import _end_with_parent as end
-    end()
