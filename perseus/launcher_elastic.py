@@ -34,9 +34,10 @@ DISCOVERY_TIMEOUT_S = 30      # ours: Horovod waits for a hung script for good
 COOLDOWN_LOWER_BOUND_S, COOLDOWN_UPPER_BOUND_S = 1, 3600
 _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]]+$")
 # How mpirun names the host of a rank that died: Hydra's banner on stdout ("=   PID 123
-# RUNNING AT node7"), Open MPI's / PRRTE's line on stderr ("... noticed that process
-# rank 3 with PID 123 on node node7 exited on signal 9").
-LOST_RANK_HOST = (re.compile(r"^=\s+PID \d+ RUNNING AT (\S+)"),
+# RUNNING AT node7"), Open MPI's / PRRTE's message on stderr ("prterun noticed that
+# process rank 3 with PID 123 on node node7 exited on\nsignal 9 (Killed)."), which it
+# wraps: the patterns are matched on the last lines joined by spaces.
+LOST_RANK_HOST = (re.compile(r"(?:^|\s)=\s+PID \d+ RUNNING AT (\S+)"),
                   re.compile(r"noticed that process rank \d+ with PID \d+ on node (\S+) "
                              r"exited on signal"))
 
@@ -154,6 +155,7 @@ class _Relay(threading.Thread):
     def __init__(self, pipe, fd, lost):
         super().__init__(daemon=True)
         self.pipe, self.fd, self.lost, self.partial = pipe, fd, lost, b""
+        self.recent = []
 
     def run(self):
         while True:
@@ -169,11 +171,13 @@ class _Relay(threading.Thread):
         self.pipe.close()
 
     def scan(self, line):
-        text = line.decode(errors="replace").strip()
+        self.recent = (self.recent + [line.decode(errors="replace").strip()])[-3:]
+        text = " ".join(self.recent)
         for pattern in LOST_RANK_HOST:
             m = pattern.search(text)
             if m:
                 self.lost.append(m.group(1))
+                self.recent = []  # each report once
 
 
 def _write_all(fd, data):
@@ -336,7 +340,7 @@ def run_growing(start_command, env, opts, say=None):
                 why = "the ranks stopped at a commit for the new hosts"
             elif died_of_signal(returncode):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
-                for reported in lost:  # the host mpirun's output names
+                for reported in dict.fromkeys(lost):  # the hosts mpirun's output names
                     host = host_named(reported, hosts)
                     if host is None or is_local(host):
                         say("host %s lost a rank: not blacklisted (%s)" % (

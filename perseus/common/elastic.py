@@ -344,6 +344,10 @@ def mode():
         return "shrink", why
     run = restart_run()
     if run is not None:
+        if _host_watch() is not None:
+            return "restart", ("perseusrun --elastic --host-discovery-script started this job "
+                               "and restarts it when its hosts change or a rank dies (restart "
+                               "%d of at most %d)" % (run[1], run[2]))
         return "restart", ("%s; perseusrun --elastic started this job and restarts it when a "
                            "rank dies (restart %d of at most %d)" % (why, run[1], run[2]))
     return "end", why

@@ -128,7 +128,8 @@ def test_a_job_without_a_discovery_script_checks_nothing(monkeypatch):
 
 
 # Stands in for mpirun in run_growing's loop: prints its run and hosts; in the first run
-# it prints mpirun's line for a rank that died on LOST (Hydra's banner or Open MPI's) and
+# it prints mpirun's report of a rank that died on LOST (Hydra's banner or Open MPI 5's
+# message, wrapped as prterun wraps it) and
 # exits as mpirun does then (9); the second run succeeds.
 FAKE_MPIRUN = r"""
 import os, sys
@@ -138,8 +139,8 @@ if run == 0:
     if sys.argv[2] == "hydra":
         print("=   PID 123 RUNNING AT %s" % sys.argv[3], flush=True)
     else:
-        print("prterun noticed that process rank 1 with PID 123 on node %s exited on signal "
-              "9 (Killed)." % sys.argv[3], file=sys.stderr, flush=True)
+        print("-----\nprterun noticed that process rank 1 with PID 123 on node %s exited on"
+              "\nsignal 9 (Killed).\n-----" % sys.argv[3], file=sys.stderr, flush=True)
     sys.exit(9)
 """
 

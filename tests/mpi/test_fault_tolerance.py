@@ -264,6 +264,9 @@ def test_the_job_follows_its_hosts(tmp_path, before, after):
     rc, out, err, report = grow_job(tmp_path, "localhost:%d" % before, "localhost:%d" % after)
     assert rc == 0, report
     assert "starting %d rank(s) on localhost:%d (run 0)" % (before, before) in err, report
+    assert ("a rank that fails restarts the job, which resumes from the last persisted commit: "
+            "perseusrun --elastic --host-discovery-script started this job and restarts it when "
+            "its hosts change or a rank dies (restart 1 of at most 3)") in err, report
     assert "starting %d rank(s) on localhost:%d (run 1)" % (after, after) in err, report
     stopped = [l for l in out.splitlines() if "stopped for new hosts after step" in l]
     assert len(stopped) == before, report
