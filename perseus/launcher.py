@@ -349,7 +349,14 @@ def discovery_timeout(environ):
 def _run_growing(parser, args, flavour, mpirun):
     """perseusrun --elastic --host-discovery-script: the first discovery (its errors
     end perseusrun before any rank starts), then launcher_elastic.run_growing."""
+    from perseus.common import elastic, private_files
     try:
+        folder = elastic.persist_dir()
+        try:  # the notice and the commits: checked before any rank starts
+            private_files.private_folder(folder)
+        except OSError as e:
+            raise LauncherError("PERSEUS_ELASTIC_PERSIST_DIR (the commits and the notice of "
+                                "host changes): %s" % e)
         first = launcher_elastic.discover(args.host_discovery_script, args.slots_per_host or 1,
                                           discovery_timeout(os.environ))
         opts = growing_options(args, os.environ, first)

@@ -365,4 +365,6 @@ def run_growing(start_command, env, opts, say=None):
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if os.path.isfile(notice) and not os.path.islink(notice):
+            os.unlink(notice)  # of no use once perseusrun ends (the commit may be)
 

@@ -70,6 +70,19 @@ def test_bad_input_stops_perseusrun_before_any_rank(argv, said, capsys):
     assert said in err, err
 
 
+def test_a_persist_folder_that_is_a_link_stops_perseusrun(tmp_path, monkeypatch, capsys):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "link"))
+    with pytest.raises(SystemExit) as e:
+        main(["--elastic", "--host-discovery-script", "echo localhost:2", "python", "-c", "pass"])
+    assert e.value.code == 2
+    assert ("PERSEUS_ELASTIC_PERSIST_DIR (the commits and the notice of host changes): "
+            "refusing to use the folder %s: it is a symbolic link" % (tmp_path / "link")
+            in capsys.readouterr().err)
+
+
 def test_a_hanging_script_stops_perseusrun(monkeypatch, capsys):
     monkeypatch.setenv("PERSEUS_HOST_DISCOVERY_TIMEOUT", "0.5")
     with pytest.raises(SystemExit) as e:
