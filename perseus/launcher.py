@@ -324,6 +324,7 @@ def growing_options(args, environ, first):
         timeout = int(environ.get("HOROVOD_ELASTIC_TIMEOUT") or launcher_elastic.ELASTIC_TIMEOUT_S)
     return {"script": args.host_discovery_script, "slots": args.slots_per_host or 1,
             "min_np": args.min_np if args.min_np is not None else (args.np or 1),
+            "start_np": args.np,
             "max_np": args.max_np or 0, "elastic_timeout": timeout,
             "discovery_timeout": discovery_timeout(environ),
             "cooldown_range": tuple(args.blacklist_cooldown_range)
@@ -379,9 +380,10 @@ def _run_growing(parser, args, flavour, mpirun):
     for note in launcher_flags.notes(args, flavour):
         print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
     if args.verbose or args.dry_run:
-        chosen = launcher_elastic.plan(first, [], launcher_elastic.Blacklist(), opts["min_np"],
+        need = max(opts["min_np"], args.np or 0)
+        chosen = launcher_elastic.plan(first, [], launcher_elastic.Blacklist(), need,
                                        opts["max_np"])
-        shown = ("waiting for %d slot(s)" % opts["min_np"] if chosen is None else
+        shown = ("waiting for %d slot(s)" % need if chosen is None else
                  " ".join(shlex.quote(c) for c in start_command(*chosen)))
         print("perseusrun (%s): %s" % (flavour, shown),
               file=sys.stderr if not args.dry_run else sys.stdout, flush=True)

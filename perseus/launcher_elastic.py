@@ -270,15 +270,21 @@ def run_growing(start_command, env, opts, say=None):
     try:
         while True:
             deadline = time.monotonic() + opts["elastic_timeout"]
-            chosen = plan(found, order, blacklist, opts["min_np"], opts["max_np"])
+            # As Horovod's driver: the first start waits for -np slots, later ones for
+            # --min-np.
+            need = opts.get("start_np") or opts["min_np"] if restarts == 0 else opts["min_np"]
+            need = max(need, opts["min_np"])
+            chosen = plan(found, order, blacklist, need, opts["max_np"])
             while chosen is None:
                 if time.monotonic() >= deadline:
                     say("timed out after %g s waiting for hosts (--elastic-timeout, "
                         "HOROVOD_ELASTIC_TIMEOUT): the discovery script offers %d slot(s) "
-                        "(%s), fewer than --min-np %d" % (
+                        "(%s), fewer than %s" % (
                             opts["elastic_timeout"], sum(n for h, n in found
                                                          if not blacklist.blocked(h)),
-                            describe(found) or "no host", opts["min_np"]))
+                            describe(found) or "no host",
+                            "--min-np %d" % need if need == opts["min_np"] else
+                            "-np %d (the first start waits for -np)" % need))
                     return 1
                 if stop["signal"] is not None:
                     return 128 + stop["signal"]
@@ -287,7 +293,7 @@ def run_growing(start_command, env, opts, say=None):
                     found = find()
                 except DiscoveryError as e:
                     say("%s (trying again)" % e)
-                chosen = plan(found, order, blacklist, opts["min_np"], opts["max_np"])
+                chosen = plan(found, order, blacklist, need, opts["max_np"])
             hosts, np = chosen
             order = [h for h, _ in hosts]
             write_notice(notice, generation, hosts, np)

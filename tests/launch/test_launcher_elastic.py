@@ -83,6 +83,29 @@ def test_a_persist_folder_that_is_a_link_stops_perseusrun(tmp_path, monkeypatch,
             in capsys.readouterr().err)
 
 
+def test_the_first_start_waits_for_np_as_horovods_driver(tmp_path, monkeypatch):
+    """-np 4 --min-np 2 and 2 slots: Horovod's driver waits for -np at the first start
+    (--min-np after a reset); so does perseusrun, up to the elastic timeout."""
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    messages = []
+    opts = {"script": "echo localhost:2", "slots": 1, "min_np": 2, "start_np": 4, "max_np": 0,
+            "elastic_timeout": 0, "discovery_timeout": 5, "cooldown_range": None, "limit": 0,
+            "first": [("localhost", 2)]}
+    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", "pass"], clean_env(), opts,
+                        say=messages.append)
+    assert rc == 1 and ("fewer than -np 4 (the first start waits for -np)"
+                        in messages[-1]), messages
+
+
+def test_horovod_elastic_timeout_must_be_seconds(monkeypatch, capsys):
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "ten")
+    with pytest.raises(SystemExit) as e:
+        main(["--elastic", "--host-discovery-script", "echo localhost:2", "python", "-c", "pass"])
+    assert e.value.code == 2
+    assert "HOROVOD_ELASTIC_TIMEOUT must be a whole number of seconds, not 'ten'" in \
+        capsys.readouterr().err
+
+
 def test_a_hanging_script_stops_perseusrun(monkeypatch, capsys):
     monkeypatch.setenv("PERSEUS_HOST_DISCOVERY_TIMEOUT", "0.5")
     with pytest.raises(SystemExit) as e:
