@@ -235,49 +235,47 @@ def test_restart_refuses_a_persist_folder_that_is_a_link(run_mpi, tmp_path):
                      "symbolic link" % link) == 2, out
 
 
-def grow_job(tmp_path, before, after, extra=()):
-    """perseusrun --elastic --host-discovery-script on the MPICH core: the script prints
-    the hosts file, which holds `before` at start and `after` from step 3 of the first
-    run on (rank 0 writes it). -> (rc, stdout, stderr, report)."""
+def test_the_job_follows_its_hosts(tmp_path):
+    """Issue 46, point 3, on the MPICH core (no ULFM): the discovery script's output goes
+    from localhost:2 to localhost:4 while the job runs, then back to localhost:2 (rank 0
+    writes the file it prints, 3 steps into each run). At each change every rank sees
+    HostsUpdatedInterrupt at the same commit and stops; perseusrun starts the job again
+    with the new number of ranks (2 -> 4 -> 2), which resumes from that commit (not from
+    scratch) and runs the reset callback once at its new size; the last run finishes
+    with the script's checks: identical parameters on every rank, a falling loss, no
+    sample of the commit trained again nor skipped. One job for both directions: three
+    starts instead of four (CI time)."""
     hosts = tmp_path / "hosts"
-    hosts.write_text(before + "\n")
+    hosts.write_text("localhost:2\n")
     env = clean_env({"PTEST_RESTART_CASE": "grow", "PTEST_CHANGE_STEP": "3",
-                     "PTEST_HOSTS_FILE": str(hosts), "PTEST_NEW_HOSTS": after,
+                     "PTEST_HOSTS_FILE": str(hosts), "PTEST_NEW_HOSTS": "localhost:4;localhost:2",
                      "PTEST_TMPDIR": str(tmp_path),
                      "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
     cmd = perseusrun_elastic("--host-discovery-script", "cat %s" % hosts, "--min-np", "2",
-                             "--max-np", "4", *extra) + [
+                             "--max-np", "4") + [
         sys.executable, str(RANK_SCRIPTS / "elastic_restart.py")]
     rc, out, err, _ = run_bounded(cmd, env, 180)
-    return rc, out, err, "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err)
-
-
-@pytest.mark.parametrize("before,after", [(2, 4), (4, 2)], ids=["grow_2_to_4", "shrink_4_to_2"])
-def test_the_job_follows_its_hosts(tmp_path, before, after):
-    """Issue 46, point 3, on the MPICH core (no ULFM): the discovery script's output goes
-    from localhost:<before> to localhost:<after> while the job runs. Every rank of the
-    first run sees HostsUpdatedInterrupt at the same commit and stops; perseusrun starts
-    the job again with <after> ranks, which resumes from that commit (not from scratch),
-    runs the reset callback once at its new size, and finishes with the script's checks:
-    identical parameters on every rank, a falling loss, no sample of the commit trained
-    again nor skipped."""
-    rc, out, err, report = grow_job(tmp_path, "localhost:%d" % before, "localhost:%d" % after)
+    report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err)
     assert rc == 0, report
-    assert "starting %d rank(s) on localhost:%d (run 0)" % (before, before) in err, report
     assert ("a rank that fails restarts the job, which resumes from the last persisted commit: "
             "perseusrun --elastic --host-discovery-script started this job and restarts it when "
-            "its hosts change or a rank dies (restart 1 of at most 3)") in err, report
-    assert "starting %d rank(s) on localhost:%d (run 1)" % (after, after) in err, report
-    stopped = [l for l in out.splitlines() if "stopped for new hosts after step" in l]
-    assert len(stopped) == before, report
-    steps = {l.split("after step ")[1].split(",")[0] for l in stopped}
-    assert len(steps) == 1, report  # all at the same commit
-    step = int(steps.pop())
-    assert step >= 3, report
-    assert "the hosts changed: commit %d is persisted" % step in err, report
-    assert "run 1 started at step %d" % step in out, report
-    assert "reset callback at size %d, step %d" % (after, step) in out, report
-    assert out.count("restart ok: run 1, size %d" % after) == after, report
+            "its hosts change or a rank dies (restart 0 of at most 3)") in err, report
+    start = 0
+    for run, (before, after) in enumerate(((2, 4), (4, 2))):
+        assert "starting %d rank(s) on localhost:%d (run %d)" % (before, before, run) in err, report
+        stopped = [l for l in out.splitlines()
+                   if "stopped for new hosts after step" in l and "size %d" % before in l]
+        assert len(stopped) == before, report
+        steps = {l.split("after step ")[1].split(",")[0] for l in stopped}
+        assert len(steps) == 1, report  # every rank at the same commit
+        step = int(steps.pop())
+        assert step >= start + 3, report
+        assert "the hosts changed: commit %d is persisted" % step in err, report
+        assert "run %d started at step %d" % (run + 1, step) in out, report
+        assert "reset callback at size %d, step %d" % (after, step) in out, report
+        start = step
+    assert "starting 2 rank(s) on localhost:2 (run 2)" in err, report
+    assert out.count("restart ok: run 2, size 2") == 2, report
     assert os.listdir(tmp_path / "commits") == [], os.listdir(tmp_path / "commits")
 
 

@@ -18,13 +18,15 @@ ElasticSampler, committing after every batch inside hvd.elastic.run
   always   rank PTEST_VICTIM SIGKILLs itself at step PTEST_KILL_STEP, before the step's
            allreduce (the others are inside it), in every run (the restart limit).
   bad_dir  hvd.elastic.run must refuse PERSEUS_ELASTIC_PERSIST_DIR on every rank.
-  grow     under perseusrun --elastic --host-discovery-script (issue 46, point 3): in the
-           first run, rank 0 writes PTEST_NEW_HOSTS into PTEST_HOSTS_FILE (what the
-           discovery script prints) after step PTEST_CHANGE_STEP, and the steps slow
-           down (0.25 s) until the ranks see HostsUpdatedInterrupt at a commit and stop
-           (exit code 75; each logs "stopped for new hosts after step S, size N"). The
-           next run, on the new hosts, must start at that step, run the reset callback
-           once at its size, and finish with the checks of `resume`.
+  grow     under perseusrun --elastic --host-discovery-script (issue 46, point 3):
+           PTEST_NEW_HOSTS is a list of host lists separated by ";". In run k while
+           the list has a k-th entry, rank 0 writes it into PTEST_HOSTS_FILE (what the
+           discovery script prints) PTEST_CHANGE_STEP steps after the run started,
+           and the steps slow down (0.25 s) until the ranks see HostsUpdatedInterrupt
+           at a commit and stop (exit code 75; each logs "stopped for new hosts after
+           step S, size N"). Each next run, on the new hosts, must start at that step
+           and run the reset callback once at its size; the last one finishes with
+           the checks of `resume`.
 """
 import os
 import pickle
@@ -67,6 +69,8 @@ def body():
     hvd.init()
     if case == "resume" and attempt == 0 and hvd.rank() == 0:
         elastic.pickle = _DieMidWrite()
+    changes = os.environ.get("PTEST_NEW_HOSTS", "").split(";") if case == "grow" else []
+    changing = attempt < len(changes)  # this run changes the hosts
     x, y = regression_data(SAMPLES, FEATURES)
     model, optimizer, state = elastic_regression(x, y)
     record = {"start": None, "committed": None, "trained": set(), "resets": 0}
@@ -92,7 +96,7 @@ def body():
                 if (case == "always" and hvd.rank() == int(os.environ["PTEST_VICTIM"])
                         and state.step == int(os.environ["PTEST_KILL_STEP"])):
                     os.kill(os.getpid(), signal.SIGKILL)
-                if case == "grow" and attempt == 0 and state.step > int(
+                if changing and state.step > record["start"][0] + int(
                         os.environ["PTEST_CHANGE_STEP"]):
                     time.sleep(0.25)  # time for perseusrun's discovery to see the change
                 optimizer.zero_grad()
@@ -104,10 +108,10 @@ def body():
                 state.sampler.record_batch(batch, BATCH)
                 state.losses.append(hvd.allreduce(loss.detach(), name="loss").item())
                 state.step += 1
-                if (case == "grow" and attempt == 0 and hvd.rank() == 0
-                        and state.step == int(os.environ["PTEST_CHANGE_STEP"])):
+                if (changing and hvd.rank() == 0 and state.step ==
+                        record["start"][0] + int(os.environ["PTEST_CHANGE_STEP"])):
                     with open(os.environ["PTEST_HOSTS_FILE"], "w") as f:
-                        f.write(os.environ["PTEST_NEW_HOSTS"] + "\n")
+                        f.write(changes[attempt] + "\n")
                 state.commit()
             state.sampler.set_epoch(state.epoch + 1)
         return state.losses
@@ -132,7 +136,7 @@ def body():
         sys.stdout.flush()
         os._exit(e.code)
     if case == "grow":
-        assert attempt == 1 and record["resets"] == 1, (attempt, record["resets"])
+        assert attempt == len(changes) and record["resets"] == 1, (attempt, record["resets"])
         assert state.epoch == EPOCHS - 1 and len(losses) == state.step, (state.epoch,
                                                                           len(losses))
     else:
