@@ -43,9 +43,9 @@ HOSTS_UPDATED_EXIT = 75
 
 RESIZE_UNSUPPORTED = (
     "elastic resizing (adding or removing workers) needs perseusrun --elastic "
-    "--host-discovery-script (which restarts the job on the new hosts); this job was "
-    "started without it, so hvd.elastic.run only retries after a HorovodInternalError, "
-    "on the same %d ranks")
+    "--host-discovery-script (with --min-np/--max-np), which restarts the job on the new "
+    "hosts; this job was started without it, on MPI's fixed world of ranks, so "
+    "hvd.elastic.run only retries after a HorovodInternalError, on the same %d ranks")
 
 
 class State:
