@@ -367,7 +367,10 @@ def _run_growing(parser, args, flavour, mpirun):
     def start_command(hosts, np):
         each = copy.copy(args)
         each.hosts, each.hostfile, each.np = launcher_elastic.describe(hosts), None, np
-        return build_command(each, flavour, mpirun)
+        cmd = build_command(each, flavour, mpirun)
+        if not args.dry_run:
+            launcher_flags.prepare(args, flavour, np)  # Hydra's rank.N output folders
+        return cmd
 
     mpirun_env = launcher_flags.mpirun_environment(args, flavour)
     print("perseusrun: --elastic: following the hosts of %s (now %s): between %d and %s "

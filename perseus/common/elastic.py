@@ -10,9 +10,9 @@ What differs: Perseus runs on the ranks mpirun started and no driver ever adds
 ranks, so there is no re-rendezvous. A rank that fails is left behind when the job
 can outlive it (Open MPI 5's ULFM, `mpirun --with-ft ulfm`): the survivors' world
 shrinks in place at the reset (reset()), else the failure ends the job as MPI's does.
-commit() never finds host updates (and so costs no collective), and a
-HostsUpdatedInterrupt (a resize request) ends run() with an error saying what
-elastic resizing needs. The framework modules
+Outside a job started with a discovery script (below), commit() never finds host
+updates (and so costs no collective), and a HostsUpdatedInterrupt (a resize request)
+ends run() with an error saying what elastic resizing needs. The framework modules
 (perseus.torch.elastic, perseus.tensorflow.elastic) add their states and run().
 
 Where the MPI has no ULFM, `perseusrun --elastic` restarts the whole job when a rank
