@@ -332,8 +332,8 @@ def run_growing(start_command, env, opts, say=None):
                     say("the hosts changed: %d rank(s) on %s next; the ranks are told "
                         "(HostsUpdatedInterrupt at their next commit)"
                         % (wanted[1], describe(wanted[0])))
-            for relay in relays:
-                relay.join()
+            for relay in relays:  # bounded: a stray process may hold mpirun's pipes open
+                relay.join(timeout=10)
             returncode = child.returncode
             if returncode == 0:
                 for path in (notice, elastic.persist_path(folder, run_id)):
