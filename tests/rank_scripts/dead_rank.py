@@ -3,7 +3,7 @@ by run_mpi: the job is expected to fail). The last rank leaves at step LEAVE_STE
 
 PTEST_LEAVE=kill      SIGKILL to itself (a crash): MPICH's launcher tears the job down
 PTEST_LEAVE=exit      sys.exit(0) without shutdown(): the atexit hook shuts Perseus down
-PTEST_LEAVE=shutdown  shutdown() while the others still submit, then lingers
+PTEST_LEAVE=shutdown  shutdown() while the others still submit, then lingers and leaves
 PTEST_LEAVE=os_exit   os._exit(3): no exit hook runs
 PTEST_LEAVE=segv      SIGSEGV to itself (a crash in native code)
 PTEST_LEAVE=raise     an uncaught exception
@@ -34,7 +34,10 @@ def leave(how):
     elif how == "shutdown":
         hvd.shutdown()
         time.sleep(5)  # still alive while the others find out
-        sys.exit(0)
+        # Not sys.exit: once in CI (1 of about 30 runs, not reproduced here) this rank's
+        # MPI_Finalize waited in MPICH's PMI read after the survivor had left, and
+        # hydra never ended it. The survivors' error is what this case checks.
+        os._exit(0)
     elif how == "os_exit":
         os._exit(3)
     elif how == "segv":
