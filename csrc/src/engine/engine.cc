@@ -26,8 +26,13 @@ namespace {
 // before it sleeps on the handle (as perseus_wait does).
 constexpr double kMeetDriveS = 0.5;
 
-// How often PollFailures asks ULFM for failed processes while device lanes exist.
-constexpr std::chrono::milliseconds kFailurePoll(100);
+// How often PollFailures asks ULFM for failed processes while device lanes exist:
+// often while GPU work was queued lately (a kernel may wait for a peer that died),
+// rarely once the lanes have been idle a while, so that an idle job does not wake
+// ten times a second and a kernel left waiting long after its launch is still found.
+constexpr std::chrono::milliseconds kFailurePollBusy(100);
+constexpr std::chrono::seconds kFailurePollBusyFor(10);  // after the last GPU batch queued
+constexpr std::chrono::seconds kFailurePollIdle(5);
 
 // add_process_set's meeting (Meet): where the global set agrees it, the order of GPU
 // launches across sets begins (LaunchOrder::Number).
@@ -283,13 +288,21 @@ void Engine::Loop() {
 Clock::time_point Engine::WakeAt() const {
   const Clock::time_point at = Clock::time_point(Clock::duration(wake_at_.load()));
   if (!poll_failures_.load(std::memory_order_relaxed)) return at;
-  return std::min(at, Clock::now() + kFailurePoll);  // PollFailures' next look
+  const Clock::time_point now = Clock::now();
+  return std::min(at, now + FailurePollPeriod(now));  // PollFailures' next look
+}
+
+Clock::duration Engine::FailurePollPeriod(Clock::time_point now) const {
+  const Clock::time_point queued = Clock::time_point(Clock::duration(last_device_batch_.load()));
+  if (now - queued < kFailurePollBusyFor) return kFailurePollBusy;
+  return kFailurePollIdle;
 }
 
 void Engine::PollFailures(Clock::time_point now) {
-  if (!poll_failures_.load(std::memory_order_relaxed) || rank_failure_.noted() || now < next_failure_poll_)
+  if (!poll_failures_.load(std::memory_order_relaxed) || rank_failure_.noted() ||
+      now - last_failure_poll_ < FailurePollPeriod(now))
     return;
-  next_failure_poll_ = now + kFailurePoll;
+  last_failure_poll_ = now;
   std::vector<int> failed;
   {
     auto mpi = LockMpi();
@@ -535,7 +548,10 @@ void Engine::Apply(ProcessSet* set, RoundOutcome& outcome, Clock::time_point now
       // Fault tolerant: a GPU batch never runs on the thread that steps, where an NCCL
       // call blocked on a dead peer (a full queue behind a kernel that waits for it)
       // would keep the step, and so PollFailures, from ever seeing the failure.
-      if (rank_failure_.enabled() && batch.items.front().meta.device != PERSEUS_CPU_DEVICE) inline_ok = false;
+      if (rank_failure_.enabled() && batch.items.front().meta.device != PERSEUS_CPU_DEVICE) {
+        inline_ok = false;
+        last_device_batch_.store(now.time_since_epoch().count());  // see PollFailures
+      }
       if (!(inline_ok && lane.TryRunInline(batch))) lane.Push(std::move(batch));
     }
   }

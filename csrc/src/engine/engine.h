@@ -229,11 +229,15 @@ class Engine {
   RankFailure rank_failure_;
   // ULFM and device lanes: an NCCL kernel waiting for a dead peer makes no MPI call
   // that would fail, so while device lanes exist the engine asks ULFM for failed
-  // processes (MPIX_Comm_get_failed, a local call) at most every kFailurePoll, waking
-  // for it (PollFailures, from Iterate; next_failure_poll_ under step_mu_).
+  // processes (MPIX_Comm_get_failed, a local call) every FailurePollPeriod: often
+  // while GPU batches were queued lately (last_device_batch_, the clock's count),
+  // rarely after, waking for it (PollFailures, from Iterate; last_failure_poll_ under
+  // step_mu_).
   void PollFailures(Clock::time_point now);
+  Clock::duration FailurePollPeriod(Clock::time_point now) const;
   std::atomic<bool> poll_failures_{false};
-  Clock::time_point next_failure_poll_;
+  std::atomic<Clock::rep> last_device_batch_{0};
+  Clock::time_point last_failure_poll_;
   std::vector<int> set_ids_;  // under step_mu_: this step's sets, by id (for Step)
 
   std::mutex control_mu_;  // serialises process-set changes made by user threads
