@@ -124,27 +124,32 @@ if [ "${PERSEUS_SKIP_SLURM:-0}" != 1 ] && ! { command -v slurmd >/dev/null && co
 fi
 # The TensorFlow and MXNet front ends live in venvs of their own (mxnet 1.9.1 needs
 # numpy 1.23.5); tests/frameworks/test_tensorflow.py and tests/frameworks/test_mxnet.py run them.
+# These venvs and Caffe need nothing from each other: they are made side by side.
 if [ "${PERSEUS_SKIP_TF:-0}" != 1 ]; then
-  PROGRESS=venv_tf_progress \
+  PROGRESS=venv_tf_progress in_background \
     step "creating .venv-tf: TensorFlow 2.21 (1.6 GB) and Perseus's TensorFlow op" "75 s" \
     bash scripts/setup_tf.sh
 fi
 # Open MPI 5 with ULFM (pip's wheel) in a venv of its own, for the fault-tolerance tests.
 if [ "${PERSEUS_SKIP_OMPI5:-0}" != 1 ]; then
-  step "creating .venv-ompi5: Open MPI 5 with ULFM, and PyTorch" "40 s" \
+  in_background step "creating .venv-ompi5: Open MPI 5 with ULFM, and PyTorch" "40 s" \
     bash scripts/setup_ompi5.sh
 fi
 if [ "${PERSEUS_SKIP_MX:-0}" != 1 ]; then
-  step "creating .venv-mx: MXNet 1.9.1 and Perseus's MXNet engine library" "30 s" \
+  in_background step "creating .venv-mx: MXNet 1.9.1 and Perseus's MXNet engine library" "30 s" \
     bash scripts/setup_mxnet.sh
 fi
 # BVLC Caffe with the Perseus patch (tests/frameworks/test_caffe.py): apt build dependencies, then
 # a CPU-only build cached outside the checkout (patches/bvlc_caffe/build.sh says where).
-if [ "${PERSEUS_SKIP_CAFFE:-0}" != 1 ]; then
+caffe() {
   step "installing Caffe's build dependencies (apt, root or sudo)" "15 s" \
     bash patches/bvlc_caffe/install_deps.sh
   PROGRESS=caffe_progress step "building the patched BVLC Caffe, or finding it in the cache" "220 s" \
     bash patches/bvlc_caffe/build.sh
+}
+if [ "${PERSEUS_SKIP_CAFFE:-0}" != 1 ]; then
+  in_background caffe "Caffe's build dependencies and the patched BVLC Caffe"
 fi
+finish_background
 echo "[setup] everything for the tests is ready ($(( $(date +%s) - SETUP_START ))s);" \
      "run: .venv/bin/python -m pytest -q"

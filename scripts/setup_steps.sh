@@ -28,6 +28,34 @@ tick() {
     printf '[setup]   ... %ss so far%s\n' "$(( $(date +%s) - t0 ))" "$done_so_far"
   done
 }
+# Steps that need nothing from each other (the framework venvs, Caffe) run side by
+# side: in_background step ... starts one, its output kept apart; finish_background
+# prints each one's output in the order they started and fails if any failed.
+BACKGROUND_PIDS=() BACKGROUND_LOGS=()
+in_background() {
+  local log
+  log=$(mktemp)
+  printf '[setup] started beside the others: %s\n' "$2"
+  ( "$@" ) >"$log" 2>&1 </dev/null &
+  BACKGROUND_PIDS+=("$!") BACKGROUND_LOGS+=("$log")
+}
+finish_background() {
+  local i rc=0 one ticker t0
+  t0=$(date +%s)
+  tick "$t0" &
+  ticker=$!
+  for i in "${!BACKGROUND_PIDS[@]}"; do
+    one=0
+    wait "${BACKGROUND_PIDS[$i]}" || one=$?
+    cat "${BACKGROUND_LOGS[$i]}"
+    rm -f "${BACKGROUND_LOGS[$i]}"
+    [ "$one" = 0 ] || rc=$one
+  done
+  kill "$ticker" 2>/dev/null || true
+  wait "$ticker" 2>/dev/null || true
+  BACKGROUND_PIDS=() BACKGROUND_LOGS=()
+  return "$rc"
+}
 # Progress of the steps that can show it: megabytes installed, objects compiled.
 installed_mb() { printf '%s MB in %s' "$(du -sm "$1" | cut -f1)" "$1"; }
 venv_progress() { installed_mb .venv; }
