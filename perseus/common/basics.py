@@ -104,11 +104,18 @@ def world_failed():
 def fault_tolerance(built=False):
     """(enabled, why): whether this job outlives a failed rank, shrinking its world to
     the survivors (the core's MPI has ULFM and mpirun started the job with it), and
-    why or why not. built=True: whether the core's MPI has ULFM at all (perseusrun
-    --elastic asks, before starting a job with it)."""
+    why or why not (never under srun: launch_check.started_by_srun()). built=True:
+    whether the core's MPI has ULFM at all (perseusrun --elastic asks, before starting
+    a job with it)."""
     built_in, enabled = ctypes.c_int32(), ctypes.c_int32()
     why = _lib.perseus_fault_tolerance(ctypes.byref(built_in), ctypes.byref(enabled))
-    return bool(built_in.value if built else enabled.value), why.decode()
+    if built:
+        return bool(built_in.value), why.decode()
+    if built_in.value and _launch_check.started_by_srun():
+        # ULFM may be on (OMPI_MCA_mpi_ft_enable), but Slurm ends the step at the first
+        # failure, so say so rather than promise a shrink that never comes.
+        return False, "its MPI has ULFM, but " + _launch_check.SRUN_ENDS_THE_STEP
+    return bool(enabled.value), why.decode()
 
 
 def _query(fn):

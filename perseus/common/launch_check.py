@@ -17,6 +17,10 @@ Perseus takes its ranks from MPI. What each launcher leaves to find this out:
     mpirun instead.
 
 A plain `python` process and a real `mpirun -np 1` set no WORLD_SIZE, so they run.
+
+started_by_srun() tells a task of an srun step (rather than an mpirun's rank inside
+the allocation): there a ULFM core cannot shrink, since Slurm's PMIx plugin kills the
+step at the first failure, and basics.fault_tolerance() says so.
 """
 
 import os
@@ -56,3 +60,25 @@ def check_launched_world(mpi_world_size, environ=None):
     error = launched_alone_error(mpi_world_size, environ)
     if error is not None:
         raise error
+
+
+# Variables that an MPI launcher sets in the processes it starts itself (Open MPI's
+# prterun, Hydra, MVAPICH): with one of them, srun's variables are an outer step's.
+_MPI_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PRTE_LAUNCHED", "PMI_SIZE",
+                           "MV2_COMM_WORLD_SIZE")
+
+SRUN_ENDS_THE_STEP = (
+    "srun started this job, and Slurm's PMIx plugin (srun --mpi=pmix) kills the whole "
+    "job step when a task ends without MPI_Finalize, and again when Open MPI reports a "
+    "failed rank to it, so no rank survives a failure (docs/elastic.md, Slurm). Start the "
+    "ranks with perseusrun --elastic -np N inside the allocation (sbatch or salloc) "
+    "instead: its mpirun --with-ft ulfm keeps the ranks' failures from Slurm")
+
+
+def started_by_srun(environ=None):
+    """Whether srun itself started this process as a task of a step of several (not
+    an mpirun inside an allocation or inside a step)."""
+    env = os.environ if environ is None else environ
+    if _count(env.get("SLURM_STEP_NUM_TASKS")) <= 1 or "SLURM_PROCID" not in env:
+        return False
+    return not any(name in env for name in _MPI_LAUNCHER_VARIABLES)

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from support.jobs import REPO_ROOT, clean_env, find_mpirun, framework_python, run_bounded
-from perseus.common.launch_check import launched_alone_error
+from perseus.common.launch_check import launched_alone_error, started_by_srun
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,6 +36,22 @@ def test_launched_alone_error(mpi_size, env, expected):
         assert error is None, error
     else:
         assert isinstance(error, RuntimeError) and str(error).startswith(expected), error
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3", "PMIX_RANK": "3"}, True),  # srun -n 4
+    ({"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}, False),   # srun -n 1: no peer to lose
+    ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}, False),           # an sbatch script's shell
+    # mpirun (Open MPI's prterun, Hydra) inside a step: the innermost launcher is MPI's
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "PRTE_LAUNCHED": "1"}, False),
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "OMPI_COMM_WORLD_SIZE": "4"}, False),
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "PMI_SIZE": "4"}, False),
+    ({}, False),
+])
+def test_started_by_srun(env, expected):
+    """Under srun (not an mpirun inside the allocation) a ULFM core says that a failure
+    ends the job (tests/launch/test_slurm.py runs it)."""
+    assert started_by_srun(env) is expected
 
 
 # Prints REFUSED: <error> and whether Perseus is left initialized, then inits again

@@ -6,6 +6,10 @@ in a temporary folder, started on hostA of the namespace hosts, stopped at the e
   the mpich wheel; an sbatch script runs a plain `python` (a world of 1, no error),
   `srun --mpi=pmi2` and perseusrun inside its allocation.
 - Debian's Open MPI under `srun --mpi=pmix`.
+- Open MPI 5 with ULFM (pip's wheel, .venv-ompi5) under `srun -K0 --mpi=pmix` with ULFM
+  on: a task that dies takes the whole step with it (Slurm's PMIx plugin kills it), and
+  hvd.elastic.run's mode line says so instead of promising a shrink
+  (docs/investigations/slurm-ulfm.md).
 - Processes a launcher started without MPI joining them: `srun -n 2 --mpi=none` (MPICH
   comes up alone in each task) and MPICH's mpiexec starting the Open MPI build: init()
   raises on every task, naming the variable it read, what MPI said and the fix.
@@ -25,7 +29,10 @@ import pytest
 
 from support import fake_hosts
 from support import slurm_cluster
-from support.jobs import RANK_SCRIPTS, REPO_ROOT, clean_env, find_mpirun, run_bounded
+from support.jobs import RANK_SCRIPTS, REPO_ROOT, clean_env, find_mpirun, framework_python
+from support.jobs import run_bounded
+from support.jobs import BUILD_SUPPORT  # noqa: F401 - puts build_support/ on sys.path
+from other_mpi_core import build_core, package
 from test_open_mpi import open_mpi  # noqa: F401 - a fixture: the core built with Open MPI
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
@@ -130,6 +137,47 @@ def test_open_mpi_srun_pmix(slurm, open_mpi):  # noqa: F811 - the fixture
                               {"PYTHONPATH": open_mpi["pythonpath"]})
     assert rc == 0, report
     assert sorted(re.findall(r"TASK (\d) rank (\d) of 2", out)) == [("0", "0"), ("1", "1")], report
+
+
+# hvd.elastic.run's mode on each task, then task 1 is SIGKILLed and task 0 waits to see
+# whether it outlives it.
+SRUN_ULFM = """
+import os, signal, time
+from perseus.common import basics as hvd
+from perseus.common import elastic
+hvd.init()
+print("TASK %d mode %s: %s" % ((hvd.rank(),) + elastic.mode()), flush=True)
+if hvd.rank() == 1:
+    time.sleep(2)  # task 0 is past init() and its print
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(8)
+print("TASK %d outlived task 1" % hvd.rank(), flush=True)
+os._exit(0)
+"""
+
+
+def test_open_mpi5_ulfm_under_srun_ends_the_step_and_says_so(slurm, tmp_path_factory):
+    """Issue 46, point 6: the ULFM core (pip's Open MPI 5) started by `srun -K0
+    --mpi=pmix` with ULFM on (OMPI_MCA_mpi_ft_enable=1; OPAL_PREFIX finds the wheel's
+    ft-mpi parameter set) cannot shrink: slurmstepd's PMIx plugin kills the step when a
+    task's PMIx connection is lost (PMIX_ERR_LOST_CONNECTION), -K0 notwithstanding.
+    hvd.elastic.run's mode says the job ends and names the route that works (perseusrun
+    --elastic inside the allocation); before, it said the failed rank is left behind."""
+    python = framework_python("Open MPI 5 (ULFM)", "ompi5", "setup_ompi5.sh")
+    core = build_core("open_mpi5_core", str(python.parent / "mpicxx"))
+    rc, out, report = on_node(slurm, ["srun", "-n", "2", "-K0", "--mpi=pmix", python, "-P", "-c",
+                                      SRUN_ULFM],
+                              {"PYTHONPATH": package(core, tmp_path_factory.mktemp("ompi5")),
+                               "OMPI_MCA_mpi_ft_enable": "1",
+                               "OPAL_PREFIX": str(python.parent.parent)}, timeout=120)
+    for task in (0, 1):
+        assert ("TASK %d mode end: its MPI has ULFM, but srun started this job, and Slurm's "
+                "PMIx plugin" % task) in out, report
+        assert "perseusrun --elastic -np N inside the allocation" in out, report
+    # Slurm's doing, not Perseus's: if this fails, Slurm no longer ends the step, and
+    # shrinking under srun is worth trying again.
+    assert rc != 0 and "TASK 0 outlived" not in out, report
+    assert "Error handler invoked: status = -61" in report and "CANCELLED" in report, report
 
 
 def test_mpich_launcher_with_the_open_mpi_build_fails_init(open_mpi):  # noqa: F811
