@@ -1,5 +1,6 @@
 """How long a lost rank costs: from a SIGKILL to the survivors' next completed step,
-on Open MPI 5 with ULFM (issue 46), split into its phases.
+on Open MPI 5 with ULFM (issue 46), split into its phases; with --hosts-added, how
+long a host added or removed costs under perseusrun --host-discovery-script.
 
     .venv/bin/python benchmarks/elastic_recovery.py [--nps 2 4 8] [--repeat 3]
 
@@ -23,21 +24,59 @@ runs: a step without failure, with ULFM on, and a step of a run of the same core
 started without it (`mpirun` without --with-ft, nobody killed): what ULFM costs while
 nothing fails. The ranks share the cores (2 on CI): times at np 8 are those of an
 oversubscribed machine.
+
+    .venv/bin/python benchmarks/elastic_recovery.py --hosts-added [--nps 2 4] [--repeat 3]
+
+The other table: what a change of hosts costs, on the default MPICH core (any MPI:
+the job follows its hosts by restarting at a commit). One job of `perseusrun --elastic
+--host-discovery-script "cat F" --min-np A --max-np B` per repeat goes A -> B -> A
+ranks, the hosts simulated on this machine as tests/mpi/test_fault_tolerance.py's
+test_the_job_follows_its_hosts does (F says localhost:A, then localhost:B, then
+localhost:A again). The ranks take STEP_S per step (a sleep standing for the step's
+compute, so that the ranks leave perseusrun's discovery its share of the CPUs) and
+commit after each; rank 0 rewrites F CHANGE_STEP steps into each run but the last.
+From that moment (the discovery script prints the new hosts), in wall-clock seconds:
+
+  noticed     until perseusrun's discovery (every DISCOVER_PERIOD_S, Horovod's 1 s)
+              sees the change and tells the ranks (its "the hosts changed" line);
+  interrupt   until rank 0 has raised HostsUpdatedInterrupt at its next commit (with
+              every rank: one broadcast), persisted that commit and shut down;
+  exit        until perseusrun sees mpirun end with the restart code (its
+              "restarting the job" line): the ranks' interpreters end, then mpirun;
+  launch      until rank 0's script runs again: mpirun and the interpreters start;
+  init        until hvd.init() returns in the new world (importing torch included);
+  model       until the script has built its model, optimizer and state (torch's
+              own cost: its first optimizer imports torch._dynamo, sympy and more,
+              some 870 modules with torch 2.13);
+  resume      until hvd.elastic.run calls the training function: the persisted
+              commit loaded, synced from rank 0, the reset callbacks run;
+  first step  the first step in the new world, completed (and committed).
+
+From launch to the first step is the restart proper; its floor is a cold start of the
+same job at the new size, measured in the same run (`perseusrun -np N`, no --elastic,
+from perseusrun's start to the first step). Medians over --repeat jobs.
 """
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 KILL_STEP, STEPS = 10, 14
 PHASES = ["detection", "teardown", "shrink+init", "sync", "next step"]
+# --hosts-added: a step's stand-in compute, the step of each run that changes the
+# hosts, the steps of the last run, and how long a run may wait for its interrupt.
+STEP_S, CHANGE_STEP, LAST_RUN_STEPS, RUN_LIMIT_S = 0.02, 5, 5, 300
+GROW_PHASES = ["noticed", "interrupt", "exit", "launch", "init", "model", "resume",
+               "first step"]
 
 
 def worker(out_dir, kill=True):
@@ -98,6 +137,160 @@ def worker(out_dir, kill=True):
     hvd.shutdown()
 
 
+def grow_worker(out_dir, hosts_file, changes):
+    """A rank of the --hosts-added job (or of its cold-start baseline: no changes).
+    Rank 0 writes its times to run<k>.json, k = perseusrun's restart number."""
+    started = time.time()
+    import torch
+
+    import perseus.torch.horovod as hvd
+    hvd.init()
+    marks = {"started": started, "init": time.time()}
+    rank = hvd.rank()
+    attempt = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS", "0"))
+    changing = attempt < len(changes)  # this run rewrites the hosts, then is stopped
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    x = torch.randn(32, 64)
+    marks["model"] = time.time()
+
+    @hvd.elastic.run
+    def train(state):
+        marks.setdefault("resume", time.time())
+        first = state.step
+        while True:
+            time.sleep(STEP_S)
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+            state.step += 1
+            done = state.step - first
+            if changing and rank == 0 and done == CHANGE_STEP:
+                tmp = hosts_file + ".tmp"
+                with open(tmp, "w") as f:
+                    f.write(changes[attempt] + "\n")
+                os.replace(tmp, hosts_file)  # the script prints all of it from now on
+                marks["change"] = time.time()
+            state.commit()  # raises HostsUpdatedInterrupt (then SystemExit) when told
+            marks.setdefault("first step", time.time())
+            if not changing and done >= LAST_RUN_STEPS:
+                return
+            if time.time() - marks["init"] > RUN_LIMIT_S:
+                raise RuntimeError("no HostsUpdatedInterrupt %d s into run %d"
+                                   % (RUN_LIMIT_S, attempt))
+
+    def report():
+        if rank == 0:
+            (Path(out_dir) / ("run%d.json" % attempt)).write_text(json.dumps(marks))
+
+    try:
+        train(state)
+    except SystemExit:  # the stop for new hosts: hvd.elastic.run persisted and shut down
+        marks["interrupt"] = time.time()
+        report()
+        raise
+    report()
+    hvd.shutdown()
+
+
+class _Lines(threading.Thread):
+    """perseusrun's stderr, each line with the time it came."""
+
+    def __init__(self, pipe):
+        super().__init__(daemon=True)
+        self.pipe, self.lines = pipe, []
+
+    def run(self):
+        for line in self.pipe:
+            self.lines.append((time.time(), line.decode(errors="replace")))
+
+    def times(self, text):
+        return [t for t, line in self.lines if text in line]
+
+
+def _perseusrun(flags, out, env, changes=(), hosts_file=""):
+    """Runs perseusrun with flags on this file's grow worker -> (its start time, its
+    stderr lines, rank 0's runs' marks)."""
+    cmd = [sys.executable, "-m", "perseus.launcher"] + flags + [
+        sys.executable, str(Path(__file__).resolve()), "--grow-worker", out,
+        "--hosts-file", hosts_file, "--changes", ";".join(changes)]
+    start = time.time()
+    proc = subprocess.Popen(cmd, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines = _Lines(proc.stderr)
+    lines.start()
+    try:
+        proc.wait(timeout=RUN_LIMIT_S + 60 * (len(changes) + 1))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines.join(timeout=10)
+    if proc.returncode != 0:
+        sys.exit("elastic_recovery: %s ended with %d:\n%s" % (
+            " ".join(cmd), proc.returncode, "".join(l for _, l in lines.lines)[-6000:]))
+    runs = [json.loads((Path(out) / ("run%d.json" % k)).read_text())
+            for k in range(len(changes) + 1)]
+    return start, lines, runs
+
+
+def hosts_added(nps, repeat):
+    """The --hosts-added table: A -> B -> A ranks, per job, and cold starts at B and A."""
+    small, large = nps
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "HOROVOD_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    columns = ["%d -> %d" % (small, large), "%d -> %d" % (large, small)]
+    results = {}
+
+    def add(name, column, seconds):
+        results.setdefault(name, {}).setdefault(column, []).append(seconds)
+
+    for run in range(repeat):
+        print("run %d of %d: %d -> %d -> %d ranks, then cold starts ..."
+              % (run + 1, repeat, small, large, small), file=sys.stderr, flush=True)
+        out = tempfile.mkdtemp(prefix="perseus-hosts-")
+        hosts = Path(out) / "hosts"
+        hosts.write_text("localhost:%d\n" % small)
+        changes = ["localhost:%d" % large, "localhost:%d" % small]
+        job_env = dict(env, PERSEUS_ELASTIC_PERSIST_DIR=str(Path(out) / "commits"))
+        _, lines, runs = _perseusrun(
+            ["--elastic", "--host-discovery-script", "cat %s" % hosts,
+             "--min-np", str(min(nps)), "--max-np", str(max(nps))],
+            out, job_env, changes, str(hosts))
+        noticed = lines.times("perseusrun: --elastic: the hosts changed:")
+        exited = lines.times("the ranks stopped at a commit for the new hosts")
+        for k, column in enumerate(columns):
+            before, after = runs[k], runs[k + 1]
+            times = [before["change"], noticed[k], before["interrupt"], exited[k],
+                     after["started"], after["init"], after["model"], after["resume"],
+                     after["first step"]]
+            for name, (t0, t1) in zip(GROW_PHASES, zip(times, times[1:])):
+                add(name, column, t1 - t0)
+            add("total", column, after["first step"] - before["change"])
+            add("restart: launch to first step", column, after["first step"] - exited[k])
+            print("  %s: total %.3f s" % (column, results["total"][column][-1]),
+                  file=sys.stderr, flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+        for np, column in ((large, columns[0]), (small, columns[1])):
+            cold = tempfile.mkdtemp(prefix="perseus-cold-")
+            start, _, (marks,) = _perseusrun(["-np", str(np)], cold, env)
+            add("cold start: to init", column, marks["init"] - start)
+            add("cold start: to first step", column, marks["first step"] - start)
+            shutil.rmtree(cold, ignore_errors=True)
+    names = GROW_PHASES + ["total", "restart: launch to first step", "cold start: to init",
+                           "cold start: to first step"]
+    print("| phase | " + " | ".join(columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for name in names:
+        cells = ["%.3f s" % statistics.median(results[name][c]) for c in columns]
+        print("| %s | %s |" % (name, " | ".join(cells)))
+    print("Medians of %d jobs. Cold start: perseusrun -np N at the new size (%d, then %d), "
+          "no --elastic, from perseusrun's start (whose own start-up a restart skips): the "
+          "restart's floor." % (repeat, large, small))
+
+
 def ulfm_package():
     """A PYTHONPATH folder whose perseus package runs on the Open MPI 5 build."""
     sys.path.insert(0, str(REPO / "build_support"))
@@ -111,13 +304,30 @@ def ulfm_package():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nps", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--nps", type=int, nargs="+",
+                        help="the sizes (default 2 4 8; with --hosts-added, the two sizes "
+                             "A B of the job A -> B -> A, default 2 4)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--hosts-added", action="store_true",
+                        help="time a change of hosts under perseusrun --elastic "
+                             "--host-discovery-script (MPICH core) instead of a SIGKILL")
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--no-kill", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--grow-worker", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--hosts-file", help=argparse.SUPPRESS)
+    parser.add_argument("--changes", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, kill=not args.no_kill)
+    if args.grow_worker:
+        return grow_worker(args.grow_worker, args.hosts_file,
+                           [c for c in args.changes.split(";") if c])
+    if args.hosts_added:
+        nps = args.nps or [2, 4]
+        if len(nps) != 2 or not 1 <= nps[0] < nps[1]:
+            parser.error("--hosts-added takes two sizes, --nps A B with 1 <= A < B")
+        return hosts_added(nps, args.repeat)
+    args.nps = args.nps or [2, 4, 8]
     bin_dir, pythonpath = ulfm_package()
     results = {}
     for np in args.nps:
