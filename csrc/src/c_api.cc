@@ -2,16 +2,19 @@
 // result codes plus a per-thread message.
 #include <mpi.h>
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,6 +98,8 @@ MPI_Comm g_failed_world = MPI_COMM_NULL;
 // here (Open MPI 5.0.11, 4 ranks, one SIGKILLed); a survivor that leaves without it
 // ends the job at once, mpirun's exit code 0 (8 of 8).
 std::atomic<bool> g_lost_a_rank{false};
+// The peer timeout of the last init that started MPI: it bounds MPI_Finalize under ULFM.
+double g_peer_timeout_s = 0;
 
 // The processes on this host of that world: (rank in it, process id).
 std::vector<std::pair<int, int>> g_failed_world_here;
@@ -107,6 +112,47 @@ void KeepFailedWorld(Engine& engine) {
   if (g_failed_world != MPI_COMM_NULL) MPI_Comm_free(&g_failed_world);
   g_failed_world = failed;
   g_failed_world_here = engine.node_processes();
+}
+
+// While alive, bounds an MPI call that may wait for a dead process (under ULFM, Open
+// MPI's start-up and MPI_Finalize still wait for every process of the job): past
+// `limit_s` (none if 0) the process logs `why` and leaves with `exit_code`.
+class CallWatch {
+ public:
+  CallWatch(double limit_s, std::string why, int exit_code) {
+    if (limit_s <= 0) return;
+    auto state = state_ = std::make_shared<State>();
+    std::thread([state, limit_s, why, exit_code] {
+      std::unique_lock<std::mutex> lock(state->mu);
+      if (state->cv.wait_for(lock, std::chrono::duration<double>(limit_s), [&] { return state->done; }))
+        return;
+      PERSEUS_LOG(kError) << why << "; leaving with exit code " << exit_code;
+      std::fflush(stderr);
+      _exit(exit_code);
+    }).detach();
+  }
+  ~CallWatch() {
+    if (!state_) return;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->done = true;
+    state_->cv.notify_all();
+  }
+  CallWatch(const CallWatch&) = delete;
+  CallWatch& operator=(const CallWatch&) = delete;
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  std::shared_ptr<State> state_;
+};
+
+std::string PeerTimeoutText(double s) {
+  std::ostringstream text;
+  text << s << " s (PERSEUS_PEER_TIMEOUT_SECONDS)";
+  return text.str();
 }
 
 std::shared_ptr<Engine> Current() {
@@ -151,9 +197,18 @@ void FinalizeAtExit() {
     MPI_Abort(MPI_COMM_WORLD, kLostPeerExitCode);
   }
   if (PeerLost() || g_lost_a_rank) return;
+  // Under ULFM a process may die after the engine stopped (during shutdown() or after):
+  // skipped as above when it is known here, else bounded, as the job's work is done.
+  const bool ulfm = FaultTolerant();
+  if (ulfm && !FailedRanks(MPI_COMM_WORLD).empty()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  CallWatch watch(ulfm ? g_peer_timeout_s : 0,
+                  "MPI_Finalize did not finish within " + PeerTimeoutText(g_peer_timeout_s) +
+                      ": a process of the job probably ended during it",
+                  0);
+  MPI_Finalize();
 }
 
 // A fatal signal on its way (common/fatal_signals.h): the peers hear of it first.
@@ -187,7 +242,19 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
     // Another MPI's launcher: say so here, as MPI_Init may abort with its own words.
     Status launcher = CheckLauncherPmiHere();
     if (!launcher.ok()) return launcher;
-    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    int rc;
+    {
+      // A process that died before joining MPI's start-up holds the others there for
+      // good (its PMIx fence; with the asynchronous modex, MPI_Init fails instead).
+      CallWatch watch(FaultTolerant() ? config.peer_timeout_seconds : 0,
+                      "MPI's start-up (MPI_Init_thread) did not finish within " +
+                          PeerTimeoutText(config.peer_timeout_seconds) +
+                          ": a process of the job probably ended before joining it, and Open "
+                          "MPI's start-up needs every process, even under ULFM",
+                      kLostPeerExitCode);
+      rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    }
+    g_peer_timeout_s = config.peer_timeout_seconds;
     if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
     if (!g_finalize_at_exit) std::atexit(FinalizeAtExit);
     g_finalize_at_exit = true;
@@ -253,6 +320,70 @@ LaneBackend MakeLanes(const Config& config, bool thread_multiple) {
   return MakeCoreLanes(mpi, GpuSettingsOf(config), thread_multiple);
 }
 
+// Test hook (tests/rank_scripts/elastic_edges.py), read at each init:
+// PERSEUS_TEST_DIE_IN_INIT=start kills this process once its MPI started, =world once
+// its new world is made, the others forming the world with it.
+bool DiesInInit(const char* where) {
+  const char* value = std::getenv("PERSEUS_TEST_DIE_IN_INIT");
+  return value != nullptr && std::strcmp(value, where) == 0;
+}
+
+// While alive, MPI errors on `comm` (MPI_COMM_WORLD) return instead of ending the job:
+// under ULFM, init's calls on it may meet a dead process. MPI_COMM_NULL: no change.
+class ReturnErrors {
+ public:
+  explicit ReturnErrors(MPI_Comm comm) : comm_(comm) {
+    if (comm_ == MPI_COMM_NULL) return;
+    MPI_Comm_get_errhandler(comm_, &saved_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  ~ReturnErrors() {
+    if (comm_ == MPI_COMM_NULL) return;
+    MPI_Comm_set_errhandler(comm_, saved_);
+    MPI_Errhandler_free(&saved_);
+  }
+  ReturnErrors(const ReturnErrors&) = delete;
+  ReturnErrors& operator=(const ReturnErrors&) = delete;
+
+ private:
+  MPI_Comm comm_;
+  MPI_Errhandler saved_ = MPI_ERRHANDLER_NULL;
+};
+
+// The world of this init from `parent` (its survivors when `shrink`, else a duplicate)
+// and its engine, each step agreed by every rank. On an error nothing is left but
+// `*world` (freed by the engine once it started).
+Status FormWorld(MPI_Comm parent, bool shrink, const Config& config, const Status& config_status,
+                 bool thread_multiple, MPI_Comm* world, std::unique_ptr<Engine>* engine) {
+  *world = MPI_COMM_NULL;
+  Status status;
+  if (shrink) {
+    status = Shrink(parent, world);
+    if (status.ok()) EndExcludedRanks(parent, *world, g_failed_world_here);
+  } else {
+    status = MpiStatus(MPI_Comm_dup(parent, world), "MPI_Comm_dup");
+  }
+  if (!status.ok()) {
+    *world = MPI_COMM_NULL;
+    return status;
+  }
+  if (DiesInInit("world")) raise(SIGKILL);
+  MPI_Comm_set_errhandler(*world, MPI_ERRORS_RETURN);  // inherited by every dup below
+  // A bad value on one rank fails init() on every rank, rather than leaving the
+  // others blocked in the engine's first collectives. So do settings that differ
+  // across ranks (the engine's plans would differ), before the timeline's file is
+  // opened (and truncated); a path rank 0 cannot write fails init() everywhere too.
+  // Each step gives every rank the same status, so all take the same steps.
+  status = AgreeOnStatus(*world, config_status);
+  if (status.ok()) status = AgreeOnConfig(config, thread_multiple, *world);
+  if (status.ok()) status = AgreeOnStatus(*world, StartConfiguredTimeline(config, *world));
+  if (status.ok())
+    status = Engine::Start(config, *world, thread_multiple, MakeLanes(config, thread_multiple),
+                           &g_handles, engine);
+  if (!status.ok()) Timeline::Get().Stop();
+  return status;
+}
+
 template <typename Getter>
 perseus_status_t GetInt(int32_t* out, Getter get) {
   auto engine = Current();
@@ -287,37 +418,54 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   bool thread_multiple = false;
   status = StartMpi(config, &thread_multiple);
   if (!status.ok()) return Report(status);
+  if (DiesInInit("start")) raise(SIGKILL);
   MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
-  MPI_Comm world;
-  if (g_failed_world != MPI_COMM_NULL && comm_f2c == -1) {
-    // The last world lost a rank (ULFM): this one is its survivors (collective over them).
-    status = Shrink(g_failed_world, &world);
-    if (status.ok()) EndExcludedRanks(g_failed_world, world, g_failed_world_here);
-    MPI_Comm_free(&g_failed_world);
-  } else {
-    status = MpiStatus(MPI_Comm_dup(base, &world), "MPI_Comm_dup");
-  }
-  if (!status.ok()) return Report(status);
-  MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);  // inherited by every dup below
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  // A bad value on one rank fails init() on every rank, rather than leaving the
-  // others blocked in the engine's first collectives. So do settings that differ
-  // across ranks (the engine's plans would differ), before the timeline's file is
-  // opened (and truncated); a path rank 0 cannot write fails init() everywhere too.
-  // Each step gives every rank the same status, so all take the same steps.
-  status = AgreeOnStatus(world, config_status);
-  if (status.ok()) status = AgreeOnConfig(config, thread_multiple, world);
-  if (status.ok()) status = AgreeOnStatus(world, StartConfiguredTimeline(config, world));
+  // The last world lost a rank (ULFM): this one is its survivors (collective over them).
+  const bool from_failed = g_failed_world != MPI_COMM_NULL && comm_f2c == -1;
+  MPI_Comm parent = from_failed ? g_failed_world : base;
+  // Under ULFM a process may die while the world is formed: every survivor then forms
+  // it again from `parent`'s survivors (tests/mpi/test_fault_tolerance_edges.py).
+  const bool may_reform = FaultTolerant() && comm_f2c == -1;
+  ReturnErrors world_errors(may_reform ? MPI_COMM_WORLD : MPI_COMM_NULL);
+  MPI_Comm world = MPI_COMM_NULL;
   std::unique_ptr<Engine> engine;
-  if (status.ok())
-    status = Engine::Start(config, world, thread_multiple, MakeLanes(config, thread_multiple),
-                           &g_handles, &engine);
+  for (bool shrink = from_failed;; shrink = true) {
+    status = FormWorld(parent, shrink, config, config_status, thread_multiple, &world, &engine);
+    if (!may_reform) break;
+    // Uniform over the survivors, unlike the steps' own errors (a death fails some
+    // ranks' collectives, not all): bit 0, formed here; bit 1, no error other than a
+    // failed process here.
+    int flags = (status.ok() ? 1 : 0) | (status.ok() || status.code == PERSEUS_RANK_FAILED ? 2 : 0);
+    Status agreed = AgreeAmongSurvivors(parent, &flags);
+    if (agreed.ok() && (flags & 1)) break;
+    if (engine) {
+      engine->Shutdown();  // frees the world
+      engine.reset();
+      world = MPI_COMM_NULL;
+      Timeline::Get().Stop();
+    }
+    if (!agreed.ok() || !(flags & 2)) {
+      if (status.ok())
+        status = agreed.ok() ? Status::Error(PERSEUS_MPI_ERROR, "init() failed on another rank")
+                             : agreed;
+      break;
+    }
+    if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
+    g_lost_a_rank = true;  // MPI_Finalize's closing fence would wait for the dead
+    PERSEUS_LOG(kWarning) << "a process failed while the world was formed ("
+                          << (status.ok() ? "on another rank" : status.message)
+                          << "): forming it again from the survivors";
+  }
+  if (from_failed) {
+    MPI_Comm_free(&g_failed_world);
+    g_failed_world_here.clear();
+  }
   if (!status.ok()) {
-    Timeline::Get().Stop();
-    MPI_Comm_free(&world);
+    if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
     return Report(status);
   }
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
   slot = std::move(engine);
   WatchFatalSignals(LeaveOnSignal);
   // Rank 0 only: every rank normally has the same environment (the launcher exports

@@ -111,6 +111,20 @@ Status Shrink(MPI_Comm comm, MPI_Comm* out) {
 #endif
 }
 
+Status AgreeAmongSurvivors(MPI_Comm comm, int* flags) {
+#if PERSEUS_ULFM
+  // The flag is agreed even when the call reports a failure it had not acknowledged.
+  const int rc = MPIX_Comm_agree(comm, flags);
+  return rc == MPI_SUCCESS || IsProcessFailure(rc) ? Status::OK()
+                                                   : MpiStatus(rc, "MPIX_Comm_agree");
+#else
+  (void)comm;
+  (void)flags;
+  return Status::Error(PERSEUS_UNSUPPORTED, "an agreement among survivors needs ULFM: " +
+                                                FaultToleranceReason());
+#endif
+}
+
 namespace {
 
 // Whether process `pid` still runs: it exists and is not a zombie.

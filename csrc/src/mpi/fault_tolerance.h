@@ -32,6 +32,10 @@ void Revoke(MPI_Comm comm);
 std::vector<int> FailedRanks(MPI_Comm comm);
 // A communicator of the survivors of `comm`, in their order (collective over them).
 Status Shrink(MPI_Comm comm, MPI_Comm* out);
+// The bitwise AND of `*flags` over the survivors of `comm` (MPIX_Comm_agree: it
+// completes, with the same value everywhere, though a process failed before or during
+// it), into `*flags`. An error without ULFM.
+Status AgreeAmongSurvivors(MPI_Comm comm, int* flags);
 
 // After Shrink(failed, survivors), collective over the survivors: the processes of
 // `failed` on this host (`here`: its rank there, process id) that are not among the
