@@ -111,6 +111,14 @@ def core_has_ulfm():
 # --reset-limit's default: restarts of a job before perseusrun gives up (Horovod's has
 # none; a job whose ranks keep dying should end, saying so, rather than loop forever).
 RESET_LIMIT_DEFAULT = 3
+# perseusrun --elastic, shrinking in place: Open MPI 5's runtime (PRRTE 3.0) ends the whole
+# job when it loses a host's daemon, but notices a host cut off only by TCP keepalive: by
+# default after 300 + 9 x 20 s of silence, and never while a message of its own to that
+# host waits (its order to end the ranks there, once the survivors left at the peer
+# timeout), so mpirun hung. These make it notice a silent host within 10 s, before the
+# peer timeout (45 s); the user's own values win (docs/elastic.md, "A host lost").
+ULFM_KEEPALIVE = {"PRTE_MCA_oob_tcp_keepalive_time": "5", "PRTE_MCA_oob_tcp_keepalive_intvl": "1",
+                  "PRTE_MCA_oob_tcp_keepalive_probes": "5"}
 # DEATH_SIGNALS, died_of_signal and _end_with_parent live in launcher_elastic (its
 # restart loop uses them too) and are this module's names as well.
 DEATH_SIGNALS = launcher_elastic.DEATH_SIGNALS
@@ -485,6 +493,8 @@ def main(argv=None):
     for note in launcher_flags.notes(args, flavour):
         print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
     mpirun_env = launcher_flags.mpirun_environment(args, flavour)
+    if args.elastic and not args.elastic_restart:
+        mpirun_env.update((k, v) for k, v in ULFM_KEEPALIVE.items() if k not in os.environ)
     if args.verbose or args.dry_run:
         shown = ["%s=%s" % (k, shlex.quote(v)) for k, v in sorted(mpirun_env.items())]
         print("perseusrun (%s): %s" % (flavour, " ".join(shown + [shlex.quote(c) for c in cmd])),

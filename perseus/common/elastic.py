@@ -417,6 +417,14 @@ def _stop_for_new_hosts(state):
     raise SystemExit(HOSTS_UPDATED_EXIT)
 
 
+# The sync after a reset failed on the same world (no rank of it failed under ULFM): one
+# that cannot work any more, e.g. a peer the engine gave up at the peer timeout (stopped,
+# or on a host cut off), which ULFM does not count as failed. Trying again would loop.
+SAME_WORLD_BROKEN = ("hvd.elastic.run cannot go on: the state's sync after a reset failed "
+                     "again on the same ranks (no process of the world ended, which alone "
+                     "would leave survivors to go on with): %s")
+
+
 def run_fn(func, reset_fn=reset):
     """Decorates func(state, *args, **kwargs): syncs `state` from rank 0, then
     calls func; after a HorovodInternalError (in either) restores the last commit,
@@ -426,18 +434,24 @@ def run_fn(func, reset_fn=reset):
     def wrapper(state, *args, **kwargs):
         _say_mode()
         _start_persisting(state)
+        after_reset = False
         while True:
+            syncing = True
             try:
                 # Inside: a rank that fails during the sync after a failure is one more.
                 state.sync()
+                syncing = False
                 return func(state, *args, **kwargs)
-            except HorovodInternalError:
+            except HorovodInternalError as e:
+                if syncing and after_reset and not basics.world_failed():
+                    raise HorovodInternalError(SAME_WORLD_BROKEN % e) from e
                 state.restore()
             except HostsUpdatedInterrupt as e:
                 if _host_watch() is None or getattr(state, "_persister", None) is None:
                     raise NotImplementedError(RESIZE_UNSUPPORTED % basics.size()) from e
                 _stop_for_new_hosts(state)
             reset_fn()
+            after_reset = True
             state.on_reset()
 
     return wrapper

@@ -6,7 +6,9 @@ Every rank trains a small linear model with DistributedOptimizer over an
 ElasticSampler, committing after every batch inside hvd.elastic.run. At step
 PTEST_KILL_STEP the victims (PTEST_VICTIMS: world ranks, default the last) SIGKILL
 themselves (PTEST_SIGNAL=SIGSTOP: freeze, to be declared failed by the detector and
-ended by a survivor) where PTEST_KILL_WHERE says:
+ended by a survivor; PTEST_SIGNAL=PAUSE: write paused.<rank> to PTEST_TMPDIR and wait
+for a file `go` there, then go on, while the test kills or cuts off their host:
+tests/launch/test_fault_tolerance_hosts.py) where PTEST_KILL_WHERE says:
 
   allreduce   just before the step's gradients are reduced (the others are inside it)
   broadcast   inside a broadcast of every rank (its turn to send)
@@ -34,7 +36,8 @@ import time
 
 import torch
 
-from common import elastic_regression, launcher_rank_size, log, main, regression_data
+from common import (elastic_regression, launcher_rank_size, log, main, regression_data, touch,
+                    wait_for)
 
 import perseus.torch.horovod as hvd
 
@@ -68,6 +71,10 @@ def die_in_recovery_sync(state, record, world_rank):
 def die_here_if_victim(where, step, world_rank):
     if (os.environ.get("PTEST_KILL_WHERE") == where and step == int(os.environ["PTEST_KILL_STEP"])
             and world_rank in victims()):
+        if os.environ.get("PTEST_SIGNAL") == "PAUSE":
+            touch("paused.%d" % world_rank)
+            wait_for("go", timeout_s=120)
+            return
         if os.environ.get("PTEST_SIGNAL") == "SIGSTOP":
             with open(os.path.join(os.environ["PTEST_TMPDIR"], "frozen.%d" % world_rank), "w") as f:
                 f.write(str(os.getpid()))

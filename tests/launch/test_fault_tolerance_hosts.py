@@ -1,0 +1,204 @@
+"""A host lost in the middle of training, under Open MPI 5 with ULFM (issue 46): 4 ranks,
+2 on hostA and 2 on hostB (namespace hosts, tests/support/fake_hosts.py), started the way
+a user starts them, logged in on hostA: `perseusrun --elastic -H hostA:2,hostB:2 ...`
+(mpirun --with-ft ulfm, whose daemon on hostB the agent that plays ssh starts).
+
+tests/rank_scripts/elastic_shrink.py trains; hostB's ranks (2 and 3) pause before the
+allreduce of step 5 (PTEST_SIGNAL=PAUSE), hostA's wait inside it, and the test then
+- kills hostB: SIGKILL to every process in its network namespace, both ranks and
+  Open MPI's daemon (prted) there;
+- or cuts hostB's link (its eth0 down) and lets its ranks go on into the allreduce.
+
+Open MPI 5.0's runtime (PRRTE 3.0.11) ends the whole job when it loses a host's daemon,
+ULFM or not, so hostA's ranks cannot go on (docs/elastic.md, "A host lost"): these tests
+check that the job ends, saying so, within seconds and never hangs. If one fails because
+"survivor ok" appears, Open MPI keeps the job now, and the shrink is worth testing.
+
+The core is the ULFM build of tests/mpi/test_fault_tolerance.py's `ulfm` fixture.
+"""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from support.jobs import RANK_SCRIPTS, REPO_ROOT, TESTS_DIR, clean_env, run_bounded
+
+sys.path.insert(0, str(TESTS_DIR / "mpi"))  # the ulfm fixture's module
+from test_fault_tolerance import ulfm  # noqa: F401,E402 - a fixture: the Open MPI 5 (ULFM) core
+from test_multi_host import user_env  # noqa: E402
+
+from perseus.common import elastic  # noqa: E402
+from perseus.common.exceptions import HorovodInternalError  # noqa: E402
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(400)]
+
+HOSTB_RANKS = (2, 3)
+PAUSE_STEP = 5
+# PRRTE's words when it gives up a daemon: its ssh session ended (the host killed) ...
+DAEMON_GONE = "A daemon failed to report back after being spawned"
+# ... or its TCP connection failed (the keepalive, on a cut link).
+DAEMON_UNREACHABLE = "PRTE has lost communication with a remote daemon"
+
+
+def when_paused(scratch, action, done, timeout):
+    """A thread: once hostB's ranks have paused, `action()`, then lets them go on.
+    done["at"]: when the action was taken (monotonic); done["error"]: what failed."""
+    def watch():
+        deadline = time.monotonic() + timeout
+        try:
+            while not all((scratch / ("paused.%d" % r)).exists() for r in HOSTB_RANKS):
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+            action()
+            done["at"] = time.monotonic()
+        except Exception as e:  # reported by the test
+            done["error"] = repr(e)
+        finally:
+            (scratch / "go").write_text("")
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def perseusrun_env(hosts, ulfm, scratch, extra=None):  # noqa: F811 - the fixture
+    """hostA's user environment for the ULFM core: the package on PYTHONPATH, the agent as
+    PRRTE's ssh (Open MPI 5's launcher reads plm_ssh_agent under its own prefix)."""
+    return user_env(hosts, scratch, dict(extra or {}, PRTE_MCA_plm_ssh_agent=str(hosts.agent),
+                                         PYTHONPATH=ulfm["env"]["PYTHONPATH"]))
+
+
+def perseusrun_argv(ulfm, env, *flags):  # noqa: F811 - the fixture
+    python = str(ulfm["python"])
+    forward = [arg for name in sorted(env) if name.startswith("PTEST_") for arg in ("-x", name)]
+    # -P: the package on PYTHONPATH (the ULFM core), not this checkout's perseus/.
+    return ([python, "-P", "-m", "perseus.launcher", "--elastic", "-H", "hostA:2,hostB:2",
+             "--mpirun", str(Path(python).parent / "mpirun")] + list(flags) + forward
+            + [python, str(RANK_SCRIPTS / "elastic_shrink.py")])
+
+
+def run_losing_host_b(hosts, ulfm, scratch, action, timeout=90):  # noqa: F811 - the fixture
+    """perseusrun --elastic at np 4 on hostA:2,hostB:2, typed on hostA, with `action`
+    taken on hostB once its ranks paused -> (rc, out + err, seconds from the action to
+    the end, report). Whatever of the job outlives it is killed."""
+    env = perseusrun_env(hosts, ulfm, scratch, {
+        "PTEST_KILL_WHERE": "allreduce", "PTEST_KILL_STEP": str(PAUSE_STEP),
+        "PTEST_VICTIMS": ",".join(map(str, HOSTB_RANKS)), "PTEST_SIGNAL": "PAUSE",
+        "PTEST_HANG_DUMP_S": str(timeout - 15)})
+    done = {}
+    watcher = when_paused(scratch, action, done, timeout)
+    try:
+        rc, out, err, seconds = run_bounded(
+            hosts.command("hostA", perseusrun_argv(ulfm, env), env, cwd=REPO_ROOT),
+            os.environ, timeout)
+        ended = time.monotonic()
+    finally:
+        watcher.join(timeout=5)
+        (scratch / "go").write_text("")
+        # What mpirun left behind, given 10 s to end (a rank told to stop leaves within 3 s
+        # of SIGTERM: common/fatal_signals.h).
+        deadline = time.monotonic() + 10
+        while True:
+            left = {host: hosts.pids_on(host, str(RANK_SCRIPTS / "elastic_shrink.py"))
+                    + hosts.pids_on(host, "prted") for host in ("hostA", "hostB")}
+            if not left["hostA"] + left["hostB"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for pid in left["hostA"] + left["hostB"]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    after = ended - done["at"] if "at" in done else None
+    report = ("rc %d after %.1f s, %s s after the action (%s); left running: %s\n"
+              "----- stdout -----\n%s\n----- stderr -----\n%s" % (
+                  rc, seconds, after and "%.1f" % after, done.get("error", "no error in it"),
+                  left, out, err[-20000:]))
+    assert "at" in done, "hostB's ranks never paused at step %d\n%s" % (PAUSE_STEP, report)
+    return rc, out + err, after, left, report
+
+
+def test_host_killed_ends_the_job(hosts, ulfm, tmp_path):  # noqa: F811 - the fixture
+    """Every process of hostB SIGKILLed mid-step (its ranks and Open MPI's daemon): PRRTE
+    sees the daemon's ssh session end and its connection drop, and ends the job at once
+    ("Comm failure: daemon ... - aborting" with errmgr_base_verbose), killing hostA's
+    ranks before they could shrink. mpirun's exit code is PRRTE's (0 here), not checked."""
+    def kill_host_b():
+        for pid in hosts.pids_on("hostB"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    rc, text, after, left, report = run_losing_host_b(hosts, ulfm, tmp_path, kill_host_b)
+    assert after < 10, report
+    assert ((DAEMON_GONE in text and "Remote host:   hostB" in text)
+            or (DAEMON_UNREACHABLE in text and "on node hostB" in text)), report
+    assert "survivor ok" not in text, report  # if so, Open MPI keeps the job now
+    assert not left["hostA"] + left["hostB"], report
+
+
+def test_link_cut_ends_the_job_within_seconds(hosts, ulfm, tmp_path):  # noqa: F811
+    """hostB's eth0 down mid-step, its ranks going on into the allreduce they can no
+    longer reach. PRRTE notices the silent daemon only by TCP keepalive, which perseusrun
+    --elastic sets to 5 s + 5 x 1 s (launcher.ULFM_KEEPALIVE), and ends the job, naming
+    hostB. Before, mpirun kept the job for 300 + 9 x 20 s (PRRTE's default keepalive)
+    while hostA's ranks looped in hvd.elastic.run; with a shorter peer timeout, hostA's
+    ranks ended first and mpirun hung (its message to hostB unacknowledged, no keepalive)."""
+    try:
+        rc, text, after, left, report = run_losing_host_b(
+            hosts, ulfm, tmp_path, lambda: hosts.link("hostB", False))
+    finally:
+        hosts.link("hostB", True)
+    assert after < 20, report
+    assert DAEMON_UNREACHABLE in text and "on node hostB" in text, report
+    assert "survivor ok" not in text, report  # if so, Open MPI keeps the job now
+    assert not left["hostA"] + left["hostB"], report
+
+
+def test_perseusrun_elastic_sets_the_keepalive_unless_given(hosts, ulfm, tmp_path):  # noqa: F811
+    """The keepalive goes to mpirun's environment (PRRTE hands PRTE_MCA_* to its daemons);
+    a value the user set is kept."""
+    for given, want in ((None, "PRTE_MCA_oob_tcp_keepalive_time=5"),
+                        ("30", "PRTE_MCA_oob_tcp_keepalive_time=30")):
+        env = perseusrun_env(hosts, ulfm, tmp_path)
+        if given:
+            env["PRTE_MCA_oob_tcp_keepalive_time"] = given
+        res = subprocess.run(perseusrun_argv(ulfm, env, "--dry-run"), env=clean_env(env),
+                             capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert (want in res.stdout) == (given is None), res.stdout
+        assert "PRTE_MCA_oob_tcp_keepalive_probes=5" in res.stdout, res.stdout
+
+
+class _Broken:
+    """A state whose sync always fails, as on a world whose peer the engine gave up."""
+
+    def __init__(self):
+        self.syncs = self.restores = 0
+
+    def sync(self):
+        self.syncs += 1
+        raise HorovodInternalError("Perseus stopped process set 0 at the peer timeout")
+
+    def restore(self):
+        self.restores += 1
+
+    def on_reset(self):
+        pass
+
+
+def test_elastic_run_gives_up_a_world_that_cannot_recover(monkeypatch):
+    """After a reset, a sync that fails again on the same world (no rank failed under
+    ULFM) ends hvd.elastic.run with the error, instead of trying forever (a cut link's
+    survivors did, at the peer timeout)."""
+    monkeypatch.setattr(elastic, "_said_mode", True)
+    state = _Broken()
+    with pytest.raises(HorovodInternalError, match="cannot go on.*peer timeout"):
+        elastic.run_fn(lambda s: None, reset_fn=lambda: None)(state)
+    assert (state.syncs, state.restores) == (2, 1)
