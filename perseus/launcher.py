@@ -23,7 +23,12 @@ and builds the command that flavour needs:
 Then it replaces itself with mpirun (exec), so the exit code and signals are
 mpirun's own. It starts no daemons and moves no data: it is not a process manager.
 
-The exception is --elastic on a core whose MPI has no ULFM (MPICH, Open MPI 4): there
+--elastic on a ULFM core (shrink in place) is the first exception: perseusrun runs
+mpirun as its child, copies its output through and forwards signals to it, and where
+Open MPI 5 ended the job after losing a host but exited with 0, says so and ends with
+launcher_elastic.HOST_LOST_EXIT (69) instead (launcher_elastic.run_watching).
+
+The other is --elastic on a core whose MPI has no ULFM (MPICH, Open MPI 4): there
 perseusrun stays, runs mpirun as its child, and when the job ends because a rank was
 killed by a signal, starts it again (same command, same hosts and np), up to
 --reset-limit times; hvd.elastic.run in the ranks persists commits and resumes from
@@ -136,29 +141,20 @@ def run_restarting(cmd, env, limit, say=None):
                                      flush=True))
     from perseus.common import elastic  # where the ranks persist; no core loaded
     run_id = "%d-%s" % (os.getpid(), secrets.token_hex(6))
-    stop = {"signal": None, "child": None}
-
-    def forward(signum, frame):
-        stop["signal"] = signum
-        if stop["child"] is not None and stop["child"].poll() is None:
-            stop["child"].send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM,
-                                                        signal.SIGHUP)}
-    try:
+    with launcher_elastic.Forwarding() as stop:
         restarts = 0
         while True:
             child_env = dict(env, PERSEUS_ELASTIC_RUN_ID=run_id,
                              PERSEUS_ELASTIC_RESTARTS=str(restarts),
                              PERSEUS_ELASTIC_RESET_LIMIT=str(limit))
-            stop["child"] = subprocess.Popen(cmd, env=child_env, preexec_fn=_end_with_parent)
-            returncode = stop["child"].wait()
+            stop.child = subprocess.Popen(cmd, env=child_env, preexec_fn=_end_with_parent)
+            returncode = stop.child.wait()
             if returncode == 0:
                 path = elastic.persist_path(elastic.persist_dir(), run_id)
                 if os.path.isfile(path) and not os.path.islink(path):
                     os.unlink(path)  # the job is done: its last commit is of no more use
                 return 0
-            if stop["signal"] is not None:
+            if stop.signal is not None:
                 return returncode
             if not died_of_signal(returncode):
                 say("the job failed with exit code %d, which is not a rank killed by a signal "
@@ -173,9 +169,6 @@ def run_restarting(cmd, env, limit, say=None):
             say("a rank was killed (mpirun's exit code %d): restarting the job (restart %d of "
                 "at most %d, --reset-limit), which resumes from its last persisted commit"
                 % (returncode, restarts, limit))
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def detect_flavour(mpirun):
@@ -506,6 +499,10 @@ def main(argv=None):
     sys.stderr.flush()
     if args.elastic and args.elastic_restart:
         return run_restarting(cmd, dict(os.environ, **mpirun_env), limit)
+    if args.elastic:
+        # Not exec: Open MPI 5 ends the job after losing a host yet exits with 0, so
+        # perseusrun stays to read mpirun's output and end non-zero then.
+        return launcher_elastic.run_watching(cmd, dict(os.environ, **mpirun_env))
     # exec: mpirun takes over this process, so its exit code and signals are ours.
     os.execve(cmd[0], cmd, dict(os.environ, **mpirun_env))
 

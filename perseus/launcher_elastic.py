@@ -13,7 +13,12 @@ from that commit (perseus/common/elastic.py). This works on MPICH and Open MPI 4
 alike; growing in place (MPI_Comm_spawn, connect/accept on Open MPI 5) is not done.
 
 perseusrun copies mpirun's output to its own as it comes and reads from it the host
-of a rank that died (LOST_RANK_HOST), which it blacklists with Horovod's cooldown.
+of a rank that died (LOST_RANK_HOST), which it blacklists with Horovod's cooldown, and
+a host whose Open MPI daemon was lost (LOST_HOST): the job is restarted without it.
+
+run_watching is perseusrun --elastic on a ULFM core (shrink in place): one run of
+mpirun, its output relayed the same way, only to end non-zero (HOST_LOST_EXIT) where
+Open MPI 5 ended the job after losing a host and still exited with 0.
 """
 
 import os
@@ -40,6 +45,23 @@ _HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]]+$")
 LOST_RANK_HOST = (re.compile(r"(?:^|\s)=\s+PID \d+ RUNNING AT (\S+)"),
                   re.compile(r"noticed that process rank \d+ with PID \d+ on node (\S+) "
                              r"exited on signal"))
+# How Open MPI 5's runtime (PRRTE 3.0) says it lost a host's daemon, after which it ends
+# the whole job, ULFM or not, and mpirun still exits with 0 (docs/elastic.md, "A host
+# lost"): its errmgr's help text when the daemon's connection fails ("Remote daemon:
+# [prterun-hostA-1@0,1] on node hostB") and plm/ssh's when the daemon's ssh session ends
+# ("Remote host:   hostB"). Each is a block of lines: matched on the last LOST_HOST_LINES
+# joined by spaces, once a line names the remote end. (what happened there, pattern).
+LOST_HOST = (("its daemon there stopped answering",
+              re.compile(r"PRTE has lost communication with a remote daemon\..*?"
+                         r"Remote daemon\s*:\s*\S+ on node (\S+)")),
+             ("its daemon there failed to report back",
+              re.compile(r"A daemon failed to report back after being spawned\..*?"
+                         r"Remote host:\s*(\S+)")))
+LOST_HOST_LINES = 16
+# perseusrun's exit code when Open MPI ended the job after losing a host and mpirun
+# exited with 0 (EX_UNAVAILABLE, BSD's exit code for "a service is unavailable"): a
+# scheduler must not take the job for finished. mpirun's own code is kept where not 0.
+HOST_LOST_EXIT = 69
 
 
 class DiscoveryError(Exception):
@@ -150,12 +172,14 @@ def plan(found, order, blacklist, min_np, max_np):
 
 class _Relay(threading.Thread):
     """Copies one of mpirun's output streams to ours as it comes, and notes the hosts
-    mpirun says lost a rank (LOST_RANK_HOST)."""
+    mpirun says lost a rank (LOST_RANK_HOST, into `lost`) and those whose daemon it lost
+    (LOST_HOST, (host, what happened) into `hosts_lost`)."""
 
-    def __init__(self, pipe, fd, lost):
+    def __init__(self, pipe, fd, lost, hosts_lost):
         super().__init__(daemon=True)
         self.pipe, self.fd, self.lost, self.partial = pipe, fd, lost, b""
-        self.recent = []
+        self.hosts_lost = hosts_lost
+        self.recent, self.block = [], []
 
     def run(self):
         while True:
@@ -171,13 +195,101 @@ class _Relay(threading.Thread):
         self.pipe.close()
 
     def scan(self, line):
-        self.recent = (self.recent + [line.decode(errors="replace").strip()])[-3:]
+        line = line.decode(errors="replace").strip()
+        self.recent = (self.recent + [line])[-3:]
         text = " ".join(self.recent)
         for pattern in LOST_RANK_HOST:
             m = pattern.search(text)
             if m:
                 self.lost.append(m.group(1))
                 self.recent = []  # each report once
+        self.block = (self.block + [line])[-LOST_HOST_LINES:]
+        if "Remote " in line:  # the line that ends a LOST_HOST report: only then match
+            text = " ".join(self.block)
+            for what, pattern in LOST_HOST:
+                m = pattern.search(text)
+                if m:
+                    self.hosts_lost.append((m.group(1), what))
+                    self.block = []
+
+
+class Relayed:
+    """mpirun as perseusrun's child: its output copied to ours unchanged as it comes
+    (_Relay), what it reports noted (lost: hosts that lost a rank; hosts_lost: (host,
+    what happened) for hosts whose daemon Open MPI lost), and SIGTERM to it should
+    perseusrun die (end_with_parent), as an exec'd mpirun would have died with it."""
+
+    def __init__(self, cmd, env):
+        self.lost, self.hosts_lost = [], []
+        self.child = subprocess.Popen(cmd, env=env, preexec_fn=end_with_parent,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.relays = [_Relay(self.child.stdout, 1, self.lost, self.hosts_lost),
+                       _Relay(self.child.stderr, 2, self.lost, self.hosts_lost)]
+        for relay in self.relays:
+            relay.start()
+
+    def wait(self, timeout=None):
+        """mpirun's exit code once it and its output ended (subprocess.TimeoutExpired
+        past `timeout`)."""
+        returncode = self.child.wait(timeout=timeout)
+        for relay in self.relays:  # bounded: a stray process may hold mpirun's pipes open
+            relay.join(timeout=10)
+        return returncode
+
+
+class Forwarding:
+    """While in it, SIGINT, SIGTERM and SIGHUP to perseusrun go to `.child` (mpirun), as
+    they would reach an exec'd mpirun; `.signal` says which came last (None: none)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.signal, self.child, self.previous = None, None, {}
+
+    def forward(self, signum, frame):
+        self.signal = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.forward) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def exit_code(returncode):
+    """perseusrun's exit code for mpirun's: a signal's death as a shell says it (128 + N),
+    the rest as it is."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def host_lost_line(hosts_lost, returncode, code):
+    """The line perseusrun prints when mpirun reported lost hosts: (host, what) pairs."""
+    named = dict.fromkeys(hosts_lost)  # in order, once each
+    return ("Open MPI ended the job after losing host%s %s (%s; mpirun's exit code %d%s); "
+            "exit code %d" % ("s" if len({h for h, _ in named}) > 1 else "",
+                              ", ".join(dict.fromkeys(h for h, _ in named)),
+                              "; ".join("%s: %s" % pair for pair in named), returncode,
+                              ", the job did not finish" if returncode == 0 else "", code))
+
+
+def run_watching(cmd, env, say=None):
+    """perseusrun --elastic on a ULFM core: runs cmd (mpirun --with-ft ulfm) as a child
+    instead of exec'ing it -> perseusrun's exit code: mpirun's, but HOST_LOST_EXIT where
+    mpirun reported a lost host (LOST_HOST) and exited with 0, as Open MPI 5 does after
+    ending the whole job for it. Signals to perseusrun go to mpirun."""
+    say = say or (lambda text: print("perseusrun: " + text, file=sys.stderr, flush=True))
+    with Forwarding() as stop:
+        job = Relayed(cmd, env)
+        stop.child = job.child
+        returncode = job.wait()
+    code = exit_code(returncode) or (HOST_LOST_EXIT if job.hosts_lost else 0)
+    if job.hosts_lost:
+        say(host_lost_line(job.hosts_lost, returncode, code))
+    return code
 
 
 def _write_all(fd, data):
@@ -254,18 +366,24 @@ def run_growing(start_command, env, opts, say=None):
     private_files.private_folder(folder)
     notice = elastic.notice_path(folder, run_id)
     blacklist = Blacklist(opts["cooldown_range"])
-    stop = {"signal": None, "child": None}
-
-    def forward(signum, frame):
-        stop["signal"] = signum
-        if stop["child"] is not None and stop["child"].poll() is None:
-            stop["child"].send_signal(signum)
+    stop = Forwarding().__enter__()
 
     def find():
         return discover(opts["script"], opts["slots"], opts["discovery_timeout"])
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM,
-                                                        signal.SIGHUP)}
+    def leave_out(reported, hosts, what):
+        """Blacklists the host of `hosts` mpirun named `reported`, saying so."""
+        host = host_named(reported, hosts)
+        if host is None or is_local(host):
+            say("host %s %s: not blacklisted (%s)" % (
+                reported, what, "this machine" if host is not None or is_local(reported)
+                else "not a host of the discovery script"))
+            return
+        until = blacklist.add(host)
+        say("host %s %s: blacklisted %s (Horovod's cooldown)" % (
+            host, what, "for the rest of the job" if until == float("inf")
+            else "for %.0f s" % (until - time.time())))
+
     order, found, generation, restarts = [], opts["first"], 0, 0
     try:
         while True:
@@ -286,8 +404,8 @@ def run_growing(start_command, env, opts, say=None):
                             "--min-np %d" % need if need == opts["min_np"] else
                             "-np %d (the first start waits for -np)" % need))
                     return 1
-                if stop["signal"] is not None:
-                    return 128 + stop["signal"]
+                if stop.signal is not None:
+                    return 128 + stop.signal
                 time.sleep(DISCOVER_PERIOD_S)
                 try:
                     found = find()
@@ -304,17 +422,12 @@ def run_growing(start_command, env, opts, say=None):
                              PERSEUS_ELASTIC_RESET_LIMIT=str(opts["limit"]),
                              PERSEUS_ELASTIC_NOTICE=notice,
                              PERSEUS_ELASTIC_GENERATION=str(generation))
-            stop["child"] = child = subprocess.Popen(
-                start_command(hosts, np), env=child_env, preexec_fn=end_with_parent,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            lost = []
-            relays = [_Relay(child.stdout, 1, lost), _Relay(child.stderr, 2, lost)]
-            for relay in relays:
-                relay.start()
+            job = Relayed(start_command(hosts, np), child_env)
+            stop.child = job.child
             told = chosen
             while True:
                 try:
-                    child.wait(timeout=DISCOVER_PERIOD_S)
+                    returncode = job.wait(timeout=DISCOVER_PERIOD_S)
                     break
                 except subprocess.TimeoutExpired:
                     pass
@@ -332,45 +445,44 @@ def run_growing(start_command, env, opts, say=None):
                     say("the hosts changed: %d rank(s) on %s next; the ranks are told "
                         "(HostsUpdatedInterrupt at their next commit)"
                         % (wanted[1], describe(wanted[0])))
-            for relay in relays:  # bounded: a stray process may hold mpirun's pipes open
-                relay.join(timeout=10)
-            returncode = child.returncode
-            if returncode == 0:
+            # Open MPI 5 ends the job after losing a host with exit code 0: not done.
+            code = exit_code(returncode) or (HOST_LOST_EXIT if job.hosts_lost else 0)
+            if code == 0:
                 for path in (notice, elastic.persist_path(folder, run_id)):
                     if os.path.isfile(path) and not os.path.islink(path):
                         os.unlink(path)
                 return 0
-            if stop["signal"] is not None:
-                return returncode
-            if returncode == elastic.HOSTS_UPDATED_EXIT and generation > started:
+            if stop.signal is not None:
+                if job.hosts_lost:
+                    print("perseusrun: " + host_lost_line(job.hosts_lost, returncode, code),
+                          file=sys.stderr, flush=True)
+                return code
+            if job.hosts_lost:  # a host lost is a host failure, whatever mpirun's code
+                why = host_lost_line(job.hosts_lost, returncode, code).partition(" (")[0]
+                for reported in dict.fromkeys(h for h, _ in job.hosts_lost):
+                    leave_out(reported, hosts, "was lost (Open MPI lost its daemon)")
+            elif returncode == elastic.HOSTS_UPDATED_EXIT and generation > started:
                 why = "the ranks stopped at a commit for the new hosts"
             elif died_of_signal(returncode):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
-                for reported in dict.fromkeys(lost):  # the hosts mpirun's output names
-                    host = host_named(reported, hosts)
-                    if host is None or is_local(host):
-                        say("host %s lost a rank: not blacklisted (%s)" % (
-                            reported, "this machine" if host is not None or is_local(reported)
-                            else "not a host of the discovery script"))
-                        continue
-                    until = blacklist.add(host)
-                    say("host %s lost a rank: blacklisted %s (Horovod's cooldown)" % (
-                        host, "for the rest of the job" if until == float("inf")
-                        else "for %.0f s" % (until - time.time())))
+                for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names
+                    leave_out(reported, hosts, "lost a rank")
             else:
                 say("the job failed with exit code %d, which is neither a rank killed by a "
                     "signal nor the ranks stopping for new hosts: not restarted" % returncode)
-                return returncode
+                return code
             if restarts >= opts["limit"]:
                 say("%s and the job was already restarted %d time(s), the --reset-limit: "
                     "giving up" % (why, restarts))
-                return returncode
+                if job.hosts_lost:
+                    print("perseusrun: " + host_lost_line(job.hosts_lost, returncode, code),
+                          file=sys.stderr, flush=True)
+                return code
             restarts += 1
             say("%s: restarting the job (restart %d of at most %d, --reset-limit), which "
                 "resumes from its last persisted commit" % (why, restarts, opts["limit"]))
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        stop.__exit__()
         if os.path.isfile(notice) and not os.path.islink(notice):
             os.unlink(notice)  # of no use once perseusrun ends (the commit may be)
 

@@ -43,6 +43,16 @@ PAUSE_STEP = 5
 DAEMON_GONE = "A daemon failed to report back after being spawned"
 # ... or its TCP connection failed (the keepalive, on a cut link).
 DAEMON_UNREACHABLE = "PRTE has lost communication with a remote daemon"
+# mpirun's exit code was 0 all the same: perseusrun says so and ends with this one.
+HOST_LOST_EXIT = 69
+HOST_LOST_SAID = "perseusrun: Open MPI ended the job after losing host hostB ("
+
+
+def assert_host_lost_said(rc, text, report):
+    """perseusrun ends non-zero, naming hostB, where mpirun ended with 0 (a silent failure
+    to a scheduler before)."""
+    assert rc == HOST_LOST_EXIT, report
+    assert HOST_LOST_SAID in text and "; exit code %d" % HOST_LOST_EXIT in text, report
 
 
 def when_paused(scratch, action, done, timeout):
@@ -127,7 +137,8 @@ def test_host_killed_ends_the_job(hosts, ulfm, tmp_path):  # noqa: F811 - the fi
     """Every process of hostB SIGKILLed mid-step (its ranks and Open MPI's daemon): PRRTE
     sees the daemon's ssh session end and its connection drop, and ends the job at once
     ("Comm failure: daemon ... - aborting" with errmgr_base_verbose), killing hostA's
-    ranks before they could shrink. mpirun's exit code is PRRTE's (0 here), not checked."""
+    ranks before they could shrink. mpirun's exit code is PRRTE's (0 here); perseusrun's is
+    HOST_LOST_EXIT, saying so."""
     def kill_host_b():
         for pid in hosts.pids_on("hostB"):
             try:
@@ -139,6 +150,7 @@ def test_host_killed_ends_the_job(hosts, ulfm, tmp_path):  # noqa: F811 - the fi
     assert after < 10, report
     assert ((DAEMON_GONE in text and "Remote host:   hostB" in text)
             or (DAEMON_UNREACHABLE in text and "on node hostB" in text)), report
+    assert_host_lost_said(rc, text, report)
     assert "survivor ok" not in text, report  # if so, Open MPI keeps the job now
     assert not left["hostA"] + left["hostB"], report
 
@@ -149,7 +161,8 @@ def test_link_cut_ends_the_job_within_seconds(hosts, ulfm, tmp_path):  # noqa: F
     --elastic sets to 5 s + 5 x 1 s (launcher.ULFM_KEEPALIVE), and ends the job, naming
     hostB. Before, mpirun kept the job for 300 + 9 x 20 s (PRRTE's default keepalive)
     while hostA's ranks looped in hvd.elastic.run; with a shorter peer timeout, hostA's
-    ranks ended first and mpirun hung (its message to hostB unacknowledged, no keepalive)."""
+    ranks ended first and mpirun hung (its message to hostB unacknowledged, no keepalive).
+    mpirun's exit code is 0; perseusrun's is HOST_LOST_EXIT, saying so."""
     try:
         rc, text, after, left, report = run_losing_host_b(
             hosts, ulfm, tmp_path, lambda: hosts.link("hostB", False))
@@ -157,6 +170,7 @@ def test_link_cut_ends_the_job_within_seconds(hosts, ulfm, tmp_path):  # noqa: F
         hosts.link("hostB", True)
     assert after < 20, report
     assert DAEMON_UNREACHABLE in text and "on node hostB" in text, report
+    assert_host_lost_said(rc, text, report)
     assert "survivor ok" not in text, report  # if so, Open MPI keeps the job now
     assert not left["hostA"] + left["hostB"], report
 

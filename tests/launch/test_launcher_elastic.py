@@ -3,6 +3,8 @@ script's output, its failures, the flags' checks, the plan (hosts and np) and Ho
 blacklist cooldown, without mpirun; the notice the ranks watch at commit. The jobs that
 grow and shrink are in tests/mpi/test_fault_tolerance.py."""
 import gc
+import signal
+import subprocess
 import sys
 import time
 
@@ -228,6 +230,121 @@ def test_a_host_that_lost_a_rank_is_blacklisted(tmp_path, monkeypatch, capfd, fo
     else:
         assert "host localhost lost a rank: not blacklisted (this machine)" in messages, messages
         assert "run 1 hosts localhost:2,node7:2" in out, out
+
+
+# What Open MPI 5's mpirun prints on stderr when its runtime loses a host's daemon and
+# ends the job (PRRTE 3.0.11's text, as tests/launch/test_fault_tolerance_hosts.py saw it).
+NODE_DIED = """--------------------------------------------------------------------------
+PRTE has lost communication with a remote daemon.
+
+  HNP daemon   : [prterun-hostA-19373@0,0] on node hostA
+  Remote daemon: [prterun-hostA-19373@0,1] on node %s
+
+This is usually due to either a failure of the TCP network
+connection to the node, or possibly an internal failure of
+the daemon itself. We cannot recover from this failure, and
+therefore will terminate the job.
+--------------------------------------------------------------------------
+"""
+DAEMON_GONE = """--------------------------------------------------------------------------
+A daemon failed to report back after being spawned. This could
+be due to several factors, including inability to find the
+daemon executable, or the executable was unable to find its
+required supporting libraries. In some cases, the daemon was
+able to execute, but was unable to complete a TCP connection
+back to hostA:
+  Local host:    hostA
+  Remote host:   %s
+  Daemon exit status: 137
+This may also be caused by a firewall on the remote host. Please
+check that any firewall (e.g., iptables) has been disabled and
+try again.
+--------------------------------------------------------------------------
+"""
+# Stands in for mpirun --with-ft ulfm: prints a line of the job's output, then argv[1]
+# (a report, or nothing) on stderr, and exits with argv[2].
+FAKE_ULFM_MPIRUN = r"""
+import sys
+print("step 1 loss 0.5", flush=True)
+sys.stderr.write(sys.argv[1])
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("report,code,want,said", [
+    (NODE_DIED % "hostB", 0, le.HOST_LOST_EXIT,
+     "Open MPI ended the job after losing host hostB (hostB: its daemon there stopped "
+     "answering; mpirun's exit code 0, the job did not finish); exit code 69"),
+    (DAEMON_GONE % "hostB", 0, le.HOST_LOST_EXIT,
+     "Open MPI ended the job after losing host hostB (hostB: its daemon there failed to "
+     "report back; mpirun's exit code 0, the job did not finish); exit code 69"),
+    ("", 0, 0, None),
+    ("", 3, 3, None),
+    (NODE_DIED % "hostB", 3, 3, "Open MPI ended the job after losing host hostB (hostB: its "
+     "daemon there stopped answering; mpirun's exit code 3); exit code 3"),
+])
+def test_a_ulfm_job_that_lost_a_host_does_not_end_with_0(capfd, report, code, want, said):
+    """perseusrun --elastic on a ULFM core runs mpirun as its child: Open MPI 5 ends the
+    job after losing a host's daemon yet exits with 0, so perseusrun says so and ends with
+    HOST_LOST_EXIT; mpirun's output goes through unchanged, and its exit code stays where
+    it is not 0 or no host was lost."""
+    messages = []
+    rc = le.run_watching([sys.executable, "-c", FAKE_ULFM_MPIRUN, report, str(code)],
+                         clean_env(), say=messages.append)
+    out, err = capfd.readouterr()
+    assert rc == want, (messages, err)
+    assert out == "step 1 loss 0.5\n" and err == report  # passed through as it was
+    assert messages == ([said] if said else []), messages
+
+
+def test_signals_to_a_ulfm_perseusrun_go_to_mpirun(tmp_path):
+    """SIGTERM to perseusrun reaches mpirun (as it reached an exec'd one), whose exit code
+    perseusrun keeps."""
+    ready = tmp_path / "ready"
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+              "open(%r, 'w').close()\n"
+              "time.sleep(60)\n" % str(ready))
+    runner = ("import sys\nfrom perseus import launcher_elastic as le\n"
+              "sys.exit(le.run_watching([sys.executable, '-c', %r], None))\n" % script)
+    proc = subprocess.Popen([sys.executable, "-c", runner], env=clean_env())
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 7
+
+
+@pytest.mark.parametrize("report", [NODE_DIED, DAEMON_GONE])
+def test_a_host_open_mpi_lost_is_blacklisted_and_the_job_restarted(tmp_path, monkeypatch, capfd,
+                                                                   report):
+    """--host-discovery-script on Open MPI 5: mpirun reports it lost node7's daemon and
+    exits with 0 (the job ended, unfinished): a host failure, so node7 is blacklisted and
+    the job restarted on the hosts left; past the --reset-limit, exit HOST_LOST_EXIT."""
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    fake = ("import os, sys\n"
+            "print('run %s hosts %s' % (os.environ['PERSEUS_ELASTIC_RESTARTS'], sys.argv[1]),"
+            " flush=True)\n"
+            "if 'node7' in sys.argv[1]: sys.stderr.write(sys.argv[2])\n")
+    found = [("node7", 2), ("localhost", 2)]
+    for limit, want in ((1, 0), (0, le.HOST_LOST_EXIT)):
+        opts = {"script": "printf 'node7:2\\nlocalhost:2\\n'", "slots": 1, "min_np": 2,
+                "max_np": 0, "elastic_timeout": 5, "discovery_timeout": 5,
+                "cooldown_range": None, "limit": limit, "first": found}
+        messages = []
+        rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", fake, le.describe(hosts),
+                                               report % "node7"], clean_env(), opts,
+                            say=messages.append)
+        out, err = capfd.readouterr()
+        assert rc == want, (out, err, messages)
+        assert ("host node7 was lost (Open MPI lost its daemon): blacklisted for the rest of "
+                "the job (Horovod's cooldown)") in messages, messages
+        if want == 0:
+            assert "run 1 hosts localhost:2" in out, out
+        else:
+            assert "giving up" in messages[-1], messages
+            assert ("perseusrun: Open MPI ended the job after losing host node7 (" in err
+                    and "; exit code 69" in err), err
 
 
 if __name__ == "__main__":
