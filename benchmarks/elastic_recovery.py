@@ -79,6 +79,16 @@ GROW_PHASES = ["noticed", "interrupt", "exit", "launch", "init", "model", "resum
                "first step"]
 
 
+def _training(torch, hvd):
+    """(model, optimizer, state, x): the small model both modes train, the same on every rank."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    return model, optimizer, state, torch.randn(32, 64)
+
+
 def worker(out_dir, kill=True):
     import torch
 
@@ -86,12 +96,7 @@ def worker(out_dir, kill=True):
     from perseus.common import basics
     hvd.init()
     victim = hvd.size() - 1
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                         named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
-    x = torch.randn(32, 64)
+    model, optimizer, state, x = _training(torch, hvd)
 
     def step():
         optimizer.zero_grad()
@@ -149,12 +154,7 @@ def grow_worker(out_dir, hosts_file, changes):
     rank = hvd.rank()
     attempt = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS", "0"))
     changing = attempt < len(changes)  # this run rewrites the hosts, then is stopped
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                         named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
-    x = torch.randn(32, 64)
+    model, optimizer, state, x = _training(torch, hvd)
     marks["model"] = time.time()
 
     @hvd.elastic.run

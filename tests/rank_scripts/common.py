@@ -306,3 +306,15 @@ def elastic_regression(x, y):
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler,
                                    epoch=0, step=0, losses=[])
     return model, optimizer, state
+
+
+def assert_trained_alike(model, losses, window):
+    """Every rank holds the same parameters, bit for bit, and the loss fell (the mean of
+    the last `window` losses below the first's) -> (first, last)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.unsqueeze(0))
+    for r in range(hvd.size()):
+        assert torch.equal(gathered[r], flat), "rank %d holds other parameters" % r
+    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    assert last < first, "the loss did not fall: %.4f -> %.4f" % (first, last)
+    return first, last

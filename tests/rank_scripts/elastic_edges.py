@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from common import elastic_regression, launcher_rank_size, log, main, regression_data
+from common import assert_trained_alike, elastic_regression, launcher_rank_size, log, main, regression_data
 
 import perseus.common.basics as basics
 import perseus.torch.horovod as hvd
@@ -103,12 +103,7 @@ def body():
     losses = train(state)
     lost = {"init": 1, "shutdown": 0, "finalize": 0, "reinit": 2}[edge]
     assert hvd.size() == world_size - lost, (hvd.size(), world_size)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = hvd.allgather(flat.unsqueeze(0))
-    for r in range(hvd.size()):
-        assert torch.equal(gathered[r], flat), "survivor %d holds other parameters" % r
-    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
-    assert last < first, "the loss did not fall: %.4f -> %.4f" % (first, last)
+    first, last = assert_trained_alike(model, losses, 3)
     others = ["%s.%d" % (edge, r) for r in range(world_size) if r != VICTIM]
     if edge == "shutdown":
         if world_rank == VICTIM:

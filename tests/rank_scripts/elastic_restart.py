@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from common import elastic_regression, log, main, regression_data
+from common import assert_trained_alike, elastic_regression, log, main, regression_data
 
 import perseus.torch.horovod as hvd
 from perseus.common import elastic
@@ -142,12 +142,7 @@ def body():
     else:
         steps = EPOCHS * SAMPLES // (BATCH * hvd.size())
         assert state.step == steps and len(losses) == steps, (state.step, len(losses), steps)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = hvd.allgather(flat.unsqueeze(0))
-    for r in range(hvd.size()):
-        assert torch.equal(gathered[r], flat), "rank %d holds other parameters" % r
-    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
-    assert last < first, "the loss did not fall: %.4f -> %.4f" % (first, last)
+    first, last = assert_trained_alike(model, losses, 4)
     trained = set().union(*hvd.allgather_object(record["trained"]))
     repeated = trained & record["committed"]
     assert not repeated, "samples of the persisted commit trained again: %s" % repeated

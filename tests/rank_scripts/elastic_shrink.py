@@ -36,8 +36,8 @@ import time
 
 import torch
 
-from common import (elastic_regression, launcher_rank_size, log, main, regression_data, touch,
-                    wait_for)
+from common import (assert_trained_alike, elastic_regression, launcher_rank_size, log, main,
+                    regression_data, touch, wait_for)
 
 import perseus.torch.horovod as hvd
 
@@ -162,12 +162,7 @@ def body():
     assert record["recovered"] is not None, "no failure was recovered from"
     lost = len(victims()) + (recovery_victim() is not None)
     assert hvd.size() == world_size - lost, (hvd.size(), world_size)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = hvd.allgather(flat.unsqueeze(0))
-    for r in range(hvd.size()):
-        assert torch.equal(gathered[r], flat), "survivor %d holds other parameters" % r
-    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
-    assert last < first, "the loss did not fall: %.4f -> %.4f" % (first, last)
+    first, last = assert_trained_alike(model, losses, 4)
     repeated = record["after_failure"] & record["committed_at_failure"]
     assert not repeated, "committed samples trained on again after the failure: %s" % repeated
     skipped = set(range(SAMPLES)) - record["processed"][record["epoch_of_failure"]]
