@@ -75,10 +75,13 @@ def package(core, folder):
 if __name__ == "__main__":
     # python build_support/other_mpi_core.py NAME MPICXX: builds (or takes from the cache)
     # the core, makes the package beside it and prints the folder to put on PYTHONPATH
-    # (scripts/elastic_demo.sh).
+    # (scripts/elastic_demo.sh), in build/ of this checkout.
     name, compiler = sys.argv[1], sys.argv[2]
     built = build_core(name, compiler)
-    folder = built.parent / "python"
+    # In this checkout, not beside the shared build: another clone's run would replace
+    # the files under this one's ranks (seen here: a demo's ranks failing to import).
+    folder = REPO_ROOT / "build" / ("%s-python" % name)
     shutil.rmtree(folder, ignore_errors=True)  # this checkout's Python files, as they are now
+    folder.parent.mkdir(exist_ok=True)
     folder.mkdir()
     print(package(built, folder))
