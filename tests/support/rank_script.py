@@ -41,7 +41,12 @@ def rank_tag():
 
 
 def log(*args):
-    print(rank_tag(), *args, flush=True)
+    """One line on stdout, as print would write it, in one write: under PYTHONUNBUFFERED
+    (tests/support/jobs.py sets it) print writes each piece apart, and mpirun, merging
+    the ranks' output, put another rank's line inside this one's (a test counting lines
+    failed 1 run in 13)."""
+    sys.stdout.write(" ".join(str(a) for a in (rank_tag(),) + args) + "\n")
+    sys.stdout.flush()
 
 
 def main(body):
