@@ -36,7 +36,8 @@ import time
 
 import torch
 
-from common import assert_trained_alike, elastic_regression, log, main, regression_data
+from common import (assert_trained_alike, elastic_regression, log, main, regression_data, touch,
+                    wait_for)
 
 import perseus.torch.horovod as hvd
 from perseus.common import elastic
@@ -126,7 +127,7 @@ def body():
         raise AssertionError("hvd.elastic.run accepted PERSEUS_ELASTIC_PERSIST_DIR=%s"
                              % os.environ.get("PERSEUS_ELASTIC_PERSIST_DIR"))
 
-    size = hvd.size()
+    rank, size = hvd.rank(), hvd.size()
     try:
         losses = train(state)
     except SystemExit as e:
@@ -134,6 +135,12 @@ def body():
             raise
         log("stopped for new hosts after step %d, size %d" % (state.step, size))  # shut down
         sys.stdout.flush()
+        # No rank leaves before every rank has said so: os._exit skips MPI_Finalize, and
+        # hydra kills the other ranks at once when one leaves without it (a line was
+        # lost so in CI).
+        touch("stopped.%d.%d" % (attempt, rank))
+        for other in range(size):
+            wait_for("stopped.%d.%d" % (attempt, other))
         os._exit(e.code)
     if case == "grow":
         assert attempt == len(changes) and record["resets"] == 1, (attempt, record["resets"])

@@ -134,9 +134,12 @@ def stop_outside_the_set(rank, set_id):
     sys.stdout.write("SURVIVOR %d ok\n" % rank)
     sys.stdout.flush()
     open(victim_file() + ".survivor%d" % rank, "w").close()
+    # Neither leaves before both have said so: with rank 2 given up they leave without
+    # MPI_Finalize, and hydra then kills the other ranks at once (rank 0's line was lost
+    # so in CI).
+    while not os.path.exists(victim_file() + ".survivor%d" % (1 - rank)):
+        time.sleep(0.01)
     if rank == 0:
-        while not os.path.exists(victim_file() + ".survivor1"):
-            time.sleep(0.01)
         os.kill(pid, signal.SIGKILL)
     os._exit(0)  # MPI_Finalize would wait for the stopped rank
 
