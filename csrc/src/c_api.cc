@@ -104,6 +104,66 @@ double g_peer_timeout_s = 0;
 // The processes on this host of that world: (rank in it, process id).
 std::vector<std::pair<int, int>> g_failed_world_here;
 
+// Growing in place (issue 46, Open MPI 5): once the job grew, the communicator of all
+// its processes, the ranks that spawned first and those spawned after them
+// (MPI_Comm_spawn, MPI_Intercomm_merge); perseus_init forms its world from it instead
+// of MPI_COMM_WORLD. A spawned process's first init joins it the same way
+// (MPI_Comm_get_parent). MPI_COMM_NULL: the job never grew. Under g_mu.
+MPI_Comm g_job = MPI_COMM_NULL;
+bool g_joined_parents = false;  // this process's first init looked for a parent
+std::atomic<bool> g_spawned{false};  // and found one: it was spawned to grow a job
+// The intercommunicators of the grows this process took part in, oldest first (its
+// parent's, then those of the grows it spawned from): disconnected at exit, before
+// MPI_Finalize, which otherwise waited for the other side (Open MPI 5.0.11).
+std::vector<MPI_Comm> g_job_links;
+
+// What perseus_grow asked of the next perseus_init. Under g_mu.
+struct GrowRequest {
+  int count = 0;
+  std::string command;
+  std::vector<std::string> args;
+  std::string wdir;
+};
+GrowRequest g_grow;
+
+// A process that a running job spawned to grow: the merge with the spawning ranks, this
+// one's ranks after theirs. *job stays MPI_COMM_NULL without a parent.
+Status JoinParents(MPI_Comm* job) {
+  MPI_Comm parent = MPI_COMM_NULL;
+  MPI_Comm_get_parent(&parent);
+  if (parent == MPI_COMM_NULL) return Status::OK();
+  MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+  Status status = MpiStatus(MPI_Intercomm_merge(parent, /*high=*/1, job), "MPI_Intercomm_merge");
+  if (status.ok()) MPI_Comm_set_errhandler(*job, MPI_ERRORS_RETURN);
+  g_job_links.push_back(parent);
+  return status;
+}
+
+// Collective over `base`: starts `request.count` processes (rank 0's request) and
+// merges them after base's ranks into *job.
+Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
+  MPI_Info info;
+  MPI_Info_create(&info);
+  if (!request.wdir.empty()) MPI_Info_set(info, "wdir", request.wdir.c_str());
+  // Open MPI binds a spawned job to cores by default and refuses it where the cores are
+  // taken (then MPI_Comm_spawn fails, or mpirun hangs: docs/investigations/grow-in-place.md).
+  MPI_Info_set(info, "bind_to", "none");
+  std::vector<char*> argv;
+  for (const std::string& arg : request.args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  MPI_Comm inter = MPI_COMM_NULL;
+  int rc = MPI_Comm_spawn(request.command.c_str(), argv.data(), request.count, info, 0, base,
+                          &inter, MPI_ERRCODES_IGNORE);
+  MPI_Info_free(&info);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Comm_spawn");
+  MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+  rc = MPI_Intercomm_merge(inter, /*high=*/0, job);
+  g_job_links.push_back(inter);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Intercomm_merge");
+  MPI_Comm_set_errhandler(*job, MPI_ERRORS_RETURN);
+  return Status::OK();
+}
+
 void KeepFailedWorld(Engine& engine) {
   MPI_Comm failed = engine.TakeFailedWorld();
   if (failed == MPI_COMM_NULL) return;
@@ -208,6 +268,10 @@ void FinalizeAtExit() {
                   "MPI_Finalize did not finish within " + PeerTimeoutText(g_peer_timeout_s) +
                       ": a process of the job probably ended during it",
                   0);
+  // A job that grew: leave it in the order every process joined its parts.
+  if (g_job != MPI_COMM_NULL) MPI_Comm_free(&g_job);
+  for (MPI_Comm& link : g_job_links) MPI_Comm_disconnect(&link);
+  g_job_links.clear();
   MPI_Finalize();
 }
 
@@ -360,6 +424,12 @@ Status FormWorld(MPI_Comm parent, bool shrink, const Config& config, const Statu
   if (shrink) {
     status = Shrink(parent, world);
     if (status.ok()) EndExcludedRanks(parent, *world, g_failed_world_here);
+    // A job that grew: its processes are now these survivors (the next grow spawns from them).
+    MPI_Comm survivors = MPI_COMM_NULL;
+    if (status.ok() && g_job != MPI_COMM_NULL && MPI_Comm_dup(*world, &survivors) == MPI_SUCCESS) {
+      MPI_Comm_free(&g_job);
+      g_job = survivors;
+    }
   } else {
     status = MpiStatus(MPI_Comm_dup(parent, world), "MPI_Comm_dup");
   }
@@ -422,6 +492,22 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   MPI_Comm base = comm_f2c == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f2c));
   // The last world lost a rank (ULFM): this one is its survivors (collective over them).
   const bool from_failed = g_failed_world != MPI_COMM_NULL && comm_f2c == -1;
+  if (comm_f2c == -1 && !g_joined_parents) {  // spawned by a job that grew: join it
+    g_joined_parents = true;
+    status = JoinParents(&g_job);
+    if (!status.ok()) return Report(status);
+    g_spawned = g_job != MPI_COMM_NULL;
+  }
+  if (comm_f2c == -1 && !from_failed && g_grow.count > 0) {  // perseus_grow: grow first
+    GrowRequest request;
+    std::swap(request, g_grow);
+    MPI_Comm grown = MPI_COMM_NULL;
+    status = Grow(g_job != MPI_COMM_NULL ? g_job : MPI_COMM_WORLD, request, &grown);
+    if (!status.ok()) return Report(status);
+    if (g_job != MPI_COMM_NULL) MPI_Comm_free(&g_job);
+    g_job = grown;
+  }
+  if (comm_f2c == -1 && g_job != MPI_COMM_NULL) base = g_job;
   MPI_Comm parent = from_failed ? g_failed_world : base;
   // Under ULFM a process may die while the world is formed: every survivor then forms
   // it again from `parent`'s survivors (tests/mpi/test_fault_tolerance_edges.py).
@@ -566,6 +652,29 @@ int perseus_is_initialized(void) { return Current() ? 1 : 0; }
 int perseus_world_failed(void) {
   auto engine = Current();
   return engine && engine->world_failed() ? 1 : 0;
+}
+
+int perseus_joined_job(void) { return g_spawned ? 1 : 0; }
+
+perseus_status_t perseus_grow(int32_t count, const char* command, const char* args, int32_t nargs,
+                              const char* wdir) {
+  std::lock_guard<std::timed_mutex> lock(*g_mu);
+  if (count < 0 || nargs < 0 || (count > 0 && (command == nullptr || *command == '\0')) ||
+      (nargs > 0 && args == nullptr))
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT,
+                                "perseus_grow: a count of 0 or more, a command and its arguments"));
+  GrowRequest request;
+  request.count = count;
+  if (count > 0) {
+    request.command = command;
+    for (int32_t i = 0; i < nargs; ++i) {
+      request.args.emplace_back(args);
+      args += request.args.back().size() + 1;
+    }
+    if (wdir != nullptr) request.wdir = wdir;
+  }
+  g_grow = std::move(request);
+  return PERSEUS_SUCCESS;
 }
 
 const char* perseus_fault_tolerance(int32_t* built_out, int32_t* enabled_out) {

@@ -101,6 +101,12 @@ def world_failed():
     return bool(_lib.perseus_world_failed())
 
 
+def joined_job():
+    """Whether this process was started by a running job that grew in place (Open MPI
+    5's MPI_Comm_spawn) and its init() joined that job."""
+    return bool(_lib.perseus_joined_job())
+
+
 def fault_tolerance(built=False):
     """(enabled, why): whether this job outlives a failed rank, shrinking its world to
     the survivors (the core's MPI has ULFM and mpirun started the job with it), and

@@ -133,6 +133,17 @@ int perseus_is_initialized(void);
 /* 1 when a rank of the running engine's world failed (PERSEUS_RANK_FAILED): the next
  * perseus_shutdown and perseus_init form the world of the survivors. */
 int perseus_world_failed(void);
+/* Growing in place (Open MPI 5): the next perseus_init (every rank calls both, with
+ * the same count) first starts `count` new processes, running `command` with `nargs`
+ * arguments (`args`: each NUL-terminated, one after the other) in the folder `wdir`
+ * (NULL: MPI's choice), with MPI_Comm_spawn, and merges them into the job after its
+ * ranks, whose ranks stay the low ones; their own first perseus_init joins it. 0
+ * cancels a request. */
+perseus_status_t perseus_grow(int32_t count, const char* command, const char* args,
+                              int32_t nargs, const char* wdir);
+/* 1 when this process was started by perseus_grow in a running job and its first
+ * perseus_init joined that job. */
+int perseus_joined_job(void);
 /* Whether this job outlives a failed rank (ULFM: the core's MPI has it, *built_out,
  * and the job was started with it, mpirun --with-ft ulfm, *enabled_out): 1 or 0 each.
  * Returns why, as text. Works before init. */
