@@ -365,21 +365,30 @@ def _run_growing(parser, args, flavour, mpirun):
     except (launcher_elastic.DiscoveryError, LauncherError) as e:
         parser.error(str(e))
 
+    grow = bool(getattr(args, "elastic_grow", False))
+
     def start_command(hosts, np):
         each = copy.copy(args)
         each.hosts, each.hostfile, each.np = launcher_elastic.describe(hosts), None, np
         cmd = build_command(each, flavour, mpirun)
+        if grow and "--oversubscribe" not in cmd:
+            # The ranks a grow in place spawns go beyond the slots mpirun was given: the
+            # plan (the discovery script's slots) bounds them, not mpirun.
+            cmd.insert(3, "--oversubscribe")
         if not args.dry_run:
             launcher_flags.prepare(args, flavour, np)  # Hydra's rank.N output folders
         return cmd
 
     mpirun_env = launcher_flags.mpirun_environment(args, flavour)
+    opts["grow"] = grow
     print("perseusrun: --elastic: following the hosts of %s (now %s): between %d and %s "
-          "rank(s); a change of hosts stops the ranks at their next commit and starts the job "
-          "again on the new hosts, at most %d time(s) with the restarts after a rank dies "
+          "rank(s); %s change of hosts stops the ranks at their next commit and starts the "
+          "job again on the new hosts, at most %d time(s) with the restarts after a rank dies "
           "(--reset-limit), and hvd.elastic.run resumes from that commit"
           % (args.host_discovery_script, launcher_elastic.describe(first) or "no host",
-             opts["min_np"], opts["max_np"] or "all slots", opts["limit"]),
+             opts["min_np"], opts["max_np"] or "all slots",
+             "ranks added on this machine join the running job at its next commit (ULFM: "
+             "grown in place); any other" if grow else "a", opts["limit"]),
           file=sys.stderr, flush=True)
     for note in launcher_flags.notes(args, flavour):
         print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
@@ -457,14 +466,17 @@ def main(argv=None):
         flavour = args.mpi_flavour or detect_flavour(mpirun)
         if args.elastic:
             built, why = core_has_ulfm()
-            # A job that follows its hosts restarts on them, with or without ULFM.
-            args.elastic_restart = not built or bool(args.host_discovery_script)
-            if args.elastic_restart:
+            # A job that follows its hosts restarts on them without ULFM; with it, it runs
+            # under ULFM and grows in place when hosts of this machine are added (other
+            # changes restart it).
+            args.elastic_restart = not built
+            args.elastic_grow = built and bool(args.host_discovery_script)
+            if args.elastic_restart or args.elastic_grow:
                 # Named in perseusrun's environment now, so that Open MPI's -x forwards
                 # the values run_restarting sets for each run.
                 for name in ("PERSEUS_ELASTIC_RUN_ID", "PERSEUS_ELASTIC_RESTARTS",
                              "PERSEUS_ELASTIC_RESET_LIMIT", "PERSEUS_ELASTIC_NOTICE",
-                             "PERSEUS_ELASTIC_GENERATION"):
+                             "PERSEUS_ELASTIC_GENERATION", "PERSEUS_ELASTIC_GROW"):
                     os.environ.setdefault(name, "")
         if args.host_discovery_script:
             check_core_mpi(mpirun, flavour)

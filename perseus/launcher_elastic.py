@@ -10,7 +10,10 @@ one broadcast tells every rank, and they all raise HostsUpdatedInterrupt at the 
 commit: the commit just made is persisted, the ranks exit with HOSTS_UPDATED_EXIT, and
 perseusrun starts the job again on the new hosts with the new np; the new job resumes
 from that commit (perseus/common/elastic.py). This works on MPICH and Open MPI 4/5
-alike; growing in place (MPI_Comm_spawn, connect/accept on Open MPI 5) is not done.
+alike. On a ULFM core (opts["grow"]: mpirun --with-ft ulfm --oversubscribe) the ranks
+grow in place instead when the new plan adds ranks on this machine: MPI_Comm_spawn from
+the running ranks, which keep their processes (perseus/common/elastic.py, _grow_in_place);
+the job goes on and perseusrun only keeps following the hosts.
 
 perseusrun copies mpirun's output to its own as it comes and reads from it the host
 of a rank that died (LOST_RANK_HOST), which it blacklists with Horovod's cooldown, and
@@ -421,7 +424,8 @@ def run_growing(start_command, env, opts, say=None):
                              PERSEUS_ELASTIC_RESTARTS=str(restarts),
                              PERSEUS_ELASTIC_RESET_LIMIT=str(opts["limit"]),
                              PERSEUS_ELASTIC_NOTICE=notice,
-                             PERSEUS_ELASTIC_GENERATION=str(generation))
+                             PERSEUS_ELASTIC_GENERATION=str(generation),
+                             PERSEUS_ELASTIC_GROW="1" if opts.get("grow") else "")
             job = Relayed(start_command(hosts, np), child_env)
             stop.child = job.child
             told = chosen
@@ -443,8 +447,10 @@ def run_growing(start_command, env, opts, say=None):
                     told = wanted
                     write_notice(notice, generation, *wanted)
                     say("the hosts changed: %d rank(s) on %s next; the ranks are told "
-                        "(HostsUpdatedInterrupt at their next commit)"
-                        % (wanted[1], describe(wanted[0])))
+                        "(HostsUpdatedInterrupt at their next commit%s)"
+                        % (wanted[1], describe(wanted[0]),
+                           ", where they grow in place if the new ranks are on this machine"
+                           if opts.get("grow") else ""))
             # Open MPI 5 ends the job after losing a host with exit code 0: not done.
             code = exit_code(returncode) or (HOST_LOST_EXIT if job.hosts_lost else 0)
             if code == 0:

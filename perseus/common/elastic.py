@@ -6,10 +6,11 @@ What is the same as Horovod: State / ObjectState and their methods, reset
 callbacks, and run()'s loop (sync, call; on HorovodInternalError restore the last
 commit, reset, fire the callbacks, sync again, call again).
 
-What differs: Perseus runs on the ranks mpirun started and no driver ever adds
-ranks, so there is no re-rendezvous. A rank that fails is left behind when the job
-can outlive it (Open MPI 5's ULFM, `mpirun --with-ft ulfm`): the survivors' world
-shrinks in place at the reset (reset()), else the failure ends the job as MPI's does.
+What differs: Perseus runs on the ranks mpirun started, and there is no driver and
+no re-rendezvous (ranks are added only by a grow in place, below). A rank that fails
+is left behind when the job can outlive it (Open MPI 5's ULFM, `mpirun --with-ft
+ulfm`): the survivors' world shrinks in place at the reset (reset()), else the failure
+ends the job as MPI's does.
 Outside a job started with a discovery script (below), commit() never finds host
 updates (and so costs no collective), and a HostsUpdatedInterrupt (a resize request)
 ends run() with an error saying what elastic resizing needs. The framework modules
@@ -28,13 +29,23 @@ check_host_updates()) rank 0 stats it and one broadcast tells every rank, so all
 HostsUpdatedInterrupt at the same commit. run() then persists that commit, the ranks
 exit with HOSTS_UPDATED_EXIT, and perseusrun starts the job again on the new hosts,
 where run() resumes from it.
+
+On a ULFM core perseusrun grows such a job in place instead (PERSEUS_ELASTIC_GROW=1 in
+the ranks): when the notice asks for more ranks on this machine's hosts, run() shuts the
+engine down and init() starts the new ranks with MPI_Comm_spawn (the same command line)
+and merges them after the old ones (_grow_in_place); the old processes go on, keeping
+their ranks, and the sync that follows gives rank 0's state to the new ones, whose own
+run() joins that sync (_join_grown_job). Fewer ranks, or another host, take the restart.
 """
 
 import functools
 import gc
 import os
 import pickle
+import shutil
+import socket
 import sys
+import time
 
 from perseus.common import basics, private_files
 from perseus.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -205,11 +216,18 @@ class _HostWatch:
         if key == self.seen:
             return False
         self.seen = key
+        notice = self.read()
+        return notice is not None and notice[0] > self.generation
+
+    def read(self):
+        """(generation, np, [host, ...]) of the notice, or None."""
         try:
             with open(self.path) as f:
-                return int(f.readline().split()[0]) > self.generation
+                words = f.readline().split()
+            hosts = words[2].split(",") if len(words) > 2 else []
+            return int(words[0]), int(words[1]), [h.rpartition(":")[0] or h for h in hosts]
         except (OSError, ValueError, IndexError):
-            return False
+            return None
 
 
 _watch = [None, False]  # the watch, and whether the environment was read
@@ -224,6 +242,16 @@ def _host_watch():
         if path:
             _watch[0] = _HostWatch(path, int(os.environ.get("PERSEUS_ELASTIC_GENERATION", "0")))
     return _watch[0]
+
+
+def grows_in_place():
+    """Whether perseusrun --host-discovery-script grows this job in place when hosts are
+    added (PERSEUS_ELASTIC_GROW=1: a ULFM core, started with it)."""
+    return os.environ.get("PERSEUS_ELASTIC_GROW") == "1" and basics.fault_tolerance()[0]
+
+
+def _is_local(host):
+    return host in ("localhost", "127.0.0.1", "::1", socket.gethostname())
 
 
 def restart_run():
@@ -342,6 +370,9 @@ def mode():
     (perseusrun --elastic restarts the job from the last persisted commit) or "end"."""
     enabled, why = basics.fault_tolerance()
     if enabled:
+        if _host_watch() is not None and grows_in_place():
+            why += ("; perseusrun --elastic --host-discovery-script started it and grows it in "
+                    "place when hosts of this machine are added (other changes restart it)")
         return "shrink", why
     run = restart_run()
     if run is not None:
@@ -376,7 +407,12 @@ def _start_persisting(state):
     on and, in a restarted job, load the last one persisted (rank 0; the sync that
     follows gives it to all)."""
     run = restart_run()
-    if run is None or getattr(state, "_persister", None) is not None or mode()[0] != "restart":
+    if run is None or getattr(state, "_persister", None) is not None:
+        return
+    if mode()[0] != "restart" and not (_host_watch() is not None and grows_in_place()):
+        return
+    if basics.joined_job():  # started by a grow in place: join the old ranks' steps
+        _join_grown_job(state)
         return
     state._persister = persister = _Persister(state, run[0])
     if run[1] > 0:
@@ -417,6 +453,67 @@ def _stop_for_new_hosts(state):
     raise SystemExit(HOSTS_UPDATED_EXIT)
 
 
+def _spawn_command():
+    """This process's command line (/proc/self/cmdline), the program as a path: what the
+    new ranks of a grow in place run."""
+    with open("/proc/self/cmdline", "rb") as f:
+        argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+    program = argv[0]
+    if os.sep not in program:
+        program = shutil.which(program) or sys.executable
+    return os.path.abspath(program), argv[1:]
+
+
+def _grow_decision(state):
+    """At a HostsUpdatedInterrupt, on every rank: the number of ranks to add in place (0:
+    take the restart). Rank 0 reads the notice; one broadcast tells all."""
+    watch = _host_watch()
+    decision = (0, None)
+    if basics.rank() == 0 and watch is not None and grows_in_place():
+        notice = watch.read()
+        if notice is not None and notice[1] > basics.size() and all(map(_is_local, notice[2])):
+            decision = (notice[1] - basics.size(), notice[0])
+    add, generation = state._bcast_object(decision)
+    if add and watch is not None:
+        watch.generation = generation
+    return add
+
+
+def _grow_in_place(state, add):
+    """Adds `add` ranks to the running job: shutdown, then init() spawns them (this
+    process's command line, same folder) and merges them after the old ranks; the new
+    ranks' run() joins the steps that follow here (_join_grown_job)."""
+    before, started = basics.size(), time.monotonic()
+    program, args = _spawn_command()
+    basics.shutdown()
+    from perseus.common import library
+    library.check(library.perseus_grow(add, program.encode(),
+                                       b"".join(a.encode() + b"\0" for a in args), len(args),
+                                       os.getcwd().encode()))
+    basics.init()
+    if basics.rank() == 0:
+        sys.stderr.write("[perseus] hvd.elastic: the hosts changed: grew in place from %d to %d "
+                         "rank(s) in %.1f s; the new ranks get rank 0's state\n"
+                         % (before, basics.size(), time.monotonic() - started))
+        sys.stderr.flush()
+    _join_grown_job(state)
+
+
+def _join_grown_job(state):
+    """Every rank of a job that just grew in place, the new ones at their run()'s start:
+    the persister of the restart route (for host changes that are not a grow) made again
+    over the new world, its counts rank 0's."""
+    run = restart_run()
+    if run is None:
+        return
+    old = getattr(state, "_persister", None)
+    state._persister = persister = _Persister(state, run[0])
+    counts = (old.commits, old.persisted) if old is not None else None
+    counts = persister._broadcast(counts, root_rank=0)
+    if counts is not None:
+        persister.commits, persister.persisted = counts
+
+
 # The sync after a reset failed on the same world (no rank of it failed under ULFM): one
 # that cannot work any more, e.g. a peer the engine gave up at the peer timeout (stopped,
 # or on a host cut off), which ULFM does not count as failed. Trying again would loop.
@@ -449,7 +546,11 @@ def run_fn(func, reset_fn=reset):
             except HostsUpdatedInterrupt as e:
                 if _host_watch() is None or getattr(state, "_persister", None) is None:
                     raise NotImplementedError(RESIZE_UNSUPPORTED % basics.size()) from e
-                _stop_for_new_hosts(state)
+                add = _grow_decision(state)
+                if add:
+                    _grow_in_place(state, add)
+                else:
+                    _stop_for_new_hosts(state)  # leaves the process
             reset_fn()
             after_reset = True
             state.on_reset()

@@ -1,0 +1,69 @@
+"""Growing in place (issue 46, point 3): on Open MPI 5 with ULFM, perseusrun --elastic
+--host-discovery-script adds ranks to the running job instead of restarting it.
+
+The core is built against pip's Open MPI 5 wheel (.venv-ompi5, as
+tests/mpi/test_fault_tolerance.py builds it). The discovery script prints localhost:2,
+then localhost:4 (tests/rank_scripts/elastic_grow.py writes it while training): the two
+running processes must go on with the same process ids and ranks 0 and 1, two new ones
+join with ranks 2 and 3 (MPI_Comm_spawn, MPI_Intercomm_merge), and the training ends
+with the script's checks (parameters identical to the bit on all 4 ranks, the loss
+fallen). Before this route the two ranks stopped at that commit for perseusrun to
+restart the job on 4 new processes (the old processes' ids gone): the test fails there.
+PERSEUS_SKIP_OMPI5=1 skips it.
+"""
+import re
+
+import pytest
+
+from support.jobs import RANK_SCRIPTS, clean_env, framework_python, run_bounded
+from support.jobs import BUILD_SUPPORT  # noqa: F401 - puts build_support/ on sys.path
+from other_mpi_core import build_core, package
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def ompi5(tmp_path_factory):
+    """(.venv-ompi5's python, its mpirun, the PYTHONPATH of a perseus package whose core
+    is the Open MPI 5 build)."""
+    python = framework_python("Open MPI 5 (ULFM)", "ompi5", "setup_ompi5.sh")
+    core = build_core("open_mpi5_core", str(python.parent / "mpicxx"))
+    return python, python.parent / "mpirun", package(core, tmp_path_factory.mktemp("ompi5"))
+
+
+def test_new_ranks_join_the_running_ones(ompi5, tmp_path):
+    python, mpirun, pythonpath = ompi5
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    env = clean_env({"PYTHONPATH": pythonpath, "PTEST_CHANGE_STEP": "3",
+                     "PTEST_HOSTS_FILE": str(hosts), "PTEST_TMPDIR": str(tmp_path),
+                     "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
+    # -P: `perseus` from PYTHONPATH (the Open MPI 5 build), not this checkout's.
+    cmd = [python, "-P", "-m", "perseus.launcher", "--elastic", "--mpirun", mpirun,
+           "--host-discovery-script", "cat %s" % hosts, "--min-np", "2", "--max-np", "4",
+           python, RANK_SCRIPTS / "elastic_grow.py"]
+    rc, out, err, seconds = run_bounded(cmd, env, 240)
+    report = "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (rc, seconds, out, err[-8000:])
+    assert rc == 0, report
+    assert "grows it in place when hosts of this machine are added" in err, report  # the mode
+    start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size 2 pid (\d+) "
+                                                   r"joined 0", out)}
+    joined = re.findall(r"grow-start rank ([23]) size 4 pid (\d+) joined 1", out)
+    end = {int(r): (int(p), int(j)) for r, p, j in re.findall(
+        r"grow-end rank (\d) size 4 local \1/4 pid (\d+) joined (\d) steps", out)}
+    assert sorted(start) == [0, 1], report
+    assert sorted(r for r, _ in joined) == ["2", "3"], report
+    assert sorted(end) == [0, 1, 2, 3], report
+    for rank in (0, 1):  # the old ranks kept their processes and their ranks
+        assert end[rank] == (start[rank], 0), (rank, report)
+    for rank, pid in joined:
+        assert end[int(rank)] == (int(pid), 1), (rank, report)
+    assert len(set(p for p, _ in end.values())) == 4, report
+    # Every rank stopped at the same commit: the old ranks' reset callback, at size 4,
+    # names one step, and the new ranks joined at it.
+    steps = set(re.findall(r"reset callback rank [01] size 4 step (\d+)", out))
+    steps |= set(re.findall(r"joined rank [23] size 4 at step (\d+)", out))
+    assert len(steps) == 1 and int(steps.pop()) >= 3, report
+    assert "grew in place from 2 to 4 rank(s)" in err, report
+    assert "starting 2 rank(s) on localhost:2 (run 0)" in err, report
+    assert "(run 1)" not in err, report  # never restarted
