@@ -31,11 +31,14 @@ def ompi5(tmp_path_factory):
     return python, python.parent / "mpirun", package(core, tmp_path_factory.mktemp("ompi5"))
 
 
-def test_new_ranks_join_the_running_ones(ompi5, tmp_path):
+@pytest.mark.parametrize("sizes", ["4", "3,4"])
+def test_new_ranks_join_the_running_ones(ompi5, tmp_path, sizes):
+    """2 -> 4 ranks at once, and 2 -> 3 -> 4 (a grow from a job that grew: the spawn from
+    the merged world of old and new)."""
     python, mpirun, pythonpath = ompi5
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
-    env = clean_env({"PYTHONPATH": pythonpath, "PTEST_CHANGE_STEP": "3",
+    env = clean_env({"PYTHONPATH": pythonpath, "PTEST_CHANGE_STEP": "3", "PTEST_SIZES": sizes,
                      "PTEST_HOSTS_FILE": str(hosts), "PTEST_TMPDIR": str(tmp_path),
                      "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
     # -P: `perseus` from PYTHONPATH (the Open MPI 5 build), not this checkout's.
@@ -48,22 +51,29 @@ def test_new_ranks_join_the_running_ones(ompi5, tmp_path):
     assert "grows it in place when hosts of this machine are added" in err, report  # the mode
     start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size 2 pid (\d+) "
                                                    r"joined 0", out)}
-    joined = re.findall(r"grow-start rank ([23]) size 4 pid (\d+) joined 1", out)
+    joined = {int(r): (int(n), int(p)) for r, n, p in re.findall(
+        r"grow-start rank (\d) size (\d) pid (\d+) joined 1", out)}
     end = {int(r): (int(p), int(j)) for r, p, j in re.findall(
         r"grow-end rank (\d) size 4 local \1/4 pid (\d+) joined (\d) steps", out)}
-    assert sorted(start) == [0, 1], report
-    assert sorted(r for r, _ in joined) == ["2", "3"], report
+    assert sorted(start) == [0, 1] and sorted(joined) == [2, 3], report
     assert sorted(end) == [0, 1, 2, 3], report
     for rank in (0, 1):  # the old ranks kept their processes and their ranks
         assert end[rank] == (start[rank], 0), (rank, report)
-    for rank, pid in joined:
-        assert end[int(rank)] == (int(pid), 1), (rank, report)
+    for rank, (_, pid) in joined.items():
+        assert end[rank] == (pid, 1), (rank, report)
     assert len(set(p for p, _ in end.values())) == 4, report
-    # Every rank stopped at the same commit: the old ranks' reset callback, at size 4,
-    # names one step, and the new ranks joined at it.
-    steps = set(re.findall(r"reset callback rank [01] size 4 step (\d+)", out))
-    steps |= set(re.findall(r"joined rank [23] size 4 at step (\d+)", out))
-    assert len(steps) == 1 and int(steps.pop()) >= 3, report
-    assert "grew in place from 2 to 4 rank(s)" in err, report
+    before = 2
+    for size in map(int, sizes.split(",")):
+        # Every rank stopped at the same commit: the reset callbacks of the ranks there
+        # before, at the new size, name one step, and the new ranks joined at it.
+        resets = re.findall(r"reset callback rank (\d) size %d step (\d+)" % size, out)
+        steps = set(step for _, step in resets) | set(re.findall(
+            r"joined rank \d size %d at step (\d+)" % size, out))
+        assert sorted(int(r) for r, _ in resets) == list(range(before)), (size, report)
+        assert len(steps) == 1 and int(steps.pop()) >= 3, (size, report)
+        assert sorted(r for r, (n, _) in joined.items() if n == size) == \
+            list(range(before, size)), (size, report)
+        assert "grew in place from %d to %d rank(s)" % (before, size) in err, report
+        before = size
     assert "starting 2 rank(s) on localhost:2 (run 0)" in err, report
     assert "(run 1)" not in err, report  # never restarted

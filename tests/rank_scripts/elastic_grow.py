@@ -3,15 +3,16 @@ tests/mpi/test_grow_in_place.py under perseusrun --elastic --host-discovery-scri
 
 The job starts on 2 ranks (the discovery script prints localhost:2) and trains a small
 linear model with DistributedOptimizer over an ElasticSampler inside hvd.elastic.run,
-committing after every step. PTEST_CHANGE_STEP steps in, rank 0 writes localhost:4 into
-PTEST_HOSTS_FILE (what the script prints), and the steps slow down (0.25 s) until the
-job has 4 ranks: every rank must see HostsUpdatedInterrupt at the same commit, the two
-running processes must go on (each logs its pid at the start and the end), two new
-processes join (hvd.elastic.run spawns them with this command line) and get rank 0's
-state. At the end every rank checks, against references it computes: 4 ranks, all on
-this host, the old ones with ranks 0 and 1; the parameters identical to the bit on
-every rank and the loss fallen; every rank at the same step; the reset callback run
-once on the old ranks (at size 4) and never on the new ones.
+committing after every step. PTEST_SIZES lists the sizes to grow to, in order (default
+"4"): PTEST_CHANGE_STEP steps after the job reached its size, rank 0 writes the next
+one, localhost:<size>, into PTEST_HOSTS_FILE (what the script prints), and the steps
+slow down (0.25 s) until the job has it: every rank must see HostsUpdatedInterrupt at
+the same commit, the running processes must go on (each logs its pid at the start and
+the end), new processes join (hvd.elastic.run spawns them with this command line) and
+get rank 0's state. At the end every rank checks, against references it computes: the
+last size, all on this host, the old ranks first; the parameters identical to the bit
+on every rank and the loss fallen; every rank at the same step; the reset callback run
+once per grow after the process started (never on the newest ones).
 """
 import os
 import time
@@ -24,7 +25,8 @@ import perseus.torch.horovod as hvd
 from perseus.common import basics
 
 SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 3
-GROWN = 4
+SIZES = [int(n) for n in os.environ.get("PTEST_SIZES", "4").split(",")]
+GROWN = SIZES[-1]
 
 
 def body():
@@ -33,12 +35,14 @@ def body():
     log("grow-start rank %d size %d pid %d joined %d" % (hvd.rank(), hvd.size(), os.getpid(),
                                                          joined))
     change = int(os.environ["PTEST_CHANGE_STEP"])
+    first_size = hvd.size()
     x, y = regression_data(SAMPLES, FEATURES)
     model, optimizer, state = elastic_regression(x, y)
-    record = {"resets": 0, "start": None}
+    record = {"resets": 0, "start": None, "grown_at": 0}  # the step the size was reached
 
     def on_reset():
         record["resets"] += 1
+        record["grown_at"] = state.step
         log("reset callback rank %d size %d step %d" % (hvd.rank(), hvd.size(), state.step))
 
     state.register_reset_callbacks([on_reset])
@@ -46,14 +50,14 @@ def body():
     @hvd.elastic.run
     def train(state):
         if record["start"] is None:
-            record["start"] = state.step
+            record["start"] = record["grown_at"] = state.step
             if joined:
                 log("joined rank %d size %d at step %d" % (hvd.rank(), hvd.size(), state.step))
         for state.epoch in range(state.epoch, EPOCHS):
             indices = list(state.sampler)
             for batch in range(-(-len(indices) // BATCH)):
                 mine = indices[batch * BATCH:(batch + 1) * BATCH]
-                if hvd.size() < GROWN and state.step > change:
+                if hvd.size() < GROWN and state.step > record["grown_at"] + change:
                     time.sleep(0.25)  # time for perseusrun's discovery to see the change
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
@@ -62,9 +66,11 @@ def body():
                 state.sampler.record_batch(batch, BATCH)
                 state.losses.append(hvd.allreduce(loss.detach(), name="loss").item())
                 state.step += 1
-                if not joined and hvd.rank() == 0 and hvd.size() < GROWN and state.step == change:
+                if (hvd.rank() == 0 and hvd.size() < GROWN
+                        and state.step == record["grown_at"] + change):
                     with open(os.environ["PTEST_HOSTS_FILE"], "w") as f:
-                        f.write("localhost:%d\n" % GROWN)
+                        f.write("localhost:%d\n" % SIZES[SIZES.index(hvd.size()) + 1
+                                                      if hvd.size() in SIZES else 0])
                 state.commit()
             state.sampler.set_epoch(state.epoch + 1)
         return state.losses
@@ -74,7 +80,7 @@ def body():
     assert (hvd.local_rank(), hvd.local_size()) == (hvd.rank(), GROWN), (
         hvd.local_rank(), hvd.local_size())
     assert joined == (hvd.rank() >= 2), (joined, hvd.rank())
-    assert record["resets"] == (0 if joined else 1), record["resets"]
+    assert record["resets"] == len([n for n in SIZES if n > first_size]), record["resets"]
     steps = hvd.allgather_object(state.step)
     assert steps == [state.step] * GROWN and len(losses) == state.step, (steps, len(losses))
     first, last = assert_trained_alike(model, losses, 4)
