@@ -116,6 +116,20 @@ std::atomic<bool> g_spawned{false};  // and found one: it was spawned to grow a 
 // parent's, then those of the grows it spawned from): disconnected at exit, before
 // MPI_Finalize, which otherwise waited for the other side (Open MPI 5.0.11).
 std::vector<MPI_Comm> g_job_links;
+// The first of g_job_links made after the last shrink: those before may hold a dead
+// process, whose disconnect would wait for it.
+size_t g_links_after_shrink = 0;
+
+// At exit: disconnects the job's links that hold no dead process (all when none died;
+// then the job's communicator is freed first). Every process of those links calls it, in
+// the same order. After a lost rank g_job is left alone: freeing it there spun for good
+// (tests/mpi/test_fault_tolerance_edges.py, a peer dying during shutdown).
+void LeaveGrownJob() {
+  if (!g_lost_a_rank && g_job != MPI_COMM_NULL) MPI_Comm_free(&g_job);
+  const size_t first = g_lost_a_rank ? g_links_after_shrink : 0;
+  for (size_t i = first; i < g_job_links.size(); ++i) MPI_Comm_disconnect(&g_job_links[i]);
+  g_job_links.clear();
+}
 
 // What perseus_grow asked of the next perseus_init. Under g_mu.
 struct GrowRequest {
@@ -256,10 +270,21 @@ void FinalizeAtExit() {
     }).detach();
     MPI_Abort(MPI_COMM_WORLD, kLostPeerExitCode);
   }
-  if (PeerLost() || g_lost_a_rank) return;
+  if (PeerLost()) return;
+  const bool ulfm = FaultTolerant();
+  if (g_lost_a_rank) {
+    if (g_job_links.size() <= g_links_after_shrink) return;
+    // The processes a grow added since the last shrink wait in their disconnect for
+    // this one's (bounded as MPI_Finalize below).
+    CallWatch watch(ulfm ? g_peer_timeout_s : 0,
+                    "leaving the grown job did not finish within " +
+                        PeerTimeoutText(g_peer_timeout_s),
+                    0);
+    LeaveGrownJob();
+    return;
+  }
   // Under ULFM a process may die after the engine stopped (during shutdown() or after):
   // skipped as above when it is known here, else bounded, as the job's work is done.
-  const bool ulfm = FaultTolerant();
   if (ulfm && !FailedRanks(MPI_COMM_WORLD).empty()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -268,10 +293,7 @@ void FinalizeAtExit() {
                   "MPI_Finalize did not finish within " + PeerTimeoutText(g_peer_timeout_s) +
                       ": a process of the job probably ended during it",
                   0);
-  // A job that grew: leave it in the order every process joined its parts.
-  if (g_job != MPI_COMM_NULL) MPI_Comm_free(&g_job);
-  for (MPI_Comm& link : g_job_links) MPI_Comm_disconnect(&link);
-  g_job_links.clear();
+  LeaveGrownJob();  // a job that grew: its links, in the order every process made them
   MPI_Finalize();
 }
 
@@ -424,11 +446,12 @@ Status FormWorld(MPI_Comm parent, bool shrink, const Config& config, const Statu
   if (shrink) {
     status = Shrink(parent, world);
     if (status.ok()) EndExcludedRanks(parent, *world, g_failed_world_here);
-    // A job that grew: its processes are now these survivors (the next grow spawns from them).
+    // The job's processes are now these survivors: a later grow spawns from them.
     MPI_Comm survivors = MPI_COMM_NULL;
-    if (status.ok() && g_job != MPI_COMM_NULL && MPI_Comm_dup(*world, &survivors) == MPI_SUCCESS) {
-      MPI_Comm_free(&g_job);
+    if (status.ok() && MPI_Comm_dup(*world, &survivors) == MPI_SUCCESS) {
+      if (g_job != MPI_COMM_NULL) MPI_Comm_free(&g_job);
       g_job = survivors;
+      g_links_after_shrink = g_job_links.size();
     }
   } else {
     status = MpiStatus(MPI_Comm_dup(parent, world), "MPI_Comm_dup");

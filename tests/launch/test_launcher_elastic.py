@@ -349,3 +349,45 @@ def test_a_host_open_mpi_lost_is_blacklisted_and_the_job_restarted(tmp_path, mon
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+@pytest.mark.parametrize("notice, grow, size, want", [
+    ((1, [("localhost", 4)], 4), "1", 2, 2),                    # more ranks, this machine
+    ((1, [("localhost", 2), ("node7", 2)], 4), "1", 2, 0),    # another host: restart
+    ((1, [("localhost", 2)], 2), "1", 4, 0),                    # fewer ranks: restart
+    ((1, [("localhost", 4)], 4), "", 2, 0)])                    # no ULFM route: restart
+def test_the_ranks_grow_in_place_only_for_more_ranks_here(tmp_path, monkeypatch, notice, grow,
+                                                          size, want):
+    """At HostsUpdatedInterrupt rank 0 reads the notice: a grow in place (its count, one
+    broadcast) only for more ranks all on this machine, where perseusrun said so
+    (PERSEUS_ELASTIC_GROW=1: a ULFM core); anything else takes the restart (0)."""
+    path = str(tmp_path / "hosts.run")
+    le.write_notice(path, *notice)
+    monkeypatch.setenv("PERSEUS_ELASTIC_GROW", grow)
+    monkeypatch.setattr(elastic, "_watch", [elastic._HostWatch(path, 0), True])
+    monkeypatch.setattr(elastic.basics, "rank", lambda: 0)
+    monkeypatch.setattr(elastic.basics, "size", lambda: size)
+    monkeypatch.setattr(elastic.basics, "fault_tolerance", lambda: (True, "ULFM"))
+    sent = []
+    state = elastic.ObjectState(bcast_object=lambda v: sent.append(v) or v, get_rank=lambda: 0)
+    assert elastic._grow_decision(state) == want
+    assert len(sent) == 1  # one broadcast tells every rank
+    assert elastic._watch[0].generation == (1 if want else 0)
+
+
+def test_a_ulfm_core_follows_its_hosts_under_ulfm_oversubscribed(monkeypatch, tmp_path, capsys):
+    """On a ULFM core the discovery job runs under mpirun --with-ft ulfm --oversubscribe
+    (the spawned ranks go beyond mpirun's slots) and perseusrun says ranks added here
+    join the running job; on the MPICH core, without either (the restart)."""
+    import perseus.launcher as launcher
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    monkeypatch.setattr(launcher, "check_core_mpi", lambda mpirun, flavour: None)
+    argv = ["--elastic", "--dry-run", "--mpi-flavour", "openmpi", "--host-discovery-script",
+            "echo localhost:2", sys.executable, "-c", "pass"]
+    for ulfm in (True, False):
+        monkeypatch.setattr(launcher, "core_has_ulfm", lambda: (ulfm, "why"))
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        command = out.split("): ", 1)[1].split()
+        assert (("--with-ft" in command and "--oversubscribe" in command) == ulfm), out
+        assert ("join the running job at its next commit" in err) == ulfm, err

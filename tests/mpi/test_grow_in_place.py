@@ -7,7 +7,8 @@ then localhost:4 (tests/rank_scripts/elastic_grow.py writes it while training): 
 running processes must go on with the same process ids and ranks 0 and 1, two new ones
 join with ranks 2 and 3 (MPI_Comm_spawn, MPI_Intercomm_merge), and the training ends
 with the script's checks (parameters identical to the bit on all 4 ranks, the loss
-fallen). Before this route the two ranks stopped at that commit for perseusrun to
+fallen); the same after a second grow, and after a rank died and the job shrank first.
+Before this route the two ranks stopped at that commit for perseusrun to
 restart the job on 4 new processes (the old processes' ids gone): the test fails there.
 PERSEUS_SKIP_OMPI5=1 skips it.
 """
@@ -31,14 +32,18 @@ def ompi5(tmp_path_factory):
     return python, python.parent / "mpirun", package(core, tmp_path_factory.mktemp("ompi5"))
 
 
-@pytest.mark.parametrize("sizes", ["4", "3,4"])
-def test_new_ranks_join_the_running_ones(ompi5, tmp_path, sizes):
-    """2 -> 4 ranks at once, and 2 -> 3 -> 4 (a grow from a job that grew: the spawn from
-    the merged world of old and new)."""
+@pytest.mark.parametrize("first, sizes, victim_step", [(2, "4", 0), (2, "3,4", 0), (3, "4", 2)],
+                         ids=["2-4", "2-3-4", "3-died-2-4"])
+def test_new_ranks_join_the_running_ones(ompi5, tmp_path, first, sizes, victim_step):
+    """2 -> 4 ranks at once; 2 -> 3 -> 4 (a grow from a job that grew: the spawn from the
+    merged world of old and new); and 3 ranks of which rank 2 is SIGKILLed at step 2,
+    the two others shrinking in place (ULFM), then growing to 4 (the spawn from the
+    survivors)."""
     python, mpirun, pythonpath = ompi5
     hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
+    hosts.write_text("localhost:%d\n" % first)
     env = clean_env({"PYTHONPATH": pythonpath, "PTEST_CHANGE_STEP": "3", "PTEST_SIZES": sizes,
+                     "PTEST_VICTIM_STEP": str(victim_step),
                      "PTEST_HOSTS_FILE": str(hosts), "PTEST_TMPDIR": str(tmp_path),
                      "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
     # -P: `perseus` from PYTHONPATH (the Open MPI 5 build), not this checkout's.
@@ -49,14 +54,22 @@ def test_new_ranks_join_the_running_ones(ompi5, tmp_path, sizes):
     report = "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (rc, seconds, out, err[-8000:])
     assert rc == 0, report
     assert "grows it in place when hosts of this machine are added" in err, report  # the mode
-    start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size 2 pid (\d+) "
-                                                   r"joined 0", out)}
+    start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size %d pid (\d+) "
+                                                   r"joined 0" % first, out)}
+    assert sorted(start) == list(range(first)), report
+    if victim_step:  # rank 2 died; the survivors shrank to 2 at one step
+        victim = start.pop(2)
+        shrunk = re.findall(r"reset callback rank (\d) size 2 step (\d+)", out)
+        assert sorted(int(r) for r, _ in shrunk) == [0, 1], report
+        assert len(set(step for _, step in shrunk)) == 1, report
     joined = {int(r): (int(n), int(p)) for r, n, p in re.findall(
         r"grow-start rank (\d) size (\d) pid (\d+) joined 1", out)}
     end = {int(r): (int(p), int(j)) for r, p, j in re.findall(
         r"grow-end rank (\d) size 4 local \1/4 pid (\d+) joined (\d) steps", out)}
-    assert sorted(start) == [0, 1] and sorted(joined) == [2, 3], report
+    assert sorted(joined) == [2, 3], report
     assert sorted(end) == [0, 1, 2, 3], report
+    if victim_step:
+        assert victim not in [p for p, _ in end.values()], report
     for rank in (0, 1):  # the old ranks kept their processes and their ranks
         assert end[rank] == (start[rank], 0), (rank, report)
     for rank, (_, pid) in joined.items():
@@ -75,5 +88,5 @@ def test_new_ranks_join_the_running_ones(ompi5, tmp_path, sizes):
             list(range(before, size)), (size, report)
         assert "grew in place from %d to %d rank(s)" % (before, size) in err, report
         before = size
-    assert "starting 2 rank(s) on localhost:2 (run 0)" in err, report
+    assert "starting %d rank(s) on localhost:%d (run 0)" % (first, first) in err, report
     assert "(run 1)" not in err, report  # never restarted

@@ -13,8 +13,12 @@ get rank 0's state. At the end every rank checks, against references it computes
 last size, all on this host, the old ranks first; the parameters identical to the bit
 on every rank and the loss fallen; every rank at the same step; the reset callback run
 once per grow after the process started (never on the newest ones).
+
+PTEST_VICTIM_STEP (a job started on 3 ranks): rank 2 SIGKILLs itself at that step; the
+two others shrink in place (ULFM) and go on, and the grows start from them.
 """
 import os
+import signal
 import time
 
 import torch
@@ -35,6 +39,7 @@ def body():
     log("grow-start rank %d size %d pid %d joined %d" % (hvd.rank(), hvd.size(), os.getpid(),
                                                          joined))
     change = int(os.environ["PTEST_CHANGE_STEP"])
+    victim_step = int(os.environ.get("PTEST_VICTIM_STEP", "0"))
     first_size = hvd.size()
     x, y = regression_data(SAMPLES, FEATURES)
     model, optimizer, state = elastic_regression(x, y)
@@ -57,6 +62,8 @@ def body():
             indices = list(state.sampler)
             for batch in range(-(-len(indices) // BATCH)):
                 mine = indices[batch * BATCH:(batch + 1) * BATCH]
+                if victim_step and state.step == victim_step and hvd.rank() == 2 and not joined:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 if hvd.size() < GROWN and state.step > record["grown_at"] + change:
                     time.sleep(0.25)  # time for perseusrun's discovery to see the change
                 optimizer.zero_grad()
@@ -80,7 +87,8 @@ def body():
     assert (hvd.local_rank(), hvd.local_size()) == (hvd.rank(), GROWN), (
         hvd.local_rank(), hvd.local_size())
     assert joined == (hvd.rank() >= 2), (joined, hvd.rank())
-    assert record["resets"] == len([n for n in SIZES if n > first_size]), record["resets"]
+    grows = len([n for n in SIZES if n > first_size])
+    assert record["resets"] == grows + (1 if victim_step and not joined else 0), record["resets"]
     steps = hvd.allgather_object(state.step)
     assert steps == [state.step] * GROWN and len(losses) == state.step, (steps, len(losses))
     first, last = assert_trained_alike(model, losses, 4)
