@@ -54,9 +54,10 @@ fi
 # nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on a CPU-only
 # machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot;
 # docs/requirements.txt: MkDocs for the documentation site, which tests/meta/test_docs.py builds;
-# expecttest: imported by torch's own distributed test suite (tests/torch_suite/).
+# expecttest: imported by torch's own distributed test suite (tests/torch_suite/);
+# pytest-xdist: the suite on several workers, pytest -n N (tests/README.md).
 step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "17 s" \
-  pip_install pytest pytest-timeout h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
+  pip_install pytest pytest-timeout pytest-xdist h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
   "expecttest==0.3.0" -r docs/requirements.txt
 # The tools torch users train with, for tests/mpi/test_torch_tools.py and
 # benchmarks/tools_bench.py: PyTorch Lightning (pytorch-lightning, without the larger

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from support import machine_share
 from support.jobs import (DEFAULT_TIMEOUT_S, RANK_SCRIPTS, REPO_ROOT, TESTS_DIR, bounded_job,
                           clean_env, job_report, rank_job, skip_unless_possible)
 
@@ -55,15 +56,46 @@ FAST = (
 )
 
 
+# Tests that take the machine alone when the suite runs on several workers (pytest -n N,
+# tests/support/machine_share.py): node ids or their beginnings. They time a reaction (a
+# peer given up, a stall, a stopped process, a failure detected, a set-up step) or use
+# what is the machine's, not the test's (namespace hosts, Slurm, the shared build cache).
+ALONE = (
+    "mpi/test_failures.py",
+    "mpi/test_fault_tolerance.py",
+    "mpi/test_fault_tolerance_edges.py",
+    "mpi/test_grow_in_place.py",
+    "mpi/test_diagnostics.py",
+    "launch/test_fault_tolerance_hosts.py",
+    "launch/test_multi_host.py",
+    "launch/test_slurm.py",
+    "launch/test_setup.py",
+    "launch/test_build_mpi.py",
+    "launch/test_open_mpi.py",
+)
+# Modules whose tests share something of the machine's made once per worker (the
+# namespace hosts, a Slurm cluster): all on one worker, or two would make it at once.
+ONE_WORKER = {"launch/test_fault_tolerance_hosts.py", "launch/test_multi_host.py",
+              "launch/test_slurm.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        tier = Path(str(item.fspath)).relative_to(TESTS_DIR).parts[0]
+        path = Path(str(item.fspath)).relative_to(TESTS_DIR)
+        tier = path.parts[0]
         if tier not in TIERS:
             raise pytest.UsageError("%s: a test module outside the tier folders %s (tests/README.md)"
                                     % (item.nodeid, ", ".join(TIERS)))
         item.add_marker(getattr(pytest.mark, tier))
-        if item.nodeid.replace("tests/", "", 1).startswith(FAST):
+        node = item.nodeid.replace("tests/", "", 1)
+        if node.startswith(FAST):
             item.add_marker(pytest.mark.fast)
+        if node.startswith(ALONE):
+            item.add_marker(pytest.mark.alone)
+        # A module's tests stay on one worker: its batch of rank scripts runs once.
+        module = path.as_posix()
+        item.add_marker(pytest.mark.xdist_group("machine" if module in ONE_WORKER else module))
     # On a whole collection, an entry of FAST that names no test is a typo that would
     # shrink the tier unseen.
     ids = [item.nodeid.replace("tests/", "", 1) for item in items]
@@ -71,6 +103,17 @@ def pytest_collection_modifyitems(config, items):
         stale = [entry for entry in FAST if not any(i.startswith(entry) for i in ids)]
         if stale:
             raise pytest.UsageError("FAST in tests/conftest.py names no test: %s" % stale)
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request, tmp_path_factory):
+    """With several workers (-n N), each test holds the machine, shared or (ALONE) alone."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    with machine_share.hold(tmp_path_factory.getbasetemp().parent, alone):
+        yield
 
 
 @pytest.fixture
