@@ -1,6 +1,7 @@
 """Training step time of torch's DistributedDataParallel over gloo, of the same torch
 DDP over the "perseus" backend, and of Perseus's drop-in DDP, on the same CPU models,
-in one run.
+in one run; and of torch's DDP over bare mpi4py calls (the floor of any process group
+written in Python, see below).
 
     .venv/bin/mpirun -np 2 .venv/bin/python benchmarks/ddp_bench.py [--repeat 5] [--iters 30] [--json PATH]
 
@@ -22,6 +23,12 @@ Models:
   large       models.mlp(hidden=2048): three tensors of up to 16 MiB (5.8 M
               parameters), so bandwidth dominates.
 
+The floor: a process group whose allreduce and broadcast are one blocking mpi4py
+call each on the tensor's memory, with no names, checks, timeouts or errors (it is
+correct only for what torch's DDP asks of it here). Torch's DDP over it spends what
+its own reducer and buffer broadcast cost around a raw MPI collective: no backend of
+torch's DDP, Python or C++, does less per call, so it bounds what "perseus" can gain.
+
 Goals (issues 4 and 38): Perseus <= 0.8x gloo's step time on many_small, and no
 worse on large. After timing, the three copies of each model must still agree
 (they trained on the same data), or the run stops: a fast wrong answer is not a
@@ -40,7 +47,58 @@ HERE = Path(__file__).resolve()
 
 # Row keys, in table order, and their titles.
 DDPS = {"gloo": "torch DDP over gloo", "perseus": "torch DDP over perseus",
-        "dropin": "Perseus's drop-in DDP"}
+        "dropin": "Perseus's drop-in DDP", "floor": "torch DDP over bare mpi4py (the floor)"}
+
+
+def bare_mpi_group():
+    """A torch ProcessGroup whose allreduce (SUM) and broadcast are one blocking mpi4py
+    call on the tensor's memory (contiguous CPU tensors): the floor described above."""
+    import torch
+    import torch.distributed as tdist
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+
+    class Done(tdist.Work):
+        def __init__(self, tensors):
+            super().__init__()
+            self._tensors = tensors
+
+        def wait(self, timeout=None):
+            return True
+
+        def get_future(self):
+            future = torch.futures.Future()
+            future.set_result(self._tensors)
+            return future
+
+    class BareMpi(tdist.ProcessGroup):
+        def getBackendName(self):
+            return "bare-mpi4py"
+
+        def allreduce(self, tensors, opts=None):
+            comm.Allreduce(MPI.IN_PLACE, tensors[0].numpy())
+            return Done(tensors)
+
+        def broadcast(self, tensors, opts):
+            comm.Bcast(tensors[0].numpy(), opts.rootRank)
+            return Done(tensors)
+
+        def allgather(self, output_lists, inputs, opts=None):  # DDP's check of shapes at start
+            gathered = torch.empty((comm.size,) + tuple(inputs[0].shape), dtype=inputs[0].dtype)
+            comm.Allgather(inputs[0].numpy(), gathered.numpy())
+            for out, row in zip(output_lists[0], gathered):
+                out.copy_(row)
+            return Done(output_lists)
+
+        def barrier(self, opts=None):
+            comm.Barrier()
+            return Done([])
+
+    # Registered as a backend of its own, so that torch's group binds it to the CPU.
+    tdist.Backend.register_backend("bare_mpi4py", lambda store, rank, size, timeout: BareMpi(
+        rank, size), devices=["cpu"])
+    return tdist.new_group(backend="bare_mpi4py")
 
 
 def build_models(args):
@@ -107,10 +165,11 @@ def run(args):
     tdist.init_process_group("perseus")  # ranks from mpirun
     rank, size = tdist.get_rank(), tdist.get_world_size()
     gloo = tdist.new_group(backend="gloo")
+    floor = bare_mpi_group()
     wrap = {"gloo": lambda m: TorchDDP(m, process_group=gloo), "perseus": TorchDDP,
-            "dropin": PerseusDDP}
+            "dropin": PerseusDDP, "floor": lambda m: TorchDDP(m, process_group=floor)}
     barriers = {"gloo": lambda: tdist.barrier(group=gloo), "perseus": tdist.barrier,
-                "dropin": dist.barrier}
+                "dropin": dist.barrier, "floor": lambda: tdist.barrier(group=floor)}
     cases = [Case(name, build, batch, rank, wrap)
              for name, (build, batch) in build_models(args).items()]
 
@@ -136,7 +195,7 @@ def run(args):
                 samples[(case.name, key)].append(t)
 
     for case in cases:
-        for key in ("perseus", "dropin"):
+        for key in ("perseus", "dropin", "floor"):
             worst = case.max_difference(key)
             if worst > 1e-3:
                 raise SystemExit("rank %d: %s: %s and %s differ by %.3g after training on the "
@@ -170,16 +229,18 @@ def report(args, cases, samples, size):
             else:
                 r = entry[key + "_ratio"] = ratio(samples, case.name, key, "gloo")
                 cells = "%.3f" % r
-                verdict = "n/a" if goal is None else "<= %.1f: %s" % (
+                verdict = "n/a" if goal is None or key == "floor" else "<= %.1f: %s" % (
                     goal, "PASS" if r <= goal else "MISS")
             print("| %s | %d | %d | %d | %s | %.2f | %s | %s |" % (
                 case.name, case.tensors, case.params, batch, title,
                 1e3 * statistics.median(times), cells, verdict))
         entry["perseus_to_dropin"] = ratio(samples, case.name, "perseus", "dropin")
+        entry["perseus_to_floor"] = ratio(samples, case.name, "perseus", "floor")
     print()
     for case in cases:
-        print("%s: torch DDP over perseus / Perseus's drop-in DDP: %.3f (median of rounds)"
-              % (case.name, result[case.name]["perseus_to_dropin"]))
+        print("%s: torch DDP over perseus / Perseus's drop-in DDP: %.3f, / the floor: %.3f "
+              "(medians of rounds)" % (case.name, result[case.name]["perseus_to_dropin"],
+                                      result[case.name]["perseus_to_floor"]))
     if args.json:
         Path(args.json).write_text(json.dumps({"np": size, "args": vars(args), "cases": result},
                                               indent=1))
