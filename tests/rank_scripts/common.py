@@ -308,6 +308,18 @@ def elastic_regression(x, y):
     return model, optimizer, state
 
 
+def train_batch(model, optimizer, state, x, y, mine, batch, size):
+    """One step of the elastic scripts' loop on the samples `mine` (batch `batch` of
+    `size`): the update, the sampler told, the mean loss kept and the step counted."""
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
+    loss.backward()
+    optimizer.step()
+    state.sampler.record_batch(batch, size)
+    state.losses.append(hvd.allreduce(loss.detach(), name="loss").item())
+    state.step += 1
+
+
 def assert_trained_alike(model, losses, window):
     """Every rank holds the same parameters, bit for bit, and the loss fell (the mean of
     the last `window` losses below the first's) -> (first, last)."""

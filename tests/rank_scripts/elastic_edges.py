@@ -26,9 +26,8 @@ import os
 import signal
 import time
 
-import torch
-
-from common import assert_trained_alike, elastic_regression, launcher_rank_size, log, main, regression_data
+from common import (assert_trained_alike, elastic_regression, launcher_rank_size, log, main,
+                    regression_data, train_batch)
 
 import perseus.common.basics as basics
 import perseus.torch.horovod as hvd
@@ -89,13 +88,7 @@ def body():
                 mine = indices[batch * BATCH:(batch + 1) * BATCH]
                 if edge == "reinit" and world_rank == VICTIM and state.step == FIRST_KILL_STEP:
                     die()
-                optimizer.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
-                loss.backward()
-                optimizer.step()
-                state.sampler.record_batch(batch, BATCH)
-                state.losses.append(hvd.allreduce(loss.detach(), name="loss").item())
-                state.step += 1
+                train_batch(model, optimizer, state, x, y, mine, batch, BATCH)
                 state.commit()
             state.sampler.set_epoch(state.epoch + 1)
         return state.losses

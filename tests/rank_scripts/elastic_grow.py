@@ -21,9 +21,8 @@ import os
 import signal
 import time
 
-import torch
-
-from common import assert_trained_alike, elastic_regression, log, main, regression_data
+from common import (assert_trained_alike, elastic_regression, log, main, regression_data,
+                    train_batch)
 
 import perseus.torch.horovod as hvd
 from perseus.common import basics
@@ -66,13 +65,7 @@ def body():
                     os.kill(os.getpid(), signal.SIGKILL)
                 if hvd.size() < GROWN and state.step > record["grown_at"] + change:
                     time.sleep(0.25)  # time for perseusrun's discovery to see the change
-                optimizer.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
-                loss.backward()
-                optimizer.step()
-                state.sampler.record_batch(batch, BATCH)
-                state.losses.append(hvd.allreduce(loss.detach(), name="loss").item())
-                state.step += 1
+                train_batch(model, optimizer, state, x, y, mine, batch, BATCH)
                 if (hvd.rank() == 0 and hvd.size() < GROWN
                         and state.step == record["grown_at"] + change):
                     with open(os.environ["PTEST_HOSTS_FILE"], "w") as f:
