@@ -29,11 +29,12 @@ import random
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+
+from perseus.common.this_machine import is_this_machine as is_local
 
 DISCOVER_PERIOD_S = 1.0       # Horovod's DISCOVER_HOSTS_FREQUENCY_SECS
 ELASTIC_TIMEOUT_S = 600       # Horovod's ELASTIC_TIMEOUT_SECS (HOROVOD_ELASTIC_TIMEOUT)
@@ -146,10 +147,6 @@ class Blacklist:
 
     def blocked(self, host):
         return self.until.get(host, 0) > self.clock()
-
-
-def is_local(host):
-    return host in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn())
 
 
 def plan(found, order, blacklist, min_np, max_np):

@@ -43,12 +43,12 @@ import gc
 import os
 import pickle
 import shutil
-import socket
 import sys
 import time
 
 from perseus.common import basics, private_files
 from perseus.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from perseus.common.this_machine import is_this_machine
 
 # The exit code of ranks that stop for new hosts; perseusrun restarts the job on them.
 HOSTS_UPDATED_EXIT = 75
@@ -248,10 +248,6 @@ def grows_in_place():
     """Whether perseusrun --host-discovery-script grows this job in place when hosts are
     added (PERSEUS_ELASTIC_GROW=1: a ULFM core, started with it)."""
     return os.environ.get("PERSEUS_ELASTIC_GROW") == "1" and basics.fault_tolerance()[0]
-
-
-def _is_local(host):
-    return host in ("localhost", "127.0.0.1", "::1", socket.gethostname())
 
 
 def restart_run():
@@ -471,7 +467,7 @@ def _grow_decision(state):
     decision = (0, None)
     if basics.rank() == 0 and watch is not None and grows_in_place():
         notice = watch.read()
-        if notice is not None and notice[1] > basics.size() and all(map(_is_local, notice[2])):
+        if notice is not None and notice[1] > basics.size() and all(map(is_this_machine, notice[2])):
             decision = (notice[1] - basics.size(), notice[0])
     add, generation = state._bcast_object(decision)
     if add and watch is not None:
