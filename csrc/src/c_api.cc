@@ -104,90 +104,6 @@ double g_peer_timeout_s = 0;
 // The processes on this host of that world: (rank in it, process id).
 std::vector<std::pair<int, int>> g_failed_world_here;
 
-// Growing in place (issue 46, Open MPI 5): once the job grew, the communicator of all
-// its processes, the ranks that spawned first and those spawned after them
-// (MPI_Comm_spawn, MPI_Intercomm_merge); perseus_init forms its world from it instead
-// of MPI_COMM_WORLD. A spawned process's first init joins it the same way
-// (MPI_Comm_get_parent). MPI_COMM_NULL: the job never grew. Under g_mu.
-MPI_Comm g_job = MPI_COMM_NULL;
-bool g_joined_parents = false;  // this process's first init looked for a parent
-std::atomic<bool> g_spawned{false};  // and found one: it was spawned to grow a job
-// The intercommunicators of the grows this process took part in, oldest first (its
-// parent's, then those of the grows it spawned from): disconnected at exit, before
-// MPI_Finalize, which otherwise waited for the other side (Open MPI 5.0.11).
-std::vector<MPI_Comm> g_job_links;
-// The first of g_job_links made after the last shrink: those before may hold a dead
-// process, whose disconnect would wait for it.
-size_t g_links_after_shrink = 0;
-
-// At exit: disconnects the job's links that hold no dead process (all when none died;
-// then the job's communicator is freed first). Every process of those links calls it, in
-// the same order. After a lost rank g_job is left alone: freeing it there spun for good
-// (tests/mpi/test_fault_tolerance_edges.py, a peer dying during shutdown).
-void LeaveGrownJob() {
-  if (!g_lost_a_rank && g_job != MPI_COMM_NULL) MPI_Comm_free(&g_job);
-  const size_t first = g_lost_a_rank ? g_links_after_shrink : 0;
-  for (size_t i = first; i < g_job_links.size(); ++i) MPI_Comm_disconnect(&g_job_links[i]);
-  g_job_links.clear();
-}
-
-// What perseus_grow asked of the next perseus_init. Under g_mu.
-struct GrowRequest {
-  int count = 0;
-  std::string command;
-  std::vector<std::string> args;
-  std::string wdir;
-};
-GrowRequest g_grow;
-
-// A process that a running job spawned to grow: the merge with the spawning ranks, this
-// one's ranks after theirs. *job stays MPI_COMM_NULL without a parent.
-Status JoinParents(MPI_Comm* job) {
-  MPI_Comm parent = MPI_COMM_NULL;
-  MPI_Comm_get_parent(&parent);
-  if (parent == MPI_COMM_NULL) return Status::OK();
-  MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
-  Status status = MpiStatus(MPI_Intercomm_merge(parent, /*high=*/1, job), "MPI_Intercomm_merge");
-  if (status.ok()) MPI_Comm_set_errhandler(*job, MPI_ERRORS_RETURN);
-  g_job_links.push_back(parent);
-  return status;
-}
-
-// Collective over `base`: starts `request.count` processes (rank 0's request) and
-// merges them after base's ranks into *job.
-Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
-  MPI_Info info;
-  MPI_Info_create(&info);
-  if (!request.wdir.empty()) MPI_Info_set(info, "wdir", request.wdir.c_str());
-  // Open MPI binds a spawned job to cores by default and refuses it where the cores are
-  // taken (then MPI_Comm_spawn fails, or mpirun hangs: docs/investigations/grow-in-place.md).
-  MPI_Info_set(info, "bind_to", "none");
-  std::vector<char*> argv;
-  for (const std::string& arg : request.args) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  MPI_Comm inter = MPI_COMM_NULL;
-  int rc = MPI_Comm_spawn(request.command.c_str(), argv.data(), request.count, info, 0, base,
-                          &inter, MPI_ERRCODES_IGNORE);
-  MPI_Info_free(&info);
-  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Comm_spawn");
-  MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
-  rc = MPI_Intercomm_merge(inter, /*high=*/0, job);
-  g_job_links.push_back(inter);
-  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Intercomm_merge");
-  MPI_Comm_set_errhandler(*job, MPI_ERRORS_RETURN);
-  return Status::OK();
-}
-
-void KeepFailedWorld(Engine& engine) {
-  MPI_Comm failed = engine.TakeFailedWorld();
-  if (failed == MPI_COMM_NULL) return;
-  g_lost_a_rank = true;
-  std::lock_guard<std::timed_mutex> lock(*g_mu);
-  if (g_failed_world != MPI_COMM_NULL) MPI_Comm_free(&g_failed_world);
-  g_failed_world = failed;
-  g_failed_world_here = engine.node_processes();
-}
-
 // While alive, bounds an MPI call that may wait for a dead process (under ULFM, Open
 // MPI's start-up and MPI_Finalize still wait for every process of the job): past
 // `limit_s` (none if 0) the process logs `why` and leaves with `exit_code`.
@@ -228,6 +144,178 @@ std::string PeerTimeoutText(double s) {
   text << s << " s (PERSEUS_PEER_TIMEOUT_SECONDS)";
   return text.str();
 }
+
+// While alive, MPI errors on `comm` (MPI_COMM_WORLD) return instead of ending the job:
+// under ULFM, init's calls on it may meet a dead process. MPI_COMM_NULL: no change.
+class ReturnErrors {
+ public:
+  explicit ReturnErrors(MPI_Comm comm) : comm_(comm) {
+    if (comm_ == MPI_COMM_NULL) return;
+    MPI_Comm_get_errhandler(comm_, &saved_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  ~ReturnErrors() {
+    if (comm_ == MPI_COMM_NULL) return;
+    MPI_Comm_set_errhandler(comm_, saved_);
+    MPI_Errhandler_free(&saved_);
+  }
+  ReturnErrors(const ReturnErrors&) = delete;
+  ReturnErrors& operator=(const ReturnErrors&) = delete;
+
+ private:
+  MPI_Comm comm_;
+  MPI_Errhandler saved_ = MPI_ERRHANDLER_NULL;
+};
+
+// Growing in place (issue 46, Open MPI 5): once the job grew, the communicator of all
+// its processes, the ranks that spawned first and those spawned after them
+// (MPI_Comm_spawn, MPI_Intercomm_merge); perseus_init forms its world from it instead
+// of MPI_COMM_WORLD. A spawned process's first init joins it the same way
+// (MPI_Comm_get_parent). MPI_COMM_NULL: the job never grew. Under g_mu.
+MPI_Comm g_job = MPI_COMM_NULL;
+bool g_joined_parents = false;  // this process's first init looked for a parent
+std::atomic<bool> g_spawned{false};  // and found one: it was spawned to grow a job
+// The intercommunicators of the grows this process took part in, oldest first (its
+// parent's, then those of the grows it spawned from): disconnected at exit, before
+// MPI_Finalize, which otherwise waited for the other side (Open MPI 5.0.11).
+std::vector<MPI_Comm> g_job_links;
+// The first of g_job_links made after the last shrink: those before may hold a dead
+// process, whose disconnect would wait for it.
+size_t g_links_after_shrink = 0;
+
+// At exit: disconnects the job's links that hold no dead process (all when none died;
+// then the job's communicator is freed first). Every process of those links calls it, in
+// the same order. After a lost rank g_job is left alone: freeing it there spun for good
+// (tests/mpi/test_fault_tolerance_edges.py, a peer dying during shutdown).
+void LeaveGrownJob() {
+  if (!g_lost_a_rank && g_job != MPI_COMM_NULL) MPI_Comm_free(&g_job);
+  const size_t first = g_lost_a_rank ? g_links_after_shrink : 0;
+  for (size_t i = first; i < g_job_links.size(); ++i) MPI_Comm_disconnect(&g_job_links[i]);
+  g_job_links.clear();
+}
+
+// What perseus_grow asked of the next perseus_init. Under g_mu.
+struct GrowRequest {
+  int count = 0;
+  std::string command;
+  std::vector<std::string> args;
+  std::string wdir;
+};
+GrowRequest g_grow;
+
+// Test hooks (tests/rank_scripts/elastic_edges.py, elastic_grow.py), read where they act:
+// PERSEUS_TEST_DIE_IN_INIT=start kills this process once its MPI started, =world once
+// its new world is made, the others forming the world with it.
+// PERSEUS_TEST_DIE_IN_GROW=spawn kills an old rank as the grow's MPI_Comm_spawn starts,
+// =merge before its MPI_Intercomm_merge; =child kills the last process of each spawn
+// before it merges with its parents.
+bool DiesIn(const char* hook, const char* where) {
+  const char* value = std::getenv(hook);
+  return value != nullptr && std::strcmp(value, where) == 0;
+}
+bool DiesInInit(const char* where) { return DiesIn("PERSEUS_TEST_DIE_IN_INIT", where); }
+bool DiesInGrow(const char* where) { return DiesIn("PERSEUS_TEST_DIE_IN_GROW", where); }
+
+// A grow in place that cannot finish (a process of the job or a new one ended during the
+// spawn or the merge) ends every process that took part with this code, the one
+// hvd.elastic.run's ranks stop with for new hosts (HOSTS_UPDATED_EXIT): perseusrun
+// --elastic then starts the job on the new hosts from the commit persisted before the
+// grow. Leaving is the one bounded way out: MPI_Intercomm_merge with a dead process
+// spins for good (Open MPI 5.0.11), and the ranks cannot agree on a world while some
+// are stuck in it.
+constexpr int kGrowFailedExitCode = 75;
+
+[[noreturn]] void LeaveFailedGrow(const std::string& what) {
+  PERSEUS_LOG(kError) << "growing the job in place failed: " << what
+                      << "; leaving with exit code " << kGrowFailedExitCode
+                      << " for perseusrun --elastic to start the job on the new hosts";
+  std::fflush(stderr);
+  _exit(kGrowFailedExitCode);
+}
+
+std::string GrowTimeoutText(const char* who) {
+  return std::string("growing the job in place failed: ") + who +
+         " did not finish within " + PeerTimeoutText(g_peer_timeout_s) +
+         ": a process of the job or a new one probably ended during it (perseusrun "
+         "--elastic starts the job on the new hosts)";
+}
+
+// A process started by MPI_Comm_spawn: Open MPI gives it its parents' port there.
+bool Spawned() { return std::getenv("OMPI_PARENT_PORT") != nullptr; }
+
+// A process that a running job spawned to grow: the merge with the spawning ranks, this
+// one's ranks after theirs. *job stays MPI_COMM_NULL without a parent.
+Status JoinParents(MPI_Comm* job) {
+  MPI_Comm parent = MPI_COMM_NULL;
+  MPI_Comm_get_parent(&parent);
+  if (parent == MPI_COMM_NULL) return Status::OK();
+  MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+  const bool ulfm = FaultTolerant();
+  CallWatch watch(ulfm ? g_peer_timeout_s : 0, GrowTimeoutText("joining it"),
+                  kGrowFailedExitCode);
+  if (DiesInGrow("child")) {
+    int rank = 0, size = 0;
+    MPI_Comm_rank(parent, &rank);
+    MPI_Comm_size(parent, &size);
+    if (rank == size - 1) raise(SIGKILL);
+  }
+  Status status = MpiStatus(MPI_Intercomm_merge(parent, /*high=*/1, job), "MPI_Intercomm_merge");
+  if (!status.ok() && ulfm) LeaveFailedGrow(status.message);
+  if (status.ok()) MPI_Comm_set_errhandler(*job, MPI_ERRORS_RETURN);
+  g_job_links.push_back(parent);
+  return status;
+}
+
+// Collective over `base`: starts `request.count` processes (rank 0's request) and
+// merges them after base's ranks into *job.
+Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
+  MPI_Info info;
+  MPI_Info_create(&info);
+  if (!request.wdir.empty()) MPI_Info_set(info, "wdir", request.wdir.c_str());
+  // Open MPI binds a spawned job to cores by default and refuses it where the cores are
+  // taken (then MPI_Comm_spawn fails, or mpirun hangs: docs/investigations/grow-in-place.md).
+  MPI_Info_set(info, "bind_to", "none");
+  std::vector<char*> argv;
+  for (const std::string& arg : request.args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  MPI_Comm inter = MPI_COMM_NULL;
+  // Under ULFM a process that ends during the grow must not hold the others: the spawn
+  // returns an error once an old rank ended (MPI_COMM_WORLD's too, while here); the
+  // merge spins, and ULFM's agreement over the intercommunicator did not see a new
+  // process end either (tried): the watch bounds both.
+  const bool ulfm = FaultTolerant();
+  ReturnErrors world_errors(ulfm && base == MPI_COMM_WORLD ? MPI_COMM_WORLD : MPI_COMM_NULL);
+  CallWatch watch(ulfm ? g_peer_timeout_s : 0,
+                  GrowTimeoutText("MPI_Comm_spawn and MPI_Intercomm_merge"), kGrowFailedExitCode);
+  if (DiesInGrow("spawn")) raise(SIGKILL);
+  int rc = MPI_Comm_spawn(request.command.c_str(), argv.data(), request.count, info, 0, base,
+                          &inter, MPI_ERRCODES_IGNORE);
+  MPI_Info_free(&info);
+  if (rc != MPI_SUCCESS) {
+    if (ulfm) LeaveFailedGrow(MpiStatus(rc, "MPI_Comm_spawn").message);
+    return MpiStatus(rc, "MPI_Comm_spawn");
+  }
+  MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+  if (DiesInGrow("merge")) raise(SIGKILL);
+  rc = MPI_Intercomm_merge(inter, /*high=*/0, job);
+  g_job_links.push_back(inter);
+  if (rc != MPI_SUCCESS && ulfm) LeaveFailedGrow(MpiStatus(rc, "MPI_Intercomm_merge").message);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Intercomm_merge");
+  MPI_Comm_set_errhandler(*job, MPI_ERRORS_RETURN);
+  return Status::OK();
+}
+
+void KeepFailedWorld(Engine& engine) {
+  MPI_Comm failed = engine.TakeFailedWorld();
+  if (failed == MPI_COMM_NULL) return;
+  g_lost_a_rank = true;
+  std::lock_guard<std::timed_mutex> lock(*g_mu);
+  if (g_failed_world != MPI_COMM_NULL) MPI_Comm_free(&g_failed_world);
+  g_failed_world = failed;
+  g_failed_world_here = engine.node_processes();
+}
+
+
 
 std::shared_ptr<Engine> Current() {
   std::lock_guard<std::timed_mutex> lock(*g_mu);
@@ -332,12 +420,18 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
     {
       // A process that died before joining MPI's start-up holds the others there for
       // good (its PMIx fence; with the asynchronous modex, MPI_Init fails instead).
+      // A spawned process's start-up connects to its parents: one that ended leaves it
+      // there, and the grow failed (its exit code, for perseusrun's restart).
+      const bool spawned = Spawned();
       CallWatch watch(FaultTolerant() ? config.peer_timeout_seconds : 0,
                       "MPI's start-up (MPI_Init_thread) did not finish within " +
                           PeerTimeoutText(config.peer_timeout_seconds) +
-                          ": a process of the job probably ended before joining it, and Open "
-                          "MPI's start-up needs every process, even under ULFM",
-                      kLostPeerExitCode);
+                          (spawned ? ": this process was spawned to grow the job, and a process "
+                                     "of the job probably ended during the grow"
+                                   : ": a process of the job probably ended before joining it, "
+                                     "and Open MPI's start-up needs every process, even under "
+                                     "ULFM"),
+                      spawned ? kGrowFailedExitCode : kLostPeerExitCode);
       rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     }
     g_peer_timeout_s = config.peer_timeout_seconds;
@@ -406,35 +500,7 @@ LaneBackend MakeLanes(const Config& config, bool thread_multiple) {
   return MakeCoreLanes(mpi, GpuSettingsOf(config), thread_multiple);
 }
 
-// Test hook (tests/rank_scripts/elastic_edges.py), read at each init:
-// PERSEUS_TEST_DIE_IN_INIT=start kills this process once its MPI started, =world once
-// its new world is made, the others forming the world with it.
-bool DiesInInit(const char* where) {
-  const char* value = std::getenv("PERSEUS_TEST_DIE_IN_INIT");
-  return value != nullptr && std::strcmp(value, where) == 0;
-}
 
-// While alive, MPI errors on `comm` (MPI_COMM_WORLD) return instead of ending the job:
-// under ULFM, init's calls on it may meet a dead process. MPI_COMM_NULL: no change.
-class ReturnErrors {
- public:
-  explicit ReturnErrors(MPI_Comm comm) : comm_(comm) {
-    if (comm_ == MPI_COMM_NULL) return;
-    MPI_Comm_get_errhandler(comm_, &saved_);
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  }
-  ~ReturnErrors() {
-    if (comm_ == MPI_COMM_NULL) return;
-    MPI_Comm_set_errhandler(comm_, saved_);
-    MPI_Errhandler_free(&saved_);
-  }
-  ReturnErrors(const ReturnErrors&) = delete;
-  ReturnErrors& operator=(const ReturnErrors&) = delete;
-
- private:
-  MPI_Comm comm_;
-  MPI_Errhandler saved_ = MPI_ERRHANDLER_NULL;
-};
 
 // The world of this init from `parent` (its survivors when `shrink`, else a duplicate)
 // and its engine, each step agreed by every rank. On an error nothing is left but

@@ -478,9 +478,17 @@ def _grow_decision(state):
 def _grow_in_place(state, add):
     """Adds `add` ranks to the running job: shutdown, then init() spawns them (this
     process's command line, same folder) and merges them after the old ranks; the new
-    ranks' run() joins the steps that follow here (_join_grown_job)."""
+    ranks' run() joins the steps that follow here (_join_grown_job). Should a process,
+    old or new, end during the spawn or the merge, the others leave from inside init()
+    with HOSTS_UPDATED_EXIT, at once or at the peer timeout, and perseusrun starts the
+    job on the new hosts from the commit persisted here (the restart route)."""
     before, started = basics.size(), time.monotonic()
     program, args = _spawn_command()
+    # A process that ends during the grow makes every other leave it (the core, with
+    # HOSTS_UPDATED_EXIT): perseusrun then restarts the job from this commit.
+    persister = state._persister
+    if persister.persisted != persister.commits:
+        persister.write(state)
     basics.shutdown()
     from perseus.common import library
     library.check(library.perseus_grow(add, program.encode(),

@@ -10,6 +10,8 @@ with the script's checks (parameters identical to the bit on all 4 ranks, the lo
 fallen); the same after a second grow, and after a rank died and the job shrank first.
 Before this route the two ranks stopped at that commit for perseusrun to
 restart the job on 4 new processes (the old processes' ids gone): the test fails there.
+A process that dies during the grow (an old rank in the spawn, a new one before the
+merge) must not hold the others: they leave it and perseusrun restarts the job.
 PERSEUS_SKIP_OMPI5=1 skips it.
 """
 import re
@@ -32,6 +34,24 @@ def ompi5(tmp_path_factory):
     return python, python.parent / "mpirun", package(core, tmp_path_factory.mktemp("ompi5"))
 
 
+def grow_job(ompi5, tmp_path, first, extra_env, limit_s=240):
+    """elastic_grow.py under perseusrun --elastic, started on `first` ranks of this
+    machine -> (rc, stdout, stderr, a report for the assertions)."""
+    python, mpirun, pythonpath = ompi5
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:%d\n" % first)
+    env = clean_env(dict({"PYTHONPATH": pythonpath, "PTEST_CHANGE_STEP": "3",
+                          "PTEST_HOSTS_FILE": str(hosts), "PTEST_TMPDIR": str(tmp_path),
+                          "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")}, **extra_env))
+    # -P: `perseus` from PYTHONPATH (the Open MPI 5 build), not this checkout's.
+    cmd = [python, "-P", "-m", "perseus.launcher", "--elastic", "--mpirun", mpirun,
+           "--host-discovery-script", "cat %s" % hosts, "--min-np", "2", "--max-np", "4",
+           python, RANK_SCRIPTS / "elastic_grow.py"]
+    rc, out, err, seconds = run_bounded(cmd, env, limit_s)
+    return rc, out, err, "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (
+        rc, seconds, out, err[-8000:])
+
+
 @pytest.mark.parametrize("first, sizes, victim_step", [(2, "4", 0), (2, "3,4", 0), (3, "4", 2)],
                          ids=["2-4", "2-3-4", "3-died-2-4"])
 def test_new_ranks_join_the_running_ones(ompi5, tmp_path, first, sizes, victim_step):
@@ -39,19 +59,8 @@ def test_new_ranks_join_the_running_ones(ompi5, tmp_path, first, sizes, victim_s
     merged world of old and new); and 3 ranks of which rank 2 is SIGKILLed at step 2,
     the two others shrinking in place (ULFM), then growing to 4 (the spawn from the
     survivors)."""
-    python, mpirun, pythonpath = ompi5
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:%d\n" % first)
-    env = clean_env({"PYTHONPATH": pythonpath, "PTEST_CHANGE_STEP": "3", "PTEST_SIZES": sizes,
-                     "PTEST_VICTIM_STEP": str(victim_step),
-                     "PTEST_HOSTS_FILE": str(hosts), "PTEST_TMPDIR": str(tmp_path),
-                     "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
-    # -P: `perseus` from PYTHONPATH (the Open MPI 5 build), not this checkout's.
-    cmd = [python, "-P", "-m", "perseus.launcher", "--elastic", "--mpirun", mpirun,
-           "--host-discovery-script", "cat %s" % hosts, "--min-np", "2", "--max-np", "4",
-           python, RANK_SCRIPTS / "elastic_grow.py"]
-    rc, out, err, seconds = run_bounded(cmd, env, 240)
-    report = "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (rc, seconds, out, err[-8000:])
+    rc, out, err, report = grow_job(ompi5, tmp_path, first, {
+        "PTEST_SIZES": sizes, "PTEST_VICTIM_STEP": str(victim_step)})
     assert rc == 0, report
     assert "grows it in place when hosts of this machine are added" in err, report  # the mode
     start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size %d pid (\d+) "
@@ -90,3 +99,41 @@ def test_new_ranks_join_the_running_ones(ompi5, tmp_path, first, sizes, victim_s
         before = size
     assert "starting %d rank(s) on localhost:%d (run 0)" % (first, first) in err, report
     assert "(run 1)" not in err, report  # never restarted
+
+
+@pytest.mark.parametrize("die", ["spawn", "child"], ids=["old-rank-dies-in-spawn",
+                                                          "new-rank-dies-before-merge"])
+def test_a_process_lost_in_the_grow_restarts_the_job(ompi5, tmp_path, die):
+    """A process SIGKILLed during the grow 2 -> 4 (the core's hook
+    PERSEUS_TEST_DIE_IN_GROW): rank 1 as MPI_Comm_spawn starts, or the last new process
+    before MPI_Intercomm_merge. Every other process leaves the grow with exit code 75,
+    at once (rank 0's spawn fails) or at the peer timeout (10 s here: the new processes
+    in MPI_Init, the old ones spinning in the merge), and perseusrun restarts the job on
+    the 4 ranks from the commit persisted before the grow; it trains to the end there.
+    Before, the job never ended for 'child' (the old ranks spun in the merge past 75 s)
+    and ended with exit code 1, not restarted, for 'spawn' (rank 0 aborted)."""
+    rc, out, err, report = grow_job(ompi5, tmp_path, 2, {
+        "PTEST_SIZES": "4", "PTEST_DIE_IN_GROW": die, "PERSEUS_PEER_TIMEOUT_SECONDS": "10"},
+        limit_s=120)
+    assert rc == 0, report
+    assert "growing the job in place failed" in err, report
+    start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size 2 pid (\d+) "
+                                                   r"joined 0", out)}
+    assert sorted(start) == [0, 1], report
+    assert "grew in place" not in err and "joined 1" not in out, report
+    assert "starting 4 rank(s) on localhost:4 (run 1)" in err and "(run 2)" not in err, report
+    resumed = re.findall(r"restart 1: resuming from persisted commit (\d+) on 4 rank", err)
+    assert len(resumed) == 1 and int(resumed[0]) >= 3, report
+    # The restarted ranks: each ran its reset callback once, at the resumed commit, and
+    # ended at one step with the same losses (its checks: parameters identical to the
+    # bit, the loss fallen), in 4 new processes.
+    resets = re.findall(r"reset callback rank (\d) size 4 step (\d+)", out)
+    assert sorted(int(r) for r, _ in resets) == [0, 1, 2, 3], report
+    assert set(step for _, step in resets) == set(resumed), report
+    end = re.findall(r"grow-end rank (\d) size 4 local \1/4 pid (\d+) joined 0 steps (\d+) "
+                     r"loss (\S+) -> (\S+)", out)
+    assert sorted(int(r) for r, *_ in end) == [0, 1, 2, 3], report
+    assert len(set(e[2:] for e in end)) == 1, report
+    assert float(end[0][4]) < float(end[0][3]) / 10, report
+    pids = set(int(e[1]) for e in end)
+    assert len(pids) == 4 and not pids & set(start.values()), report
