@@ -10,6 +10,7 @@ timeout (tests/support/jobs.py kills every process of the job, so a hang fails o
 and never stalls the suite).
 """
 import importlib
+import json
 import os
 import re
 import shutil
@@ -152,8 +153,9 @@ def run_mpi(tmp_path):
 
 # Scripts a batch saw through on every rank, by batch: (scripts, np, env, python).
 _batches_seen = {}
-# (module, script, nprocs) of the tests this session runs.
+# (module, script, nprocs) and (module, nprocs, setting) of the tests this session runs.
 _selected_cases = set()
+_selected_settings = set()
 
 
 def pytest_collection_finish(session):
@@ -161,36 +163,62 @@ def pytest_collection_finish(session):
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "script" in params and "nprocs" in params:
             _selected_cases.add((str(item.fspath), params["script"], params["nprocs"]))
+        if "setting" in params:
+            _selected_settings.add((str(item.fspath), params.get("nprocs"), params["setting"]))
 
 
 @pytest.fixture
 def run_mpi_batch(run_mpi, tmp_path_factory, request):
     """Returns run_mpi_batch(script, np, batch, env=None, timeout=DEFAULT_TIMEOUT_S,
-    python=None, scripts_dir=RANK_SCRIPTS): the test of `script`, one of the scripts
-    in `batch`, which the first of their tests runs in one job (tests/support/rank_batch.py),
-    each in turn, within `timeout`. A script the batch saw through passes; any other
-    (it failed, or one before it did, or the batch ran out of time) runs alone through
-    run_mpi, whose report is the test's. For scripts that need no fresh process: a
-    script that fails only after another in the same process is not reported as such
-    (it passes alone). Where this session runs only some of the batch's tests (-m fast,
-    -k), the batch holds only their scripts."""
+    python=None, scripts_dir=RANK_SCRIPTS, settings=None, setting=None): the test of
+    `script`, one of the scripts in `batch`, which the first of their tests runs in one
+    job (tests/support/rank_batch.py), each in turn, within `timeout`. A script the batch
+    saw through passes; any other (it failed, or one before it did, or the batch ran out
+    of time) runs alone through run_mpi, whose report is the test's. For scripts that
+    need no fresh process: a script that fails only after another in the same process is
+    not reported as such (it passes alone). Where this session runs only some of the
+    batch's tests (-m fast, -k), the batch holds only their scripts.
+
+    settings ({name: env}): each script of the batch runs once under each, its variables
+    set on top of `env` for that run only; the test is that of `setting`, and the tests
+    are parametrised by "setting" (and "nprocs" where the names repeat across np). Only for variables read at each init()
+    (the engine's, csrc/src/engine/config.cc), never for what is read once a process."""
     module = str(request.node.fspath)
 
     def run(script, np, batch, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
-            scripts_dir=RANK_SCRIPTS):
+            scripts_dir=RANK_SCRIPTS, settings=None, setting=None):
         assert script in batch, (script, batch)
+        assert (settings is None) == (setting is None) and (setting is None or setting in settings)
         batch = [s for s in batch if (module, s, np) in _selected_cases] or batch
-        key = (tuple(batch), np, tuple(sorted((env or {}).items())), str(python), str(scripts_dir))
+        if settings is not None:
+            chosen = [k for k in settings if (module, np, k) in _selected_settings
+                      or (module, None, k) in _selected_settings] or list(settings)
+            entries = {"%s[%s]" % (s, k): (s, dict(settings[k])) for s in batch for k in chosen}
+            mine = "%s[%s]" % (script, setting)
+        else:
+            entries = {s: (s, {}) for s in batch}
+            mine = script
+        if len(entries) == 1:
+            run_mpi(script, np, env=dict(env or {}, **entries[mine][1]), timeout=timeout,
+                    python=python, scripts_dir=scripts_dir)
+            return
+        key = (tuple(entries), tuple(tuple(sorted(e.items())) for _, e in entries.values()), np,
+               tuple(sorted((env or {}).items())), str(python), str(scripts_dir))
         if key not in _batches_seen:
             _batches_seen[key] = set()  # an interrupted batch is not run again
             scratch = tmp_path_factory.mktemp("batch-np%d" % np)
-            paths = [Path(scripts_dir) / ("%s.py" % s) for s in batch]
-            cmd, child_env = rank_job(paths, np, dict(env or {}), timeout, python, None, scratch)
+            args = [str(Path(scripts_dir) / ("%s.py" % s)) + name[len(s):]
+                    for name, (s, _) in entries.items()]
+            job_env = dict(env or {})
+            if settings is not None:
+                job_env["PTEST_BATCH_ENV"] = json.dumps({n: e for n, (_, e) in entries.items()})
+            cmd, child_env = rank_job(args, np, job_env, timeout, python, None, scratch)
             _, out, _, _, _ = bounded_job(cmd, child_env, timeout)
             ended = re.findall(r"BATCH END (\S+)", out)
-            _batches_seen[key] = {s for s in batch if ended.count(s) == np}
-        if script not in _batches_seen[key]:
-            run_mpi(script, np, env=env, timeout=timeout, python=python, scripts_dir=scripts_dir)
+            _batches_seen[key] = {n for n in entries if ended.count(n) == np}
+        if mine not in _batches_seen[key]:
+            run_mpi(script, np, env=dict(env or {}, **entries[mine][1]), timeout=timeout,
+                    python=python, scripts_dir=scripts_dir)
 
     return run
 

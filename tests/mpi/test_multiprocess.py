@@ -91,14 +91,20 @@ def test_config_names(run_mpi, nprocs):
     run_mpi("config_names", nprocs, timeout=90)
 
 
+HOLDS = {
+    "bytes": {"PERSEUS_HOLD_BYTES": "65536"},
+    "auto": {"PERSEUS_HOLD_BYTES": "auto", "PERSEUS_FUSION_THRESHOLD": "2097152"},
+}
+
+
 @pytest.mark.parametrize("nprocs", NPROCS)
-@pytest.mark.parametrize("hold", [{"PERSEUS_HOLD_BYTES": "65536"},
-                                  {"PERSEUS_HOLD_BYTES": "auto", "PERSEUS_FUSION_THRESHOLD": "2097152"}],
-                         ids=["bytes", "auto"])
-def test_what_ends_a_hold(run_mpi, nprocs, hold):
+@pytest.mark.parametrize("setting", list(HOLDS))
+def test_what_ends_a_hold(run_mpi_batch, nprocs, setting):
     # A hold far longer than the script's bounds: only a waiter, a poll or enough
     # bytes may end it, and control operations never wait for it (tests/rank_scripts/hold.py).
-    run_mpi("hold", nprocs, env=dict(hold, PERSEUS_HOLD_TIME="20000"))
+    # Both settings in one job per np, init() again between them (run_mpi_batch's settings).
+    run_mpi_batch("hold", nprocs, ["hold"], env={"PERSEUS_HOLD_TIME": "20000"},
+                  settings=HOLDS, setting=setting)
 
 
 # Engine settings under which the mixed load of stress.py must give the same, correct
@@ -118,6 +124,9 @@ KNOBS = {
 
 
 @pytest.mark.parametrize("nprocs", NPROCS)
-@pytest.mark.parametrize("knob", list(KNOBS))
-def test_engine_settings(run_mpi, knob, nprocs):
-    run_mpi("stress", nprocs, env=KNOBS[knob])
+@pytest.mark.parametrize("setting", list(KNOBS))
+@pytest.mark.timeout(600)
+def test_engine_settings(run_mpi_batch, setting, nprocs):
+    # Every setting in one job per np, each a fresh init() that reads it (run_mpi_batch's
+    # settings): one mpirun and one torch import per rank instead of nine.
+    run_mpi_batch("stress", nprocs, ["stress"], settings=KNOBS, setting=setting, timeout=300)

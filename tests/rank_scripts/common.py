@@ -69,6 +69,28 @@ def init():
     return hvd.rank(), hvd.size()
 
 
+# Horovod's names of settings that config() reports under Perseus's: name -> (Perseus's
+# name, {value: config()'s value}, or None where it is the same).
+HOROVOD_SETTINGS = {"HOROVOD_FUSION_THRESHOLD": ("PERSEUS_FUSION_THRESHOLD", None),
+                    "HOROVOD_HIERARCHICAL_ALLREDUCE": ("PERSEUS_ALLREDUCE_MODE",
+                                                       {"1": "hierarchical", "0": "flat"})}
+
+
+def check_engine_settings():
+    """The engine runs under the settings of this process's environment now. A test that
+    runs a script under several settings in one process (run_mpi_batch's settings,
+    tests/conftest.py) relies on each init() reading them again: were the first init()'s
+    kept, every run after it would test those."""
+    config = hvd.config()
+    given = {k: v for k, v in os.environ.items() if k in config}
+    for name, (ours, values) in HOROVOD_SETTINGS.items():
+        if name in os.environ and ours not in os.environ:
+            given[ours] = values[os.environ[name]] if values else os.environ[name]
+    for name, value in sorted(given.items()):
+        assert config[name] == value, "%s: the engine runs with %r, the environment says %r" % (
+            name, config[name], value)
+
+
 # ---------------------------------------------------------------- inputs
 
 def seed_of(tag, rank):

@@ -3,15 +3,19 @@ interpreter start and framework import per rank for all of them instead of one e
 (4 ranks importing TensorFlow take 10 s on 2 cores). tests/conftest.py's run_mpi_batch
 starts it; a test whose script the batch did not see through runs it alone.
 
-    mpirun -np N python tests/support/rank_batch.py <script.py> [<script.py> ...]
+    mpirun -np N python tests/support/rank_batch.py <script.py> [<script.py>[<setting>] ...]
 
 Each script runs as python would run it alone (a fresh __main__, its folder first
 on sys.path, sys.argv), with a scratch directory of its own in $PTEST_TMPDIR and the
 environment restored after it; Perseus is shut down after it if it left it running.
+"<script.py>[<setting>]" runs the script with the variables that $PTEST_BATCH_ENV (a
+JSON object by name, "<script>[<setting>]") gives it set on top: the same script under
+several settings that the core reads at each init() (run_mpi_batch's `settings`).
 "[rank r] BATCH END <name>" on stdout says the script returned; a script that fails
 ends the process at once (rank_script.main), so the END lines say how far it got.
 Framework-free: it runs in the TensorFlow and MXNet venvs too.
 """
+import json
 import os
 import runpy
 import sys
@@ -21,11 +25,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support.rank_script import rank_tag  # noqa: E402
 
 
-def run_one(path, scratch_root):
-    name = os.path.splitext(os.path.basename(path))[0]
+def run_one(arg, scratch_root, batch_env):
+    path, setting = arg, ""
+    if arg.endswith("]"):
+        path, setting = arg[:-1].split("[", 1)
+        setting = "[%s]" % setting
+    name = os.path.splitext(os.path.basename(path))[0] + setting
     saved_env, saved_path, saved_argv = dict(os.environ), list(sys.path), list(sys.argv)
     scratch = os.path.join(scratch_root, name)
     os.makedirs(scratch, exist_ok=True)
+    os.environ.update(batch_env.get(name, {}))  # putenv: the core's getenv() sees it
     os.environ["PTEST_TMPDIR"] = scratch
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     sys.argv = [path]
@@ -46,10 +55,11 @@ def run_one(path, scratch_root):
     os.write(1, ("%s BATCH END %s\n" % (rank_tag(), name)).encode())
 
 
-def main(paths):
+def main(args):
     scratch_root = os.environ["PTEST_TMPDIR"]
-    for path in paths:
-        run_one(path, scratch_root)
+    batch_env = json.loads(os.environ.pop("PTEST_BATCH_ENV", "{}"))
+    for arg in args:
+        run_one(arg, scratch_root, batch_env)
 
 
 if __name__ == "__main__":
