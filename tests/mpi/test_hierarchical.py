@@ -5,7 +5,7 @@ global set and on sets that span the simulated nodes unevenly (flat fallback).""
 
 import pytest
 
-pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(900)]
 
 # Two lanes, small fusion buffers and MPI pieces: batches spread over both lanes'
 # communicators and large tensors go in several windows.
@@ -14,23 +14,39 @@ LANES = {"PERSEUS_ALLREDUCE_STREAMS": "2", "PERSEUS_FUSION_THRESHOLD": "65536",
 HIER = {"PERSEUS_ALLREDUCE_MODE": "hierarchical", "PERSEUS_RANKS_PER_NODE": "2"}
 
 
-@pytest.mark.parametrize("nprocs,env", [
-    (2, {"PERSEUS_ALLREDUCE_DTYPE": "fp16"}),
-    (4, dict(LANES, PERSEUS_ALLREDUCE_DTYPE="bf16")),
-], ids=["np2-fp16", "np4-bf16-lanes"])
-def test_wire_dtype(run_mpi, nprocs, env):
-    run_mpi("allreduce_modes", nprocs, env=env, timeout=360)
+# The runs at np 4, in one job (run_mpi_batch's settings): each a fresh init() that
+# reads its settings, one mpirun and one torch import per rank instead of five.
+NP4 = {
+    "np4-bf16-lanes": dict(LANES, PERSEUS_ALLREDUCE_DTYPE="bf16"),
+    "np4-2x2": HIER,                                            # 2 simulated nodes of 2
+    "np4-2x2-lanes": dict(LANES, **HIER),                       # ... on two lanes, in pieces
+    "np4-1node-horovod-name": {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"},  # 1 node of 4
+    "np4-2x2-fp16": dict(LANES, PERSEUS_ALLREDUCE_DTYPE="fp16", **HIER),
+}
+OTHERS = {
+    "np2-fp16": (2, {"PERSEUS_ALLREDUCE_DTYPE": "fp16"}),
+    "np3-uneven": (3, HIER),                                    # nodes of 2 and 1: flat fallback
+}
 
 
-@pytest.mark.parametrize("nprocs,env", [
-    (4, HIER),                                            # 2 simulated nodes of 2
-    (4, dict(LANES, **HIER)),                             # ... on two lanes, in pieces
-    (4, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}),         # this machine: 1 node of 4
-    (3, HIER),                                            # nodes of 2 and 1: flat fallback
-    (4, dict(LANES, PERSEUS_ALLREDUCE_DTYPE="fp16", **HIER)),
-], ids=["np4-2x2", "np4-2x2-lanes", "np4-1node-horovod-name", "np3-uneven", "np4-2x2-fp16"])
-def test_hierarchical(run_mpi, nprocs, env):
-    run_mpi("allreduce_modes", nprocs, env=env, timeout=360)
+def run_modes(run_mpi, run_mpi_batch, setting):
+    if setting in NP4:
+        run_mpi_batch("allreduce_modes", 4, ["allreduce_modes"], settings=NP4, setting=setting,
+                      timeout=360)
+    else:
+        nprocs, env = OTHERS[setting]
+        run_mpi("allreduce_modes", nprocs, env=env, timeout=360)
+
+
+@pytest.mark.parametrize("setting", ["np2-fp16", "np4-bf16-lanes"])
+def test_wire_dtype(run_mpi, run_mpi_batch, setting):
+    run_modes(run_mpi, run_mpi_batch, setting)
+
+
+@pytest.mark.parametrize("setting", ["np4-2x2", "np4-2x2-lanes", "np4-1node-horovod-name",
+                                     "np3-uneven", "np4-2x2-fp16"])
+def test_hierarchical(run_mpi, run_mpi_batch, setting):
+    run_modes(run_mpi, run_mpi_batch, setting)
 
 
 @pytest.mark.parametrize("env,expect", [

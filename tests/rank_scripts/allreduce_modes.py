@@ -10,7 +10,8 @@ or within their own bounds, as without it.
 """
 import torch
 
-from common import DTYPES, hvd, init, main, make_tensor, op_name, dtype_name, reference_reduce
+from common import (DTYPES, check_engine_settings, hvd, init, main, make_tensor, op_name, dtype_name,
+                    reference_reduce)
 from identical_results import check_identical
 
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
@@ -97,6 +98,7 @@ def concurrent(rank, size, wire):
 
 def body():
     rank, size = init()
+    check_engine_settings()  # the test runs the np 4 settings in one process
     wire = WIRE[hvd.config()["PERSEUS_ALLREDUCE_DTYPE"]]
     exercise(rank, size, wire, "modes")
     concurrent(rank, size, wire)
