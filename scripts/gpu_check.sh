@@ -52,6 +52,7 @@ WHEELS=${PERSEUS_WHEELS:-$ROOT/wheels}
 VENV=${PERSEUS_GPU_VENV:-$ROOT/.venv-gpu}
 REPORT=${PERSEUS_GPU_REPORT:-$ROOT/gpu_check_report.md}
 LOGS=${PERSEUS_GPU_LOGS:-$ROOT/gpu_check_logs}
+export PERSEUS_GPU_LOGS=$LOGS  # tests/gpu/test_gpu.py copies each configuration's job there as it runs
 BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-540}
 STRESS_STEPS=${PERSEUS_GPU_CHECK_STRESS_STEPS:-1000}
 BENCH=${PERSEUS_GPU_CHECK_BENCH:-1}
@@ -306,9 +307,11 @@ step test_inproc 120 "${PYTEST[@]}" -m "not mpi"
 # configuration adds its lanes and runs it under perseusrun -np with its ranks.
 STRESS=(env STRESS_DEVICE=cuda:0 STRESS_STEPS="$STRESS_STEPS" STRESS_LARGEST=1048592 NCCL_MULTI_RANK_GPU_ENABLE=1
         PERSEUS_CHUNK_SIZE=65536 PERSEUS_FUSION_THRESHOLD=262144)
-# The MPI configurations at once, each its own mpirun per script (NCCL at np=1 is one
-# communicator per process, so they share the GPU; the host-staged ranks share it anyway):
-# the device time of a lent machine is short, and its 16 cores sit idle otherwise.
+# The MPI configurations at once (NCCL at np=1 is one communicator per process, so they
+# share the GPU; the host-staged ranks share it anyway): the device time of a lent
+# machine is short, and its 16 cores sit idle otherwise. Each configuration runs its
+# scripts in one mpirun job (test_gpu.py), whose output reaches $LOGS/job_CONFIG.log as
+# it comes: a run cut short still shows which scripts ended ("BATCH END").
 RUN_CONFIGS="" STRESSED=""
 for config in $CONFIGS; do
   if [[ $config =~ ^nccl_np([0-9]+)_shared_lanes([0-9]+)$ ]]; then

@@ -20,15 +20,24 @@ Configurations (CONFIGS):
                          made with that NCCL (not the host-staged fallback).
 Scripts: the CPU collective scripts of tests/rank_scripts rerun on CUDA tensors
 (PTEST_DEVICE, see tests/rank_scripts/common.py), and the torch CUDA ones
-(tests/rank_scripts/gpu_torch_*.py, PTEST_GPU).
+(tests/rank_scripts/gpu_torch_*.py, PTEST_GPU). A configuration's scripts run in one MPI
+job, in turn (tests/support/batch_job.py; its first test starts it): the ranks start,
+import torch, make their CUDA context and load NCCL once per configuration, not once
+per script (issue 47: the device time of a lent GPU is short). A script that did not
+end there (it failed, or one before it did) runs alone, and that run is its test's
+report. With $PERSEUS_GPU_LOGS set (scripts/gpu_check.sh), a job's output goes to
+job_<config>.log there as it comes.
 """
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from support import batch_job
 from support.jobs import REPO_ROOT, clean_env
 
 pytestmark = [
@@ -45,7 +54,7 @@ DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64,
 REUSED = ["allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
           "join", "barrier", "process_sets"]
 GPU_ONLY = ["gpu_torch_collectives", "gpu_torch_ordering", "gpu_torch_sizes", "gpu_torch_training",
-            "gpu_torch_mismatch"]
+            "gpu_torch_backend", "gpu_torch_mismatch"]
 NEEDS_TWO_RANKS = {"barrier", "process_sets", "gpu_torch_mismatch"}
 # Scripts that reduce no device tensor, so NCCL makes no communicator (and logs no INIT line).
 NO_DEVICE_TENSORS = {"barrier"}
@@ -71,6 +80,9 @@ CONFIGS = {
 # What the shared-GPU NCCL configurations add: NCCL's permission, and its INIT log (on
 # stdout), which names the version of the communicators it makes.
 SHARED_NCCL_ENV = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+# A communicator's line in that log ("ncclCommInitRank comm 0x... rank 0 nranks 2 ... - Init
+# COMPLETE"; ncclCommInitRankConfig or ncclCommSplit for some).
+NCCL_COMMUNICATOR = re.compile(r"NCCL INFO .*(ncclComm\w+ comm 0x|Init COMPLETE)")
 _multi_rank = None
 
 
@@ -89,16 +101,45 @@ def multi_rank_nccl():
     return _multi_rank
 
 
+def config_scripts(config):
+    np, _, _, scripts, _ = CONFIGS[config]
+    return [s for s in scripts if np >= 2 or s not in NEEDS_TWO_RANKS]
+
+
 def script_cases():
-    for config, (np, _, _, scripts, _) in CONFIGS.items():
-        for script in scripts:
-            if np >= 2 or script not in NEEDS_TWO_RANKS:
-                yield pytest.param(config, script, id="%s-%s" % (config, script))
+    for config in CONFIGS:
+        for script in config_scripts(config):
+            yield pytest.param(config, script, id="%s-%s" % (config, script))
+
+
+def script_env(script, device):
+    """Where the script puts its tensors: PTEST_GPU for the torch CUDA scripts."""
+    return {("PTEST_GPU" if script in GPU_ONLY else "PTEST_DEVICE"): device}
+
+
+def entry(script):
+    return "%s[own]" % script  # its name in the batch: under its own variables
+
+
+CONFIG_JOB_TIMEOUT_S = 200  # gpu_check.sh gives a configuration's pytest 240 s
+_config_jobs = {}  # configuration -> its job (batch_job.BatchJob)
+
+
+def config_job(config, env, scratch):
+    """The job that ran every script of `config` (started by its first test)."""
+    if config not in _config_jobs:
+        np, _, device, _, _ = CONFIGS[config]
+        logs = os.environ.get("PERSEUS_GPU_LOGS")
+        entries = {entry(s): (s, script_env(s, device)) for s in config_scripts(config)}
+        _config_jobs[config] = batch_job.run(
+            entries, np, env, CONFIG_JOB_TIMEOUT_S, scratch,
+            log=Path(logs) / ("job_%s.log" % config) if logs else None)
+    return _config_jobs[config]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("config, script", list(script_cases()))
-def test_script(run_mpi, config, script):
+def test_script(run_mpi, tmp_path_factory, config, script):
     np, env, device, _, gpus = CONFIGS[config]
     if torch.cuda.device_count() < gpus:
         pytest.skip("%s needs %d GPUs, torch sees %d" % (config, gpus, torch.cuda.device_count()))
@@ -108,11 +149,18 @@ def test_script(run_mpi, config, script):
         if version is None:
             pytest.skip("the NCCL Perseus loads here cannot run several ranks on one GPU: %s" % why)
         env = dict(env, **SHARED_NCCL_ENV)
-    where = "PTEST_GPU" if script in GPU_ONLY else "PTEST_DEVICE"
-    out = run_mpi(script, np, env=dict(env, **{where: device}), timeout=240)
-    # NCCL made the communicators (the fallback makes none), that NCCL
+    job = config_job(config, env, tmp_path_factory.mktemp(config))
+    if job.ended(entry(script)):
+        out = job.window(entry(script))  # every rank returned from it: it passed
+    else:
+        out = run_mpi(script, np, env=dict(env, **script_env(script, device)), timeout=240)
+    # That NCCL made the script's communicators (the host-staged fallback makes none): its
+    # banner, printed once a process, names the version, and each communicator it makes
+    # logs a line of its own (INIT).
     if shared_nccl and script not in NO_DEVICE_TENSORS:
-        assert "NCCL version %s" % version in out, "no NCCL %s communicator in NCCL's INIT log:\n%s" % (version, out)
+        banner = job.out if job.ended(entry(script)) else out
+        assert "NCCL version %s" % version in banner and NCCL_COMMUNICATOR.search(out), \
+            "no NCCL %s communicator in NCCL's INIT log:\n%s" % (version, out)
 
 
 # ---------------------------------------------------------------- in this process

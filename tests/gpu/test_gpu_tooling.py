@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from support import batch_job
 from support.jobs import REPO_ROOT, clean_env
 from perseus.common import gpu
 
@@ -618,16 +619,42 @@ def test_same_mpi_reports_check_mpi_library(monkeypatch, capsys):
     assert "FAIL: check_mpi_library: compiled against MPICH 5.0.2, loaded Open MPI v4.1.6" in out
 
 
+# The torch CUDA scripts with PTEST_GPU=cpu, and a CPU collective script with
+# PTEST_DEVICE=cpu: each with its own variable, as in a GPU configuration.
+ON_THE_CPU = {s: {"PTEST_GPU": "cpu"} for s in ("gpu_torch_training", "gpu_torch_ordering",
+                                                "gpu_torch_collectives", "gpu_torch_sizes",
+                                                "gpu_torch_backend")}
+ON_THE_CPU["broadcast"] = {"PTEST_DEVICE": "cpu"}
+_jobs_on_the_cpu = []
+
+
 @needs_no_cuda
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("script, np", [("gpu_torch_training", 2), ("gpu_torch_ordering", 2),
-                                        ("gpu_torch_collectives", 1), ("gpu_torch_sizes", 2)])
-def test_gpu_scripts_run_on_the_cpu(run_mpi, script, np):
+@pytest.mark.parametrize("script", list(ON_THE_CPU))
+def test_gpu_scripts_run_on_the_cpu(run_mpi, tmp_path_factory, script):
     """PTEST_GPU=cpu runs the torch CUDA scripts' own logic (helpers, references,
     tolerances) with CPU tensors, so they stay runnable between visits to a GPU machine.
-    (gpu_torch_mismatch needs two device kinds; gpu_torch_sizes stops at 1 MiB here.)"""
-    run_mpi(script, np, env={"PTEST_GPU": "cpu", "PTEST_SIZES_LARGEST": str(1 << 20)}, timeout=240)
+    (gpu_torch_mismatch needs two device kinds; gpu_torch_sizes stops at 1 MiB here.)
+    They run at np 2 in one job, each with variables of its own, as tests/gpu/test_gpu.py
+    runs a GPU configuration (tests/support/batch_job.py): every script must end there,
+    on every rank, its end in its window of the job's output, and in the log."""
+    if not _jobs_on_the_cpu:
+        scratch = tmp_path_factory.mktemp("gpu_on_cpu")
+        entries = {"%s[own]" % s: (s, v) for s, v in ON_THE_CPU.items()}
+        _jobs_on_the_cpu.append(batch_job.run(entries, 2, {"PTEST_SIZES_LARGEST": str(1 << 20)},
+                                              240, scratch, log=scratch / "job.log"))
+        _jobs_on_the_cpu.append(scratch / "job.log")
+    job, log = _jobs_on_the_cpu
+    env = dict(ON_THE_CPU[script], PTEST_SIZES_LARGEST=str(1 << 20))
+    if not job.ended("%s[own]" % script):
+        run_mpi(script, 2, env=env, timeout=240)  # its own report
+        pytest.fail("%s passed alone but did not end in the job:\n%s" % (script, job.out[-6000:]))
+    window = job.window("%s[own]" % script)
+    assert window.count("[rank 0] ok\n") == 1, window  # rank 0's end of this script alone
+    for rank in (0, 1):
+        assert "[rank %d] BATCH END %s[own]" % (rank, script) in job.out
+    assert "[rank 0] BATCH END %s[own]" % script in log.read_text()
 
 
 @needs_no_cuda
