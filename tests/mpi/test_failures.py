@@ -136,18 +136,21 @@ def test_grouped_calls_of_different_sizes_fail_everywhere(run_mpi, np):
     run_mpi("mismatch_groups", np, timeout=120)
 
 
-@pytest.mark.parametrize("np,settings", [
-    (2, {}),
-    (3, {}),
-    (3, {"PERSEUS_ALLREDUCE_STREAMS": "2", "PERSEUS_FUSION_THRESHOLD": "256"}),
-])
-def test_chaos(run_mpi, np, settings):
+CHAOS = {"defaults": {}, "lanes2-fusion256": {"PERSEUS_ALLREDUCE_STREAMS": "2",
+                                               "PERSEUS_FUSION_THRESHOLD": "256"}}
+
+
+@pytest.mark.parametrize("nprocs,setting", [(2, "defaults"), (3, "defaults"), (3, "lanes2-fusion256")])
+def test_chaos(run_mpi_batch, nprocs, setting):
     """Issue 16: bad requests (a different collective, group size, op, dtype or shape on
     one random rank) among correct ones, at random: the same error on every rank for each
     bad one, bit-identical correct results for the others, no hang. PTEST_CHAOS_SEED
-    replays a failing plan (the script prints its seed)."""
-    env = dict(settings, PTEST_CHAOS_SEED=os.environ.get("PTEST_CHAOS_SEED", "1616"))
-    run_mpi("chaos", np, env=env, timeout=180)
+    replays a failing plan (the script prints its seed). The settings at np 3 in one job
+    (run_mpi_batch's settings)."""
+    env = {"PTEST_CHAOS_SEED": os.environ.get("PTEST_CHAOS_SEED", "1616")}
+    settings = CHAOS if nprocs == 3 else {"defaults": {}}
+    run_mpi_batch("chaos", nprocs, ["chaos"], env=env, settings=settings, setting=setting,
+                  timeout=180)
 
 
 @pytest.mark.parametrize("np", [2, 3])

@@ -69,13 +69,18 @@ def test_adasum_lanes_and_small_pieces(run_mpi):
 # Bit-identical results on every rank with NaN/Inf/-0.0 inputs
 # (tests/rank_scripts/identical_results.py):
 # 2 and 3 ranks (3 changes MPI's algorithms), then 3 lanes with 4 KiB MPI pieces.
-@pytest.mark.parametrize("nprocs,env", [
-    (2, {}), (3, {}),
-    (3, {"PERSEUS_ALLREDUCE_STREAMS": "3", "PERSEUS_CHUNK_SIZE": "4096",
-         "PERSEUS_FUSION_THRESHOLD": "65536"}),
-], ids=["np2", "np3", "np3-lanes-chunks"])
-def test_identical_results(run_mpi, nprocs, env):
-    run_mpi("identical_results", nprocs, env=env, timeout=240)
+# The two at np 3 in one job (run_mpi_batch's settings).
+IDENTICAL_NP3 = {"np3": {}, "np3-lanes-chunks": {"PERSEUS_ALLREDUCE_STREAMS": "3", "PERSEUS_CHUNK_SIZE": "4096",
+                                                 "PERSEUS_FUSION_THRESHOLD": "65536"}}
+
+
+@pytest.mark.parametrize("setting", ["np2", "np3", "np3-lanes-chunks"])
+def test_identical_results(run_mpi, run_mpi_batch, setting):
+    if setting == "np2":
+        run_mpi("identical_results", 2, timeout=240)
+    else:
+        run_mpi_batch("identical_results", 3, ["identical_results"], settings=IDENTICAL_NP3,
+                      setting=setting, timeout=240)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from common import (assert_equal, assert_reduced, exists, hvd, init, log, main, make_tensor,
-                    touch)
+from common import (assert_equal, assert_reduced, check_engine_settings, exists, hvd, init, log,
+                    main, make_tensor, touch)
 
 BOUND_S = 10.0  # an error must arrive within this (about a second, with room for load)
 STEPS = int(os.environ.get("PTEST_CHAOS_STEPS", "30"))
@@ -104,6 +104,7 @@ def digest(tensors):
 
 def body():
     rank, size = init()
+    check_engine_settings()  # the test runs two settings in one process
     seed = int(os.environ.get("PTEST_CHAOS_SEED", "1616"))
     if rank == 0:
         log("chaos seed %d (PTEST_CHAOS_SEED), %d steps" % (seed, STEPS))

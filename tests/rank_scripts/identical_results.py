@@ -10,8 +10,8 @@ sizes, lane counts and chunk sizes, which change the MPI algorithms underneath.
 """
 import torch
 
-from common import FLOAT_DTYPES, dtype_name, hvd, init, main, make_tensor, op_name, \
-    reference_reduce, seed_of
+from common import FLOAT_DTYPES, check_engine_settings, dtype_name, hvd, init, main, make_tensor, \
+    op_name, reference_reduce, seed_of
 
 SHAPES = [(1,), (37,), (3, 1000), (70001,)]
 OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
@@ -84,6 +84,7 @@ def check_identical(got, what):
 
 def body():
     rank, size = init()
+    check_engine_settings()  # the test runs two settings in one process
     for dtype in FLOAT_DTYPES:
         for op in OPS + [hvd.Adasum]:
             kind = "product" if op == hvd.Product else "sum"
