@@ -25,14 +25,17 @@ def test_script(run_mpi_batch, script, nprocs):
     run_mpi_batch(script, nprocs, SCRIPTS, timeout=200)  # one job per np (tests/support/rank_batch.py)
 
 
+HOLDS = {"default": {}, "300-bytes": {"PERSEUS_HOLD_BYTES": "300"}, "bytes-0": {"PERSEUS_HOLD_BYTES": "0"},
+         "time-0": {"PERSEUS_HOLD_TIME": "0"}}
+
+
 @pytest.mark.parametrize("nprocs", NPROCS)
-@pytest.mark.parametrize("hold", [{}, {"PERSEUS_HOLD_BYTES": "300"},
-                                  {"PERSEUS_HOLD_BYTES": "0"}, {"PERSEUS_HOLD_TIME": "0"}],
-                         ids=["default", "300-bytes", "bytes-0", "time-0"])
-def test_optimizer_gathers_while_the_core_holds(run_mpi, hold, nprocs):
+@pytest.mark.parametrize("setting", list(HOLDS))
+def test_optimizer_gathers_while_the_core_holds(run_mpi_batch, setting, nprocs):
     """tests/rank_scripts/optimizer_gather.py: the hooks gather CPU gradients exactly while the
-    core would hold them, and training stays exact."""
-    run_mpi("optimizer_gather", nprocs, env=hold)
+    core would hold them, and training stays exact. The four holds in one job per np, each
+    a fresh init() (run_mpi_batch's settings)."""
+    run_mpi_batch("optimizer_gather", nprocs, ["optimizer_gather"], settings=HOLDS, setting=setting)
 
 
 @pytest.mark.parametrize("name,wire", [("fp16", torch.float16), ("bf16", torch.bfloat16)])

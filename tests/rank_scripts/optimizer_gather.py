@@ -1,6 +1,7 @@
 """DistributedOptimizer gathers ungrouped CPU gradients and enqueues them together
 exactly while the core would hold them (its PERSEUS_HOLD_BYTES / PERSEUS_HOLD_TIME,
-read with ProcessSet.hold()). The test runs this script under several holds.
+read with ProcessSet.hold()). The test runs this script under several holds, in one
+process.
 
 The hooks' order is recorded by hooks registered before the optimizer's; the same
 rule is replayed on it (gather; once the gathered bytes reach the hold, enqueue them
@@ -11,7 +12,7 @@ torch on the whole batch, under every hold.
 import torch
 import torch.nn as nn
 
-from common import init, main
+from common import check_engine_settings, init, main
 
 from perseus.torch.optimizer import DistributedOptimizer
 
@@ -51,6 +52,7 @@ def replay(order, limit):
 
 def body():
     rank, size = init()
+    check_engine_settings()  # the test runs the holds in one process
     model, ref = make_model(), make_model()
     order = []
     for p in model.parameters():
