@@ -14,9 +14,12 @@ STALL_CASES = {
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])
-@pytest.mark.parametrize("case", list(STALL_CASES))
-def test_stall_inspector(run_mpi, case, nprocs):
-    run_mpi("stall", nprocs, env=dict(STALL_CASES[case], PTEST_STALL=case), timeout=60)
+@pytest.mark.parametrize("setting", list(STALL_CASES))
+def test_stall_inspector(run_mpi_batch, setting, nprocs):
+    # The three cases in one job per np, each a fresh init() ("shutdown", which leaves the
+    # engine stopped, last): run_mpi_batch's settings.
+    settings = {case: dict(env, PTEST_STALL=case) for case, env in STALL_CASES.items()}
+    run_mpi_batch("stall", nprocs, ["stall"], settings=settings, setting=setting, timeout=90)
 
 
 @pytest.mark.parametrize("nprocs", [2])
@@ -31,15 +34,24 @@ def test_stall_shutdown_alone(run_mpi, nprocs):
 NAN_HOLD = {"PERSEUS_HOLD_TIME": "60000"}
 
 
+# At np 2, both settings in one job (run_mpi_batch's settings), each a fresh init().
+NAN_NP2 = {"plain": {"PERSEUS_ALLREDUCE_NANCHECK": "1"},
+           "lanes-tiny-fusion": {"PERSEUS_ALLREDUCE_NANCHECK": "true", "PERSEUS_ALLREDUCE_STREAMS": "3",
+                                 "PERSEUS_FUSION_THRESHOLD": "64"}}
+
+
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_nan_check(run_mpi, nprocs):
-    run_mpi("nan_check", nprocs, env=dict(NAN_HOLD, PERSEUS_ALLREDUCE_NANCHECK="1"), timeout=90)
+def test_nan_check(run_mpi, run_mpi_batch, nprocs):
+    if nprocs == 2:
+        run_mpi_batch("nan_check", 2, ["nan_check"], env=NAN_HOLD, settings=NAN_NP2, setting="plain",
+                      timeout=90)
+    else:
+        run_mpi("nan_check", nprocs, env=dict(NAN_HOLD, **NAN_NP2["plain"]), timeout=90)
 
 
-def test_nan_check_with_lanes_and_tiny_fusion(run_mpi):
-    run_mpi("nan_check", 2, env=dict(NAN_HOLD, PERSEUS_ALLREDUCE_NANCHECK="true",
-                                     PERSEUS_ALLREDUCE_STREAMS="3", PERSEUS_FUSION_THRESHOLD="64"),
-            timeout=90)
+def test_nan_check_with_lanes_and_tiny_fusion(run_mpi_batch):
+    run_mpi_batch("nan_check", 2, ["nan_check"], env=NAN_HOLD, settings=NAN_NP2,
+                  setting="lanes-tiny-fusion", timeout=90)
 
 
 # ---------------------------------------------------------------- settings (one process)

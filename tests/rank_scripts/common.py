@@ -87,6 +87,9 @@ def check_engine_settings():
         if name in os.environ and ours not in os.environ:
             given[ours] = values[os.environ[name]] if values else os.environ[name]
     for name, value in sorted(given.items()):
+        if config[name] in ("0", "1"):  # a switch: config() says 0 or 1 for any spelling
+            value = {"true": "1", "on": "1", "yes": "1", "false": "0", "off": "0",
+                     "no": "0"}.get(value.lower(), value)
         assert config[name] == value, "%s: the engine runs with %r, the environment says %r" % (
             name, config[name], value)
 

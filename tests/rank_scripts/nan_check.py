@@ -7,8 +7,8 @@ import zlib
 
 import torch
 
-from common import FLOAT_DTYPES, assert_reduced, expect_raises, hvd, init, main, make_tensor, \
-    touch, wait_for
+from common import FLOAT_DTYPES, assert_reduced, check_engine_settings, expect_raises, hvd, init, \
+    main, make_tensor, touch, wait_for
 
 
 def raises_everywhere(what, fn, *args, contains=(), **kwargs):
@@ -23,6 +23,7 @@ def raises_everywhere(what, fn, *args, contains=(), **kwargs):
 
 def body():
     rank, size = init()
+    check_engine_settings()  # the test runs two settings in one process
     last = size - 1
     for dtype in FLOAT_DTYPES:
         name = "nan.%s" % str(dtype).split(".")[1]

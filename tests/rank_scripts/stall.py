@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from common import expect_raises, hvd, init, main
+from common import check_engine_settings, expect_raises, hvd, init, main
 from support.rank_script import CapturedStderr
 
 
@@ -67,6 +67,7 @@ def shutdown(rank, size):
 
 def body():
     rank, size = init()
+    check_engine_settings()  # the test runs the cases in one process
     {"idle": idle, "crossed": crossed, "shutdown": shutdown}[os.environ["PTEST_STALL"]](rank, size)
     hvd.shutdown() if os.environ["PTEST_STALL"] != "shutdown" else None
 
