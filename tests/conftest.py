@@ -181,8 +181,10 @@ def run_mpi_batch(run_mpi, tmp_path_factory, request):
 
     settings ({name: env}): each script of the batch runs once under each, its variables
     set on top of `env` for that run only; the test is that of `setting`, and the tests
-    are parametrised by "setting" (and "nprocs" where the names repeat across np). Only for variables read at each init()
-    (the engine's, csrc/src/engine/config.cc), never for what is read once a process."""
+    are parametrised by "setting" (and "nprocs" where the names repeat across np). Only
+    for variables read at each init() (the engine's, csrc/src/engine/config.cc), never
+    for what is read once a process; the script checks that it runs under them
+    (rank_scripts/common.py's check_engine_settings)."""
     module = str(request.node.fspath)
 
     def run(script, np, batch, env=None, timeout=DEFAULT_TIMEOUT_S, python=None,
