@@ -10,9 +10,7 @@ timeout (tests/support/jobs.py kills every process of the job, so a hang fails o
 and never stalls the suite).
 """
 import importlib
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from support import machine_share
+from support import batch_job, machine_share
 from support.jobs import (DEFAULT_TIMEOUT_S, RANK_SCRIPTS, REPO_ROOT, TESTS_DIR, bounded_job,
                           clean_env, job_report, rank_job, skip_unless_possible)
 
@@ -208,16 +206,9 @@ def run_mpi_batch(run_mpi, tmp_path_factory, request):
                tuple(sorted((env or {}).items())), str(python), str(scripts_dir))
         if key not in _batches_seen:
             _batches_seen[key] = set()  # an interrupted batch is not run again
-            scratch = tmp_path_factory.mktemp("batch-np%d" % np)
-            args = [str(Path(scripts_dir) / ("%s.py" % s)) + name[len(s):]
-                    for name, (s, _) in entries.items()]
-            job_env = dict(env or {})
-            if settings is not None:
-                job_env["PTEST_BATCH_ENV"] = json.dumps({n: e for n, (_, e) in entries.items()})
-            cmd, child_env = rank_job(args, np, job_env, timeout, python, None, scratch)
-            _, out, _, _, _ = bounded_job(cmd, child_env, timeout)
-            ended = re.findall(r"BATCH END (\S+)", out)
-            _batches_seen[key] = {n for n in entries if ended.count(n) == np}
+            job = batch_job.run(entries, np, env or {}, timeout,
+                                tmp_path_factory.mktemp("batch-np%d" % np), python, scripts_dir)
+            _batches_seen[key] = {n for n in entries if job.ended(n)}
         if mine not in _batches_seen[key]:
             run_mpi(script, np, env=dict(env or {}, **entries[mine][1]), timeout=timeout,
                     python=python, scripts_dir=scripts_dir)
