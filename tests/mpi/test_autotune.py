@@ -4,24 +4,35 @@ autotune equals single-process training. Short samples keep the jobs quick."""
 
 import pytest
 
-pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(900)]
 
 QUICK = {"PERSEUS_AUTOTUNE_WARMUP_SAMPLES": "1", "PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE": "2",
          "PERSEUS_LOG_LEVEL": "info"}
 
 
-@pytest.mark.parametrize("nprocs,env", [
-    (2, {"PERSEUS_AUTOTUNE": "1"}),
-    (4, {"HOROVOD_AUTOTUNE": "1"}),                                 # Horovod's spelling
-    (4, {"PERSEUS_AUTOTUNE": "1", "PERSEUS_FUSION_THRESHOLD": "1048576",
-         "PERSEUS_ALLREDUCE_STREAMS": "2"}),                        # fixed knobs stay fixed
-    (4, {"PERSEUS_ALLREDUCE_STREAMS": "auto"}),                     # lanes only
-], ids=["np2", "np4-horovod-names", "np4-fixed-fusion-lanes", "np4-streams-auto"])
-def test_autotune(run_mpi, tmp_path, nprocs, env):
-    env = dict(QUICK, **env)
-    log = tmp_path / "autotune.csv"
-    env["HOROVOD_AUTOTUNE_LOG" if "HOROVOD_AUTOTUNE" in env else "PERSEUS_AUTOTUNE_LOG"] = str(log)
-    run_mpi("autotune", nprocs, env=env, timeout=360)
+CASES = {
+    "np2": (2, {"PERSEUS_AUTOTUNE": "1"}),
+    "np4-horovod-names": (4, {"HOROVOD_AUTOTUNE": "1"}),           # Horovod's spelling
+    "np4-fixed-fusion-lanes": (4, {"PERSEUS_AUTOTUNE": "1", "PERSEUS_FUSION_THRESHOLD": "1048576",
+                                   "PERSEUS_ALLREDUCE_STREAMS": "2"}),  # fixed knobs stay fixed
+    "np4-streams-auto": (4, {"PERSEUS_ALLREDUCE_STREAMS": "auto"}),     # lanes only
+}
+
+
+@pytest.mark.parametrize("setting", list(CASES))
+def test_autotune(run_mpi_batch, tmp_path_factory, setting):
+    # The cases of one np in one job, each a fresh init() that starts its own autotuner
+    # (run_mpi_batch's settings); each logs to a file of its own.
+    nprocs = CASES[setting][0]
+    folder = tmp_path_factory.getbasetemp()
+    settings = {}
+    for name, (np, env) in CASES.items():
+        if np == nprocs:
+            env = dict(QUICK, **env)
+            log = "HOROVOD_AUTOTUNE_LOG" if "HOROVOD_AUTOTUNE" in env else "PERSEUS_AUTOTUNE_LOG"
+            env[log] = str(folder / ("autotune-%s.csv" % name))
+            settings[name] = env
+    run_mpi_batch("autotune", nprocs, ["autotune"], settings=settings, setting=setting, timeout=360)
 
 
 @pytest.mark.parametrize("env,expect", [

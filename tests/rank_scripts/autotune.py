@@ -19,7 +19,7 @@ import os
 import torch
 import torch.nn as nn
 
-from common import assert_reduced, hvd, init, main, make_tensor
+from common import assert_reduced, check_engine_settings, hvd, init, main, make_tensor
 
 from perseus.torch.optimizer import DistributedOptimizer
 
@@ -119,6 +119,7 @@ def check_log(path, settled):
 
 def body():
     rank, size = init()
+    check_engine_settings()  # the test runs its cases of one np in one process
     assert hvd.config()["PERSEUS_AUTOTUNE"] == "1" or os.environ.get("PERSEUS_ALLREDUCE_STREAMS") == "auto"
     assert hvd.config()["PERSEUS_AUTOTUNE_STATE"] == "tuning", hvd.config()
     model = make_model()
