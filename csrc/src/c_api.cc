@@ -65,6 +65,7 @@ constexpr double kExitShutdownS = 10.0;
 // long it lets MPI_Abort try before it leaves on its own.
 constexpr int kLostPeerExitCode = 1;
 constexpr double kAbortGraceS = 5.0;
+constexpr int kLeaveTogetherTag = 0x7065;  // MPI_Comm_create_group's, at exit
 thread_local std::string g_last_error;
 // How long perseus_wait lets its caller run the engine before sleeping on the handle.
 constexpr double kWaitDriveS = 0.5;
@@ -338,6 +339,32 @@ void AfterForkInChild() {
   if (g_started.load()) g_forked_from = getppid();
 }
 
+// After a lost member (no ULFM), the first process to leave without MPI_Finalize makes
+// the launcher end the job at once (hydra), the other survivors included: one still at
+// work (writing its checkpoint) was killed mid-way, and mpirun said 0. So the survivors
+// leave together: a barrier among them alone (MPI_Comm_create_group involves only its
+// members), bounded by the peer timeout, past which this one leaves anyway.
+void LeaveWithTheOtherSurvivors() {
+  const std::vector<int> lost = LostPeers();
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<int> survivors;
+  for (int rank = 0; rank < size; ++rank)
+    if (!std::binary_search(lost.begin(), lost.end(), rank)) survivors.push_back(rank);
+  if (survivors.size() < 2 || lost.empty()) return;
+  CallWatch watch(g_peer_timeout_s,
+                  "the other survivors did not leave within " + PeerTimeoutText(g_peer_timeout_s),
+                  kLostPeerExitCode);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Group world = MPI_GROUP_NULL, alive = MPI_GROUP_NULL;
+  MPI_Comm together = MPI_COMM_NULL;
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  MPI_Group_incl(world, static_cast<int>(survivors.size()), survivors.data(), &alive);
+  if (MPI_Comm_create_group(MPI_COMM_WORLD, alive, kLeaveTogetherTag, &together) == MPI_SUCCESS &&
+      together != MPI_COMM_NULL)
+    MPI_Barrier(together);
+}
+
 void FinalizeAtExit() {
   if (g_forked_from) return;
   // exit() called on a thread inside one of our MPI calls (MPI giving up on a failed
@@ -358,7 +385,10 @@ void FinalizeAtExit() {
     }).detach();
     MPI_Abort(MPI_COMM_WORLD, kLostPeerExitCode);
   }
-  if (PeerLost()) return;
+  if (PeerLost()) {
+    if (!FaultTolerant() && g_job == MPI_COMM_NULL) LeaveWithTheOtherSurvivors();
+    return;
+  }
   const bool ulfm = FaultTolerant();
   if (g_lost_a_rank) {
     if (g_job_links.size() <= g_links_after_shrink) return;

@@ -13,7 +13,9 @@ PTEST_FROZEN=stop_in_collective  the same, but every rank submits 'frozen.x' and
                      last one stops in its lane as it is about to run it (the core's test
                      hook PERSEUS_TEST_STOP_IN_LANE): the others are left inside the
                      collective, on the thread that runs their engine (the batch runs
-                     inline there), and must find it all the same.
+                     inline there), and must find it all the same. Rank 1 goes on
+                     working for STILL_WORKING_S after its error: the other survivors
+                     leave with it, not before (then mpirun would kill it mid-work).
 PTEST_FROZEN=stop_ddp  the same as stop, in torch's own DDP over the "perseus" backend:
                      the survivors' backward() raises RuntimeError naming the stopped
                      rank (torch's reducer got a failed future; it crashed with a
@@ -47,6 +49,7 @@ PROBE = min(T, S) / 4  # the stall inspector's probe interval at these settings
 # with the inspection round already done); the shutdown by S + PROBE.
 WARN_SLACK_S = 0.4
 EARLY_S = 0.1  # the warning and the error must not come before their time either
+STILL_WORKING_S = 2.0  # stop_in_collective: rank 1 at work after the error
 
 
 class FirstSight(threading.Thread):
@@ -104,6 +107,11 @@ def stop(rank, size, in_collective=False):
         wait_for_stop()
     named = "rank(s) [%d] not responding (stopped, stuck or unreachable)" % victim
     error, _ = wait_stalled(named, ["at the stall shutdown time", named, "'allreduce.frozen.x'"])
+    if in_collective and rank == 1:
+        # Still at work after the error (a checkpoint being written) while the other
+        # survivors leave: they wait for it (before: the first to leave made mpirun kill
+        # it here, and its line never came).
+        time.sleep(STILL_WORKING_S)
     os.write(1, ("SURVIVOR %d ok\n" % rank).encode())
     raise error  # ends the script as an unhandled error would: exit handlers run
 

@@ -790,7 +790,7 @@ void Engine::LoseRanks(const std::vector<int>& lost, const Status& status) {
   // Waits on them give up (this thread's too); MPI is not finalized at exit.
   MarkPeerLost(std::any_of(lost.begin(), lost.end(), [this](int rank) {
     return !std::binary_search(node_ranks_.begin(), node_ranks_.end(), rank);
-  }));
+  }), lost);
   std::vector<std::unordered_map<std::string, EntryPtr>> failed;  // released after mu_
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -7,8 +7,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/counters.h"
 #include "mpi/mpi_status.h"
@@ -18,6 +20,8 @@ namespace perseus {
 namespace {
 std::atomic<int> g_waiters{0};
 std::atomic<bool> g_peer_lost{false}, g_peer_lost_elsewhere{false};
+std::mutex g_lost_mu;
+std::vector<int> g_lost_peers;  // under g_lost_mu
 std::atomic<const WaitHook*> g_wait_hook{nullptr};
 constexpr auto kMaxPoll = std::chrono::microseconds(200);
 constexpr auto kIdleCoreCheck = std::chrono::milliseconds(20);
@@ -60,12 +64,22 @@ WaiterScope::WaiterScope() { AddWaiter(); }
 WaiterScope::~WaiterScope() { RemoveWaiter(); }
 bool SomeoneWaits() { return g_waiters.load(std::memory_order_relaxed) > 0; }
 void SetWaitHook(const WaitHook* hook) { g_wait_hook.store(hook); }
-void MarkPeerLost(bool elsewhere) {
+void MarkPeerLost(bool elsewhere, const std::vector<int>& ranks) {
+  {
+    std::lock_guard<std::mutex> lock(g_lost_mu);
+    g_lost_peers.insert(g_lost_peers.end(), ranks.begin(), ranks.end());
+    std::sort(g_lost_peers.begin(), g_lost_peers.end());
+    g_lost_peers.erase(std::unique(g_lost_peers.begin(), g_lost_peers.end()), g_lost_peers.end());
+  }
   if (elsewhere) g_peer_lost_elsewhere.store(true);
   g_peer_lost.store(true);
 }
 bool PeerLost() { return g_peer_lost.load(); }
 bool PeerLostElsewhere() { return g_peer_lost_elsewhere.load(); }
+std::vector<int> LostPeers() {
+  std::lock_guard<std::mutex> lock(g_lost_mu);
+  return g_lost_peers;
+}
 
 Clock::duration PollGap(Clock::duration waited, Clock::duration spin) {
   if (waited < spin) return Clock::duration::zero();

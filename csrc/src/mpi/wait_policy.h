@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
@@ -65,13 +66,14 @@ struct WaitHook {
 };
 void SetWaitHook(const WaitHook* hook);
 
-// A member stopped answering and the stall inspector gave up on it; `elsewhere`: one
-// of them runs on another host. From then on this process's MPI waits give up rather
-// than wait for it, and MPI is not finalized at exit (MPI_Finalize would wait for it
-// too). Never cleared.
-void MarkPeerLost(bool elsewhere);
+// Members stopped answering and the stall inspector gave up on them (`ranks`, of the
+// job's world); `elsewhere`: one of them runs on another host. From then on this
+// process's MPI waits give up rather than wait for them, and MPI is not finalized at
+// exit (MPI_Finalize would wait for them too). Never cleared.
+void MarkPeerLost(bool elsewhere, const std::vector<int>& ranks);
 bool PeerLost();
 bool PeerLostElsewhere();
+std::vector<int> LostPeers();  // every rank given up so far, sorted
 
 }  // namespace perseus
 
