@@ -355,7 +355,7 @@ void LeaveWithTheOtherSurvivors() {
   CallWatch watch(g_peer_timeout_s,
                   "the other survivors did not leave within " + PeerTimeoutText(g_peer_timeout_s),
                   kLostPeerExitCode);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  ReturnErrors world_errors(MPI_COMM_WORLD);
   MPI_Group world = MPI_GROUP_NULL, alive = MPI_GROUP_NULL;
   MPI_Comm together = MPI_COMM_NULL;
   MPI_Comm_group(MPI_COMM_WORLD, &world);

@@ -301,6 +301,11 @@ class _Persister:
             return
         self.write(state)
 
+    def write_last(self, state):
+        """write() unless the last commit is on disk already (every rank calls it)."""
+        if self.persisted != self.commits:
+            self.write(state)
+
     def write(self, state):
         """Persists the last commit (every rank calls it; rank 0 writes)."""
         self.persisted = self.commits
@@ -432,8 +437,8 @@ def _stop_for_new_hosts(state):
     just made (Horovod does not restore on a host update: nothing is lost), leave, and
     let perseusrun start the job on the new hosts."""
     persister = getattr(state, "_persister", None)
-    if persister is not None and persister.persisted != persister.commits:
-        persister.write(state)
+    if persister is not None:
+        persister.write_last(state)
     if basics.rank() == 0:
         sys.stderr.write("[perseus] hvd.elastic: the hosts changed: commit %d is persisted; "
                          "the job stops here and perseusrun starts it on the new hosts\n"
@@ -486,9 +491,7 @@ def _grow_in_place(state, add):
     program, args = _spawn_command()
     # A process that ends during the grow makes every other leave it (the core, with
     # HOSTS_UPDATED_EXIT): perseusrun then restarts the job from this commit.
-    persister = state._persister
-    if persister.persisted != persister.commits:
-        persister.write(state)
+    state._persister.write_last(state)
     basics.shutdown()
     from perseus.common import library
     library.check(library.perseus_grow(add, program.encode(),
