@@ -30,9 +30,11 @@ launcher_elastic.HOST_LOST_EXIT (69) instead (launcher_elastic.run_watching).
 
 The other is --elastic on a core whose MPI has no ULFM (MPICH, Open MPI 4): there
 perseusrun stays, runs mpirun as its child, and when the job ends because a rank was
-killed by a signal, starts it again (same command, same hosts and np), up to
---reset-limit times; hvd.elastic.run in the ranks persists commits and resumes from
-the last one (perseus/common/elastic.py). With --host-discovery-script (any core)
+killed by a signal, starts it again (same command, same np), up to --reset-limit
+times; hvd.elastic.run in the ranks persists commits and resumes from the last one
+(perseus/common/elastic.py). With -H/--hostfile the restart leaves out the hosts that
+lost a rank, with Horovod's blacklist and --min-np (fixed hosts: the discovery loop
+below over hosts that never change). With --host-discovery-script (any core)
 perseusrun also follows the hosts the script prints: it starts the job on them, and
 when they change the ranks stop at a commit and the job starts again on the new ones
 (perseus/launcher_elastic.py).
@@ -318,15 +320,19 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     return cmd + list(args.command)
 
 
-def growing_options(args, environ, first):
-    """run_growing's options from parsed args (checked by check_elastic)."""
+def growing_options(args, environ, first, np=None):
+    """run_growing's options from parsed args (checked by check_elastic). `np`: the
+    ranks of a fixed-host job (-np, else the slots of -H/--hostfile), which is also its
+    --max-np unless given (Horovod's docs' default; its code's is all slots)."""
     timeout = args.elastic_timeout
     if timeout is None:
         timeout = int(environ.get("HOROVOD_ELASTIC_TIMEOUT") or launcher_elastic.ELASTIC_TIMEOUT_S)
+    np = np or args.np
     return {"script": args.host_discovery_script, "slots": args.slots_per_host or 1,
-            "min_np": args.min_np if args.min_np is not None else (args.np or 1),
-            "start_np": args.np,
-            "max_np": args.max_np or 0, "elastic_timeout": timeout,
+            "min_np": args.min_np if args.min_np is not None else (np or 1),
+            "start_np": np,
+            "max_np": args.max_np or (0 if args.host_discovery_script else np),
+            "elastic_timeout": timeout,
             "discovery_timeout": discovery_timeout(environ),
             "cooldown_range": tuple(args.blacklist_cooldown_range)
             if args.blacklist_cooldown_range else None,
@@ -348,10 +354,29 @@ def discovery_timeout(environ):
     return value
 
 
+def fixed_hosts(args):
+    """(hosts, np) of an elastic job on the fixed hosts of -H/--hostfile, checked
+    against their slots: Horovod's elastic runs a rank a slot, and a job that cannot
+    start on all of them never could on fewer."""
+    np, hosts, _, slots = world(args, os.cpu_count() or 1)
+    if args.np is None and args.max_np:
+        np = min(np, args.max_np)  # -np defaults to the slots, within --max-np
+    low = args.min_np if args.min_np is not None else np
+    for flag, value in (("-np", np), ("--min-np", low)):
+        if value > slots:
+            raise LauncherError("%s %d is above the %d slot(s) of -H/--hostfile (%s): with "
+                                "--elastic each rank needs a slot of its own (Horovod's "
+                                "elastic runs one a slot); give each host its slots, host:N"
+                                % (flag, value, slots, launcher_elastic.describe(hosts)))
+    return hosts, np
+
+
 def _run_growing(parser, args, flavour, mpirun):
-    """perseusrun --elastic --host-discovery-script: the first discovery (its errors
-    end perseusrun before any rank starts), then launcher_elastic.run_growing."""
+    """perseusrun --elastic --host-discovery-script, or --elastic on the fixed hosts of
+    -H/--hostfile without ULFM: the first discovery (its errors end perseusrun before
+    any rank starts), then launcher_elastic.run_growing."""
     from perseus.common import elastic, private_files
+    script = args.host_discovery_script
     try:
         folder = elastic.persist_dir()
         try:  # the notice and the commits: checked before any rank starts
@@ -359,9 +384,13 @@ def _run_growing(parser, args, flavour, mpirun):
         except OSError as e:
             raise LauncherError("PERSEUS_ELASTIC_PERSIST_DIR (the commits and the notice of "
                                 "host changes): %s" % e)
-        first = launcher_elastic.discover(args.host_discovery_script, args.slots_per_host or 1,
-                                          discovery_timeout(os.environ))
-        opts = growing_options(args, os.environ, first)
+        if script:
+            first = launcher_elastic.discover(script, args.slots_per_host or 1,
+                                              discovery_timeout(os.environ))
+            opts = growing_options(args, os.environ, first)
+        else:
+            first, np = fixed_hosts(args)
+            opts = growing_options(args, os.environ, first, np)
     except (launcher_elastic.DiscoveryError, LauncherError) as e:
         parser.error(str(e))
 
@@ -381,19 +410,31 @@ def _run_growing(parser, args, flavour, mpirun):
 
     mpirun_env = launcher_flags.mpirun_environment(args, flavour)
     opts["grow"] = grow
-    print("perseusrun: --elastic: following the hosts of %s (now %s): between %d and %s "
-          "rank(s); %s change of hosts stops the ranks at their next commit and starts the "
-          "job again on the new hosts, at most %d time(s) with the restarts after a rank dies "
-          "(--reset-limit), and hvd.elastic.run resumes from that commit"
-          % (args.host_discovery_script, launcher_elastic.describe(first) or "no host",
-             opts["min_np"], opts["max_np"] or "all slots",
-             "ranks added on this machine join the running job at its next commit (ULFM: "
-             "grown in place); any other" if grow else "a", opts["limit"]),
-          file=sys.stderr, flush=True)
+    if script:
+        print("perseusrun: --elastic: following the hosts of %s (now %s): between %d and %s "
+              "rank(s); %s change of hosts stops the ranks at their next commit and starts "
+              "the job again on the new hosts, at most %d time(s) with the restarts after a "
+              "rank dies (--reset-limit), and hvd.elastic.run resumes from that commit"
+              % (script, launcher_elastic.describe(first) or "no host",
+                 opts["min_np"], opts["max_np"] or "all slots",
+                 "ranks added on this machine join the running job at its next commit (ULFM: "
+                 "grown in place); any other" if grow else "a", opts["limit"]),
+              file=sys.stderr, flush=True)
+    else:
+        print("perseusrun: --elastic: %s, so a rank that dies cannot be left behind: the job "
+              "runs on %s with %d rank(s); when a rank dies it starts again, at most %d "
+              "time(s) (--reset-limit), without the hosts that lost one (blacklisted %s; "
+              "never this machine), with the ranks the hosts left offer (at least --min-np "
+              "%d), and hvd.elastic.run resumes from its last persisted commit"
+              % (args.elastic_why, launcher_elastic.describe(first), opts["start_np"],
+                 opts["limit"], "for the rest of the job" if opts["cooldown_range"] is None
+                 else "with Horovod's cooldown, --blacklist-cooldown-range %d %d"
+                 % opts["cooldown_range"], opts["min_np"]),
+              file=sys.stderr, flush=True)
     for note in launcher_flags.notes(args, flavour):
         print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
     if args.verbose or args.dry_run:
-        need = max(opts["min_np"], args.np or 0)
+        need = max(opts["min_np"], opts["start_np"] or 0)
         chosen = launcher_elastic.plan(first, [], launcher_elastic.Blacklist(), need,
                                        opts["max_np"])
         shown = ("waiting for %d slot(s)" % need if chosen is None else
@@ -469,7 +510,7 @@ def main(argv=None):
             # A job that follows its hosts restarts on them without ULFM; with it, it runs
             # under ULFM and grows in place when hosts of this machine are added (other
             # changes restart it).
-            args.elastic_restart = not built
+            args.elastic_restart, args.elastic_why = not built, why
             args.elastic_grow = built and bool(args.host_discovery_script)
             if args.elastic_restart or args.elastic_grow:
                 # Named in perseusrun's environment now, so that Open MPI's -x forwards
@@ -478,7 +519,12 @@ def main(argv=None):
                              "PERSEUS_ELASTIC_RESET_LIMIT", "PERSEUS_ELASTIC_NOTICE",
                              "PERSEUS_ELASTIC_GENERATION", "PERSEUS_ELASTIC_GROW"):
                     os.environ.setdefault(name, "")
-        if args.host_discovery_script:
+        # Fixed hosts without ULFM: the restart leaves out the hosts that lost a rank, the
+        # discovery loop over hosts that never change (Horovod's FixedHosts).
+        fixed = args.elastic and args.elastic_restart and bool(args.hosts or args.hostfile)
+        if args.host_discovery_script or fixed:
+            if args.hosts and args.hostfile:
+                raise LauncherError("give -H or --hostfile, not both")
             check_core_mpi(mpirun, flavour)
             return _run_growing(parser, args, flavour, mpirun)
         cmd = build_command(args, flavour, mpirun)
@@ -495,6 +541,13 @@ def main(argv=None):
     elif args.elastic and args.reset_limit is not None:
         print("perseusrun: note: --reset-limit has no effect with ULFM: the survivors go on "
               "in place, with no restart", file=sys.stderr, flush=True)
+    if args.elastic and not args.elastic_restart:
+        for dest in launcher_flags.ELASTIC_HOST_FLAGS:
+            if getattr(args, dest, None) is not None:  # given with -H/--hostfile
+                print("perseusrun: note: %s has no effect with ULFM and fixed hosts: the "
+                      "survivors of a lost rank go on in place, whatever their number, and "
+                      "nothing is restarted nor blacklisted" % launcher_flags._flag_of(dest),
+                      file=sys.stderr, flush=True)
     for note in launcher_flags.notes(args, flavour):
         print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
     mpirun_env = launcher_flags.mpirun_environment(args, flavour)

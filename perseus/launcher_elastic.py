@@ -148,6 +148,18 @@ class Blacklist:
     def blocked(self, host):
         return self.until.get(host, 0) > self.clock()
 
+    def forever(self, host):
+        """Whether `host` is out for the rest of the job (no cooldown range)."""
+        return self.until.get(host, 0) == float("inf")
+
+    def describe(self, hosts):
+        """'node7 (for 3 s more), node8 (for the rest of the job)': those of `hosts`
+        [(host, slots)] blacklisted now, or ''."""
+        now = self.clock()
+        return ", ".join("%s (%s)" % (h, "for the rest of the job" if self.forever(h)
+                                      else "for %.0f s more" % (self.until[h] - now))
+                         for h, _ in hosts if self.blocked(h))
+
 
 def plan(found, order, blacklist, min_np, max_np):
     """(hosts [(host, slots)], np) to run on, or None below min_np. The hosts keep the
@@ -352,12 +364,13 @@ def write_notice(path, generation, hosts, np):
 
 
 def run_growing(start_command, env, opts, say=None):
-    """Runs the job under a discovery script; -> the last exit code.
+    """Runs the job under a discovery script, or on fixed hosts; -> the last exit code.
 
-    start_command(hosts, np) -> mpirun's argv. opts: script, slots (default slots a
-    host), min_np, max_np (0: no bound), elastic_timeout, discovery_timeout,
-    cooldown_range, limit (--reset-limit: restarts for deaths and host changes alike,
-    as Horovod counts resets), first (the hosts found at start)."""
+    start_command(hosts, np) -> mpirun's argv. opts: script (None: the fixed hosts of
+    -H/--hostfile, `first`, a discovery that never changes, as Horovod's FixedHosts),
+    slots (default slots a host), min_np, max_np (0: no bound), elastic_timeout,
+    discovery_timeout, cooldown_range, limit (--reset-limit: restarts for deaths and host
+    changes alike, as Horovod counts resets), first (the hosts found at start)."""
     from perseus.common import elastic, private_files
     say = say or (lambda text: print("perseusrun: --elastic: " + text, file=sys.stderr,
                                      flush=True))
@@ -368,18 +381,29 @@ def run_growing(start_command, env, opts, say=None):
     blacklist = Blacklist(opts["cooldown_range"])
     stop = Forwarding().__enter__()
 
+    script = opts["script"]
+    source = ("the discovery script offers" if script else
+              "the hosts of -H/--hostfile offer")
+
     def find():
-        return discover(opts["script"], opts["slots"], opts["discovery_timeout"])
+        if not script:
+            return list(opts["first"])
+        return discover(script, opts["slots"], opts["discovery_timeout"])
+
+    # The ranks watch the notice (a stat and a broadcast at each commit) only where the
+    # plan can change while they run: a script's hosts, or a fixed host back from its
+    # cooldown (Horovod counts it as added); fixed hosts without a cooldown range never.
+    watch = bool(script) or opts["cooldown_range"] is not None
 
     def leave_out(reported, hosts, what):
         """Blacklists the host of `hosts` mpirun named `reported`, saying so."""
         host = host_named(reported, hosts)
-        if host is None or is_local(host):
+        until = None if host is None else blacklist.add(host)  # None: this machine
+        if until is None:
             say("host %s %s: not blacklisted (%s)" % (
                 reported, what, "this machine" if host is not None or is_local(reported)
-                else "not a host of the discovery script"))
+                else "not one of the job's hosts"))
             return
-        until = blacklist.add(host)
         say("host %s %s: blacklisted %s (Horovod's cooldown)" % (
             host, what, "for the rest of the job" if until == float("inf")
             else "for %.0f s" % (until - time.time())))
@@ -393,17 +417,30 @@ def run_growing(start_command, env, opts, say=None):
             need = opts.get("start_np") or opts["min_np"] if restarts == 0 else opts["min_np"]
             need = max(need, opts["min_np"])
             chosen = plan(found, order, blacklist, need, opts["max_np"])
+            waiting = False
             while chosen is None:
+                short = "%s %d slot(s) (%s%s), fewer than %s" % (
+                    source, sum(n for h, n in found if not blacklist.blocked(h)),
+                    describe(found) or "no host",
+                    "; blacklisted: " + blacklist.describe(found)
+                    if blacklist.describe(found) else "",
+                    "--min-np %d" % need if need == opts["min_np"] else
+                    "-np %d (the first start waits for -np)" % need)
+                if not script and sum(n for h, n in found if not blacklist.forever(h)) < need:
+                    # Fixed hosts: only a cooldown could bring slots back, and none will
+                    # (Horovod would wait out the elastic timeout all the same).
+                    say("%s, and no wait can bring enough back (a host blacklisted without "
+                        "--blacklist-cooldown-range stays out for the rest of the job): "
+                        "giving up" % short)
+                    return 1
                 if time.monotonic() >= deadline:
                     say("timed out after %g s waiting for hosts (--elastic-timeout, "
-                        "HOROVOD_ELASTIC_TIMEOUT): the discovery script offers %d slot(s) "
-                        "(%s), fewer than %s" % (
-                            opts["elastic_timeout"], sum(n for h, n in found
-                                                         if not blacklist.blocked(h)),
-                            describe(found) or "no host",
-                            "--min-np %d" % need if need == opts["min_np"] else
-                            "-np %d (the first start waits for -np)" % need))
+                        "HOROVOD_ELASTIC_TIMEOUT): %s" % (opts["elastic_timeout"], short))
                     return 1
+                if not waiting:
+                    waiting = True
+                    say("%s: waiting up to %g s for hosts (--elastic-timeout, "
+                        "HOROVOD_ELASTIC_TIMEOUT)" % (short, opts["elastic_timeout"]))
                 if stop.signal is not None:
                     return 128 + stop.signal
                 time.sleep(DISCOVER_PERIOD_S)
@@ -420,7 +457,7 @@ def run_growing(start_command, env, opts, say=None):
             child_env = dict(env, PERSEUS_ELASTIC_RUN_ID=run_id,
                              PERSEUS_ELASTIC_RESTARTS=str(restarts),
                              PERSEUS_ELASTIC_RESET_LIMIT=str(opts["limit"]),
-                             PERSEUS_ELASTIC_NOTICE=notice,
+                             PERSEUS_ELASTIC_NOTICE=notice if watch else "",
                              PERSEUS_ELASTIC_GENERATION=str(generation),
                              PERSEUS_ELASTIC_GROW="1" if opts.get("grow") else "")
             job = Relayed(start_command(hosts, np), child_env)

@@ -148,7 +148,8 @@ def add_to(parser):
                    help="the job outlives a rank that fails (hvd.elastic.run): on a core "
                         "built with Open MPI 5's ULFM the survivors go on in a world of "
                         "their own (mpirun --with-ft ulfm); on any other the job is started "
-                        "again and resumes from its last persisted commit")
+                        "again and resumes from its last persisted commit (with -H/--hostfile, "
+                        "without the hosts that lost a rank)")
     g.add_argument("--reset-limit", type=int, metavar="N",
                    help="--elastic without ULFM or with --host-discovery-script: restart "
                         "the job at most N times after a rank dies or the hosts change, "
@@ -159,19 +160,20 @@ def add_to(parser):
                         "HostsUpdatedInterrupt at their next commit and the job restarts "
                         "on the new hosts from that commit")
     g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
-                   help="with --host-discovery-script: wait for at least N slots (default: "
-                        "-np, else 1)")
+                   help="with --host-discovery-script, or -H/--hostfile without ULFM: run "
+                        "on at least N slots, else wait for them (default: -np, else 1)")
     g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
-                   help="with --host-discovery-script: run at most N ranks (default: all "
-                        "slots found)")
+                   help="run at most N ranks (default: with --host-discovery-script all "
+                        "slots found, with -H/--hostfile -np)")
     g.add_argument("--slots-per-host", type=int, metavar="N",
                    help="slots of a host the script prints without :slots (default: 1)")
     g.add_argument("--elastic-timeout", type=int, metavar="S",
                    help="how long to wait for --min-np slots before failing (default: "
                         "$HOROVOD_ELASTIC_TIMEOUT, else 600)")
     g.add_argument("--blacklist-cooldown-range", type=int, nargs=2, metavar=("MIN", "MAX"),
-                   help="seconds a host that lost a rank stays out (Horovod's doubling "
-                        "cooldown; default: the rest of the job)")
+                   help="--host-discovery-script or -H/--hostfile: seconds a host that lost "
+                        "a rank stays out (Horovod's doubling cooldown; default: the rest of "
+                        "the job)")
 
     g = parser.add_argument_group("timeline arguments")
     g.add_argument("--timeline-filename", metavar="FILE", help="PERSEUS_TIMELINE")
@@ -238,13 +240,17 @@ def check_elastic(args, environ=None):
     if (script or given) and not getattr(args, "elastic", False):
         return ("%s needs --elastic (a job that follows its hosts)"
                 % _flag_of("host_discovery_script" if script else given[0]))
-    if given and not script:
-        return ("%s needs --host-discovery-script (the hosts it counts come from it)"
-                % _flag_of(given[0]))
-    if not script:
-        return None
-    if getattr(args, "hosts", None) or getattr(args, "hostfile", None):
+    fixed = bool(getattr(args, "hosts", None) or getattr(args, "hostfile", None))
+    if script and fixed:
         return "--host-discovery-script gives the hosts: drop -H/--hostfile"
+    if "slots_per_host" in given and not script:
+        return ("--slots-per-host needs --host-discovery-script (-H/--hostfile give each "
+                "host's slots, host:N)")
+    if given and not script and not fixed:
+        return ("%s needs --host-discovery-script or -H/--hostfile (the hosts it counts come "
+                "from them)" % _flag_of(given[0]))
+    if not script and not given:
+        return None
     for dest in ("np", "min_np", "max_np", "slots_per_host"):
         value = getattr(args, dest, None)
         if value is not None and value < 1:

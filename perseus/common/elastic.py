@@ -234,8 +234,8 @@ _watch = [None, False]  # the watch, and whether the environment was read
 
 
 def _host_watch():
-    """The notice to watch when perseusrun --host-discovery-script started this job,
-    else None."""
+    """The notice to watch when perseusrun --elastic follows the job's hosts (a discovery
+    script, or fixed hosts with a cooldown range), else None."""
     if not _watch[1]:
         _watch[1] = True
         path = os.environ.get("PERSEUS_ELASTIC_NOTICE")
@@ -378,8 +378,10 @@ def mode():
     run = restart_run()
     if run is not None:
         if _host_watch() is not None:
-            return "restart", ("perseusrun --elastic --host-discovery-script started this job "
-                               "and restarts it when its hosts change or a rank dies (restart "
+            # A discovery script's hosts, or fixed ones whose blacklisted host can come
+            # back from its cooldown (launcher_elastic.run_growing).
+            return "restart", ("perseusrun --elastic started this job, follows its hosts and "
+                               "restarts it when they change or a rank dies (restart "
                                "%d of at most %d)" % (run[1], run[2]))
         return "restart", ("%s; perseusrun --elastic started this job and restarts it when a "
                            "rank dies (restart %d of at most %d)" % (why, run[1], run[2]))

@@ -55,6 +55,11 @@ def test_a_failing_or_hanging_script_is_an_error():
      "--host-discovery-script needs --elastic"),
     (["--min-np", "2", "-np", "2"], "--min-np needs --elastic"),
     (["--elastic", "--max-np", "2", "-np", "2"], "--max-np needs --host-discovery-script"),
+    (["--elastic", "--min-np", "2", "-np", "2"],
+     "--min-np needs --host-discovery-script or -H/--hostfile"),
+    (["--elastic", "-H", "a:2", "--slots-per-host", "2"],
+     "--slots-per-host needs --host-discovery-script (-H/--hostfile give each host's slots"),
+    (["--elastic", "-H", "a:4", "--min-np", "3", "--max-np", "2"], "--min-np 3 is above --max-np 2"),
     (["--elastic", "--host-discovery-script", "echo a:4", "-H", "a:4"],
      "--host-discovery-script gives the hosts: drop -H/--hostfile"),
     (["--elastic", "--host-discovery-script", "echo a:4", "--min-np", "0"],
@@ -391,3 +396,144 @@ def test_a_ulfm_core_follows_its_hosts_under_ulfm_oversubscribed(monkeypatch, tm
         command = out.split("): ", 1)[1].split()
         assert (("--with-ft" in command and "--oversubscribe" in command) == ulfm), out
         assert ("join the running job at its next commit" in err) == ulfm, err
+
+
+# Fixed hosts (-H/--hostfile) without ULFM: Horovod's FixedHosts, a discovery that never
+# changes, through run_growing. Stands in for mpirun: prints its run, np, hosts and whether
+# the ranks would watch the notice; run 0 reports a rank lost on argv[4] (Hydra's banner or
+# Open MPI's message) and exits as mpirun does then (9); with argv[5] "wait", run 1 waits
+# for a newer notice and stops as the ranks do at a commit (HOSTS_UPDATED_EXIT); the others
+# succeed.
+FIXED_MPIRUN = r"""
+import os, sys, time
+run, notice = int(os.environ["PERSEUS_ELASTIC_RESTARTS"]), os.environ["PERSEUS_ELASTIC_NOTICE"]
+print("run %d np %s hosts %s watch %s" % (run, sys.argv[2], sys.argv[1],
+                                          "yes" if notice else "no"), flush=True)
+if run == 0:
+    if sys.argv[3] == "hydra":
+        print("=   PID 123 RUNNING AT %s" % sys.argv[4], flush=True)
+    else:
+        print("prterun noticed that process rank 1 with PID 123 on node %s exited on\nsignal "
+              "9 (Killed)." % sys.argv[4], file=sys.stderr, flush=True)
+    sys.exit(9)
+if run == 1 and sys.argv[5] == "wait":
+    mine, deadline = int(os.environ["PERSEUS_ELASTIC_GENERATION"]), time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if notice and int(open(notice).read().split()[0]) > mine:
+            sys.exit(75)
+        time.sleep(0.05)
+"""
+
+
+def run_fixed(tmp_path, monkeypatch, flags, form="hydra", lost="node7", then="end"):
+    """run_growing on the fixed hosts node7:2,localhost:2 with perseusrun's `flags`, the
+    options as main() makes them -> (exit code, messages, seconds)."""
+    import perseus.launcher as launcher
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    monkeypatch.setattr(le, "DISCOVER_PERIOD_S", 0.1)  # CI time: the loop's period
+    args = launcher.make_parser().parse_args(["--elastic", "-H", "node7:2,localhost:2"] + flags
+                                             + ["python"])
+    assert launcher.launcher_flags.check_elastic(args, {}) is None
+    opts = launcher.growing_options(args, {}, *launcher.fixed_hosts(args))
+    messages = []
+    started = time.monotonic()
+    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", FIXED_MPIRUN, le.describe(hosts),
+                                           str(np), form, lost, then], clean_env(), opts,
+                        say=messages.append)
+    return rc, messages, time.monotonic() - started
+
+
+@pytest.mark.parametrize("form,lost,restart", [
+    ("hydra", "node7", "run 1 np 2 hosts localhost:2 watch no"),
+    ("ompi", "node7.cluster", "run 1 np 2 hosts localhost:2 watch no"),
+    ("hydra", "localhost", "run 1 np 4 hosts node7:2,localhost:2 watch no")])
+def test_fixed_hosts_restart_without_the_host_that_lost_a_rank(tmp_path, monkeypatch, capfd,
+                                                               form, lost, restart):
+    """perseusrun --elastic -H node7:2,localhost:2 --min-np 2 without ULFM: a rank lost on
+    node7 blacklists it (no --blacklist-cooldown-range: for the rest of the job, as
+    Horovod) and the restart runs on the host left with the 2 ranks it offers; the ranks
+    watch no notice (the plan cannot change while they run). A host of this machine is
+    never blacklisted: the restart keeps both hosts and 4 ranks."""
+    rc, messages, _ = run_fixed(tmp_path, monkeypatch, ["--min-np", "2"], form, lost)
+    out = capfd.readouterr().out
+    assert rc == 0, (out, messages)
+    assert "run 0 np 4 hosts node7:2,localhost:2 watch no" in out, out
+    assert restart in out and "run 2" not in out, out
+    said = ("host node7 lost a rank: blacklisted for the rest of the job (Horovod's cooldown)"
+            if lost != "localhost" else "host localhost lost a rank: not blacklisted (this machine)")
+    assert said in messages, messages
+
+
+def test_a_fixed_host_comes_back_after_its_cooldown(tmp_path, monkeypatch, capfd):
+    """--blacklist-cooldown-range 1 1: node7, blacklisted for 1 s after losing a rank,
+    comes back once it cooled down, as a host Horovod's driver sees added: the ranks
+    running on localhost:2 (they watch the notice) stop at a commit and the job restarts
+    on both hosts with 4 ranks, localhost first (it held rank 0)."""
+    rc, messages, took = run_fixed(tmp_path, monkeypatch, [
+        "--min-np", "2", "--blacklist-cooldown-range", "1", "1"], then="wait")
+    out = capfd.readouterr().out
+    assert rc == 0, (out, messages)
+    assert "host node7 lost a rank: blacklisted for 1 s (Horovod's cooldown)" in messages, messages
+    assert "run 1 np 2 hosts localhost:2 watch yes" in out, out
+    assert any(m.startswith("the hosts changed: 4 rank(s) on localhost:2,node7:2 next")
+               for m in messages), messages
+    assert "run 2 np 4 hosts localhost:2,node7:2 watch yes" in out, out
+    assert took >= 0.9, took  # not before the cooldown
+
+
+@pytest.mark.parametrize("flags,rc,said", [
+    (["--blacklist-cooldown-range", "1", "1"], 0,
+     "the hosts of -H/--hostfile offer 2 slot(s) (node7:2,localhost:2; blacklisted: node7 (for "
+     "1 s more)), fewer than --min-np 4: waiting up to 600 s for hosts"),
+    (["--blacklist-cooldown-range", "1", "1", "--elastic-timeout", "0"], 1,
+     "timed out after 0 s waiting for hosts (--elastic-timeout, HOROVOD_ELASTIC_TIMEOUT): the "
+     "hosts of -H/--hostfile offer 2 slot(s) (node7:2,localhost:2; blacklisted: node7 (for 1 s "
+     "more)), fewer than --min-np 4"),
+    (["--elastic-timeout", "3"], 1, "the hosts of -H/--hostfile offer 2 slot(s) (node7:2,localhost:2; blacklisted: "
+     "node7 (for the rest of the job)), fewer than --min-np 4, and no wait can bring enough "
+     "back (a host blacklisted without --blacklist-cooldown-range stays out for the rest of "
+     "the job): giving up")])
+def test_fixed_hosts_below_min_np_wait_for_the_cooldown(tmp_path, monkeypatch, capfd, flags, rc,
+                                                        said):
+    """-H node7:2,localhost:2 (--min-np: -np, 4), node7 lost: the hosts left offer 2 slots.
+    perseusrun waits for node7's cooldown, up to the elastic timeout, and restarts on both
+    hosts with 4 ranks; past the timeout it fails saying so; with no cooldown range nothing
+    can come back, and it fails at once, saying why."""
+    got, messages, took = run_fixed(tmp_path, monkeypatch, flags)
+    out = capfd.readouterr().out
+    assert got == rc, (out, messages)
+    assert any(said in m for m in messages), messages
+    if rc == 0:
+        assert "run 1 np 4 hosts node7:2,localhost:2" in out and took >= 0.9, (out, took)
+    else:
+        assert "run 1" not in out and took < 2, (out, took)  # no wait for what cannot come
+
+
+def test_perseusrun_takes_fixed_hosts_through_the_loop_without_ulfm(monkeypatch, tmp_path,
+                                                                     capsys):
+    """perseusrun --elastic -H on a core without ULFM: the fixed-host loop (its line says
+    so; -np is also --max-np), and -np or --min-np above the slots is an error; on a ULFM
+    core the job shrinks in place, and the host flags are noted to have no effect."""
+    import perseus.launcher as launcher
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    monkeypatch.setattr(launcher, "check_core_mpi", lambda mpirun, flavour: None)
+    argv = ["--elastic", "--dry-run", "--mpi-flavour", "mpich", "-H", "node7:2,localhost:2"]
+    monkeypatch.setattr(launcher, "core_has_ulfm", lambda: (False, "no ULFM here"))
+    assert main(argv + ["-np", "3", "--min-np", "2", "python", "t.py"]) == 0
+    out, err = capsys.readouterr()
+    assert ("no ULFM here, so a rank that dies cannot be left behind: the job runs on "
+            "node7:2,localhost:2 with 3 rank(s); when a rank dies it starts again, at most 3 "
+            "time(s) (--reset-limit), without the hosts that lost one (blacklisted for the rest "
+            "of the job; never this machine), with the ranks the hosts left offer (at least "
+            "--min-np 2)") in err, err
+    assert "-np 3 -hosts node7:2,localhost:2 python t.py" in out, out
+    for flags, said in ((["-np", "5"], "-np 5 is above the 4 slot(s) of -H/--hostfile"),
+                        (["--min-np", "5"], "--min-np 5 is above the 4 slot(s)")):
+        with pytest.raises(SystemExit):
+            main(argv + flags + ["python", "t.py"])
+        assert said in capsys.readouterr().err
+    monkeypatch.setattr(launcher, "core_has_ulfm", lambda: (True, "ULFM"))
+    assert main(argv[:3] + ["openmpi"] + argv[4:] + ["--min-np", "2", "python", "t.py"]) == 0
+    out, err = capsys.readouterr()
+    assert "--with-ft ulfm" in out, out
+    assert "--min-np has no effect with ULFM and fixed hosts" in err, err

@@ -258,8 +258,8 @@ def test_the_job_follows_its_hosts(tmp_path):
     report = "rc %d\nstdout:\n%s\nstderr:\n%s" % (rc, out, err)
     assert rc == 0, report
     assert ("a rank that fails restarts the job, which resumes from the last persisted commit: "
-            "perseusrun --elastic --host-discovery-script started this job and restarts it when "
-            "its hosts change or a rank dies (restart 0 of at most 3)") in err, report
+            "perseusrun --elastic started this job, follows its hosts and restarts it when "
+            "they change or a rank dies (restart 0 of at most 3)") in err, report
     start = 0
     for run, (before, after) in enumerate(((2, 4), (4, 2))):
         assert "starting %d rank(s) on localhost:%d (run %d)" % (before, before, run) in err, report
