@@ -634,7 +634,6 @@ class SharedBench:
                               "this script's code); it runs on a GPU only")
         m = TorchDDP(copy(), device_ids=ids)  # the default group: "perseus"
         variants["torch_perseus"] = ('torch DDP on "perseus"', m, m.module, sgd(m.parameters()))
-        reference = "torch_nccl" if "torch_nccl" in variants else "torch_perseus"
 
         g = torch.Generator().manual_seed(1 + self.rank)  # each rank its own batch
         x = torch.randn((args.batch,) + shape, generator=g).to(self.device)
@@ -648,7 +647,30 @@ class SharedBench:
                 opt.step()
             return run
 
-        got = self.timed({k: step(v[1], v[3]) for k, v in variants.items()}, args.steps)
+        steps = {k: step(v[1], v[3]) for k, v in variants.items()}
+        # One step of each alone first: a variant that fails on some rank is left out on
+        # both, so that the others are still measured.
+        ok = []
+        for key in list(steps):
+            try:
+                self.hvd.barrier()
+                steps[key]()
+                self.sync()
+                ok.append(1)
+            except Exception as e:
+                self.errors.append("rank %d: %s: its first step failed: %s: %s"
+                                   % (self.rank, variants[key][0], type(e).__name__, e))
+                ok.append(0)
+        agreed = self.hvd.allreduce(torch.tensor(ok, dtype=torch.int32), op=self.hvd.Min,
+                                    name="bench.shared.variants")
+        for key, good in zip(list(steps), agreed.tolist()):
+            if not good:
+                del steps[key], variants[key]
+        reference = next((k for k in ("torch_nccl", "torch_perseus", "dopt", "dropin") if k in variants), None)
+        if reference is None or "plain" not in variants:
+            self.errors.append("rank %d: training: too few variants left to compare" % self.rank)
+            return
+        got = self.timed(steps, args.steps)
         self.check_training(variants, initial, reference)
         what = "%s training step, batch %d per rank (%s)" % (args.model, args.batch, source)
         for key in [k for k in ("dopt", "dropin", "torch_perseus", "torch_nccl") if k in variants and k != reference]:
