@@ -756,11 +756,21 @@ def shared_environment(torch, hvd, device):
     if device.type == "cpu":
         return "CPU tensors, torch %s; gloo stands in for NCCL" % torch.__version__
     built = getattr(torch.cuda, "nccl", None)
-    built = ".".join(map(str, built.version()[:3])) if built else "?"
+    built = tuple(built.version()[:3]) if built else (0, 0, 0)
     torch_code, torch_file = global_nccl()
-    where = ("torch's NCCL calls reach %s (NCCL %s, ncclGetVersion in the global namespace)"
-             % (torch_file, version_text(torch_code)) if torch_code else
-             "torch's NCCL calls reach its own copy (none in the global namespace)")
+    mapped = mapped_nccls()
+    if torch_code:
+        where = ("torch's NCCL calls reach %s (NCCL %s, ncclGetVersion in the global namespace)"
+                 % (torch_file, version_text(torch_code)))
+    elif len(mapped) == 1:
+        # Nothing global: the wheel's copy, loaded RTLD_LOCAL, is torch's; torch pins the
+        # wheel it was built against, so its headers' version is that copy's.
+        torch_file, torch_code = mapped[0], built[0] * 10000 + built[1] * 100 + built[2]
+        where = "torch's NCCL calls reach its wheel's copy %s (NCCL %s, as built)" % (torch_file,
+                                                                                    version_text(torch_code))
+    else:
+        where = "torch's NCCL calls reach a copy not in the global namespace, one of %s" % (mapped or "none")
+    built = ".".join(map(str, built)) if any(built) else "?"
     env = "%s; torch %s (CUDA %s; torch.cuda.nccl.version() %s: the headers torch was built with); %s" % (
         torch.cuda.get_device_name(0), torch.__version__, torch.version.cuda, built, where)
     if os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1":
@@ -775,7 +785,7 @@ def shared_environment(torch, hvd, device):
     if torch_file is None or not os.path.samefile(path, torch_file):
         raise LaunchError("Perseus loaded %s, torch calls %s: two copies of NCCL, not one; set "
                           "PERSEUS_NCCL_LIB to the preloaded file (--nccl does)" % (path, torch_file))
-    others = [f for f in mapped_nccls() if not os.path.samefile(f, path)]
+    others = [f for f in mapped if not os.path.samefile(f, path)]
     return env + "; Perseus: the same file (NCCL %s)%s" % (
         version_text(code), "; also mapped, unused: %s (torch/__init__.py loads its wheel's copy "
         "RTLD_LOCAL)" % ", ".join(others) if others else "")

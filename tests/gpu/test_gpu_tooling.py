@@ -284,8 +284,15 @@ def test_gpu_bench_shared_np2_nccl_checks(monkeypatch):
     def refused(why):
         with pytest.raises(gpu_bench.LaunchError, match=why):
             gpu_bench.shared_environment(torch, None, cuda)
-    monkeypatch.setattr(gpu_bench, "global_nccl", lambda: (0, None))  # torch's own copy, RTLD_LOCAL
-    refused(r"reach its own copy .*Duplicate GPU.*--nccl DIR/libnccl.so.2")
+    monkeypatch.setattr(gpu_bench, "global_nccl", lambda: (0, None))  # torch's own copies, RTLD_LOCAL
+    refused(r"not in the global namespace, one of .*Duplicate GPU.*--nccl DIR/libnccl.so.2")
+    monkeypatch.setattr(gpu_bench, "mapped_nccls", lambda: ["/w/nvidia/nccl/lib/libnccl.so.2"])
+    refused(r"its wheel's copy /w/nvidia/nccl/lib/libnccl.so.2 \(NCCL 2.28.9, as built\).*Duplicate GPU")
+    torch.cuda.nccl.version = lambda: (2, 30, 4)  # a torch built with 2.30: its own copy serves
+    monkeypatch.setattr(gpu_bench, "mapped_nccls", lambda: [lib])
+    assert "its wheel's copy %s (NCCL 2.30.4, as built); Perseus: the same file (NCCL 2.32.3)" % lib in \
+        gpu_bench.shared_environment(torch, None, cuda)
+    torch.cuda.nccl.version = lambda: (2, 28, 9)
     monkeypatch.setattr(gpu_bench, "global_nccl", lambda: (22809, "/w/libnccl.so.2"))
     refused(r"NCCL 2.28.9.*before 2.30 refuses")
     monkeypatch.setattr(gpu_bench, "global_nccl", lambda: (23203, "/w/libnccl.so.2"))
