@@ -840,6 +840,7 @@ def main_shared(args):
             bench = SharedBench(args, torch, tdist, hvd, device, base, "gloo (the CPU stand-in for NCCL)", None)
     except LaunchError as e:
         print("gpu_bench [rank %d]: cannot measure --shared-np2: %s" % (rank, e), file=sys.stderr, flush=True)
+        faulthandler.dump_traceback_later(30, exit=True)  # an exit stuck in NCCL's or MPI's teardown
         return 2
     bench.run()
     # Every rank's errors count: the exit code and rank 0's report say how many there were.
@@ -850,15 +851,17 @@ def main_shared(args):
     theirs = int(count.item()) - len(bench.errors)
     if theirs:
         bench.errors.append("rank 1 reported %d error(s) of its own (its output, above)" % theirs)
-    tdist.destroy_process_group()
-    hvd.shutdown()
-    if rank == 0:
+    if rank == 0:  # before the teardown, so that a teardown that hangs loses no figure
         print(render_shared(bench, env), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"env": env, "caveat": CAVEAT, "rows": bench.rows, "samples": bench.samples,
                            "notes": bench.notes, "errors": bench.errors, "goals": SHARED_GOALS}, f,
                           indent=1, default=str)
+    faulthandler.dump_traceback_later(60, exit=True)
+    tdist.destroy_process_group()
+    hvd.shutdown()
+    faulthandler.cancel_dump_traceback_later()
     return 1 if int(count.item()) else 0
 
 
