@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU verification in one command, from the repository root (issues 14 and 32):
 #
-#   bash scripts/gpu_check.sh             # about 7-9 minutes; writes gpu_check_report.md
+#   bash scripts/gpu_check.sh             # the plan at its start says how long; writes gpu_check_report.md
 #   bash scripts/gpu_check.sh --nccl ../shared/nccl/libnccl-2.32.3-sm90.so.2.xz
 #                                         # the same with that NCCL (a file, or its .xz)
 #   bash scripts/gpu_check.sh --plan      # the set-up it would make here (venv, MPI, NCCL, settings)
@@ -25,21 +25,25 @@
 #      are fetched beforehand on a machine with a registry (--print-download);
 #   4. builds Perseus with the chosen mpicxx (pip install --no-build-isolation -e .) and
 #      checks that libperseus and mpi4py load one libmpi, the one that mpicxx links;
-#   5. runs perseusrun --check-build; with an NCCL of 2.30 or later (--nccl PATH, else
-#      torch's; scripts/gpu_check_plan.py nccl decides) the check_multi_rank.py beside a
-#      given one (NCCL alone); tests/gpu/test_gpu.py once per configuration (in this process
-#      first; then NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL
-#      np=2 if two GPUs, and with that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4
-#      lanes, each followed by a stress run of 1,000 steps, tests/rank_scripts/gpu_stress.py; all at
-#      once), where PERSEUS_OMPI5_MPICXX names an Open MPI 5 with ULFM the GPU fault-tolerance
+#   5. prints the plan of the device work (scripts/gpu_plan.py: the order, what runs at once,
+#      and each step's predicted time from measured costs); with an NCCL of 2.30 or later
+#      (--nccl PATH, else torch's; scripts/gpu_check_plan.py nccl decides) runs the
+#      check_multi_rank.py beside a given one (NCCL alone) while it builds; then perseusrun
+#      --check-build; tests/gpu/test_gpu.py in each configuration (in process; NCCL np=1
+#      with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL np=2 if two GPUs, and with
+#      that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4 lanes, each with a stress run of
+#      1,000 steps, tests/rank_scripts/gpu_stress.py), as the plan's pool of jobs: each
+#      result printed as it ends beside its prediction; where PERSEUS_OMPI5_MPICXX names an Open MPI 5 with ULFM the GPU fault-tolerance
 #      check (scripts/gpu_elastic_check.sh: np 4 on GPU 0, one rank SIGKILLed mid-step; about 2
 #      minutes, never run on a GPU yet), and benchmarks/gpu_bench.py under perseusrun -np 1;
-#   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md) and exits
+#   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md), with the
+#      measured times beside the plan's, and gpu_check_logs/measured.json (the measured costs,
+#      for scripts/gpu_plan.py's table); exits
 #      0 if every step passed, 1 if one failed, 2 if the machine could not be set up,
 #      3 without a CUDA device. Logs of every step: gpu_check_logs/.
 # Settings: PYTHON, PERSEUS_MPICXX, PERSEUS_WHEELS (wheels/), PERSEUS_GPU_VENV (.venv-gpu),
-# PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (540: the whole run, build included,
-# fits one 600 s device call), PERSEUS_GPU_CHECK_STRESS_STEPS (1000),
+# PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (scripts/gpu_plan.py's 540: the whole
+# run, build included, fits one 600 s device call; steps past it are NOT RUN), PERSEUS_GPU_CHECK_STRESS_STEPS (1000),
 # PERSEUS_GPU_CHECK_CONFIGS (the test_gpu.py configurations to run, all by default),
 # PERSEUS_GPU_CHECK_BENCH (1; 0 leaves out the benchmark, for a short rerun of some configurations),
 # PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 (test this script on a CPU machine: all steps run,
@@ -53,7 +57,7 @@ VENV=${PERSEUS_GPU_VENV:-$ROOT/.venv-gpu}
 REPORT=${PERSEUS_GPU_REPORT:-$ROOT/gpu_check_report.md}
 LOGS=${PERSEUS_GPU_LOGS:-$ROOT/gpu_check_logs}
 export PERSEUS_GPU_LOGS=$LOGS  # tests/gpu/test_gpu.py copies each configuration's job there as it runs
-BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-540}
+BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-}  # by default the plan's (scripts/gpu_plan.py CALL_BUDGET_S)
 STRESS_STEPS=${PERSEUS_GPU_CHECK_STRESS_STEPS:-1000}
 BENCH=${PERSEUS_GPU_CHECK_BENCH:-1}
 EXIT_FAILED=1 EXIT_SETUP=2 EXIT_NO_CUDA=3
@@ -216,6 +220,9 @@ fi
 # ---------------------------------------------------------------- report and steps
 [ "$DRY_RUN" = 1 ] && REPORT=/dev/null || mkdir -p "$LOGS"
 : >"$REPORT"
+# This run's results and job logs only: a job has ended when its .result is there, and
+# job_*.log gather the scripts' BATCH TIME lines by appending.
+[ "$DRY_RUN" = 1 ] || rm -f "$LOGS"/*.result "$LOGS"/job_*.log "$LOGS"/plan.json "$LOGS"/measured.json
 declare -a SUMMARY=()
 FAILED=0
 RESERVE_S=0  # seconds of the budget a step must leave for later ones
@@ -234,7 +241,7 @@ run_step() {
   local left=$(( $(remaining) - RESERVE_S ))
   if [ "$DRY_RUN" = 1 ]; then say "would run ($name, up to ${limit}s): $*"; return 0; fi
   if [ "$left" -lt 20 ]; then
-    printf 'NOT RUN (time budget spent)\t\n' >"$LOGS/$name.result"; return 1
+    printf 'NOT RUN (time budget spent)\t\n' >"$LOGS/$name.result"; say "$name: NOT RUN (time budget spent)"; return 1
   fi
   [ "$left" -lt "$limit" ] && limit=$left
   say "$name (up to ${limit}s): $*"
@@ -243,8 +250,15 @@ run_step() {
   local result=PASS
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then result="FAIL (timed out after ${limit}s)";
   elif [ "$rc" != 0 ]; then result="FAIL (exit $rc)"; fi
-  printf '%s\t%ss\n' "$result" "$(( $(date +%s) - t0 ))" >"$LOGS/$name.result"
+  local took=$(( $(date +%s) - t0 ))
+  printf '%s\t%ss\n' "$result" "$took" >"$LOGS/$name.result"
+  say "$name: $result in ${took}s (plan: ${PREDICTED[$name]:-?}s)"  # as it ends, also in a run cut short
   return "$rc"
+}
+
+# background CMD...: CMD as a background job; in a dry run, at once (it only prints).
+background() {
+  if [ "$DRY_RUN" = 1 ]; then "$@"; else "$@" & fi
 }
 
 # record_step NAME: adds the step's result to the summary; returns 0 if it passed.
@@ -254,7 +268,6 @@ record_step() {
   IFS=$'\t' read -r result took <"$LOGS/$1.result"
   [ "$result" = PASS ] || [[ $result == SKIPPED* ]] || FAILED=1  # SKIPPED: what this machine cannot run
   SUMMARY+=("| $1 | $result | $took |")
-  say "$1: $result${took:+ in $took}"
   [ "$result" = PASS ]
 }
 
@@ -271,10 +284,36 @@ fi
 [ "$DRY_RUN" = 1 ] || report "$("$VPY" scripts/gpu_check_info.py versions 2>&1)" ""
 report "## Set-up (scripts/gpu_check_plan.py)" "" '```sh' "$PLAN" "$NCCL_PLAN" '```' ""
 
+# ---------------------------------------------------------------- the plan of the device work
+# scripts/gpu_plan.py: each step's cost from measured figures, the order, what runs at once.
+CONFIGS=${PERSEUS_GPU_CHECK_CONFIGS:-$("$VPY" scripts/gpu_check_info.py configs)}
+GPUS=$(printf '%s\n' "$CUDA_INFO" | grep -c '^cuda:[0-9]')
+[ "$GPUS" -ge 1 ] || GPUS=1  # no device (a dry run, PERSEUS_GPU_CHECK_WITHOUT_CUDA): planned as for one
+RUN_NCCL_CHECK=0; [ -n "$NCCL_CHECK" ] && [ "$CUDA_RC" = 0 ] && RUN_NCCL_CHECK=1
+RUN_ELASTIC=0; [ -n "${PERSEUS_OMPI5_MPICXX:-}" ] && [ "$MULTI_RANK" = 1 ] && RUN_ELASTIC=1
+PLAN_ARGS=(--configs "$CONFIGS" --gpus "$GPUS" --multi-rank "$MULTI_RANK" --nccl-check "$RUN_NCCL_CHECK"
+           --bench "$BENCH" --elastic "$RUN_ELASTIC" --stress-steps "$STRESS_STEPS")
+[ "$DRY_RUN" = 1 ] || PLAN_ARGS+=(--json "$LOGS/plan.json")
+declare -A PREDICTED=()  # step or job -> predicted seconds
+PLAN_SHELL=$("$VPY" scripts/gpu_plan.py shell "${PLAN_ARGS[@]}") || { say "scripts/gpu_plan.py made no plan"; exit "$EXIT_SETUP"; }
+eval "$PLAN_SHELL"  # DEVICE_PLAN, PLAN_JOBS, SCRIPTS_*, PREDICTED, PLAN_RANK_CAP, PLAN_CALL_BUDGET_S, ...
+printf '%s\n' "$DEVICE_PLAN" | sed 's/^/[gpu_check] /'
+: "${BUDGET_S:=$PLAN_CALL_BUDGET_S}"
+report "## Plan (scripts/gpu_plan.py)" "" '```text' "$DEVICE_PLAN" '```' ""
+[ "$DRY_RUN" = 1 ] || printf 'PASS\t%ss\n' "$(elapsed)" >"$LOGS/setup.result"  # the set-up's measured time
+
 # ---------------------------------------------------------------- 4. build, same MPI
+# NCCL alone first, where the given NCCL came with its check (2 ranks on GPU 0): it needs
+# no Perseus, so it runs while the build compiles.
+NCCL_CHECK_JOB=""
+if [ "$RUN_NCCL_CHECK" = 1 ]; then
+  background run_step nccl_multi_rank 150 "$VPY" "$NCCL_CHECK" "$NCCL_LIB" 2
+  [ "$DRY_RUN" = 1 ] || NCCL_CHECK_JOB=$!
+fi
 # PERSEUS_MPICXX (exported by the plan) is the wrapper setup.py builds with.
 step build 300 "$VPY" -m pip install -v --disable-pip-version-check \
   --no-build-isolation --no-deps --no-index -e . || {
+  [ -z "$NCCL_CHECK_JOB" ] || wait "$NCCL_CHECK_JOB"
   report "## Build failed" "" '```text' "$(tail -40 "$LOGS/build.log")" '```'
   say "build failed: see $LOGS/build.log and $REPORT"; exit "$EXIT_FAILED"; }
 if [ "$DRY_RUN" = 0 ] && ! "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX" >/dev/null 2>&1 \
@@ -291,67 +330,93 @@ step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX"
 step check_build 60 "$VENV/bin/perseusrun" --check-build
 [ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log")" '```' ""
 
-# NCCL alone first, where the given NCCL came with its check (2 ranks on GPU 0).
-if [ -n "$NCCL_CHECK" ] && [ "$CUDA_RC" = 0 ]; then
-  step nccl_multi_rank 150 "$VPY" "$NCCL_CHECK" "$NCCL_LIB" 2
+if [ "$RUN_NCCL_CHECK" = 1 ]; then
+  [ "$DRY_RUN" = 1 ] || wait "$NCCL_CHECK_JOB"
+  record_step nccl_multi_rank
   [ "$DRY_RUN" = 1 ] || report "## $NCCL_CHECK" "" '```text' "$(tail -30 "$LOGS/nccl_multi_rank.log")" '```' ""
 fi
 
 PYTEST=("$VPY" -m pytest -v -p no:cacheprovider -rfEs tests/gpu/test_gpu.py)  # -v: a result per test as it ends, also in a run cut short
-CONFIGS=${PERSEUS_GPU_CHECK_CONFIGS:-$("$VPY" scripts/gpu_check_info.py configs)}
-report "## tests/gpu/test_gpu.py" "" "| configuration | pytest summary |" "|---|---|"
+report "## tests/gpu/test_gpu.py" "" "| job | pytest summary |" "|---|---|"
 RESERVE_S=$(( BENCH == 1 ? 100 : 0 ))  # the benchmark runs after the tests
-step test_inproc 120 "${PYTEST[@]}" -m "not mpi"
 # The stress run of a shared-GPU NCCL configuration (tests/rank_scripts/gpu_stress.py): STRESS_STEPS
 # steps on GPU 0, sizes to 1 MiB around a small chunk and fusion threshold; the
 # configuration adds its lanes and runs it under perseusrun -np with its ranks.
 STRESS=(env STRESS_DEVICE=cuda:0 STRESS_STEPS="$STRESS_STEPS" STRESS_LARGEST=1048592 NCCL_MULTI_RANK_GPU_ENABLE=1
         PERSEUS_CHUNK_SIZE=65536 PERSEUS_FUSION_THRESHOLD=262144)
-# The MPI configurations at once (NCCL at np=1 is one communicator per process, so they
-# share the GPU; the host-staged ranks share it anyway): the device time of a lent
-# machine is short, and its 16 cores sit idle otherwise. Each configuration runs its
-# scripts in one mpirun job (test_gpu.py), whose output reaches $LOGS/job_CONFIG.log as
-# it comes: a run cut short still shows which scripts ended ("BATCH END").
-RUN_CONFIGS="" STRESSED=""
-for config in $CONFIGS; do
-  if [[ $config =~ ^nccl_np([0-9]+)_shared_lanes([0-9]+)$ ]]; then
-    if [ "$MULTI_RANK" != 1 ]; then
-      [ "$DRY_RUN" = 1 ] || printf 'SKIPPED (NCCL %s cannot run several ranks on one GPU)\t\n' "$NCCL_VERSION" \
-        >"$LOGS/test_$config.result"
-      RUN_CONFIGS="$RUN_CONFIGS $config"
-      continue
-    fi
-    STRESSED="$STRESSED $config"
-    # The stress run first: it is the shorter, and what a cut-short run most needs to have run.
-    { run_step "stress_$config" 150 "${STRESS[@]}" PERSEUS_ALLREDUCE_STREAMS="${BASH_REMATCH[2]}" \
-        "$VENV/bin/perseusrun" -np "${BASH_REMATCH[1]}" "$VPY" tests/rank_scripts/gpu_stress.py
-      run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-"; } &
-  else
-    run_step "test_$config" 240 "${PYTEST[@]}" -m mpi -k "$config-" &
-  fi
-  RUN_CONFIGS="$RUN_CONFIGS $config"
+SKIPPED_JOBS=""
+if [ "$MULTI_RANK" != 1 ]; then  # the plan leaves these out; the report says why
+  for config in $CONFIGS; do
+    [[ $config =~ ^nccl_np[0-9]+_shared_lanes[0-9]+$ ]] || continue
+    [ "$DRY_RUN" = 1 ] || printf 'SKIPPED (NCCL %s cannot run several ranks on one GPU)\t\n' "$NCCL_VERSION" \
+      >"$LOGS/test_$config.result"
+    SKIPPED_JOBS="$SKIPPED_JOBS test_$config"
+  done
+fi
+
+# run_job NAME LIMIT_S: one job of the plan's pool. A configuration's scripts run in one
+# mpirun job (test_gpu.py, tests/support/batch_job.py), whose output reaches
+# $LOGS/job_<config>.log as it comes ("BATCH END", "BATCH TIME"); a part (NAME.partN) runs
+# the scripts the plan gave it (SCRIPTS_<NAME>), in a job of its own (job_<config>.partN.log).
+run_job() {
+  local name=$1 limit=$2 config=${1#*_}
+  config=${config%.part*}
+  case $name in
+    test_inproc) run_step "$name" "$limit" "${PYTEST[@]}" -m "not mpi" ;;
+    stress_*)
+      [[ $config =~ ^nccl_np([0-9]+)_shared_lanes([0-9]+)$ ]] || return 2
+      run_step "$name" "$limit" "${STRESS[@]}" PERSEUS_ALLREDUCE_STREAMS="${BASH_REMATCH[2]}" \
+        "$VENV/bin/perseusrun" -np "${BASH_REMATCH[1]}" "$VPY" tests/rank_scripts/gpu_stress.py ;;
+    *.part*)
+      local var="SCRIPTS_${name//[^A-Za-z0-9_]/_}" select="" script
+      for script in ${!var}; do select="${select:+$select or }$config-$script"; done
+      run_step "$name" "$limit" env PERSEUS_GPU_CHECK_JOB="${name#test_}" PERSEUS_GPU_CHECK_SCRIPTS="${!var}" \
+        PERSEUS_GPU_CHECK_JOB_S=$(( limit - 30 )) "${PYTEST[@]}" -m mpi -k "$select" ;;
+    *) run_step "$name" "$limit" env PERSEUS_GPU_CHECK_JOB_S=$(( limit - 30 )) "${PYTEST[@]}" -m mpi -k "$config-" ;;
+  esac
+}
+
+# The pool, in the plan's order: a job starts once its ranks fit under PLAN_RANK_CAP beside
+# those running (a job has ended when its .result is written). Device time is short, and
+# jobs at once overlap their host work.
+IFS=';' read -r -a POOL <<<"$PLAN_JOBS"
+declare -A RUNNING=()  # job -> its ranks
+RUN_JOBS=""
+for entry in "${POOL[@]}"; do
+  read -r name ranks limit <<<"$entry"
+  while [ "$DRY_RUN" = 0 ]; do
+    used=0
+    for job in "${!RUNNING[@]}"; do
+      if [ -f "$LOGS/$job.result" ]; then unset "RUNNING[$job]"; else used=$(( used + RUNNING[$job] )); fi
+    done
+    { [ $(( used + ranks )) -le "$PLAN_RANK_CAP" ] || [ "$used" = 0 ]; } && break
+    sleep 1
+  done
+  RUNNING[$name]=$ranks
+  background run_job "$name" "$limit"
+  RUN_JOBS="$RUN_JOBS $name"
 done
 wait
-for config in inproc $RUN_CONFIGS; do
-  [ "$config" = inproc ] || record_step "test_$config"
+STRESSED=""
+for name in $RUN_JOBS $SKIPPED_JOBS; do
+  record_step "$name"
+  [[ $name == stress_* ]] && { STRESSED="$STRESSED ${name#stress_}"; continue; }
   [ "$DRY_RUN" = 1 ] && continue
-  line=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)' "$LOGS/test_$config.log" 2>/dev/null | tail -1)
-  [ -n "$line" ] || line=$(grep -o '^SKIPPED[^	]*' "$LOGS/test_$config.result" 2>/dev/null)
-  report "| $config | ${line:-no summary line (see gpu_check_logs/test_$config.log)} |"
+  line=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)' "$LOGS/$name.log" 2>/dev/null | tail -1)
+  [ -n "$line" ] || line=$(grep -o '^SKIPPED[^	]*' "$LOGS/$name.result" 2>/dev/null)
+  report "| ${name#test_} | ${line:-no summary line (see gpu_check_logs/$name.log)} |"
 done
 report ""
 report "## Stress runs (tests/rank_scripts/gpu_stress.py, $STRESS_STEPS steps each)" ""
 for config in $STRESSED; do
-  record_step "stress_$config"
   [ "$DRY_RUN" = 1 ] || report "- $config: $(grep -h -E 'stress: |HANG|FAILED|Error' "$LOGS/stress_$config.log" 2>/dev/null | head -3 | tr '\n' ' ')"
 done
 [ -n "$STRESSED" ] || report "None: NCCL ${NCCL_VERSION} cannot run several ranks on one GPU (see Set-up)."
 report ""
-for config in inproc $RUN_CONFIGS $(for c in $STRESSED; do echo "stress_$c"; done); do
-  log=$LOGS/test_$config.log
-  [[ $config == stress_* ]] && log=$LOGS/$config.log
+for name in $RUN_JOBS; do
+  log=$LOGS/$name.log
   [ -f "$log" ] && grep -qE '(^FAILED|^ERROR| failed| error| FAILED$|HANG: )' "$log" || continue
-  report "### Failures: $config" "" '```text' "$(grep -E '^(FAILED|ERROR)' "$log" | head -30)" "" \
+  report "### Failures: ${name#test_}" "" '```text' "$(grep -E '^(FAILED|ERROR)' "$log" | head -30)" "" \
     "$(tail -60 "$log")" '```' ""
 done
 
@@ -381,8 +446,13 @@ if [ "$DRY_RUN" = 1 ]; then
   say "dry run done: nothing was installed, built or run"
   exit 0
 fi
+echo "$(elapsed)" >"$LOGS/elapsed"
+# The measured costs beside the plan's (gpu_check_logs/measured.json: the next device session
+# commits them into scripts/gpu_plan.py's table).
+report "## Measured against the plan" "" "$("$VPY" scripts/gpu_plan.py measured "$LOGS" 2>&1)" "" \
+  "Measured costs: gpu_check_logs/measured.json." ""
 report "## Steps" "" "| step | result | time |" "|---|---|---|" "${SUMMARY[@]}" "" \
-  "Total: $(elapsed)s of a ${BUDGET_S}s budget. Logs: gpu_check_logs/."
+  "Total: $(elapsed)s of a ${BUDGET_S}s budget (plan: ${PLAN_PREDICTED_S}s). Logs: gpu_check_logs/."
 say "report: $REPORT ($(elapsed)s)"
 printf '%s\n' "${SUMMARY[@]}"
 [ "$FAILED" = 0 ] || exit "$EXIT_FAILED"

@@ -8,7 +8,6 @@
              MPICXX links, and libperseus's MPI headers match it; 1 if not, naming both
   configs    the GPU test configurations of tests/gpu/test_gpu.py, one per line
 """
-import ast
 import os
 import re
 import subprocess
@@ -132,12 +131,8 @@ def same_mpi(mpicxx):
 
 
 def configs():
-    # Read, not imported: importing the test module needs a real torch (a dry run has none).
-    with open(os.path.join(REPO, "tests", "gpu", "test_gpu.py")) as f:
-        tree = ast.parse(f.read())
-    found = [node.value for node in tree.body if isinstance(node, ast.Assign)
-             and [getattr(t, "id", None) for t in node.targets] == ["CONFIGS"]]
-    print("\n".join(ast.literal_eval(key) for key in found[0].keys))
+    from gpu_plan import load_test_configs  # one reader of test_gpu.py's configurations
+    print("\n".join(load_test_configs()[0]))
     return 0
 
 

@@ -26,7 +26,9 @@ import torch, make their CUDA context and load NCCL once per configuration, not 
 per script (issue 47: the device time of a lent GPU is short). A script that did not
 end there (it failed, or one before it did) runs alone, and that run is its test's
 report. With $PERSEUS_GPU_LOGS set (scripts/gpu_check.sh), a job's output goes to
-job_<config>.log there as it comes.
+job_<config>.log there as it comes. scripts/gpu_check.sh may run a configuration in parts
+(scripts/gpu_plan.py): $PERSEUS_GPU_CHECK_SCRIPTS names a part's scripts (the job runs only
+those), $PERSEUS_GPU_CHECK_JOB its log's name, $PERSEUS_GPU_CHECK_JOB_S the job's time limit.
 """
 import os
 import re
@@ -40,9 +42,11 @@ import torch
 from support import batch_job
 from support.jobs import REPO_ROOT, clean_env
 
+CONFIG_JOB_TIMEOUT_S = int(os.environ.get("PERSEUS_GPU_CHECK_JOB_S", "200"))  # gpu_check.sh's plan sets it
+
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.timeout(300),
+    pytest.mark.timeout(max(300, CONFIG_JOB_TIMEOUT_S + 60)),  # a configuration's first test runs its job
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
@@ -121,7 +125,6 @@ def entry(script):
     return "%s[own]" % script  # its name in the batch: under its own variables
 
 
-CONFIG_JOB_TIMEOUT_S = 200  # gpu_check.sh gives a configuration's pytest 240 s
 _config_jobs = {}  # configuration -> its job (batch_job.BatchJob)
 
 
@@ -130,10 +133,12 @@ def config_job(config, env, scratch):
     if config not in _config_jobs:
         np, _, device, _, _ = CONFIGS[config]
         logs = os.environ.get("PERSEUS_GPU_LOGS")
-        entries = {entry(s): (s, script_env(s, device)) for s in config_scripts(config)}
+        part = os.environ.get("PERSEUS_GPU_CHECK_SCRIPTS", "").split()  # a part of the configuration
+        entries = {entry(s): (s, script_env(s, device)) for s in config_scripts(config) if not part or s in part}
+        name = os.environ.get("PERSEUS_GPU_CHECK_JOB", config)
         _config_jobs[config] = batch_job.run(
             entries, np, env, CONFIG_JOB_TIMEOUT_S, scratch,
-            log=Path(logs) / ("job_%s.log" % config) if logs else None)
+            log=Path(logs) / ("job_%s.log" % name) if logs else None)
     return _config_jobs[config]
 
 

@@ -8,6 +8,7 @@ set-up once per job and rank, instead of once per script.
                         np, env, timeout, scratch)
     job.ended("allreduce[own]")   # every rank returned from it
     job.window("allreduce[own]")  # the job's stdout while rank 0 ran it
+    job.seconds("allreduce[own]") # how long rank 0 took in it (its BATCH TIME line)
 
 An entry's name is its script's, or "<script>[<setting>]" to run a script more than
 once (rank_batch.py's form); its variables are set on top of `env` for it alone.
@@ -17,6 +18,7 @@ that fails ends the job (tests/support/rank_script.py); the caller runs it, and 
 after it, alone, where its own report is the test's.
 """
 import json
+import re
 from pathlib import Path
 
 from support.jobs import RANK_SCRIPTS, TESTS_DIR, bounded_job, rank_job
@@ -30,6 +32,11 @@ class BatchJob:
 
     def ended(self, name):
         return name in self._ended
+
+    def seconds(self, name):
+        """Rank 0's time in the entry (rank_batch.py's BATCH TIME line), None if it did not end."""
+        found = re.search(r"^\[rank 0\] BATCH TIME %s ([0-9.]+)$" % re.escape(name), self.out, re.M)
+        return float(found.group(1)) if found else None
 
     def window(self, name):
         """The job's stdout from rank 0's end of the entry before `name` (or the job's

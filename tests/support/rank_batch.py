@@ -13,12 +13,15 @@ JSON object by name, "<script>[<setting>]") gives it set on top: the same script
 several settings that the core reads at each init() (run_mpi_batch's `settings`).
 "[rank r] BATCH END <name>" on stdout says the script returned; a script that fails
 ends the process at once (rank_script.main), so the END lines say how far it got.
+Rank 0 writes "BATCH TIME <name> <seconds>" just before its END line: how long the
+script took there (scripts/gpu_check.sh keeps them as measured costs of its plan).
 Framework-free: it runs in the TensorFlow and MXNet venvs too.
 """
 import json
 import os
 import runpy
 import sys
+import time
 
 # Run as a script: its own folder is on sys.path, tests/ (above the support package) is not.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,6 +34,7 @@ def run_one(arg, scratch_root, batch_env):
         path, setting = arg[:-1].split("[", 1)
         setting = "[%s]" % setting
     name = os.path.splitext(os.path.basename(path))[0] + setting
+    start = time.monotonic()
     saved_env, saved_path, saved_argv = dict(os.environ), list(sys.path), list(sys.argv)
     scratch = os.path.join(scratch_root, name)
     os.makedirs(scratch, exist_ok=True)
@@ -50,9 +54,13 @@ def run_one(arg, scratch_root, batch_env):
     from perseus.common import basics  # loaded by the script already: no framework import
     if basics.is_initialized():
         basics.shutdown()
-    # One write: the line stays whole among the other ranks' output.
+    # One write: the lines stay whole among the other ranks' output. The time on rank 0
+    # only, inside the script's window (BatchJob.window ends at the END line).
+    took = ""
+    if rank_tag() == "[rank 0]":
+        took = "%s BATCH TIME %s %.2f\n" % (rank_tag(), name, time.monotonic() - start)
     sys.stdout.flush()
-    os.write(1, ("%s BATCH END %s\n" % (rank_tag(), name)).encode())
+    os.write(1, ("%s%s BATCH END %s\n" % (took, rank_tag(), name)).encode())
 
 
 def main(args):
