@@ -23,17 +23,18 @@
 #   3. creates (or reuses) .venv-gpu and installs what is missing (pytest, pytest-timeout,
 #      numpy, setuptools, mpi4py, the MPICH wheel if chosen) from wheels/ only: the wheels
 #      are fetched beforehand on a machine with a registry (--print-download);
-#   4. builds Perseus with the chosen mpicxx (pip install --no-build-isolation -e .) and
-#      checks that libperseus and mpi4py load one libmpi, the one that mpicxx links;
-#   5. prints the plan of the device work (scripts/gpu_plan.py: the order, what runs at once,
-#      and each step's predicted time from measured costs); with an NCCL of 2.30 or later
-#      (--nccl PATH, else torch's; scripts/gpu_check_plan.py nccl decides) runs the
-#      check_multi_rank.py beside a given one (NCCL alone) while it builds; then perseusrun
-#      --check-build; tests/gpu/test_gpu.py in each configuration (in process; NCCL np=1
-#      with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL np=2 if two GPUs, and with
-#      that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4 lanes, each with a stress run of
-#      1,000 steps, tests/rank_scripts/gpu_stress.py), as the plan's pool of jobs: each
-#      result printed as it ends beside its prediction; where PERSEUS_OMPI5_MPICXX names an Open MPI 5 with ULFM the GPU fault-tolerance
+#   4. prints the plan of the device work (scripts/gpu_plan.py: the order, what runs at once,
+#      and each step's predicted time from measured costs); builds Perseus with the chosen
+#      mpicxx (pip install --no-build-isolation -e .), meanwhile, with an NCCL of 2.30 or
+#      later (--nccl PATH, else torch's; scripts/gpu_check_plan.py nccl decides), running the
+#      check_multi_rank.py beside a given one (NCCL alone); checks that libperseus and
+#      mpi4py load one libmpi, the one that mpicxx links;
+#   5. runs perseusrun --check-build; tests/gpu/test_gpu.py in each configuration (in
+#      process; NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL np=2 if
+#      two GPUs, and with that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4 lanes, each
+#      with a stress run of 1,000 steps, tests/rank_scripts/gpu_stress.py) as the plan's pool
+#      of jobs, each result printed as it ends beside its prediction; where
+#      PERSEUS_OMPI5_MPICXX names an Open MPI 5 with ULFM the GPU fault-tolerance
 #      check (scripts/gpu_elastic_check.sh: np 4 on GPU 0, one rank SIGKILLed mid-step; about 2
 #      minutes, never run on a GPU yet), and benchmarks/gpu_bench.py under perseusrun -np 1;
 #   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md), with the
@@ -264,8 +265,8 @@ background() {
 # record_step NAME: adds the step's result to the summary; returns 0 if it passed.
 record_step() {
   [ "$DRY_RUN" = 1 ] && return 0
-  local result took
-  IFS=$'\t' read -r result took <"$LOGS/$1.result"
+  local result="FAIL (no result: its job ended without one)" took=""
+  [ -f "$LOGS/$1.result" ] && IFS=$'\t' read -r result took <"$LOGS/$1.result"
   [ "$result" = PASS ] || [[ $result == SKIPPED* ]] || FAILED=1  # SKIPPED: what this machine cannot run
   SUMMARY+=("| $1 | $result | $took |")
   [ "$result" = PASS ]
@@ -364,7 +365,8 @@ run_job() {
   case $name in
     test_inproc) run_step "$name" "$limit" "${PYTEST[@]}" -m "not mpi" ;;
     stress_*)
-      [[ $config =~ ^nccl_np([0-9]+)_shared_lanes([0-9]+)$ ]] || return 2
+      [[ $config =~ ^nccl_np([0-9]+)_shared_lanes([0-9]+)$ ]] \
+        || { printf 'FAIL (no stress run for %s)\t\n' "$config" >"$LOGS/$name.result"; return 2; }
       run_step "$name" "$limit" "${STRESS[@]}" PERSEUS_ALLREDUCE_STREAMS="${BASH_REMATCH[2]}" \
         "$VENV/bin/perseusrun" -np "${BASH_REMATCH[1]}" "$VPY" tests/rank_scripts/gpu_stress.py ;;
     *.part*)
@@ -377,23 +379,25 @@ run_job() {
 }
 
 # The pool, in the plan's order: a job starts once its ranks fit under PLAN_RANK_CAP beside
-# those running (a job has ended when its .result is written). Device time is short, and
-# jobs at once overlap their host work.
+# those running (a job has ended when its .result is written, or its process is gone).
+# Device time is short, and jobs at once overlap their host work.
 IFS=';' read -r -a POOL <<<"$PLAN_JOBS"
-declare -A RUNNING=()  # job -> its ranks
+declare -A RUNNING=() PIDS=()  # job -> its ranks, its background process
 RUN_JOBS=""
 for entry in "${POOL[@]}"; do
   read -r name ranks limit <<<"$entry"
   while [ "$DRY_RUN" = 0 ]; do
     used=0
     for job in "${!RUNNING[@]}"; do
-      if [ -f "$LOGS/$job.result" ]; then unset "RUNNING[$job]"; else used=$(( used + RUNNING[$job] )); fi
+      if [ -f "$LOGS/$job.result" ] || ! kill -0 "${PIDS[$job]}" 2>/dev/null; then unset "RUNNING[$job]"
+      else used=$(( used + RUNNING[$job] )); fi
     done
     { [ $(( used + ranks )) -le "$PLAN_RANK_CAP" ] || [ "$used" = 0 ]; } && break
     sleep 1
   done
   RUNNING[$name]=$ranks
   background run_job "$name" "$limit"
+  [ "$DRY_RUN" = 1 ] || PIDS[$name]=$!
   RUN_JOBS="$RUN_JOBS $name"
 done
 wait
@@ -451,6 +455,7 @@ echo "$(elapsed)" >"$LOGS/elapsed"
 # commits them into scripts/gpu_plan.py's table).
 report "## Measured against the plan" "" "$("$VPY" scripts/gpu_plan.py measured "$LOGS" 2>&1)" "" \
   "Measured costs: gpu_check_logs/measured.json." ""
+say "measured costs beside the plan's: $LOGS/measured.json (docs/gpu.md: how to commit them)"
 report "## Steps" "" "| step | result | time |" "|---|---|---|" "${SUMMARY[@]}" "" \
   "Total: $(elapsed)s of a ${BUDGET_S}s budget (plan: ${PLAN_PREDICTED_S}s). Logs: gpu_check_logs/."
 say "report: $REPORT ($(elapsed)s)"
