@@ -45,8 +45,10 @@
 # Settings: PYTHON, PERSEUS_MPICXX, PERSEUS_WHEELS (wheels/), PERSEUS_GPU_VENV (.venv-gpu),
 # PERSEUS_GPU_REPORT, PERSEUS_GPU_LOGS, PERSEUS_GPU_CHECK_BUDGET_S (scripts/gpu_plan.py's 540: the whole
 # run, build included, fits one 600 s device call; steps past it are NOT RUN), PERSEUS_GPU_CHECK_STRESS_STEPS (1000),
-# PERSEUS_GPU_CHECK_CONFIGS (the test_gpu.py configurations to run, all by default),
-# PERSEUS_GPU_CHECK_BENCH (1; 0 leaves out the benchmark, for a short rerun of some configurations),
+# PERSEUS_GPU_CHECK_CONFIGS (the test_gpu.py configurations to run, all by default; none: no test job),
+# PERSEUS_GPU_CHECK_BENCH (1; 0 leaves out the benchmark, for a short rerun of some configurations;
+# np2: only benchmarks/gpu_bench.py --shared-np2, two ranks on GPU 0 beside torch's DDP on the
+# same NCCL, which needs a multi-rank NCCL (--nccl); all: both benchmarks),
 # PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 (test this script on a CPU machine: all steps run,
 # the GPU tests skip, exit code 3).
 set -uo pipefail  # not -e: a failing step is recorded, the others still run
@@ -61,6 +63,8 @@ export PERSEUS_GPU_LOGS=$LOGS  # tests/gpu/test_gpu.py copies each configuration
 BUDGET_S=${PERSEUS_GPU_CHECK_BUDGET_S:-}  # by default the plan's (scripts/gpu_plan.py CALL_BUDGET_S)
 STRESS_STEPS=${PERSEUS_GPU_CHECK_STRESS_STEPS:-1000}
 BENCH=${PERSEUS_GPU_CHECK_BENCH:-1}
+case "$BENCH" in 0|1|np2|all) ;; *)
+  echo "gpu_check: PERSEUS_GPU_CHECK_BENCH='$BENCH' is invalid: 0, 1, np2 or all" >&2; exit 2 ;; esac
 EXIT_FAILED=1 EXIT_SETUP=2 EXIT_NO_CUDA=3
 DRY_RUN=0 PLAN_ONLY=0 NCCL_GIVEN=""
 START=$(date +%s)
@@ -288,6 +292,7 @@ report "## Set-up (scripts/gpu_check_plan.py)" "" '```sh' "$PLAN" "$NCCL_PLAN" '
 # ---------------------------------------------------------------- the plan of the device work
 # scripts/gpu_plan.py: each step's cost from measured figures, the order, what runs at once.
 CONFIGS=${PERSEUS_GPU_CHECK_CONFIGS:-$("$VPY" scripts/gpu_check_info.py configs)}
+[ "$CONFIGS" != none ] || CONFIGS=""  # a call for the benchmarks alone
 GPUS=$(printf '%s\n' "$CUDA_INFO" | grep -c '^cuda:[0-9]')
 [ "$GPUS" -ge 1 ] || GPUS=1  # no device (a dry run, PERSEUS_GPU_CHECK_WITHOUT_CUDA): planned as for one
 RUN_NCCL_CHECK=0; [ -n "$NCCL_CHECK" ] && [ "$CUDA_RC" = 0 ] && RUN_NCCL_CHECK=1
@@ -339,7 +344,7 @@ fi
 
 PYTEST=("$VPY" -m pytest -v -p no:cacheprovider -rfEs tests/gpu/test_gpu.py)  # -v: a result per test as it ends, also in a run cut short
 report "## tests/gpu/test_gpu.py" "" "| job | pytest summary |" "|---|---|"
-RESERVE_S=$(( BENCH == 1 ? 100 : 0 ))  # the benchmark runs after the tests
+case "$BENCH" in 0) RESERVE_S=0 ;; *) RESERVE_S=100 ;; esac  # the benchmark runs after the tests
 # The stress run of a shared-GPU NCCL configuration (tests/rank_scripts/gpu_stress.py): STRESS_STEPS
 # steps on GPU 0, sizes to 1 MiB around a small chunk and fusion threshold; the
 # configuration adds its lanes and runs it under perseusrun -np with its ranks.
@@ -439,11 +444,23 @@ fi
 RESERVE_S=0
 # Under perseusrun -np 1 (the chosen mpirun, with the flags its MPI needs, e.g. Open MPI's
 # --bind-to none): how users launch; the in-process step already covers a plain python.
-if [ "$BENCH" = 1 ]; then
+if [ "$BENCH" = 1 ] || [ "$BENCH" = all ]; then
   step gpu_bench 150 "$VENV/bin/perseusrun" -np 1 "$VPY" benchmarks/gpu_bench.py --json "$LOGS/gpu_bench.json"
   [ "$DRY_RUN" = 1 ] || report "## Benchmark (benchmarks/gpu_bench.py)" "" "$(cat "$LOGS/gpu_bench.log")" ""
 else
-  report "## Benchmark" "" "Not run (PERSEUS_GPU_CHECK_BENCH=0)." ""
+  report "## Benchmark" "" "Not run (PERSEUS_GPU_CHECK_BENCH=$BENCH)." ""
+fi
+# Two ranks on GPU 0 beside torch's own DDP on the same NCCL (issue 47, point 3): --nccl
+# preloads the given NCCL for torch too (benchmarks/README.md says why LD_PRELOAD).
+if [ "$BENCH" = np2 ] || [ "$BENCH" = all ]; then
+  if [ "$MULTI_RANK" = 1 ]; then
+    step gpu_bench_np2 160 "$VENV/bin/perseusrun" -np 2 "$VPY" benchmarks/gpu_bench.py --shared-np2 \
+      --nccl "$NCCL_LIB" --timeout 140 --json "$LOGS/gpu_bench_np2.json"
+    [ "$DRY_RUN" = 1 ] || report "## Benchmark, np=2 on one GPU (benchmarks/gpu_bench.py --shared-np2)" "" \
+      "$(cat "$LOGS/gpu_bench_np2.log")" ""
+  else
+    report "## Benchmark, np=2 on one GPU" "" "Not run: NCCL $NCCL_VERSION cannot run two ranks on one GPU (give --nccl with 2.30 or later)." ""
+  fi
 fi
 
 if [ "$DRY_RUN" = 1 ]; then

@@ -8,7 +8,8 @@ on the lent H200, where each figure comes from, and the order and concurrency th
                                 seconds beside its prediction (LOGS/plan.json, *.result and the
                                 BATCH TIME lines of job_*.log); prints them as a Markdown table
 OPTIONS: --configs "A B" (default: every configuration of tests/gpu/test_gpu.py), --gpus N (1),
---multi-rank 0|1 (1: the NCCL runs several ranks on one GPU), --nccl-check 0|1 (1), --bench 0|1 (1),
+--multi-rank 0|1 (1: the NCCL runs several ranks on one GPU), --nccl-check 0|1 (1), --bench 0|1|np2|all
+(1: gpu_bench.py at np=1; np2: its --shared-np2 mode only; all: both),
 --elastic 0|1 (0), --stress-steps N (1000).
 
 The model, small on purpose (docs/gpu.md, "The plan"):
@@ -54,6 +55,10 @@ STEPS = {
     "check_build": Cost(10, 0, "estimate: perseusrun --check-build loads torch, CUDA and NCCL once"),
     "gpu_elastic": Cost(110, 10, "estimate from scripts/gpu_elastic_check.sh: 1-2 min for its core's build, "
                                  "20-40 s for the job; only with PERSEUS_OMPI5_MPICXX"),
+    "gpu_bench_np2": Cost(55, 55, "estimate: benchmarks/gpu_bench.py --shared-np2 (issue 47, point 3), never run "
+                                  "on a device: two ranks on GPU 0, torch and ResNet-50 on each, six variants "
+                                  "of the training step and three reductions; its step limit is 160 s. "
+                                  "Opt-in (PERSEUS_GPU_CHECK_BENCH=np2 or all), for a second call"),
     "gpu_bench": Cost(30, 30, "estimate: never timed alone; its step limit is 150 s; runs alone, as its "
                               "timings need the GPU to itself"),
 }
@@ -207,7 +212,9 @@ def make_plan(configs=None, gpus=1, multi_rank=True, nccl_check=True, bench=True
         jobs += config_jobs(config, ranks, config_scripts(config))
     wall, jobs, binding = pool(jobs)
     tail = [("gpu_elastic", STEPS["gpu_elastic"])] if elastic else []
-    tail += [("gpu_bench", STEPS["gpu_bench"])] if bench else []
+    bench = {True: "1", False: "0"}.get(bench, str(bench))
+    tail += [("gpu_bench", STEPS["gpu_bench"])] if bench in ("1", "all") else []
+    tail += [("gpu_bench_np2", STEPS["gpu_bench_np2"])] if bench in ("np2", "all") and multi_rank else []
     out = [dict(name=name, predicted=round(c.host + c.gpu, 1)) for name, c in steps]
     out.append(dict(name="tests", predicted=wall, bound=binding, jobs=jobs, skipped=skipped))
     out += [dict(name=name, predicted=round(c.host + c.gpu, 1)) for name, c in tail]
@@ -321,7 +328,8 @@ def main(argv):
     parser.add_argument("logs", nargs="?")
     parser.add_argument("--configs")
     parser.add_argument("--gpus", type=int, default=1)
-    for flag, default in (("multi-rank", 1), ("nccl-check", 1), ("bench", 1), ("elastic", 0)):
+    parser.add_argument("--bench", choices=["0", "1", "np2", "all"], default="1")
+    for flag, default in (("multi-rank", 1), ("nccl-check", 1), ("elastic", 0)):
         parser.add_argument("--" + flag, type=int, choices=[0, 1], default=default)
     parser.add_argument("--stress-steps", type=int, default=1000)
     parser.add_argument("--json")
@@ -329,8 +337,8 @@ def main(argv):
     if args.command == "measured":
         print(measured(args.logs))
         return 0
-    plan = make_plan(args.configs.split() if args.configs else None, args.gpus, bool(args.multi_rank),
-                     bool(args.nccl_check), bool(args.bench), bool(args.elastic), args.stress_steps)
+    plan = make_plan(args.configs.split() if args.configs is not None else None, args.gpus, bool(args.multi_rank),
+                     bool(args.nccl_check), args.bench, bool(args.elastic), args.stress_steps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(plan, f, indent=1)

@@ -817,7 +817,7 @@ def test_gpu_plan_leaves_out_nothing_gpu_check_runs():
     (or left uncounted) to fit the time."""
     from test_gpu import CONFIGS, config_scripts
     gpu_plan = _gpu_plan()
-    plan = gpu_plan.make_plan(elastic=True)  # the full matrix: NCCL 2.30+, its check, the benchmark
+    plan = gpu_plan.make_plan(elastic=True, bench="all")  # the full matrix: NCCL 2.30+, its check, both benchmarks
     jobs = [step for step in plan["steps"] if step["name"] == "tests"][0]["jobs"]
     for config, (ranks, _, _, _, gpus) in CONFIGS.items():
         scripts = [s for j in jobs if j["name"].split(".part")[0] == "test_" + config for s in j["scripts"]]
@@ -830,7 +830,7 @@ def test_gpu_plan_leaves_out_nothing_gpu_check_runs():
     steps = gpu_plan.step_figures(plan)
     with open(str(REPO_ROOT / "scripts" / "gpu_check.sh")) as f:
         named = set(re.findall(r"^\s*(?:background )?(?:run_)?step (\w+) ", f.read(), re.M))
-    assert {"build", "nccl_multi_rank", "gpu_bench"} <= named  # the pattern still finds them
+    assert {"build", "nccl_multi_rank", "gpu_bench", "gpu_bench_np2"} <= named  # the pattern still finds them
     assert named <= set(steps), "steps of gpu_check.sh without a figure in gpu_plan.py: %s" % (named - set(steps))
 
 
