@@ -34,7 +34,21 @@
  * FAKE_NCCL_FAIL_ALLREDUCE_AFTER=<n> makes every ncclAllReduce after the n-th fail on
  * every rank (use at one rank only); FAKE_NCCL_DIE_RANK=<world rank> with
  * FAKE_NCCL_DIE_AT_ALLREDUCE=<n>: that rank's process SIGKILLs itself as its n-th
- * ncclAllReduce starts, before its kernel tells its peers anything.
+ * ncclAllReduce starts, before its kernel tells its peers anything;
+ * FAKE_NCCL_DIE_AT_INIT=<world rank>:<n> as its n-th communicator creation starts (its
+ * peers then inside theirs), FAKE_NCCL_DIE_AT_P2P=<world rank>:<n> as its n-th ncclSend
+ * or ncclRecv starts (its peer inside the matching one).
+ *
+ * Communicator creation waits, as NCCL's bootstrap does, for every rank: a peer that
+ * died (or never comes) leaves it waiting for good. ncclCommInitRank, and the config
+ * variant with blocking left undefined or 1, block the caller meanwhile; with
+ * config.blocking = 0 (NCCL 2.14's nonblocking communicators) it returns at once and the
+ * creation runs on a thread of its own: ncclCommGetAsyncError says ncclInProgress until
+ * it ends (then ncclSuccess, or its error), and ncclCommAbort ends it and frees the
+ * communicator. On a nonblocking communicator every launch (a call outside a group,
+ * ncclGroupEnd) returns ncclInProgress and ncclCommGetAsyncError says so once more;
+ * a call on a communicator whose creation or last launch is still in progress is a
+ * misuse (NCCL would block or queue it; Perseus polls to ncclSuccess first).
  *
  * A peer that dies (its process ends, as under ULFM with mpirun --with-ft ulfm) stops
  * contributing, as on a real GPU: the survivors' kernel that waits for it never
@@ -82,6 +96,13 @@ typedef struct {
   volatile int aborting; /* ncclCommAbort was called: the kernel in flight ends */
   volatile int peer_lost; /* MPI reported a peer's process dead (ULFM) */
   int active;             /* kernels in flight on it (under g_mu) */
+  volatile int init_state; /* 7 (ncclInProgress) while being made, then 0 or the creation's error */
+  int nonblocking;         /* config.blocking = 0 */
+  int launch_pending;      /* nonblocking: the last launch said ncclInProgress, not yet polled */
+  int counted;             /* in the communicator count (made successfully) */
+  int has_thread;          /* a creation thread to join */
+  pthread_t thread;
+  int creator;             /* the world rank of the id's maker */
   char name[96];
   int op_used[MAX_OPS];
   double op_scalar[MAX_OPS];
@@ -101,8 +122,20 @@ typedef struct {
 #define CONFIG_MAGIC 0xcafebeefu
 #define UNDEF_INT (-2147483647 - 1)
 
+static int check_ready(FakeComm* c, const char* what);
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static long g_allreduces;
+static long g_allreduces, g_inits, g_messages;
+
+/* FAKE_NCCL_DIE_AT_<what>=<world rank>:<n>: SIGKILL this process when it is that rank
+ * and `nth` is n. */
+static void maybe_die(const char* var, long nth) {
+  const char* v = getenv(var);
+  int rank = -1, world_rank = -2;
+  long n = -1;
+  if (v == NULL || sscanf(v, "%d:%ld", &rank, &n) != 2 || n != nth) return;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  if (world_rank == rank) raise(SIGKILL);
+}
 static __thread char t_last_error[1200];
 static __thread int t_group_depth = 0;
 static __thread MPI_Request* t_pending = NULL; /* a kernel's posted sends and receives */
@@ -425,35 +458,42 @@ static int check_devices(FakeComm* c, const Member* all) {
   return 0;
 }
 
-static int init_comm(void** out, int nranks, ncclUniqueId id, int rank, const char* name, int implicit) {
-  int ids[2], world_rank;
-  memcpy(ids, id.internal, sizeof ids);
+/* Waits for a creation's requests: 0 once done, 1 if the communicator was aborted
+ * meanwhile (the requests are then withdrawn). A dead peer's error is noted and the
+ * wait goes on: its part never comes. */
+static int init_wait(FakeComm* c, MPI_Request* r, const char* receiving, int n) {
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    if (MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) lost_peer(c);
+    if (done && !c->peer_lost) return 0;
+    if (c->aborting) {
+      for (int i = 0; i < n; ++i) {
+        if (r[i] == MPI_REQUEST_NULL) continue;
+        if (receiving[i]) MPI_Cancel(&r[i]);
+        MPI_Request_free(&r[i]);
+      }
+      return 1;
+    }
+    back_off(spins);
+  }
+}
+
+/* The creation's exchange (the caller's thread, or its own when nonblocking): every rank
+ * tells the creator who it is, the creator tells everyone. 0, an NCCL error, or -1 when
+ * aborted. */
+static int exchange(FakeComm* c) {
+  int world_rank;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  if (ulfm_run()) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN); /* a dead peer: see the header */
-  device_register(); /* before any peer may look at this process's GPU */
-  FakeComm* c = (FakeComm*)calloc(1, sizeof *c);
-  c->magic = COMM_MAGIC;
-  c->device = fake_current_device();
-  c->rank = rank;
-  c->nranks = nranks;
-  c->tag = ids[1];
-  c->world = (int*)malloc(nranks * sizeof(int));
-  c->pids = (int*)malloc(nranks * sizeof(int));
-  if (name != NULL && name[0] != '\0') snprintf(c->name, sizeof c->name, "'%s'", name);
-  else snprintf(c->name, sizeof c->name, "communicator %d", c->tag);
-  /* Launch order implicit: the environment overrides the configuration (NCCL 2.26; 2.31). */
-  const char* env = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
-  if (nccl_version() >= 22600 && env != NULL && env[0] != '\0') c->implicit = atoi(env) == 1;
-  else c->implicit = nccl_version() >= 23100 && implicit == 1;
-  Member me = {rank, world_rank, (int)getpid(), {0}}, *all = (Member*)calloc(nranks, sizeof(Member));
+  Member me = {c->rank, world_rank, (int)getpid(), {0}}, *all = (Member*)calloc(c->nranks, sizeof(Member));
   if (cudaDeviceGetPCIBusId(me.bus, BUS_ID_BYTES - 1, c->device) != 0) snprintf(me.bus, BUS_ID_BYTES, "?");
-  if (rank == 0) { /* the creator learns who is who, then tells everyone */
+  int aborted = 0;
+  if (c->rank == 0) { /* the creator learns who is who, then tells everyone */
     all[0] = me;
     int world_size = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    for (int i = 1, spins = 0; i < nranks; ++spins) { /* by source: see the header */
+    for (int i = 1, spins = 0; i < c->nranks && !aborted; ++spins) { /* by source: see the header */
       int got = 0;
-      for (int src = 0; src < world_size && i < nranks; ++src) {
+      for (int src = 0; src < world_size && i < c->nranks; ++src) {
         int flag = 0;
         if (src == world_rank || MPI_Iprobe(src, c->tag, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS ||
             !flag)
@@ -464,34 +504,99 @@ static int init_comm(void** out, int nranks, ncclUniqueId id, int rank, const ch
         ++i, got = 1;
       }
       if (!got) back_off(spins);
+      aborted = c->aborting;
     }
-    for (int r = 1; r < nranks; ++r)
-      MPI_Send(all, nranks * sizeof(Member), MPI_BYTE, all[r].world, c->tag, MPI_COMM_WORLD);
+    if (!aborted && c->nranks > 1) {
+      MPI_Request* r = (MPI_Request*)malloc((c->nranks - 1) * sizeof(MPI_Request));
+      char* receiving = (char*)calloc(c->nranks, 1);
+      for (int k = 1; k < c->nranks; ++k)
+        if (MPI_Isend(all, c->nranks * sizeof(Member), MPI_BYTE, all[k].world, c->tag, MPI_COMM_WORLD, &r[k - 1]) !=
+            MPI_SUCCESS) {
+          lost_peer(c);
+          r[k - 1] = MPI_REQUEST_NULL;
+        }
+      aborted = init_wait(c, r, receiving, c->nranks - 1);
+      free(r);
+      free(receiving);
+    }
   } else {
-    MPI_Send(&me, sizeof me, MPI_BYTE, ids[0], c->tag, MPI_COMM_WORLD);
-    MPI_Recv(all, nranks * sizeof(Member), MPI_BYTE, ids[0], c->tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const char receiving[2] = {0, 1};
+    if (MPI_Isend(&me, sizeof me, MPI_BYTE, c->creator, c->tag, MPI_COMM_WORLD, &r[0]) != MPI_SUCCESS ||
+        MPI_Irecv(all, c->nranks * sizeof(Member), MPI_BYTE, c->creator, c->tag, MPI_COMM_WORLD, &r[1]) !=
+            MPI_SUCCESS)
+      lost_peer(c);
+    aborted = init_wait(c, r, receiving, 2);
   }
-  for (int r = 0; r < nranks; ++r) {
+  if (aborted) return -1; /* `all` is left: a withdrawn receive may not be done with it */
+  for (int r = 0; r < c->nranks; ++r) {
     c->world[r] = all[r].world;
     c->pids[r] = all[r].pid;
   }
   int rc = check_devices(c, all);
   free(all);
   if (rc == 0 && fake_env_int("FAKE_NCCL_FAIL_INIT_RANK", -1) == world_rank) rc = 2; /* ncclSystemError */
+  if (rc == 0) {
+    fake_stat_add(kStatComms, 1);
+    fake_stat_add(kStatCommsCreated, 1);
+    c->counted = 1;
+  }
+  return rc;
+}
+
+static void* creation_thread(void* arg) {
+  FakeComm* c = (FakeComm*)arg;
+  int rc = exchange(c);
+  c->init_state = rc < 0 ? 3 : rc; /* aborted: ncclInternalError, never read (the abort frees it) */
+  return NULL;
+}
+
+static int init_comm(void** out, int nranks, ncclUniqueId id, int rank, const char* name, int implicit,
+                     int blocking) {
+  int ids[2];
+  memcpy(ids, id.internal, sizeof ids);
+  if (ulfm_run()) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN); /* a dead peer: see the header */
+  pthread_mutex_lock(&g_mu);
+  const long nth = ++g_inits;
+  pthread_mutex_unlock(&g_mu);
+  maybe_die("FAKE_NCCL_DIE_AT_INIT", nth); /* before it tells its peers anything */
+  device_register(); /* before any peer may look at this process's GPU */
+  FakeComm* c = (FakeComm*)calloc(1, sizeof *c);
+  c->magic = COMM_MAGIC;
+  c->device = fake_current_device();
+  c->rank = rank;
+  c->nranks = nranks;
+  c->tag = ids[1];
+  c->creator = ids[0];
+  c->world = (int*)malloc(nranks * sizeof(int));
+  c->pids = (int*)malloc(nranks * sizeof(int));
+  if (name != NULL && name[0] != '\0') snprintf(c->name, sizeof c->name, "'%s'", name);
+  else snprintf(c->name, sizeof c->name, "communicator %d", c->tag);
+  /* Launch order implicit: the environment overrides the configuration (NCCL 2.26; 2.31). */
+  const char* env = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+  if (nccl_version() >= 22600 && env != NULL && env[0] != '\0') c->implicit = atoi(env) == 1;
+  else c->implicit = nccl_version() >= 23100 && implicit == 1;
+  if (!blocking) { /* the creation runs on; *out can be polled and aborted meanwhile */
+    c->nonblocking = 1;
+    c->init_state = 7;
+    c->has_thread = 1;
+    pthread_create(&c->thread, NULL, creation_thread, c);
+    *out = c;
+    return 0;
+  }
+  int rc = exchange(c); /* never -1: nobody holds c to abort it */
   if (rc != 0) {
     free(c->world);
     free(c->pids);
     free(c);
     return rc;
   }
-  fake_stat_add(kStatComms, 1);
-  fake_stat_add(kStatCommsCreated, 1);
   *out = c;
   return 0;
 }
 
 int ncclCommInitRank(void** out, int nranks, ncclUniqueId id, int rank) {
-  return init_comm(out, nranks, id, rank, NULL, UNDEF_INT);
+  return init_comm(out, nranks, id, rank, NULL, UNDEF_INT, 1);
 }
 
 /* Since NCCL 2.14; the fake reads the fields of 2.31's layout (commName, launchOrderImplicit). */
@@ -502,7 +607,11 @@ int ncclCommInitRankConfig(void** out, int nranks, ncclUniqueId id, int rank, nc
                 config ? config->magic : 0, config ? config->size : 0, config ? config->version : 0);
     return 4; /* ncclInvalidArgument */
   }
-  return init_comm(out, nranks, id, rank, config->commName, config->launchOrderImplicit);
+  if (config->blocking != UNDEF_INT && config->blocking != 0 && config->blocking != 1) {
+    fake_misuse("ncclCommInitRankConfig: blocking = %d", config->blocking);
+    return 4;
+  }
+  return init_comm(out, nranks, id, rank, config->commName, config->launchOrderImplicit, config->blocking != 0);
 }
 
 static int check_live(FakeComm* c, const char* what) {
@@ -546,6 +655,11 @@ static int kernels_in_flight(FakeComm* c) {
 
 static int destroy(FakeComm* c, int abort) {
   if (check_live(c, abort ? "ncclCommAbort" : "ncclCommDestroy")) return 4;
+  if (!abort && c->init_state == 7) {
+    fake_misuse("ncclCommDestroy of %s while its creation is in progress: real NCCL blocks there until every "
+                "rank has come, which a dead peer never does; abort it (ncclCommAbort)", c->name);
+    abort = 1;
+  }
   if (!abort && (kernels_in_flight(c) || c->peer_lost)) {
     /* Real NCCL can hang here for good; the fake says so and aborts instead. */
     fake_misuse("ncclCommDestroy of %s, which %s: real NCCL can hang there; a broken communicator must be "
@@ -558,6 +672,10 @@ static int destroy(FakeComm* c, int abort) {
     c->aborting = 1;
     for (int spins = 0; kernels_in_flight(c); ++spins) back_off(spins);
   }
+  if (c->has_thread) { /* its creation ends (aborted, or it ended already) */
+    pthread_join(c->thread, NULL);
+    c->has_thread = 0;
+  }
   if (c->failed && !c->peer_lost) drain(c);
   if (!abort)
     for (int k = 0; k < MAX_OPS; ++k)
@@ -566,7 +684,7 @@ static int destroy(FakeComm* c, int abort) {
   free(c->world);
   free(c->pids);
   c->world = c->pids = NULL;
-  fake_stat_add(kStatComms, -1);
+  if (c->counted) fake_stat_add(kStatComms, -1);
   if (abort) {
     c->magic = COMM_ABORTED; /* kept, so that a later call on it is named */
   } else {
@@ -580,12 +698,22 @@ int ncclCommAbort(void* c) { return destroy((FakeComm*)c, 1); }
 int ncclCommGetAsyncError(void* comm, int* err) {
   FakeComm* c = (FakeComm*)comm;
   if (check_live(c, "ncclCommGetAsyncError")) return 4;
+  if (c->init_state != 0) { /* being made (ncclInProgress), or its creation failed */
+    *err = c->init_state;
+    return 0;
+  }
+  if (c->launch_pending) { /* the last launch is in progress: said once, then done */
+    c->launch_pending = 0;
+    *err = 7;
+    return 0;
+  }
   *err = c->peer_lost ? 6 : 0; /* ncclRemoteError: a peer is gone */
   return 0;
 }
 
 int ncclRedOpCreatePreMulSum(int* op, void* scalar, int type, int residence, void* comm) {
   FakeComm* c = (FakeComm*)comm;
+  if (check_live(c, "ncclRedOpCreatePreMulSum") || check_ready(c, "ncclRedOpCreatePreMulSum")) return 4;
   if (residence != 1) fake_misuse("PreMulSum scalar residence %d", residence);
   for (int k = 0; k < MAX_OPS; ++k) {
     if (!c->op_used[k]) {
@@ -808,7 +936,12 @@ static int launch(const Op* ops, int n) {
   pthread_mutex_lock(&g_mu);
   c->active--; /* last: an abort waiting for it may free c now */
   pthread_mutex_unlock(&g_mu);
-  return failed ? 3 : 0; /* ncclInternalError; t_last_error says why */
+  if (failed) return 3; /* ncclInternalError; t_last_error says why */
+  if (c->nonblocking) { /* as NCCL may say of any launch on such a communicator */
+    c->launch_pending = 1;
+    return 7; /* ncclInProgress */
+  }
+  return 0;
 }
 
 /* An operation called: run now, or at ncclGroupEnd inside a group. */
@@ -828,8 +961,21 @@ static int submit(const Op* o) {
   return launch(o, 1);
 }
 
+/* A call on a nonblocking communicator whose creation or last launch has not been seen
+ * to end (ncclCommGetAsyncError's ncclSuccess): a misuse. */
+static int check_ready(FakeComm* c, const char* what) {
+  if (c->init_state == 7 || c->init_state != 0 || c->launch_pending) {
+    fake_misuse("%s on %s while its %s (ncclCommGetAsyncError must say ncclSuccess first)", what, c->name,
+                c->init_state == 7 ? "creation is in progress"
+                : c->init_state != 0 ? "creation failed"
+                                     : "last launch is in progress");
+    return 5; /* ncclInvalidUsage */
+  }
+  return 0;
+}
+
 static int check_comm(FakeComm* c, void* stream, const char* what) {
-  if (check_live(c, what)) return 4;
+  if (check_live(c, what) || check_ready(c, what)) return 4;
   fake_stat_add(kStatNcclCalls, 1);
   fake_count_call(kCallNccl);
   int d = fake_stream_device(stream);
@@ -913,6 +1059,10 @@ int ncclSend(const void* buf, size_t count, int t, int peer, void* comm, void* s
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclSend") || check_peer(c, peer, "ncclSend")) return 4;
   if (fake_timing_mode()) return 0;
+  pthread_mutex_lock(&g_mu);
+  const long nth = ++g_messages;
+  pthread_mutex_unlock(&g_mu);
+  maybe_die("FAKE_NCCL_DIE_AT_P2P", nth); /* its peer inside the matching call */
   order_on_stream(fake_stream_agent(s), "ncclSend", buf, count * type_size(t), NULL, 0);
   Op o = {kSend, buf, NULL, count, t, 0, peer, c};
   return submit(&o);
@@ -922,6 +1072,10 @@ int ncclRecv(void* buf, size_t count, int t, int peer, void* comm, void* s) {
   FakeComm* c = (FakeComm*)comm;
   if (check_comm(c, s, "ncclRecv") || check_peer(c, peer, "ncclRecv")) return 4;
   if (fake_timing_mode()) return 0;
+  pthread_mutex_lock(&g_mu);
+  const long nth = ++g_messages;
+  pthread_mutex_unlock(&g_mu);
+  maybe_die("FAKE_NCCL_DIE_AT_P2P", nth); /* its peer inside the matching call */
   order_on_stream(fake_stream_agent(s), "ncclRecv", NULL, 0, buf, count * type_size(t));
   Op o = {kRecv, NULL, buf, count, t, 0, peer, c};
   return submit(&o);

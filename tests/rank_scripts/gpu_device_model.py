@@ -52,8 +52,9 @@ def communicator(lib, comm_world, name):
     lib.ncclCommInitRankConfig.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int,
                                            ctypes.POINTER(Config)]
     implicit = 1 if os.environ.get("DEVICE_RACE") == "1" else -2 ** 31  # NCCL_CONFIG_UNDEF_INT
+    # blocking undefined, as NCCL_CONFIG_INITIALIZER leaves it (0 asks for a nonblocking one)
     config = Config(size=ctypes.sizeof(Config), magic=0xcafebeef, version=23100, commName=name.encode(),
-                    launchOrderImplicit=implicit)
+                    blocking=-2 ** 31, launchOrderImplicit=implicit)
     comm = ctypes.c_void_p()
     rc = lib.ncclCommInitRankConfig(ctypes.byref(comm), comm_world.size, uid, comm_world.rank, ctypes.byref(config))
     assert rc == 0, "ncclCommInitRankConfig: %d" % rc
