@@ -114,6 +114,23 @@ def test_gpu_survivors_abort_nccl_and_recover(ulfm, fake_gpu_ompi5, run_mpi):
     assert out.count("gpu survivor ok, size 3") == 3, out
 
 
+def test_gpu_survivors_of_deaths_in_nccl_creation_and_messages(ulfm, fake_gpu_ompi5, run_mpi):
+    """Issue 46, point 5, the rest of the GPU lanes, two failures in one job (np 4): rank 3
+    is SIGKILLed as it starts making its device lane's NCCL communicator (the job's first
+    GPU batch), the other three inside the creation, which never completes while a peer
+    is missing; then, over the three, each step also sends a CUDA tensor round the ring
+    (a communicator per pair), and rank 2 is SIGKILLed as its 5th ncclSend starts (step
+    2), its peers inside the calls that match it. Each time the survivors raise
+    HorovodInternalError, abort the half-made or the pairs' communicators, and go on:
+    ranks 0 and 1 finish every step, each result (the allreduce's, every message's) and
+    the committed total checked against numpy, with no misuse of the fake (a call on a
+    communicator whose creation is in progress, one left unaborted)."""
+    env = dict(ulfm["env"], **fake_gpu_ompi5, FAKE_NCCL_DIE_AT_INIT="3:1", PTEST_GPU_P2P="1",
+               FAKE_NCCL_DIE_AT_P2P="2:5", PTEST_FAILURES="2", FAKE_GPU_DEVICE_TIMEOUT_S="30")
+    out = run_mpi("gpu_elastic", NP, env=env, python=ulfm["python"], launcher=ulfm["launcher"], timeout=120)
+    assert out.count("gpu survivor ok, size 2") == 2, out
+
+
 CHECK = """
 import perseus.common.basics as b
 enabled, why = b.fault_tolerance()

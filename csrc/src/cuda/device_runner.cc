@@ -9,6 +9,7 @@
 #include "cuda/runtime/device_guard.h"
 #include "cuda/runtime/event_pool.h"
 #include "cuda/runtime/nccl_features.h"
+#include "cuda/nccl/nccl_comm.h"
 #include "cuda/nccl/nccl_ops.h"
 #include "cuda/process_device.h"
 #include "cuda/shared_device.h"
@@ -238,39 +239,43 @@ Status DeviceRunner::OpenNccl() {
     PERSEUS_RETURN_IF_ERROR(MpiStatus(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, args_.comm),
                                       "MPI_Bcast (NCCL unique id)"));
   }
-  // Blocking and collective over the set; no MPI lock held meanwhile. Where NCCL takes
-  // it per communicator, launch order implicit: the launch order (cuda/context/launch_order.h) is
-  // then the order the GPU starts kernels of different communicators in.
+  // Collective over the set; no MPI lock held meanwhile. Where NCCL takes it per
+  // communicator, launch order implicit: the launch order (cuda/context/launch_order.h) is
+  // then the order the GPU starts kernels of different communicators in. Made
+  // nonblocking where the job outlives a rank (cuda/nccl/nccl_comm.h) and published to
+  // Abort at once, so that a peer that dies meanwhile cannot leave the lane inside the
+  // creation for good.
   Status local;
   ncclComm_t new_comm = nullptr;
+  bool world_failed = false;
   {
     DeviceGuard guard(device_, &local);
-    if (local.ok() && LaunchOrderPerCommunicator(nccl.version).yes && nccl.CommInitRankConfig != nullptr) {
-      NcclConfig config = MakeNcclConfig();
-      config.launchOrderImplicit = 1;
-      comm_name_ = "perseus set " + std::to_string(args_.set_id) + " lane " + std::to_string(args_.index);
-      config.commName = comm_name_.c_str();
-      local = NcclStatus(nccl.CommInitRankConfig(&new_comm, args_.size, id, args_.rank, &config),
-                         "ncclCommInitRankConfig");
-    } else if (local.ok()) {
-      local = NcclStatus(nccl.CommInitRank(&new_comm, args_.size, id, args_.rank), "ncclCommInitRank");
+    NcclCommOptions options;
+    options.launch_order_implicit = LaunchOrderPerCommunicator(nccl.version).yes;
+    comm_name_ = "perseus set " + std::to_string(args_.set_id) + " lane " + std::to_string(args_.index);
+    options.name = comm_name_.c_str();
+    if (local.ok()) local = StartNcclComm(args_.size, id, args_.rank, options, &new_comm);
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);  // an abort from now on reaches it
+      comm_ = new_comm;
     }
+    if (local.ok())
+      local = AwaitNcclComm(new_comm, &abort_mu_, [this] { return aborted_ ? aborted_why_ : Status::OK(); });
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    world_failed = aborted_;
   }
-  {
-    std::lock_guard<std::mutex> lock(abort_mu_);  // an abort from now on reaches it
-    comm_ = local.ok() ? new_comm : nullptr;
-  }
-  if (!local.ok()) {
-    local.message += " (PERSEUS_GPU_OPERATIONS=mpi runs GPU collectives host-staged through MPI, without NCCL)";
-  }
-  Status agreed;
-  {
+  Status agreed = local;
+  if (world_failed) {  // the creation was ended: no agreement to wait for
+    agreed = aborted_why_;
+  } else {
+    if (!local.ok())
+      local.message += " (PERSEUS_GPU_OPERATIONS=mpi runs GPU collectives host-staged through MPI, without NCCL)";
     auto mpi = LockMpi();
     agreed = AgreeOnStatus(args_.comm, local);
   }
   if (!agreed.ok()) {
     std::lock_guard<std::mutex> lock(abort_mu_);
-    AbortCommLocked();  // a peer failed: nothing to wait for
+    AbortCommLocked();  // half-made, or a peer failed: nothing to wait for
     comm_ = nullptr;
     comm_aborted_.store(false);
   }

@@ -831,8 +831,10 @@ void Engine::FailWorld() {
   const Status error = rank_failure_.Declare(world_, comms);
   launch_order_->GiveUp();  // its rounds would wait for the dead rank
   // Revoking reaches MPI only: the device lanes abort their NCCL communicators, whose
-  // kernels would wait for the dead rank for good (Lane::Abort).
+  // kernels (or creation) would wait for the dead rank for good (Lane::Abort), and so
+  // do the pairs of GPU messages (DeviceMessages::Abort), whose messages fail.
   for (Lane* lane : lanes) lane->Abort(error);
+  if (device_messages_) device_messages_->Abort(error);
   std::vector<std::unordered_map<std::string, EntryPtr>> failed;  // released after mu_
   {
     std::lock_guard<std::mutex> lock(mu_);

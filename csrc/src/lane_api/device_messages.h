@@ -50,6 +50,11 @@ class DeviceMessages {
   virtual void Forget(int set_id) = 0;
   // Fails every outstanding message with `status` and stops (shutdown).
   virtual void Close(const Status& status) = 0;
+  // The world failed (a rank died): every message outstanding, and every one posted
+  // after, fails with `why`, and the lanes' side aborts what carries them (their NCCL
+  // communicators, whose calls would wait for the dead rank for good), even while a
+  // call of theirs is in flight. Any thread.
+  virtual void Abort(const Status& why) = 0;
 };
 
 }  // namespace perseus

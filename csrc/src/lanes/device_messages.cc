@@ -12,7 +12,7 @@
 namespace perseus {
 
 NcclDeviceMessages::NcclDeviceMessages(const GpuSettings& settings, bool thread_multiple)
-    : settings_(settings), thread_multiple_(thread_multiple), state_(std::make_unique<MessagePairs>()) {}
+    : settings_(settings), thread_multiple_(thread_multiple), state_(std::make_unique<MessagePairs>(&pairs_)) {}
 
 NcclDeviceMessages::~NcclDeviceMessages() { Close(Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down")); }
 
@@ -36,6 +36,7 @@ Status NcclDeviceMessages::Post(const PointToPointOp& op, const MessageRoute& ro
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return Status::Error(PERSEUS_SHUT_DOWN, "Perseus was shut down");
+    if (!aborted_.ok()) return Status::Error(aborted_.code, what + aborted_.message);
     p.handle = handles.create();
     *handle = p.handle;
     outstanding_[p.handle] = op.set_id;
@@ -104,6 +105,22 @@ void NcclDeviceMessages::Close(const Status& status) {
   outstanding_.clear();
 }
 
+void NcclDeviceMessages::Abort(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || !aborted_.ok()) return;
+    aborted_ = why;
+  }
+  pairs_.AbortAll();  // ends a call of the thread's in flight: it then fails what is left
+  cv_.notify_all();
+}
+
+Status NcclDeviceMessages::Outcome(const PostedMessage& m, const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status.ok() || aborted_.ok()) return status;
+  return Status::Error(aborted_.code, DescribeMessage(m.op) + ": " + aborted_.message);
+}
+
 void NcclDeviceMessages::Loop() {
   pthread_setname_np(pthread_self(), "perseus-gpumsg");  // for top -H, perf, gdb
   MpiCallerScope mpi_caller;
@@ -114,12 +131,19 @@ void NcclDeviceMessages::Loop() {
     posts.swap(inbox_);
     std::vector<std::pair<int64_t, std::string>> withdrawals;
     withdrawals.swap(withdrawals_);
+    const Status world = aborted_;
     lock.unlock();
     bool moved;
     std::vector<MessagePairs::Done> done;
     {
       std::lock_guard<std::mutex> state(state_mu_);
-      moved = state_->Step(std::move(posts), withdrawals);
+      if (world.ok()) {
+        moved = state_->Step(std::move(posts), withdrawals);
+      } else {  // the world failed: nothing is matched or launched any more
+        moved = false;
+        for (int id : state_->SetIds()) state_->Drop(id, world);
+        for (PostedMessage& p : posts) state_->Fail(std::move(p), world);
+      }
       done = state_->TakeDone();
     }
     for (MessagePairs::Done& d : done) {
@@ -130,7 +154,7 @@ void NcclDeviceMessages::Loop() {
       Result result;
       result.shape = {d.message.op.peer};
       result.done_event = std::move(d.event);
-      d.message.handles.complete(d.message.handle, d.status, std::move(result));
+      d.message.handles.complete(d.message.handle, Outcome(d.message, d.status), std::move(result));
     }
     if (moved) quiet_since = Clock::now();
     lock.lock();

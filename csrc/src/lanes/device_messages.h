@@ -5,7 +5,8 @@
 // process are outstanding, and sleeps otherwise. A handle completes once its message is
 // queued on the GPU, with the event recorded after it, as a collective's does; a
 // receive from any rank is refused, since NCCL cannot wait for whichever peer comes
-// first.
+// first. When the world fails (Abort) the pairs' communicators are aborted from the
+// caller's thread and what is outstanding fails with the world's error.
 #ifndef PERSEUS_LANES_DEVICE_MESSAGES_H_
 #define PERSEUS_LANES_DEVICE_MESSAGES_H_
 
@@ -35,9 +36,12 @@ class NcclDeviceMessages : public DeviceMessages {
   bool Busy(int set_id) override;
   void Forget(int set_id) override;
   void Close(const Status& status) override;
+  void Abort(const Status& why) override;
 
  private:
   void Loop();
+  // A message's failure as it completes: the world's (Abort) once the world failed.
+  Status Outcome(const PostedMessage& m, const Status& status);
 
   const GpuSettings settings_;
   const bool thread_multiple_;
@@ -48,9 +52,11 @@ class NcclDeviceMessages : public DeviceMessages {
   std::vector<std::pair<int64_t, std::string>> withdrawals_;
   std::map<int64_t, int> outstanding_;  // handle -> set id, until its completion
   bool stop_ = false, closed_ = false;
+  Status aborted_;  // the world's failure (Abort): not OK once it failed
   // The matching; the thread holds state_mu_ while it works (Forget and Close take it
   // to reach the state between passes).
   std::mutex state_mu_;
+  gpu::NcclPairs pairs_;  // what Abort reaches without state_mu_ (the thread may be inside NCCL)
   std::unique_ptr<MessagePairs> state_;
   std::thread thread_;
 };

@@ -112,9 +112,12 @@ bool MessagePairs::Receive(Set& set) {
     Wire w;
     {
       auto mpi = LockMpi();
-      MPI_Iprobe(MPI_ANY_SOURCE, kMatchTag, set.route.comm, &flag, &status);
-      if (!flag) break;
-      MPI_Recv(&w, sizeof w, MPI_BYTE, status.MPI_SOURCE, kMatchTag, set.route.comm, MPI_STATUS_IGNORE);
+      // An error (the communicator revoked: the world failed) ends the pass: what is
+      // left fails when the world's failure reaches here (DeviceMessages::Abort).
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kMatchTag, set.route.comm, &flag, &status) != MPI_SUCCESS || !flag) break;
+      if (MPI_Recv(&w, sizeof w, MPI_BYTE, status.MPI_SOURCE, kMatchTag, set.route.comm, MPI_STATUS_IGNORE) !=
+          MPI_SUCCESS)
+        break;
     }
     any = true;
     OnWire(set, status.MPI_SOURCE, w);
@@ -254,7 +257,7 @@ void MessagePairs::Match(Set& set, int peer, Pair& pair) {
 
 void MessagePairs::Open(Set& set, int peer, Pair& pair, const gpu::ncclUniqueId& id, int index) {
   pair.opened = true;
-  pair.nccl = std::make_unique<gpu::NcclPair>(pair.device);
+  pair.nccl = std::make_unique<gpu::NcclPair>(pair.device, pairs_);
   Status local = pair.nccl->Open(id, index);
   // Both learn whether both opened, so neither launches on a communicator the other lacks.
   char mine = local.ok() ? 1 : 0, theirs = 0;
@@ -321,13 +324,15 @@ void MessagePairs::Drop(int set_id, const Status& status) {
     int flag = 0;
     MPI_Status probed;
     auto mpi = LockMpi();
-    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, it->second.route.comm, &flag, &probed);
-    if (!flag) break;
+    // An error (revoked: the world failed, the communicator goes with it) ends it too.
+    if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, it->second.route.comm, &flag, &probed) != MPI_SUCCESS || !flag)
+      break;
     int count = 0;
     MPI_Get_count(&probed, MPI_BYTE, &count);
     std::vector<char> sink(count > 0 ? count : 1);
-    MPI_Recv(sink.data(), count, MPI_BYTE, probed.MPI_SOURCE, probed.MPI_TAG, it->second.route.comm,
-             MPI_STATUS_IGNORE);
+    if (MPI_Recv(sink.data(), count, MPI_BYTE, probed.MPI_SOURCE, probed.MPI_TAG, it->second.route.comm,
+                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      break;
   }
   sets_.erase(it);  // the pairs' queued GPU work finishes, then their communicators go
 }

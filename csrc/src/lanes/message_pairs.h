@@ -57,6 +57,10 @@ std::string DescribeMessage(const PointToPointOp& op);
 
 class MessagePairs {
  public:
+  // The pairs' communicators are made among `pairs` (their owner's, outliving this),
+  // which another thread may abort all at once.
+  explicit MessagePairs(gpu::NcclPairs* pairs) : pairs_(pairs) {}
+
   struct Done {
     PostedMessage message;
     Status status;
@@ -70,6 +74,8 @@ class MessagePairs {
   // nobody will read, and frees its pairs (their queued GPU work finishes first).
   void Drop(int set_id, const Status& status);
   std::vector<int> SetIds() const;
+  // Fails `m` with `status` (reported by TakeDone).
+  void Fail(PostedMessage m, const Status& status) { done_.push_back(Done{std::move(m), status, nullptr}); }
   // The messages completed since the last call, to be reported with no lock held.
   std::vector<Done> TakeDone() { return std::move(done_); }
 
@@ -110,13 +116,13 @@ class MessagePairs {
   void Open(Set& set, int peer, Pair& pair, const gpu::ncclUniqueId& id, int index);
   void Launch(Pair& pair, PostedMessage m);
   Status Send(Set& set, int peer, const Wire& w);
-  void Fail(PostedMessage m, const Status& status) { done_.push_back(Done{std::move(m), status, nullptr}); }
   void Fail(PostedMessage m, perseus_status_t code, const std::string& why) {
     const std::string what = DescribeMessage(m.op) + ": " + why;
     Fail(std::move(m), Status::Error(code, what));
   }
   void Break(Set& set, int peer, Pair& pair, const Status& why);
 
+  gpu::NcclPairs* const pairs_;
   std::map<int, Set> sets_;
   std::vector<Done> done_;
 };

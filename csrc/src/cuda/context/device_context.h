@@ -44,7 +44,9 @@ struct DeviceContext {
   bool CommAborted() const { return comm_aborted != nullptr && comm_aborted->load(); }
 
   Status Cu(cudaError_t rc, const char* what) const { return CudaStatus(rc, what); }
-  Status Nc(ncclResult_t rc, const char* what) const { return NcclStatus(rc, what, comm); }
+  // Every NCCL call of the lane's operations: a launch that NCCL says is in progress
+  // (a nonblocking communicator) is waited for here.
+  Status Nc(ncclResult_t rc, const char* what) const { return NcclLaunched(rc, what, comm, comm_aborted); }
 };
 
 // The batch's NCCL calls, in its launch turn: waits for the turn when made, passes it

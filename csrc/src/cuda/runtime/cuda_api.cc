@@ -3,8 +3,10 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "cuda/runtime/library_loader.h"
@@ -265,6 +267,23 @@ Status NcclStatus(ncclResult_t rc, const char* what, ncclComm_t comm) {
     if (last && last[0]) message += ": " + std::string(last);
   }
   return Status::Error(PERSEUS_INTERNAL_ERROR, message);
+}
+
+Status NcclLaunched(ncclResult_t rc, const char* what, ncclComm_t comm, const std::atomic<bool>* aborted) {
+  if (rc != kNcclInProgress || comm == nullptr) return NcclStatus(rc, what, comm);
+  const NcclApi* nccl = Nccl();
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    if (aborted != nullptr && aborted->load())
+      return Status::Error(PERSEUS_INTERNAL_ERROR, std::string(what) + ": its communicator was aborted");
+    ncclResult_t state = kNcclSuccess;
+    Status asked = NcclStatus(nccl->CommGetAsyncError(comm, &state), "ncclCommGetAsyncError", comm);
+    if (!asked.ok()) return asked;
+    if (state != kNcclInProgress) return NcclStatus(state, what, comm);
+    // Spin briefly (a launch is queued within microseconds), then yield the core.
+    if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(200))
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 }  // namespace gpu

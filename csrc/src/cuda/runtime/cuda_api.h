@@ -8,6 +8,7 @@
 #ifndef PERSEUS_CUDA_CUDA_API_H_
 #define PERSEUS_CUDA_CUDA_API_H_
 
+#include <atomic>
 #include <cstddef>
 #include <string>
 
@@ -184,6 +185,13 @@ std::string NcclVersionString(int code);
 // CUDA or NCCL failures as Status (PERSEUS_INTERNAL_ERROR), naming the call.
 Status CudaStatus(cudaError_t rc, const char* what);
 Status NcclStatus(ncclResult_t rc, const char* what, ncclComm_t comm = nullptr);
+// What a launch on `comm` returned (a call outside a group, ncclGroupEnd). On a
+// nonblocking communicator (cuda/nccl/nccl_comm.h) NCCL may answer ncclInProgress, and the
+// launch is queued only once ncclCommGetAsyncError says ncclSuccess: this polls until
+// then (or the launch's error). `aborted` set meanwhile (DeviceRunner::Abort, the pair's
+// abort) ends the wait with an error: the communicator is gone.
+Status NcclLaunched(ncclResult_t rc, const char* what, ncclComm_t comm,
+                    const std::atomic<bool>* aborted = nullptr);
 
 }  // namespace gpu
 }  // namespace perseus

@@ -19,6 +19,10 @@ constexpr int kNcclMultiRankGpu = 23000;
 // (ncclConfig_t.launchOrderImplicit), which the environment variable, when set, overrides.
 constexpr int kNcclLaunchOrderEnv = 22600;
 constexpr int kNcclLaunchOrderConfig = 23100;
+// Nonblocking communicators (NCCL 2.14: ncclCommInitRankConfig with config.blocking = 0):
+// the creation returns at once, ncclCommGetAsyncError says ncclInProgress until it ends,
+// and ncclCommAbort may end it meanwhile (cuda/nccl/nccl_comm.h).
+constexpr int kNcclNonblocking = 21400;
 
 struct NcclChoice {
   bool yes;
