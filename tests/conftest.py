@@ -298,15 +298,18 @@ else:
 """
 
 
-@pytest.fixture
-def settings_at_init(run_python):
-    """Returns settings_at_init(env, keys) -> the stdout of one process that runs init()
-    under `env` and prints "SETTINGS" and config()'s value of each key, or
-    "VALUE_ERROR: <message>" if init() refuses the environment."""
+@pytest.fixture(scope="module")
+def settings_at_init():
+    """Returns settings_at_init(envs, keys) -> for each env of `envs`, in order, the output
+    of an init() under it that prints "SETTINGS" and config()'s value of each key, or
+    "VALUE_ERROR: <message>" if init() refuses the environment. All of them run in one
+    fresh process (support/init_batch.py: the core reads its settings at each init())."""
+    from support import init_batch
 
-    def run(env, keys):
-        result = run_python(_SETTINGS_AT_INIT % (tuple(keys),), env=env)
-        return result.stdout + result.stderr
+    def run(envs, keys):
+        code = _SETTINGS_AT_INIT % (tuple(keys),)
+        results = init_batch.run({"case%d" % i: (env, code) for i, env in enumerate(envs)})
+        return [results["case%d" % i].stdout + results["case%d" % i].stderr for i in range(len(envs))]
 
     return run
 

@@ -35,14 +35,22 @@ def test_autotune(run_mpi_batch, tmp_path_factory, setting):
     run_mpi_batch("autotune", nprocs, ["autotune"], settings=settings, setting=setting, timeout=360)
 
 
-@pytest.mark.parametrize("env,expect", [
+SETTINGS_CASES = [
     ({}, "SETTINGS 0 1 10"),
     ({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "3"}, "SETTINGS 1 1 3"),
     ({"PERSEUS_ALLREDUCE_STREAMS": "AUTO"}, "SETTINGS 0 auto 10"),
     ({"PERSEUS_ALLREDUCE_STREAMS": "many"}, "PERSEUS_ALLREDUCE_STREAMS='many' is invalid"),
     ({"PERSEUS_AUTOTUNE": "maybe"}, "PERSEUS_AUTOTUNE='maybe' is invalid"),
     ({"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "-1"}, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES='-1' is invalid"),
-])
-def test_settings(settings_at_init, env, expect):
-    output = settings_at_init(env, ("PERSEUS_AUTOTUNE", "PERSEUS_ALLREDUCE_STREAMS", "PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE"))
+]
+
+
+@pytest.fixture(scope="module")
+def settings_outputs(settings_at_init):
+    return settings_at_init([env for env, _ in SETTINGS_CASES], ("PERSEUS_AUTOTUNE", "PERSEUS_ALLREDUCE_STREAMS", "PERSEUS_AUTOTUNE_STEPS_PER_SAMPLE"))
+
+
+@pytest.mark.parametrize("case", range(len(SETTINGS_CASES)), ids=[e for _, e in SETTINGS_CASES])
+def test_settings(settings_outputs, case):
+    output, expect = settings_outputs[case], SETTINGS_CASES[case][1]
     assert expect in output, output

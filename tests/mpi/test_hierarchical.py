@@ -49,14 +49,22 @@ def test_hierarchical(run_mpi, run_mpi_batch, setting):
     run_modes(run_mpi, run_mpi_batch, setting)
 
 
-@pytest.mark.parametrize("env,expect", [
+SETTINGS_CASES = [
     ({"PERSEUS_ALLREDUCE_MODE": "tree"}, "PERSEUS_ALLREDUCE_MODE='tree' is invalid"),
     ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, "SETTINGS hierarchical"),
     ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, "SETTINGS flat"),
     ({"HOROVOD_HIERARCHICAL_ALLGATHER": "1"}, "hierarchical allgather is not implemented"),
     ({"HOROVOD_HIERARCHICAL_ALLGATHER": "0"}, "SETTINGS flat"),
     ({"PERSEUS_ALLREDUCE_DTYPE": "fp8"}, "PERSEUS_ALLREDUCE_DTYPE='fp8' is invalid"),
-])
-def test_settings(settings_at_init, env, expect):
-    output = settings_at_init(env, ("PERSEUS_ALLREDUCE_MODE",))
+]
+
+
+@pytest.fixture(scope="module")
+def settings_outputs(settings_at_init):
+    return settings_at_init([env for env, _ in SETTINGS_CASES], ("PERSEUS_ALLREDUCE_MODE",))
+
+
+@pytest.mark.parametrize("case", range(len(SETTINGS_CASES)), ids=[e for _, e in SETTINGS_CASES])
+def test_settings(settings_outputs, case):
+    output, expect = settings_outputs[case], SETTINGS_CASES[case][1]
     assert expect in output, output

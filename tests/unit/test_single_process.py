@@ -8,6 +8,8 @@ import time
 import pytest
 import torch
 
+from support import init_batch
+
 pytestmark = pytest.mark.timeout(120)
 
 INT_DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64]
@@ -429,15 +431,6 @@ BAD_SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("variable,value,named", BAD_SETTINGS, ids=["%s=%s" % s[:2] for s in BAD_SETTINGS])
-def test_bad_setting_fails_init_naming_the_variable(run_python, variable, value, named):
-    result = run_python(INIT_SNIPPET, env={variable: value})
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert "VALUE_ERROR:" in result.stdout, "init() accepted %s=%s:\n%s" % (variable, value, output)
-    assert named in result.stdout, "the error does not name %s:\n%s" % (named, output)
-
-
 GOOD_SETTINGS = [
     {"PERSEUS_FUSION_THRESHOLD": "0"},
     {"PERSEUS_FUSION_THRESHOLD": "1048576", "PERSEUS_ALLREDUCE_STREAMS": "4"},
@@ -449,9 +442,29 @@ GOOD_SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("env", GOOD_SETTINGS, ids=lambda e: ",".join("%s=%s" % kv for kv in e.items()))
-def test_good_settings_are_accepted(run_python, env):
-    result = run_python(INIT_SNIPPET, env=env)
+def case_id(env):
+    return ",".join("%s=%s" % kv for kv in env.items())
+
+
+@pytest.fixture(scope="module")
+def init_results():
+    """Every bad and good setting's init() in one process (support/init_batch.py)."""
+    cases = [{variable: value} for variable, value, _ in BAD_SETTINGS] + GOOD_SETTINGS
+    return init_batch.run({case_id(env): (env, INIT_SNIPPET) for env in cases})
+
+
+@pytest.mark.parametrize("variable,value,named", BAD_SETTINGS, ids=["%s=%s" % s[:2] for s in BAD_SETTINGS])
+def test_bad_setting_fails_init_naming_the_variable(init_results, variable, value, named):
+    result = init_results[case_id({variable: value})]
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "VALUE_ERROR:" in result.stdout, "init() accepted %s=%s:\n%s" % (variable, value, output)
+    assert named in result.stdout, "the error does not name %s:\n%s" % (named, output)
+
+
+@pytest.mark.parametrize("env", GOOD_SETTINGS, ids=case_id)
+def test_good_settings_are_accepted(init_results, env):
+    result = init_results[case_id(env)]
     assert result.returncode == 0 and "INITIALISED size=1" in result.stdout, result.stdout + result.stderr
 
 
