@@ -3,8 +3,11 @@
 Inputs hold NaNs (both signs, several payloads), infinities and zeros of both signs
 at positions that differ by rank. For every op, float dtype and shape, alone and
 fused in a group, with and without scaling, the result bytes are compared across
-ranks (an allgather of the bytes) and the values against a float64 reference in
-which NaN propagates, as in numpy and torch (Max/Min of anything and NaN is NaN).
+ranks (one allgather of the bytes of every result of a dtype and op) and the values
+against a float64 reference in which NaN propagates, as in numpy and torch (Max/Min
+of anything and NaN is NaN). The bytes being the same on every rank, each result's
+values are checked on one rank, the ranks taking turns (the references' cost spread
+over the ranks instead of repeated on each).
 Adasum is checked across ranks only. tests/mpi/test_multiprocess.py runs it at several
 sizes, lane counts and chunk sizes, which change the MPI algorithms underneath.
 """
@@ -67,27 +70,50 @@ def check_value(got, inputs, op, dtype, what, prescale, postscale):
         what, int(bad.sum()), got[finite][bad][0].item(), expected[finite][bad][0].item())
 
 
-def check_identical(got, what):
-    """The result's bytes on this rank equal rank 0's (an allgather of the bytes)."""
-    mine = got.contiguous().flatten().view(torch.uint8)
-    every = hvd.allgather(mine.unsqueeze(0), name="identical.bytes." + what)
-    for r in range(1, every.shape[0]):
-        differ = (every[r] != every[0]).nonzero()
-        if differ.numel():
-            esize = got.element_size()
-            i = int(differ[0]) // esize
-            theirs = bytes(every[r][i * esize:(i + 1) * esize].tolist())[::-1].hex()
-            first = bytes(every[0][i * esize:(i + 1) * esize].tolist())[::-1].hex()
-            raise AssertionError("%s: rank %d differs from rank 0 at element %d: 0x%s vs 0x%s"
-                                 % (what, r, i, theirs, first))
+class Identical:
+    """Results whose bytes must be the same on every rank (of the process set), compared
+    in one allgather:
+    add() each, then check() (one synchronous round trip instead of one per result);
+    a difference names the result, the rank and the first element that differs."""
+
+    def __init__(self, process_set=None):
+        self.items = []
+        self.kw = {} if process_set is None else {"process_set": process_set}
+
+    def add(self, got, what):
+        self.items.append((got.contiguous().flatten().view(torch.uint8), got.element_size(), what))
+
+    def check(self, name):
+        items, self.items = self.items, []
+        if not items:
+            return
+        mine = torch.cat([b for b, _, _ in items])
+        every = hvd.allgather(mine.unsqueeze(0), name="identical.bytes." + name, **self.kw)
+        if torch.equal(every, mine.unsqueeze(0).expand_as(every)):
+            return
+        offset = 0
+        for b, esize, what in items:
+            part = every[:, offset:offset + b.numel()]
+            offset += b.numel()
+            for r in range(1, part.shape[0]):
+                differ = (part[r] != part[0]).nonzero()
+                if differ.numel():
+                    i = int(differ[0]) // esize
+                    theirs = bytes(part[r][i * esize:(i + 1) * esize].tolist())[::-1].hex()
+                    first = bytes(part[0][i * esize:(i + 1) * esize].tolist())[::-1].hex()
+                    raise AssertionError("%s: member %d differs from member 0 at element %d: 0x%s vs 0x%s"
+                                         % (what, r, i, theirs, first))
+        raise AssertionError("%s: results differ across ranks" % name)
 
 
 def body():
     rank, size = init()
     check_engine_settings()  # the test runs two settings in one process
+    turn = 0  # results in turn: each rank checks the values of every size-th one
     for dtype in FLOAT_DTYPES:
         for op in OPS + [hvd.Adasum]:
             kind = "product" if op == hvd.Product else "sum"
+            same = Identical()  # the bytes of every result of this dtype and op, in one allgather
             for scale in [(1.0, 1.0), (0.5, 4.0), (0.3, 1.7)]:
                 if scale[0] == 0.3 and op in (hvd.Min, hvd.Max):
                     continue  # a non-power-of-two scale rounds: only the exact ones for selections
@@ -96,20 +122,24 @@ def body():
                 # Alone, each shape.
                 for shape in SHAPES:
                     what = "%s.%s" % (tag, "x".join(map(str, shape)))
-                    inputs = [specials(what, r, shape, dtype, kind) for r in range(size)]
-                    got = hvd.allreduce(inputs[rank], name=what, op=op, **kw)
-                    check_identical(got, what)
-                    if op != hvd.Adasum:
+                    got = hvd.allreduce(specials(what, rank, shape, dtype, kind), name=what, op=op, **kw)
+                    same.add(got, what)
+                    turn += 1
+                    if op != hvd.Adasum and turn % size == rank:
+                        inputs = [specials(what, r, shape, dtype, kind) for r in range(size)]
                         check_value(got, inputs, op, dtype, what, *scale)
                 # Fused: every shape in one group.
                 what = tag + ".group"
-                inputs = [[specials("%s.%d" % (what, i), r, s, dtype, kind) for r in range(size)]
-                          for i, s in enumerate(SHAPES)]
-                outs = hvd.grouped_allreduce([xs[rank] for xs in inputs], name=what, op=op, **kw)
-                for i, (got, xs) in enumerate(zip(outs, inputs)):
-                    check_identical(got, "%s.%d" % (what, i))
-                    if op != hvd.Adasum:
+                mine = [specials("%s.%d" % (what, i), rank, s, dtype, kind) for i, s in enumerate(SHAPES)]
+                outs = hvd.grouped_allreduce(mine, name=what, op=op, **kw)
+                for i, (got, s) in enumerate(zip(outs, SHAPES)):
+                    same.add(got, "%s.%d" % (what, i))
+                    turn += 1
+                    if op != hvd.Adasum and turn % size == rank:
+                        xs = [specials("%s.%d" % (what, i), r, s, dtype, kind) for r in range(size)]
                         check_value(got, xs, op, dtype, "%s.%d" % (what, i), *scale)
+            # Every rank's bytes equal rank 0's, so each value checked on one rank holds on all.
+            same.check("id.%s.%s" % (dtype_name(dtype), op_name(op)))
     hvd.shutdown()
 
 
