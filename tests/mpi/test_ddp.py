@@ -25,25 +25,36 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.mpi
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("nprocs", NPROCS)
-def test_gradients_equal_torch_ddp(run_mpi, nprocs):
-    run_mpi("ddp", nprocs, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+# The three scripts of an np in one job (tests/support/rank_batch.py): one mpirun and one
+# torch import per rank instead of three. "ddp" last: it makes torch's own gloo group.
+BATCH = ["ddp_training", "distributed_api", "ddp"]
+PORTS = {}
+
+
+def run_in_batch(run_mpi_batch, script, nprocs):
+    port = PORTS.setdefault(nprocs, str(free_port()))  # the batch's variables, the same for all three
+    run_mpi_batch(script, nprocs, BATCH, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}, timeout=300)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", NPROCS)
-def test_training_join_and_errors(run_mpi, nprocs):
-    run_mpi("ddp_training", nprocs)
+def test_gradients_equal_torch_ddp(run_mpi_batch, nprocs):
+    run_in_batch(run_mpi_batch, "ddp", nprocs)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", NPROCS)
-def test_distributed_api(run_mpi, nprocs):
-    run_mpi("distributed_api", nprocs)
+def test_training_join_and_errors(run_mpi_batch, nprocs):
+    run_in_batch(run_mpi_batch, "ddp_training", nprocs)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs", NPROCS)
+def test_distributed_api(run_mpi_batch, nprocs):
+    run_in_batch(run_mpi_batch, "distributed_api", nprocs)
 
 
 def test_import_perseus_then_attribute_access():
