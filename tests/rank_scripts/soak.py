@@ -14,8 +14,8 @@ exactly representable: results must equal the reference bit for bit. At the end 
 ranks compare digests of the results they all hold, and the resident memory after
 the run must be within a small bound of its size after warm-up.
 
-PTEST_SOAK_SECONDS bounds the run; PTEST_SOAK_SEED picks the sequence (printed, so
-a failure can be replayed).
+PTEST_SOAK_ROUNDS (if set) and PTEST_SOAK_SECONDS bound the run, whichever is reached
+first; PTEST_SOAK_SEED picks the sequence (printed, so a failure can be replayed).
 """
 import gc
 import os
@@ -253,6 +253,7 @@ def body():
     rank, size = init()
     seed = int(os.environ.get("PTEST_SOAK_SEED", "20240611"))
     budget_s = float(os.environ.get("PTEST_SOAK_SECONDS", "15"))
+    max_rounds = int(os.environ.get("PTEST_SOAK_ROUNDS", "0")) or None
     sets = [hvd.global_process_set] + [hvd.add_process_set(m) for m in subsets(size)]
     members_of = {id(ps): list(range(size)) if ps is hvd.global_process_set else ps.ranks for ps in sets}
     draw_rng = random.Random(seed)          # the same on every rank
@@ -267,7 +268,9 @@ def body():
     while True:
         if rnd % 10 == 0:
             # Rank 0 decides when to stop, so every rank runs the same rounds.
-            more = torch.tensor([1 if time.monotonic() - start < budget_s and collectives < MAX_COLLECTIVES else 0])
+            more = time.monotonic() - start < budget_s and collectives < MAX_COLLECTIVES \
+                and (max_rounds is None or rnd < max_rounds)
+            more = torch.tensor([1 if more else 0])
             if hvd.broadcast(more, 0, name="soak.more").item() == 0:
                 break
         if rnd == WARM_ROUNDS:
