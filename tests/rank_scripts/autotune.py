@@ -4,7 +4,8 @@ choice and settle on one; results stay right throughout.
 Each step trains a float64 model with DistributedOptimizer on this rank's slice of a
 fixed batch, and allreduces tensors of several dtypes and shapes (one larger than the
 smallest chunk size tried, so it goes in pieces) whose reference each rank computes
-itself. After STEPS steps:
+itself, once: each step rolls the inputs and the reference by the step's number, so
+every element changes every step. After STEPS steps:
 - the tuner has settled, and on the same setting on every rank (config()'s
   PERSEUS_AUTOTUNE_STATE, the core's debug getter);
 - rank 0's PERSEUS_AUTOTUNE_LOG has one row per sample of the grid (knobs the user
@@ -19,7 +20,7 @@ import os
 import torch
 import torch.nn as nn
 
-from common import assert_reduced, check_engine_settings, hvd, init, main, make_tensor
+from common import assert_close, check_engine_settings, hvd, init, main, make_tensor, reference_reduce
 
 from perseus.torch.optimizer import DistributedOptimizer
 
@@ -76,18 +77,32 @@ def reference_weights():
     return [p.detach().clone() for p in model.parameters()]
 
 
-def check_collectives(step, rank, size):
+def checked_inputs(rank, size):
+    """name -> (this rank's input, the reference and its bound), made once: step s
+    rolls all three by s elements (an elementwise reduction of rolled inputs is the
+    rolled reduction), so every element gets a new value each step (a stale result
+    shows) without drawing every rank's inputs again on every rank."""
+    made = {}
+    for name, shape, dtype, op in CHECKED:
+        xs = [make_tensor("autotune." + name, r, shape, dtype) for r in range(size)]
+        expected, bound = reference_reduce(xs, hvd.Sum if op == "sum" else hvd.Average, dtype)
+        made[name] = (xs[rank], expected, bound)
+    return made
+
+
+def rolled(x, step):
+    return None if x is None else torch.roll(x.flatten(), step).reshape(x.shape)
+
+
+def check_collectives(step, made):
     handles = []
     for name, shape, dtype, op in CHECKED:
-        tag = "autotune.%s.%d" % (name, step)  # new values every step: a stale result shows
         hvd_op = hvd.Sum if op == "sum" else hvd.Average
-        handles.append(hvd.allreduce_async(make_tensor(tag, rank, shape, dtype), op=hvd_op,
-                                           name="autotune." + name))
+        handles.append(hvd.allreduce_async(rolled(made[name][0], step), op=hvd_op, name="autotune." + name))
     for (name, shape, dtype, op), handle in zip(CHECKED, handles):
-        tag = "autotune.%s.%d" % (name, step)
-        inputs = [make_tensor(tag, r, shape, dtype) for r in range(size)]
-        assert_reduced(hvd.synchronize(handle), inputs, hvd.Sum if op == "sum" else hvd.Average,
-                       dtype, "step %d %s" % (step, name))
+        _, expected, bound = made[name]
+        assert_close(hvd.synchronize(handle), rolled(expected, step), rolled(bound, step), dtype,
+                     "step %d %s" % (step, name))
 
 
 def tuned_knobs():
@@ -125,6 +140,7 @@ def body():
     model = make_model()
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                named_parameters=model.named_parameters())
+    made = checked_inputs(rank, size)
     x, y = batch()
     rows = BATCH // size
     x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
@@ -132,7 +148,7 @@ def body():
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
-        check_collectives(step, rank, size)
+        check_collectives(step, made)
 
     for got, want in zip(model.parameters(), reference_weights()):
         assert torch.allclose(got.detach(), want, rtol=TOL, atol=TOL), \
