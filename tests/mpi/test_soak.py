@@ -23,5 +23,6 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_soak(run_mpi, case):
     nprocs, env = CASES[case]
-    out = run_mpi("soak", nprocs, env=dict(env, PTEST_SOAK_ROUNDS=ROUNDS, PTEST_SOAK_SECONDS=SECONDS), timeout=120)
+    out = run_mpi("soak", nprocs, env=dict(env, PTEST_SOAK_ROUNDS=ROUNDS, PTEST_SOAK_SECONDS=SECONDS),
+                  timeout=120)
     assert "digests of" in out, out

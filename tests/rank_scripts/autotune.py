@@ -98,7 +98,8 @@ def check_collectives(step, made):
     handles = []
     for name, shape, dtype, op in CHECKED:
         hvd_op = hvd.Sum if op == "sum" else hvd.Average
-        handles.append(hvd.allreduce_async(rolled(made[name][0], step), op=hvd_op, name="autotune." + name))
+        handles.append(hvd.allreduce_async(rolled(made[name][0], step), op=hvd_op,
+                                           name="autotune." + name))
     for (name, shape, dtype, op), handle in zip(CHECKED, handles):
         _, expected, bound = made[name]
         assert_close(hvd.synchronize(handle), rolled(expected, step), rolled(bound, step), dtype,

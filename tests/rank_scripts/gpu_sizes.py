@@ -70,7 +70,8 @@ def check_allreduce(rank, size, device, n, dtype):
     for op, pre, post in ALLREDUCE_CASES:
         what = "allreduce of %d %s (op %d, pre %g, post %g)" % (n, np.dtype(dtype).name, op, pre, post)
         factor = post / size if op == capi.AVERAGE else post
-        expected = (total * pre * factor).astype(dtype) if (pre, factor) != (1.0, 1.0) else total.astype(dtype)
+        scaled = total * pre * factor if (pre, factor) != (1.0, 1.0) else total
+        expected = scaled.astype(dtype)
         out = capi.run(ALLREDUCE, "ar.%d.%d.%g.%g" % (n, op, pre, post), xs[rank], device=device,
                        reduce_op=op, prescale=pre, postscale=post)
         check(out, expected, what + ", out of place")
