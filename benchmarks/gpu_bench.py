@@ -176,6 +176,15 @@ class DeviceTimer:
         return start.elapsed_time(end) / 1e3, host_ms < 0.8 * self.busy_ms
 
 
+def training_step(model, opt, loss_fn, x, y):
+    """One SGD step of `model` on the batch (x, y), as a callable to time."""
+    def run():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    return run
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -357,13 +366,6 @@ class Bench:
         y = torch.randint(0, 1000, (64,), device="cuda")
         loss_fn = torch.nn.CrossEntropyLoss()
 
-        def step(model, opt):
-            def run():
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-            return run
-
         ddp_model = build().cuda()
         ddp_model.load_state_dict(plain_model.state_dict())
         ddp = torch.nn.parallel.DistributedDataParallel(ddp_model, device_ids=[0])
@@ -372,7 +374,8 @@ class Bench:
         for key, model, opt, what in (("train_step", dist_model, dist_opt, "Perseus DistributedOptimizer"),
                                       ("train_step_ddp", ddp, ddp_opt,
                                        "torch DistributedDataParallel (NCCL, world size 1)")):
-            sa, sb = interleaved(step(model, opt), step(plain_model, plain_opt), self.args.steps,
+            sa, sb = interleaved(training_step(model, opt, loss_fn, x, y),
+                                 training_step(plain_model, plain_opt, loss_fn, x, y), self.args.steps,
                                  torch, warmup=5)
             overhead = median(sa) / median(sb) - 1
             self.row("ResNet-50 training step, batch 64 (%s): %s vs plain" % (source, what),
@@ -640,14 +643,7 @@ class SharedBench:
         y = torch.randint(0, classes, (args.batch,), generator=g).to(self.device)
         loss_fn = torch.nn.CrossEntropyLoss()
 
-        def step(model, opt):
-            def run():
-                opt.zero_grad()
-                loss_fn(model(x), y).backward()
-                opt.step()
-            return run
-
-        steps = {k: step(v[1], v[3]) for k, v in variants.items()}
+        steps = {k: training_step(v[1], v[3], loss_fn, x, y) for k, v in variants.items()}
         # One step of each alone first: a variant that fails on some rank is left out on
         # both, so that the others are still measured.
         ok = []
