@@ -73,6 +73,19 @@ class CapturedStderr:
         os.dup2(self.file.fileno(), 2)
         return self
 
+    def so_far(self):
+        """What was written to fd 2 since the block began (inside the block)."""
+        return os.pread(self.file.fileno(), 1 << 24, 0).decode(errors="replace")
+
+    def wait_for_text(self, text, within_s):
+        """Waits, inside the block, until `text` is written to fd 2; AssertionError,
+        with what was written, if it is not there within `within_s` seconds."""
+        deadline = time.monotonic() + within_s
+        while text not in self.so_far():
+            assert time.monotonic() < deadline, "%r not written within %g s:\n%s" % (
+                text, within_s, self.so_far())
+            time.sleep(0.01)
+
     def __exit__(self, *exc):
         os.dup2(self.saved, 2)
         os.close(self.saved)
