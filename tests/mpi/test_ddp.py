@@ -31,30 +31,30 @@ BATCH = ["ddp_training", "distributed_api", "ddp"]
 PORTS = {}
 
 
-def run_in_batch(run_mpi_batch, script, nprocs):
-    port = PORTS.setdefault(nprocs, str(free_port()))  # the batch's variables, the same for all three
-    run_mpi_batch(script, nprocs, BATCH, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}, timeout=300)
+def batch_env(nprocs):
+    """The batch's variables, the same for its three tests (torch's gloo group's address)."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": PORTS.setdefault(nprocs, str(free_port()))}
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", NPROCS)
 def test_gradients_equal_torch_ddp(run_mpi_batch, nprocs):
-    run_in_batch(run_mpi_batch, "ddp", nprocs)
+    run_mpi_batch("ddp", nprocs, BATCH, env=batch_env(nprocs), timeout=300)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", NPROCS)
 def test_training_join_and_errors(run_mpi_batch, nprocs):
-    run_in_batch(run_mpi_batch, "ddp_training", nprocs)
+    run_mpi_batch("ddp_training", nprocs, BATCH, env=batch_env(nprocs), timeout=300)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", NPROCS)
 def test_distributed_api(run_mpi_batch, nprocs):
-    run_in_batch(run_mpi_batch, "distributed_api", nprocs)
+    run_mpi_batch("distributed_api", nprocs, BATCH, env=batch_env(nprocs), timeout=300)
 
 
 def test_import_perseus_then_attribute_access():
