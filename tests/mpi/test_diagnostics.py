@@ -3,6 +3,8 @@ of a second or two so each case takes a few seconds. Both spellings of the varia
 are exercised."""
 import pytest
 
+from support import init_batch
+
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 STALL_CASES = {
@@ -73,19 +75,31 @@ hvd.shutdown()
 """
 
 
-@pytest.mark.parametrize("variable,value", [
+BAD_SETTINGS = [
     ("PERSEUS_ALLREDUCE_NANCHECK", "maybe"),
     ("PERSEUS_STALL_SHUTDOWN_TIME_SECONDS", "-1"),
     ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "soon"),
-])
-def test_bad_diagnostic_setting_fails_init(run_python, variable, value):
-    result = run_python(INIT_SNIPPET, env={variable: value})
+]
+NAN_CHECK_VALUES = [("1", True), ("on", True), ("0", False), ("off", False)]
+
+
+@pytest.fixture(scope="module")
+def init_results():
+    """Every case of the two tests below in one process (support/init_batch.py)."""
+    cases = {"%s=%s" % kv: ({kv[0]: kv[1]}, INIT_SNIPPET) for kv in BAD_SETTINGS}
+    cases.update({"NANCHECK=%s" % v: ({"PERSEUS_ALLREDUCE_NANCHECK": v}, INIT_SNIPPET) for v, _ in NAN_CHECK_VALUES})
+    return init_batch.run(cases)
+
+
+@pytest.mark.parametrize("variable,value", BAD_SETTINGS)
+def test_bad_diagnostic_setting_fails_init(init_results, variable, value):
+    result = init_results["%s=%s" % (variable, value)]
     assert "VALUE_ERROR:" in result.stdout and variable in result.stdout, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("value,raises", [("1", True), ("on", True), ("0", False), ("off", False)])
-def test_nan_check_in_a_world_of_one(run_python, value, raises):
-    result = run_python(INIT_SNIPPET, env={"PERSEUS_ALLREDUCE_NANCHECK": value})
+@pytest.mark.parametrize("value,raises", NAN_CHECK_VALUES)
+def test_nan_check_in_a_world_of_one(init_results, value, raises):
+    result = init_results["NANCHECK=%s" % value]
     want = "RAISED:" if raises else "NO_ERROR"
     assert want in result.stdout, result.stdout + result.stderr
     if raises:
