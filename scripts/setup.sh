@@ -51,6 +51,20 @@ if [ "$ALL" = 0 ]; then
 fi
 
 # ---------------------------------------------------------------- --all: the tests' needs
+# nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on a CPU-only
+# machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot;
+# docs/requirements.txt: MkDocs for the documentation site, which tests/meta/test_docs.py builds;
+# expecttest: imported by torch's own distributed test suite (tests/torch_suite/);
+# pytest-xdist: the suite on several workers, pytest -n N (tests/README.md).
+step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "17 s" \
+  pip_install pytest pytest-timeout pytest-xdist h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
+  "expecttest==0.3.0" -r docs/requirements.txt
+# The tools torch users train with, for tests/mpi/test_torch_tools.py and
+# benchmarks/tools_bench.py: PyTorch Lightning (pytorch-lightning, without the larger
+# `lightning` bundle), DeepSpeed (an sdist whose build uses the torch above; no op is
+# compiled) and accelerate. Pinned: each accepts torch 2.13.0 and leaves it as it is.
+step "installing PyTorch Lightning, DeepSpeed and accelerate into .venv" "25 s" \
+  pip_install "pytorch-lightning==2.6.6" "deepspeed==0.19.8" "accelerate==1.15.0"
 # ccache: setup.py compiles the core through it where it is installed, and so does the
 # Caffe build, keyed by content under ~/.cache/ccache: a fresh clone, or the core built
 # against another MPI by the tests (build_support/other_mpi_core.py: Open MPI 4 and 5),
@@ -109,25 +123,6 @@ if [ "${PERSEUS_SKIP_SLURM:-0}" != 1 ] && ! { command -v slurmd >/dev/null && co
     && command -v nsenter >/dev/null && command -v ip >/dev/null; }; then
   step "installing Debian's Slurm and munge, iproute2 (apt, root or sudo)" "8 s" install_cluster_tools
 fi
-# nvidia-nccl-cu13: the real libnccl.so.2 for the GPU loader's tests on a CPU-only
-# machine (~305 MB download, ~345 MB installed); matplotlib: the benchmarks' --plot;
-# docs/requirements.txt: MkDocs for the documentation site, which tests/meta/test_docs.py builds;
-# expecttest: imported by torch's own distributed test suite (tests/torch_suite/);
-# pytest-xdist: the suite on several workers, pytest -n N (tests/README.md).
-venv_tools() {
-  step "installing the test tools, h5py, matplotlib, MkDocs and NCCL's library into .venv" "17 s" \
-    pip_install pytest pytest-timeout pytest-xdist h5py matplotlib "nvidia-nccl-cu13==2.32.3" \
-    "expecttest==0.3.0" -r docs/requirements.txt
-  # The tools torch users train with, for tests/mpi/test_torch_tools.py and
-  # benchmarks/tools_bench.py: PyTorch Lightning (pytorch-lightning, without the larger
-  # `lightning` bundle), DeepSpeed (an sdist whose build uses the torch above; no op is
-  # compiled) and accelerate. Pinned: each accepts torch 2.13.0 and leaves it as it is.
-  step "installing PyTorch Lightning, DeepSpeed and accelerate into .venv" "25 s" \
-    pip_install "pytorch-lightning==2.6.6" "deepspeed==0.19.8" "accelerate==1.15.0"
-}
-# Started after the apt steps above (apt takes one dpkg lock at a time), beside the
-# venvs and Caffe below: nothing of theirs needs these (about 20 s less set-up).
-in_background venv_tools "the test tools and the tools torch users train with, into .venv"
 # The TensorFlow and MXNet front ends live in venvs of their own (mxnet 1.9.1 needs
 # numpy 1.23.5); tests/frameworks/test_tensorflow.py and tests/frameworks/test_mxnet.py run them.
 # These venvs and Caffe need nothing from each other: they are made side by side.
