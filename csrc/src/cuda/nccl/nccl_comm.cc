@@ -1,8 +1,5 @@
 #include "cuda/nccl/nccl_comm.h"
 
-#include <chrono>
-#include <thread>
-
 #include "cuda/runtime/nccl_features.h"
 #include "mpi/fault_tolerance.h"
 
@@ -38,21 +35,8 @@ Status StartNcclComm(int nranks, const ncclUniqueId& id, int rank, const NcclCom
 }
 
 Status AwaitNcclComm(ncclComm_t comm, std::mutex* guard, const std::function<Status()>& stop) {
-  const auto start = std::chrono::steady_clock::now();
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(*guard);
-      Status stopped = stop();
-      if (!stopped.ok()) return stopped;
-      ncclResult_t state = kNcclSuccess;
-      Status asked = NcclStatus(Nccl()->CommGetAsyncError(comm, &state), "ncclCommGetAsyncError", comm);
-      if (!asked.ok()) return asked;
-      if (state != kNcclInProgress) return NcclStatus(state, "NCCL communicator creation", comm);
-    }
-    // A creation takes milliseconds to seconds: poll at 1 ms after a short spin.
-    if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(200))
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // A creation takes milliseconds to seconds: a 1 ms nap between polls.
+  return AwaitNcclAsync(comm, "NCCL communicator creation", guard, stop, std::chrono::milliseconds(1));
 }
 
 }  // namespace gpu

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -269,21 +270,34 @@ Status NcclStatus(ncclResult_t rc, const char* what, ncclComm_t comm) {
   return Status::Error(PERSEUS_INTERNAL_ERROR, message);
 }
 
-Status NcclLaunched(ncclResult_t rc, const char* what, ncclComm_t comm, const std::atomic<bool>* aborted) {
-  if (rc != kNcclInProgress || comm == nullptr) return NcclStatus(rc, what, comm);
+Status AwaitNcclAsync(ncclComm_t comm, const char* what, std::mutex* guard,
+                      const std::function<Status()>& stop, std::chrono::microseconds nap) {
   const NcclApi* nccl = Nccl();
   const auto start = std::chrono::steady_clock::now();
   while (true) {
-    if (aborted != nullptr && aborted->load())
-      return Status::Error(PERSEUS_INTERNAL_ERROR, std::string(what) + ": its communicator was aborted");
-    ncclResult_t state = kNcclSuccess;
-    Status asked = NcclStatus(nccl->CommGetAsyncError(comm, &state), "ncclCommGetAsyncError", comm);
-    if (!asked.ok()) return asked;
-    if (state != kNcclInProgress) return NcclStatus(state, what, comm);
+    {
+      std::unique_lock<std::mutex> lock;
+      if (guard != nullptr) lock = std::unique_lock<std::mutex>(*guard);
+      Status stopped = stop();
+      if (!stopped.ok()) return stopped;
+      ncclResult_t state = kNcclSuccess;
+      Status asked = NcclStatus(nccl->CommGetAsyncError(comm, &state), "ncclCommGetAsyncError", comm);
+      if (!asked.ok()) return asked;
+      if (state != kNcclInProgress) return NcclStatus(state, what, comm);
+    }
     // Spin briefly (a launch is queued within microseconds), then yield the core.
     if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(200))
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(nap);
   }
+}
+
+Status NcclLaunched(ncclResult_t rc, const char* what, ncclComm_t comm, const std::atomic<bool>* aborted) {
+  if (rc != kNcclInProgress || comm == nullptr) return NcclStatus(rc, what, comm);
+  return AwaitNcclAsync(comm, what, nullptr, [aborted, what] {
+    return aborted != nullptr && aborted->load()
+               ? Status::Error(PERSEUS_INTERNAL_ERROR, std::string(what) + ": its communicator was aborted")
+               : Status::OK();
+  }, std::chrono::microseconds(50));
 }
 
 }  // namespace gpu

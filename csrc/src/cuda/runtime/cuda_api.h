@@ -9,7 +9,10 @@
 #define PERSEUS_CUDA_CUDA_API_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <functional>
+#include <mutex>
 #include <string>
 
 #include "common/status.h"
@@ -185,6 +188,12 @@ std::string NcclVersionString(int code);
 // CUDA or NCCL failures as Status (PERSEUS_INTERNAL_ERROR), naming the call.
 Status CudaStatus(cudaError_t rc, const char* what);
 Status NcclStatus(ncclResult_t rc, const char* what, ncclComm_t comm = nullptr);
+// Polls ncclCommGetAsyncError on `comm` until it leaves ncclInProgress: OK or the
+// operation's error (named `what`), or the error `stop` returns first. `stop` and each
+// poll run under `*guard` where one is given (an abort taken under that lock never meets
+// a poll); after a short spin the poll naps `nap` between tries.
+Status AwaitNcclAsync(ncclComm_t comm, const char* what, std::mutex* guard,
+                      const std::function<Status()>& stop, std::chrono::microseconds nap);
 // What a launch on `comm` returned (a call outside a group, ncclGroupEnd). On a
 // nonblocking communicator (cuda/nccl/nccl_comm.h) NCCL may answer ncclInProgress, and the
 // launch is queued only once ncclCommGetAsyncError says ncclSuccess: this polls until
