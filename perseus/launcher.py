@@ -23,10 +23,10 @@ and builds the command that flavour needs:
 Then it replaces itself with mpirun (exec), so the exit code and signals are
 mpirun's own. It starts no daemons and moves no data: it is not a process manager.
 
---elastic on a ULFM core (shrink in place) is the first exception: perseusrun runs
-mpirun as its child, copies its output through and forwards signals to it, and where
-Open MPI 5 ended the job after losing a host but exited with 0, says so and ends with
-launcher_elastic.HOST_LOST_EXIT (69) instead (launcher_elastic.run_watching).
+--elastic -np N on a ULFM core (shrink in place) is the first exception: perseusrun
+runs mpirun as its child, copies its output through and forwards signals to it, and
+where Open MPI 5 ended the job after losing a host but exited with 0, says so and ends
+with launcher_elastic.HOST_LOST_EXIT (69) instead (launcher_elastic.run_watching).
 
 The other is --elastic on a core whose MPI has no ULFM (MPICH, Open MPI 4): there
 perseusrun stays, runs mpirun as its child, and when the job ends because a rank was
@@ -34,10 +34,14 @@ killed by a signal, starts it again (same command, same np), up to --reset-limit
 times; hvd.elastic.run in the ranks persists commits and resumes from the last one
 (perseus/common/elastic.py). With -H/--hostfile the restart leaves out the hosts that
 lost a rank, with Horovod's blacklist and --min-np (fixed hosts: the discovery loop
-below over hosts that never change). With --host-discovery-script (any core)
-perseusrun also follows the hosts the script prints: it starts the job on them, and
-when they change the ranks stop at a commit and the job starts again on the new ones
-(perseus/launcher_elastic.py).
+below over hosts that never change). With -H/--hostfile on a ULFM core the same loop
+runs mpirun --with-ft ulfm: a rank that dies is left behind in place (no restart), and
+a host that Open MPI 5 lost whole (it ends the job) is blacklisted and the job started
+again on the hosts left, resuming from the last persisted commit; where it cannot start
+again (--reset-limit, below --min-np) perseusrun ends with 69, naming the host. With
+--host-discovery-script (any core) perseusrun also follows the hosts the script
+prints: it starts the job on them, and when they change the ranks stop at a commit and
+the job starts again on the new ones (perseus/launcher_elastic.py).
 """
 
 import argparse
@@ -373,10 +377,27 @@ def fixed_hosts(args):
 
 def _run_growing(parser, args, flavour, mpirun):
     """perseusrun --elastic --host-discovery-script, or --elastic on the fixed hosts of
-    -H/--hostfile without ULFM: the first discovery (its errors end perseusrun before
-    any rank starts), then launcher_elastic.run_growing."""
+    -H/--hostfile: the first discovery (its errors end perseusrun before any rank
+    starts), then launcher_elastic.run_growing. Fixed hosts on a ULFM core
+    (opts["in_place"]): mpirun --with-ft ulfm, a rank that dies left behind in place;
+    only a host Open MPI lost whole restarts the job, on the hosts left."""
     from perseus.common import elastic, private_files
     script = args.host_discovery_script
+    in_place = not script and not args.elastic_restart
+    grow = bool(getattr(args, "elastic_grow", False))
+
+    def start_command(hosts, np, prepare=True):
+        each = copy.copy(args)
+        each.hosts, each.hostfile, each.np = launcher_elastic.describe(hosts), None, np
+        cmd = build_command(each, flavour, mpirun)
+        if grow and "--oversubscribe" not in cmd:
+            # The ranks a grow in place spawns go beyond the slots mpirun was given: the
+            # plan (the discovery script's slots) bounds them, not mpirun.
+            cmd.insert(3, "--oversubscribe")
+        if prepare and not args.dry_run:
+            launcher_flags.prepare(args, flavour, np)  # Hydra's rank.N output folders
+        return cmd
+
     try:
         folder = elastic.persist_dir()
         try:  # the notice and the commits: checked before any rank starts
@@ -391,25 +412,17 @@ def _run_growing(parser, args, flavour, mpirun):
         else:
             first, np = fixed_hosts(args)
             opts = growing_options(args, os.environ, first, np)
+            # A bad command (--elastic under ULFM with an mpirun of another MPI) fails here,
+            # before any rank starts, not in the loop.
+            start_command(first, np, prepare=False)
     except (launcher_elastic.DiscoveryError, LauncherError) as e:
         parser.error(str(e))
 
-    grow = bool(getattr(args, "elastic_grow", False))
-
-    def start_command(hosts, np):
-        each = copy.copy(args)
-        each.hosts, each.hostfile, each.np = launcher_elastic.describe(hosts), None, np
-        cmd = build_command(each, flavour, mpirun)
-        if grow and "--oversubscribe" not in cmd:
-            # The ranks a grow in place spawns go beyond the slots mpirun was given: the
-            # plan (the discovery script's slots) bounds them, not mpirun.
-            cmd.insert(3, "--oversubscribe")
-        if not args.dry_run:
-            launcher_flags.prepare(args, flavour, np)  # Hydra's rank.N output folders
-        return cmd
-
     mpirun_env = launcher_flags.mpirun_environment(args, flavour)
+    if not args.elastic_restart:  # mpirun --with-ft ulfm: see ULFM_KEEPALIVE
+        mpirun_env.update((k, v) for k, v in ULFM_KEEPALIVE.items() if k not in os.environ)
     opts["grow"] = grow
+    opts["in_place"] = in_place
     if script:
         print("perseusrun: --elastic: following the hosts of %s (now %s): between %d and %s "
               "rank(s); %s change of hosts stops the ranks at their next commit and starts "
@@ -419,6 +432,18 @@ def _run_growing(parser, args, flavour, mpirun):
                  opts["min_np"], opts["max_np"] or "all slots",
                  "ranks added on this machine join the running job at its next commit (ULFM: "
                  "grown in place); any other" if grow else "a", opts["limit"]),
+              file=sys.stderr, flush=True)
+    elif in_place:
+        print("perseusrun: --elastic: %s: a rank that dies is left behind and the others go "
+              "on in place; the job runs on %s with %d rank(s), and when Open MPI loses a "
+              "host whole (it then ends the job) it starts again, at most %d time(s) "
+              "(--reset-limit), without that host (blacklisted %s; never this machine), with "
+              "the ranks the hosts left offer (at least --min-np %d), and hvd.elastic.run "
+              "resumes from its last persisted commit"
+              % (args.elastic_why, launcher_elastic.describe(first), opts["start_np"],
+                 opts["limit"], "for the rest of the job" if opts["cooldown_range"] is None
+                 else "with Horovod's cooldown, --blacklist-cooldown-range %d %d"
+                 % opts["cooldown_range"], opts["min_np"]),
               file=sys.stderr, flush=True)
     else:
         print("perseusrun: --elastic: %s, so a rank that dies cannot be left behind: the job "
@@ -437,8 +462,9 @@ def _run_growing(parser, args, flavour, mpirun):
         need = max(opts["min_np"], opts["start_np"] or 0)
         chosen = launcher_elastic.plan(first, [], launcher_elastic.Blacklist(), need,
                                        opts["max_np"])
+        shown = ["%s=%s" % (k, shlex.quote(v)) for k, v in sorted(mpirun_env.items())]
         shown = ("waiting for %d slot(s)" % need if chosen is None else
-                 " ".join(shlex.quote(c) for c in start_command(*chosen)))
+                 " ".join(shown + [shlex.quote(c) for c in start_command(*chosen)]))
         print("perseusrun (%s): %s" % (flavour, shown),
               file=sys.stderr if not args.dry_run else sys.stdout, flush=True)
     if args.dry_run:
@@ -512,16 +538,18 @@ def main(argv=None):
             # changes restart it).
             args.elastic_restart, args.elastic_why = not built, why
             args.elastic_grow = built and bool(args.host_discovery_script)
-            if args.elastic_restart or args.elastic_grow:
+            if args.elastic_restart or args.elastic_grow or args.hosts or args.hostfile:
                 # Named in perseusrun's environment now, so that Open MPI's -x forwards
                 # the values run_restarting sets for each run.
                 for name in ("PERSEUS_ELASTIC_RUN_ID", "PERSEUS_ELASTIC_RESTARTS",
                              "PERSEUS_ELASTIC_RESET_LIMIT", "PERSEUS_ELASTIC_NOTICE",
                              "PERSEUS_ELASTIC_GENERATION", "PERSEUS_ELASTIC_GROW"):
                     os.environ.setdefault(name, "")
-        # Fixed hosts without ULFM: the restart leaves out the hosts that lost a rank, the
-        # discovery loop over hosts that never change (Horovod's FixedHosts).
-        fixed = args.elastic and args.elastic_restart and bool(args.hosts or args.hostfile)
+        # Fixed hosts: the discovery loop over hosts that never change (Horovod's
+        # FixedHosts). Without ULFM the restart leaves out the hosts that lost a rank; with
+        # it a rank that dies is left behind in place, and only a host Open MPI lost whole
+        # (it ends the job) restarts the job on the hosts left.
+        fixed = args.elastic and bool(args.hosts or args.hostfile)
         if args.host_discovery_script or fixed:
             if args.hosts and args.hostfile:
                 raise LauncherError("give -H or --hostfile, not both")
@@ -541,13 +569,6 @@ def main(argv=None):
     elif args.elastic and args.reset_limit is not None:
         print("perseusrun: note: --reset-limit has no effect with ULFM: the survivors go on "
               "in place, with no restart", file=sys.stderr, flush=True)
-    if args.elastic and not args.elastic_restart:
-        for dest in launcher_flags.ELASTIC_HOST_FLAGS:
-            if getattr(args, dest, None) is not None:  # given with -H/--hostfile
-                print("perseusrun: note: %s has no effect with ULFM and fixed hosts: the "
-                      "survivors of a lost rank go on in place, whatever their number, and "
-                      "nothing is restarted nor blacklisted" % launcher_flags._flag_of(dest),
-                      file=sys.stderr, flush=True)
     for note in launcher_flags.notes(args, flavour):
         print("perseusrun: note: %s" % note, file=sys.stderr, flush=True)
     mpirun_env = launcher_flags.mpirun_environment(args, flavour)

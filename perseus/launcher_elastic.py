@@ -19,9 +19,19 @@ perseusrun copies mpirun's output to its own as it comes and reads from it the h
 of a rank that died (LOST_RANK_HOST), which it blacklists with Horovod's cooldown, and
 a host whose Open MPI daemon was lost (LOST_HOST): the job is restarted without it.
 
-run_watching is perseusrun --elastic on a ULFM core (shrink in place): one run of
-mpirun, its output relayed the same way, only to end non-zero (HOST_LOST_EXIT) where
-Open MPI 5 ended the job after losing a host and still exited with 0.
+The same loop runs the fixed hosts of -H/--hostfile (Horovod's FixedHosts: a discovery
+that never changes). Without ULFM a rank that dies restarts the job without its host. On
+a ULFM core (opts["in_place"]: mpirun --with-ft ulfm) a rank that dies is left behind by
+the others in place and nothing restarts, but Open MPI 5 ends the whole job when it loses
+a host's daemon: that host is blacklisted and the job restarted on the hosts left, from
+the last persisted commit (hvd.elastic.run persists wherever perseusrun gives the ranks
+PERSEUS_ELASTIC_RUN_ID). Where no restart can follow a lost host, perseusrun ends with
+HOST_LOST_EXIT (mpirun said 0), naming the host.
+
+run_watching is perseusrun --elastic -np N on a ULFM core (shrink in place, no host
+list): one run of mpirun, its output relayed the same way, only to end non-zero
+(HOST_LOST_EXIT) where Open MPI 5 ended the job after losing a host and still exited
+with 0.
 """
 
 import os
@@ -370,7 +380,14 @@ def run_growing(start_command, env, opts, say=None):
     -H/--hostfile, `first`, a discovery that never changes, as Horovod's FixedHosts),
     slots (default slots a host), min_np, max_np (0: no bound), elastic_timeout,
     discovery_timeout, cooldown_range, limit (--reset-limit: restarts for deaths and host
-    changes alike, as Horovod counts resets), first (the hosts found at start)."""
+    changes alike, as Horovod counts resets), first (the hosts found at start), in_place
+    (fixed hosts on a ULFM core, mpirun --with-ft ulfm: a rank that dies is left behind by
+    the others, so only a host Open MPI lost whole, which ends the job, or a host back
+    from its cooldown restarts it).
+
+    Where a lost host ended the job and it cannot start again (--reset-limit, or the hosts
+    left below --min-np), the exit code is that run's (HOST_LOST_EXIT where mpirun said 0),
+    with host_lost_line: never 0, nor a code that hides the lost host."""
     from perseus.common import elastic, private_files
     say = say or (lambda text: print("perseusrun: --elastic: " + text, file=sys.stderr,
                                      flush=True))
@@ -408,7 +425,17 @@ def run_growing(start_command, env, opts, say=None):
             host, what, "for the rest of the job" if until == float("inf")
             else "for %.0f s" % (until - time.time())))
 
+    def give_up(code_before):
+        """The exit code when the job cannot start (again): `code_before` (1), but that of
+        the last run where a lost host ended it, saying so."""
+        if last is None or not last.hosts_lost:
+            return code_before
+        print("perseusrun: " + host_lost_line(last.hosts_lost, last_returncode, last_code),
+              file=sys.stderr, flush=True)
+        return last_code
+
     order, found, generation, restarts = [], opts["first"], 0, 0
+    last = last_returncode = last_code = None  # the run that ended last
     try:
         while True:
             deadline = time.monotonic() + opts["elastic_timeout"]
@@ -432,16 +459,17 @@ def run_growing(start_command, env, opts, say=None):
                     say("%s, and no wait can bring enough back (a host blacklisted without "
                         "--blacklist-cooldown-range stays out for the rest of the job): "
                         "giving up" % short)
-                    return 1
+                    return give_up(1)
                 if time.monotonic() >= deadline:
                     say("timed out after %g s waiting for hosts (--elastic-timeout, "
                         "HOROVOD_ELASTIC_TIMEOUT): %s" % (opts["elastic_timeout"], short))
-                    return 1
+                    return give_up(1)
                 if not waiting:
                     waiting = True
                     say("%s: waiting up to %g s for hosts (--elastic-timeout, "
                         "HOROVOD_ELASTIC_TIMEOUT)" % (short, opts["elastic_timeout"]))
                 if stop.signal is not None:
+                    give_up(None)  # the line, should a lost host have ended the last run
                     return 128 + stop.signal
                 time.sleep(DISCOVER_PERIOD_S)
                 try:
@@ -487,6 +515,7 @@ def run_growing(start_command, env, opts, say=None):
                            if opts.get("grow") else ""))
             # Open MPI 5 ends the job after losing a host with exit code 0: not done.
             code = exit_code(returncode) or (HOST_LOST_EXIT if job.hosts_lost else 0)
+            last, last_returncode, last_code = job, returncode, code
             if code == 0:
                 for path in (notice, elastic.persist_path(folder, run_id)):
                     if os.path.isfile(path) and not os.path.islink(path):
@@ -503,10 +532,15 @@ def run_growing(start_command, env, opts, say=None):
                     leave_out(reported, hosts, "was lost (Open MPI lost its daemon)")
             elif returncode == elastic.HOSTS_UPDATED_EXIT and generation > started:
                 why = "the ranks stopped at a commit for the new hosts"
-            elif died_of_signal(returncode):
+            elif died_of_signal(returncode) and not opts.get("in_place"):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
                 for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names
                     leave_out(reported, hosts, "lost a rank")
+            elif opts.get("in_place"):
+                say("the job failed with exit code %d, and no host was lost: not restarted "
+                    "(under ULFM a rank that dies is left behind in place; only a host Open "
+                    "MPI loses whole restarts the job)" % returncode)
+                return code
             else:
                 say("the job failed with exit code %d, which is neither a rank killed by a "
                     "signal nor the ranks stopping for new hosts: not restarted" % returncode)

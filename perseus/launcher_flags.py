@@ -151,17 +151,18 @@ def add_to(parser):
                         "again and resumes from its last persisted commit (with -H/--hostfile, "
                         "without the hosts that lost a rank)")
     g.add_argument("--reset-limit", type=int, metavar="N",
-                   help="--elastic without ULFM or with --host-discovery-script: restart "
-                        "the job at most N times after a rank dies or the hosts change, "
-                        "then end it (default: 3)")
+                   help="--elastic without ULFM, with --host-discovery-script or with "
+                        "-H/--hostfile: restart the job at most N times after a rank dies "
+                        "(under ULFM: a host is lost) or the hosts change, then end it "
+                        "(default: 3)")
     g.add_argument("--host-discovery-script", metavar="SCRIPT",
                    help="--elastic: a command printing one host[:slots] per line, run at "
                         "start and every second; when its hosts change, the ranks get "
                         "HostsUpdatedInterrupt at their next commit and the job restarts "
                         "on the new hosts from that commit")
     g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
-                   help="with --host-discovery-script, or -H/--hostfile without ULFM: run "
-                        "on at least N slots, else wait for them (default: -np, else 1)")
+                   help="with --host-discovery-script or -H/--hostfile: run on at least N "
+                        "slots, else wait for them (default: -np, else 1)")
     g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
                    help="run at most N ranks (default: with --host-discovery-script all "
                         "slots found, with -H/--hostfile -np)")

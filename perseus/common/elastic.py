@@ -18,9 +18,11 @@ ends run() with an error saying what elastic resizing needs. The framework modul
 
 Where the MPI has no ULFM, `perseusrun --elastic` restarts the whole job when a rank
 dies (perseus/launcher.py sets PERSEUS_ELASTIC_RUN_ID and PERSEUS_ELASTIC_RESTARTS in
-the ranks): run() then persists every PERSEUS_ELASTIC_PERSIST_INTERVAL-th commit (rank 0
-writes it atomically into a private folder, perseus.common.private_files), and a
-restarted job's run() resumes from the last one persisted (_Persister).
+the ranks); with ULFM and -H/--hostfile it restarts the job when Open MPI 5 lost a host
+whole (a rank that dies is left behind in place). Wherever perseusrun gives a run id,
+run() persists every PERSEUS_ELASTIC_PERSIST_INTERVAL-th commit (rank 0 writes it
+atomically into a private folder, perseus.common.private_files), and a restarted job's
+run() resumes from the last one persisted (_Persister).
 
 Under `perseusrun --elastic --host-discovery-script` (perseus/launcher_elastic.py) the
 job also follows its hosts: perseusrun writes a new generation into a notice file
@@ -371,9 +373,14 @@ def mode():
     (perseusrun --elastic restarts the job from the last persisted commit) or "end"."""
     enabled, why = basics.fault_tolerance()
     if enabled:
+        run = restart_run()
         if _host_watch() is not None and grows_in_place():
             why += ("; perseusrun --elastic --host-discovery-script started it and grows it in "
                     "place when hosts of this machine are added (other changes restart it)")
+        elif run is not None:
+            why += ("; perseusrun --elastic -H/--hostfile started it and restarts it on the "
+                    "hosts left, from the last persisted commit, when Open MPI loses a host "
+                    "whole (restart %d of at most %d)" % (run[1], run[2]))
         return "shrink", why
     run = restart_run()
     if run is not None:
@@ -410,9 +417,9 @@ def _start_persisting(state):
     on and, in a restarted job, load the last one persisted (rank 0; the sync that
     follows gives it to all)."""
     run = restart_run()
+    # perseusrun gives a run id only to a job it may restart: without ULFM, under a
+    # discovery script, and on fixed hosts under ULFM (a host lost whole ends the job).
     if run is None or getattr(state, "_persister", None) is not None:
-        return
-    if mode()[0] != "restart" and not (_host_watch() is not None and grows_in_place()):
         return
     if basics.joined_job():  # started by a grow in place: join the old ranks' steps
         _join_grown_job(state)

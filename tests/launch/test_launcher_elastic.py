@@ -425,19 +425,22 @@ if run == 1 and sys.argv[5] == "wait":
 """
 
 
-def run_fixed(tmp_path, monkeypatch, flags, form="hydra", lost="node7", then="end"):
+def run_fixed(tmp_path, monkeypatch, flags, form="hydra", lost="node7", then="end",
+              mpirun=FIXED_MPIRUN, in_place=False):
     """run_growing on the fixed hosts node7:2,localhost:2 with perseusrun's `flags`, the
-    options as main() makes them -> (exit code, messages, seconds)."""
+    options as main() makes them (in_place: on a ULFM core) -> (exit code, messages,
+    seconds)."""
     import perseus.launcher as launcher
     monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
     monkeypatch.setattr(le, "DISCOVER_PERIOD_S", 0.1)  # CI time: the loop's period
     args = launcher.make_parser().parse_args(["--elastic", "-H", "node7:2,localhost:2"] + flags
                                              + ["python"])
     assert launcher.launcher_flags.check_elastic(args, {}) is None
-    opts = launcher.growing_options(args, {}, *launcher.fixed_hosts(args))
+    opts = dict(launcher.growing_options(args, {}, *launcher.fixed_hosts(args)),
+                in_place=in_place)
     messages = []
     started = time.monotonic()
-    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", FIXED_MPIRUN, le.describe(hosts),
+    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", mpirun, le.describe(hosts),
                                            str(np), form, lost, then], clean_env(), opts,
                         say=messages.append)
     return rc, messages, time.monotonic() - started
@@ -509,11 +512,11 @@ def test_fixed_hosts_below_min_np_wait_for_the_cooldown(tmp_path, monkeypatch, c
         assert "run 1" not in out and took < 2, (out, took)  # no wait for what cannot come
 
 
-def test_perseusrun_takes_fixed_hosts_through_the_loop_without_ulfm(monkeypatch, tmp_path,
-                                                                     capsys):
+def test_perseusrun_takes_fixed_hosts_through_the_loop(monkeypatch, tmp_path, capsys):
     """perseusrun --elastic -H on a core without ULFM: the fixed-host loop (its line says
     so; -np is also --max-np), and -np or --min-np above the slots is an error; on a ULFM
-    core the job shrinks in place, and the host flags are noted to have no effect."""
+    core the same loop under mpirun --with-ft ulfm, its line saying that a rank that dies
+    is left behind and a host lost whole restarts the job."""
     import perseus.launcher as launcher
     monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
     monkeypatch.setattr(launcher, "check_core_mpi", lambda mpirun, flavour: None)
@@ -532,8 +535,72 @@ def test_perseusrun_takes_fixed_hosts_through_the_loop_without_ulfm(monkeypatch,
         with pytest.raises(SystemExit):
             main(argv + flags + ["python", "t.py"])
         assert said in capsys.readouterr().err
+    # A ULFM core: the same loop, under mpirun --with-ft ulfm (PRRTE's keepalive set), a
+    # rank that dies left behind in place; a host lost whole restarts the job.
     monkeypatch.setattr(launcher, "core_has_ulfm", lambda: (True, "ULFM"))
     assert main(argv[:3] + ["openmpi"] + argv[4:] + ["--min-np", "2", "python", "t.py"]) == 0
     out, err = capsys.readouterr()
-    assert "--with-ft ulfm" in out, out
-    assert "--min-np has no effect with ULFM and fixed hosts" in err, err
+    assert "PRTE_MCA_oob_tcp_keepalive_time=5" in out and "--with-ft ulfm" in out, out
+    assert "-H node7:2,localhost:2 " in out, out
+    assert ("--elastic: ULFM: a rank that dies is left behind and the others go on in place; "
+            "the job runs on node7:2,localhost:2 with 4 rank(s), and when Open MPI loses a "
+            "host whole (it then ends the job) it starts again, at most 3 time(s) "
+            "(--reset-limit), without that host (blacklisted for the rest of the job; never "
+            "this machine), with the ranks the hosts left offer (at least --min-np 2)") in err, err
+    assert "no effect" not in err, err
+    with pytest.raises(SystemExit):  # ULFM needs Open MPI's mpirun: before any rank starts
+        main(argv + ["python", "t.py"])
+    assert "--elastic needs Open MPI 5 with ULFM" in capsys.readouterr().err
+
+
+# Fixed hosts on a ULFM core: stands in for mpirun --with-ft ulfm. Run 0 reports what
+# argv[3] says and exits as mpirun does then: "host", PRRTE's report of node7's daemon
+# lost ($PTEST_REPORT) and 0; "rank", a rank killed on node7 and 137 (under ULFM the others
+# would have gone on: mpirun's code then is a failure of the job); later runs succeed.
+ULFM_FIXED_MPIRUN = r"""
+import os, sys
+run = int(os.environ["PERSEUS_ELASTIC_RESTARTS"])
+print("run %d np %s hosts %s" % (run, sys.argv[2], sys.argv[1]), flush=True)
+if run == 0 and sys.argv[3] == "host":
+    sys.stderr.write(os.environ["PTEST_REPORT"])
+    sys.exit(0)
+if run == 0 and sys.argv[3] == "rank":
+    print("prterun noticed that process rank 1 with PID 123 on node node7 exited on\nsignal "
+          "9 (Killed).", file=sys.stderr, flush=True)
+    sys.exit(137)
+"""
+
+
+@pytest.mark.parametrize("lost,flags,want,said", [
+    ("host", ["--min-np", "2"], 0, "Open MPI ended the job after losing host node7: restarting "
+     "the job (restart 1 of at most 3, --reset-limit), which resumes from its last persisted "
+     "commit"),
+    ("host", ["--min-np", "2", "--reset-limit", "0"], le.HOST_LOST_EXIT,
+     "Open MPI ended the job after losing host node7 and the job was already restarted 0 "
+     "time(s), the --reset-limit: giving up"),
+    ("host", [], le.HOST_LOST_EXIT, "fewer than --min-np 4, and no wait can bring enough back"),
+    ("rank", ["--min-np", "2"], 137, "the job failed with exit code 137, and no host was lost: "
+     "not restarted (under ULFM a rank that dies is left behind in place; only a host Open "
+     "MPI loses whole restarts the job)")])
+def test_ulfm_fixed_hosts_restart_only_for_a_host_lost(tmp_path, monkeypatch, capfd, lost, flags,
+                                                       want, said):
+    """perseusrun --elastic -H node7:2,localhost:2 on a ULFM core: Open MPI loses node7's
+    daemon and ends the job with 0; node7 is blacklisted and the job restarted on
+    localhost:2. Where it cannot be (--reset-limit 0; the 2 slots left below --min-np,
+    Horovod's default -np: 4), perseusrun ends with HOST_LOST_EXIT and the line naming
+    node7. A rank's death is no restart (the others went on in place): mpirun's code."""
+    monkeypatch.setenv("PTEST_REPORT", NODE_DIED % "node7")
+    rc, messages, _ = run_fixed(tmp_path, monkeypatch, flags, form=lost,
+                                mpirun=ULFM_FIXED_MPIRUN, in_place=True)
+    out, err = capfd.readouterr()
+    assert rc == want, (out, err, messages)
+    assert "run 0 np 4 hosts node7:2,localhost:2" in out, out
+    assert any(said in m for m in messages), messages
+    assert ("run 1 np 2 hosts localhost:2" in out) == (want == 0), out
+    assert "run 2" not in out, out
+    assert (("host node7 was lost (Open MPI lost its daemon): blacklisted for the rest of the "
+             "job (Horovod's cooldown)") in messages) == (lost == "host"), messages
+    lost_line = ("perseusrun: Open MPI ended the job after losing host node7 (node7: its daemon "
+                 "there stopped answering; mpirun's exit code 0, the job did not finish); exit "
+                 "code 69")
+    assert (lost_line in err) == (want == le.HOST_LOST_EXIT), err
