@@ -434,13 +434,14 @@ def _run_growing(parser, args, flavour, mpirun):
                  "grown in place); any other" if grow else "a", opts["limit"]),
               file=sys.stderr, flush=True)
     elif in_place:
-        print("perseusrun: --elastic: %s: a rank that dies is left behind and the others go "
-              "on in place; the job runs on %s with %d rank(s), and when Open MPI loses a "
+        print("perseusrun: --elastic: the core's MPI has ULFM (mpirun --with-ft ulfm): a rank "
+              "that dies is left behind and the others go on in place; the job runs on %s "
+              "with %d rank(s), and when Open MPI loses a "
               "host whole (it then ends the job) it starts again, at most %d time(s) "
               "(--reset-limit), without that host (blacklisted %s; never this machine), with "
               "the ranks the hosts left offer (at least --min-np %d), and hvd.elastic.run "
               "resumes from its last persisted commit"
-              % (args.elastic_why, launcher_elastic.describe(first), opts["start_np"],
+              % (launcher_elastic.describe(first), opts["start_np"],
                  opts["limit"], "for the rest of the job" if opts["cooldown_range"] is None
                  else "with Horovod's cooldown, --blacklist-cooldown-range %d %d"
                  % opts["cooldown_range"], opts["min_np"]),

@@ -10,9 +10,13 @@ allreduce of step 5 (PTEST_SIGNAL=PAUSE), hostA's wait inside it, and the test t
 - or cuts hostB's link (its eth0 down) and lets its ranks go on into the allreduce.
 
 Open MPI 5.0's runtime (PRRTE 3.0.11) ends the whole job when it loses a host's daemon,
-ULFM or not, so hostA's ranks cannot go on (docs/elastic.md, "A host lost"): these tests
-check that the job ends, saying so, within seconds and never hangs. If one fails because
-"survivor ok" appears, Open MPI keeps the job now, and the shrink is worth testing.
+ULFM or not, so hostA's ranks cannot go on in place (docs/elastic.md, "A host lost").
+perseusrun then blacklists hostB and starts the job again on hostA's 2 slots, where
+hvd.elastic.run resumes from the last persisted commit (--min-np 2: the killed host);
+without --min-np (Horovod's default, -np: 4) the hosts left are too few, and perseusrun
+ends with 69, naming hostB (the cut link). Both within seconds, never a hang. If a test
+fails because "survivor ok" appears, Open MPI keeps the job now, and the shrink is worth
+testing.
 
 The core is the ULFM build of tests/mpi/test_fault_tolerance.py's `ulfm` fixture.
 """
@@ -80,7 +84,8 @@ def perseusrun_env(hosts, ulfm, scratch, extra=None):  # noqa: F811 - the fixtur
     """hostA's user environment for the ULFM core: the package on PYTHONPATH, the agent as
     PRRTE's ssh (Open MPI 5's launcher reads plm_ssh_agent under its own prefix)."""
     return user_env(hosts, scratch, dict(extra or {}, PRTE_MCA_plm_ssh_agent=str(hosts.agent),
-                                         PYTHONPATH=ulfm["env"]["PYTHONPATH"]))
+                                         PYTHONPATH=ulfm["env"]["PYTHONPATH"],
+                                         PERSEUS_ELASTIC_PERSIST_DIR=str(scratch / "commits")))
 
 
 def perseusrun_argv(ulfm, env, *flags):  # noqa: F811 - the fixture
@@ -92,19 +97,24 @@ def perseusrun_argv(ulfm, env, *flags):  # noqa: F811 - the fixture
             + [python, str(RANK_SCRIPTS / "elastic_shrink.py")])
 
 
-def run_losing_host_b(hosts, ulfm, scratch, action, timeout=90):  # noqa: F811 - the fixture
-    """perseusrun --elastic at np 4 on hostA:2,hostB:2, typed on hostA, with `action`
-    taken on hostB once its ranks paused -> (rc, out + err, seconds from the action to
-    the end, report). Whatever of the job outlives it is killed."""
+def run_losing_host_b(hosts, ulfm, scratch, action, flags=(), timeout=90):  # noqa: F811
+    """perseusrun --elastic at np 4 on hostA:2,hostB:2 (and `flags`), typed on hostA, with
+    `action` taken on hostB once its ranks paused -> (rc, out + err, seconds from the
+    action to the end, report). Whatever of the job outlives it is killed."""
     env = perseusrun_env(hosts, ulfm, scratch, {
         "PTEST_KILL_WHERE": "allreduce", "PTEST_KILL_STEP": str(PAUSE_STEP),
         "PTEST_VICTIMS": ",".join(map(str, HOSTB_RANKS)), "PTEST_SIGNAL": "PAUSE",
+        # hostA's ranks may see hostB's die and shrink in place before PRRTE ends the job
+        # (within seconds); they then trained on, as far as the load let them (up to step
+        # 22 of 24 once), and might finish. Held in their reset callback, they leave the
+        # last commit at step 5 whatever the load.
+        "PTEST_HOLD_AFTER_RESET_S": str(timeout // 2),
         "PTEST_HANG_DUMP_S": str(timeout - 15)})
     done = {}
     watcher = when_paused(scratch, action, done, timeout)
     try:
         rc, out, err, seconds = run_bounded(
-            hosts.command("hostA", perseusrun_argv(ulfm, env), env, cwd=REPO_ROOT),
+            hosts.command("hostA", perseusrun_argv(ulfm, env, *flags), env, cwd=REPO_ROOT),
             os.environ, timeout)
         ended = time.monotonic()
     finally:
@@ -133,25 +143,42 @@ def run_losing_host_b(hosts, ulfm, scratch, action, timeout=90):  # noqa: F811 -
     return rc, out + err, after, left, report
 
 
-def test_host_killed_ends_the_job(hosts, ulfm, tmp_path):  # noqa: F811 - the fixture
-    """Every process of hostB SIGKILLed mid-step (its ranks and Open MPI's daemon): PRRTE
-    sees the daemon's ssh session end and its connection drop, and ends the job at once
-    ("Comm failure: daemon ... - aborting" with errmgr_base_verbose), killing hostA's
-    ranks before they could shrink. mpirun's exit code is PRRTE's (0 here); perseusrun's is
-    HOST_LOST_EXIT, saying so."""
-    def kill_host_b():
-        for pid in hosts.pids_on("hostB"):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+def kill_host_b(hosts):
+    """SIGKILL to every process of hostB: its ranks and Open MPI's daemon (prted)."""
+    for pid in hosts.pids_on("hostB"):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
-    rc, text, after, left, report = run_losing_host_b(hosts, ulfm, tmp_path, kill_host_b)
-    assert after < 10, report
+
+def test_host_killed_restarts_on_the_hosts_left(hosts, ulfm, tmp_path):  # noqa: F811
+    """Every process of hostB SIGKILLed mid-step (its ranks and Open MPI's daemon): PRRTE
+    sees the daemon's ssh session end and its connection drop, and ends the job within
+    seconds ("Comm failure: daemon ... - aborting" with errmgr_base_verbose), killing
+    hostA's ranks, shrunk in place or not (held in their reset callback here); mpirun's
+    exit code is PRRTE's (0 here). perseusrun
+    (--min-np 2) blacklists hostB and starts the job again on hostA's 2 slots; there
+    hvd.elastic.run resumes from the commit of step 5 (the last before the kill, persisted)
+    and both ranks finish with the script's checks (identical parameters, the loss fell,
+    each step once, no committed sample trained again nor any skipped). Exit code 0."""
+    rc, text, after, left, report = run_losing_host_b(
+        hosts, ulfm, tmp_path, lambda: kill_host_b(hosts), flags=("--min-np", "2"))
     assert ((DAEMON_GONE in text and "Remote host:   hostB" in text)
             or (DAEMON_UNREACHABLE in text and "on node hostB" in text)), report
-    assert_host_lost_said(rc, text, report)
-    assert "survivor ok" not in text, report  # if so, Open MPI keeps the job now
+    assert rc == 0, report
+    for said in ("perseusrun: --elastic: host hostB was lost (Open MPI lost its daemon): "
+                 "blacklisted for the rest of the job (Horovod's cooldown)",
+                 "perseusrun: --elastic: Open MPI ended the job after losing host hostB: "
+                 "restarting the job (restart 1 of at most 3, --reset-limit)",
+                 "perseusrun: --elastic: starting 2 rank(s) on hostA:2 (run 1)",
+                 "restart 1: resuming from persisted commit %d on 2 rank(s)" % PAUSE_STEP,
+                 "run 1 started at step %d epoch 0" % PAUSE_STEP):
+        assert said in text, report
+    assert text.count("restarted ok, size 2") == 2, report
+    assert "survivor ok" not in text and HOST_LOST_SAID not in text, report
+    assert after < 60, report
+    assert not list((tmp_path / "commits").glob("commit.*")), report  # removed when done
     assert not left["hostA"] + left["hostB"], report
 
 
@@ -162,7 +189,9 @@ def test_link_cut_ends_the_job_within_seconds(hosts, ulfm, tmp_path):  # noqa: F
     hostB. Before, mpirun kept the job for 300 + 9 x 20 s (PRRTE's default keepalive)
     while hostA's ranks looped in hvd.elastic.run; with a shorter peer timeout, hostA's
     ranks ended first and mpirun hung (its message to hostB unacknowledged, no keepalive).
-    mpirun's exit code is 0; perseusrun's is HOST_LOST_EXIT, saying so."""
+    mpirun's exit code is 0. hostB is blacklisted, but hostA's 2 slots are below --min-np
+    (Horovod's default: -np, 4) and no cooldown can bring hostB back: perseusrun cannot
+    restart the job, and ends with HOST_LOST_EXIT, naming hostB."""
     try:
         rc, text, after, left, report = run_losing_host_b(
             hosts, ulfm, tmp_path, lambda: hosts.link("hostB", False))
@@ -170,8 +199,10 @@ def test_link_cut_ends_the_job_within_seconds(hosts, ulfm, tmp_path):  # noqa: F
         hosts.link("hostB", True)
     assert after < 20, report
     assert DAEMON_UNREACHABLE in text and "on node hostB" in text, report
+    assert ("blacklisted: hostB (for the rest of the job)), fewer than --min-np 4, and no "
+            "wait can bring enough back") in text, report
     assert_host_lost_said(rc, text, report)
-    assert "survivor ok" not in text, report  # if so, Open MPI keeps the job now
+    assert "survivor ok" not in text and "(run 1)" not in text, report
     assert not left["hostA"] + left["hostB"], report
 
 

@@ -542,7 +542,8 @@ def test_perseusrun_takes_fixed_hosts_through_the_loop(monkeypatch, tmp_path, ca
     out, err = capsys.readouterr()
     assert "PRTE_MCA_oob_tcp_keepalive_time=5" in out and "--with-ft ulfm" in out, out
     assert "-H node7:2,localhost:2 " in out, out
-    assert ("--elastic: ULFM: a rank that dies is left behind and the others go on in place; "
+    assert ("--elastic: the core's MPI has ULFM (mpirun --with-ft ulfm): a rank that dies is "
+            "left behind and the others go on in place; "
             "the job runs on node7:2,localhost:2 with 4 rank(s), and when Open MPI loses a "
             "host whole (it then ends the job) it starts again, at most 3 time(s) "
             "(--reset-limit), without that host (blacklisted for the rest of the job; never "

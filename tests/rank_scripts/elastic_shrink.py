@@ -29,6 +29,17 @@ finish the epochs. At the end each survivor checks, against a reference it compu
   and none that this rank committed as processed before it was trained on again after
   it (as Horovod's, a failed rank's record is lost: its samples are trained again).
 Rank 0 of the survivors prints "RECOVERED <size before> -> <size after> in <s>".
+
+PTEST_HOLD_AFTER_RESET_S: the survivors wait that long in their reset callback before
+they go on (a host lost whole: Open MPI ends the job meanwhile, so the last commit is
+the one before the failure, whatever the load).
+
+Restarted by perseusrun (PERSEUS_ELASTIC_RESTARTS above 0: `perseusrun --elastic -H`
+under ULFM after Open MPI lost a host whole, tests/launch/test_fault_tolerance_hosts.py):
+no rank is lost in this run; hvd.elastic.run resumed from the last persisted commit
+(rank 0 logs "run R started at step S epoch E"), and the same checks follow, the
+commit's processed samples standing for those committed at the failure. Each rank logs
+"restarted ok" instead of "survivor ok".
 """
 import os
 import signal
@@ -98,6 +109,8 @@ def still_runs(pid):
 
 def body():
     world_rank, world_size = launcher_rank_size()
+    restarted = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS") or 0)
+    hold_s = float(os.environ.get("PTEST_HOLD_AFTER_RESET_S") or 0)
     hvd.init()
     x, y = regression_data(SAMPLES, FEATURES)
     model, optimizer, state = elastic_regression(x, y)
@@ -114,6 +127,8 @@ def body():
     add_set()
 
     def on_reset():
+        if hold_s and not restarted:
+            time.sleep(hold_s)  # Open MPI ends the job meanwhile, this process with it
         add_set()
         record["recovered"] = time.monotonic()
         record["epoch_of_failure"] = state.epoch
@@ -124,6 +139,10 @@ def body():
 
     @hvd.elastic.run
     def train(state):
+        if restarted and record.get("start") is None:
+            record["start"] = state.step
+            if hvd.rank() == 0:
+                log("run %d started at step %d epoch %d" % (restarted, state.step, state.epoch))
         for state.epoch in range(state.epoch, EPOCHS):
             # This epoch's samples not processed yet, split over this world (as
             # Horovod's examples use it: after a reset the batches count from 0).
@@ -160,8 +179,9 @@ def body():
 
     losses = train(state)
     assert record["recovered"] is not None, "no failure was recovered from"
-    lost = len(victims()) + (recovery_victim() is not None)
+    lost = 0 if restarted else len(victims()) + (recovery_victim() is not None)
     assert hvd.size() == world_size - lost, (hvd.size(), world_size)
+    assert len(losses) == state.step, (len(losses), state.step)  # each step's loss once
     first, last = assert_trained_alike(model, losses, 4)
     repeated = record["after_failure"] & record["committed_at_failure"]
     assert not repeated, "committed samples trained on again after the failure: %s" % repeated
@@ -172,7 +192,8 @@ def body():
             pid = int(open(os.path.join(os.environ["PTEST_TMPDIR"], name)).read())
             assert not still_runs(pid), "frozen rank %s (pid %d) still runs" % (name, pid)
             log("frozen rank %s was ended" % name[len("frozen."):])
-    log("survivor ok, size %d, loss %.4f -> %.4f" % (hvd.size(), first, last))
+    log("%s ok, size %d, loss %.4f -> %.4f" % ("restarted" if restarted else "survivor",
+                                               hvd.size(), first, last))
     hvd.shutdown()
 
 
