@@ -31,6 +31,7 @@
 #include "engine/config_agreement.h"
 #include "engine/engine.h"
 #include "lanes/core_lanes.h"
+#include "mpi/failure_detector.h"
 #include "mpi/fault_tolerance.h"
 #include "mpi/launcher_pmi.h"
 #include "mpi/launcher_world.h"
@@ -370,6 +371,8 @@ void FinalizeAtExit() {
   // exit() called on a thread inside one of our MPI calls (MPI giving up on a failed
   // call): stopping the engine or finalizing MPI could wait on that very call.
   if (InMpiCaller()) return;
+  // From here on MPI calls end the process's MPI (each progresses the detector).
+  StopHeartbeatPump();
   if (perseus_shutdown_within(kExitShutdownS) != PERSEUS_SUCCESS) return;
   // A member stopped answering (the stall inspector gave up on it): MPI_Finalize would
   // wait for it forever. On this host, leaving without it is enough: the host's daemon
@@ -433,6 +436,7 @@ const char* ThreadLevelName(int level) {
 
 Status StartMpi(const Config& config, bool* thread_multiple) {
   int initialized = 0, finalized = 0, provided = 0;
+  double heartbeat_s = 0;  // the period of the heartbeats this process must keep up
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (finalized)
@@ -446,6 +450,14 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
     // Another MPI's launcher: say so here, as MPI_Init may abort with its own words.
     Status launcher = CheckLauncherPmiHere();
     if (!launcher.ok()) return launcher;
+    // A fault-tolerant job: a frozen rank is declared failed after the stall shutdown
+    // time (else the peer timeout), even alone on its host, and excluded as a dead one.
+    std::string detector;
+    if (FaultTolerant())
+      heartbeat_s = ArmFailureDetector(config.stall_shutdown_seconds > 0
+                                           ? config.stall_shutdown_seconds
+                                           : config.peer_timeout_seconds,
+                                       &detector);
     int rc;
     {
       // A process that died before joining MPI's start-up holds the others there for
@@ -479,6 +491,7 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
                              " (with mpi4py, leave mpi4py.rc.thread_level at 'multiple')");
   *thread_multiple = provided == MPI_THREAD_MULTIPLE;
   SetMpiSerialized(!*thread_multiple);
+  if (*thread_multiple) StartHeartbeatPump(heartbeat_s);
   // N processes started by a launcher, each alone in a world of 1: an error, not N
   // independent trainings.
   int world_size = 0;
@@ -799,6 +812,9 @@ perseus_status_t perseus_grow(int32_t count, const char* command, const char* ar
 const char* perseus_fault_tolerance(int32_t* built_out, int32_t* enabled_out) {
   static thread_local std::string reason;
   reason = perseus::FaultToleranceReason();
+  // Once MPI started: how a frozen rank is told from a slow one.
+  if (perseus::FaultTolerant() && !perseus::FailureDetectorSummary().empty())
+    reason += "; " + perseus::FailureDetectorSummary();
   if (built_out) *built_out = perseus::BuiltWithUlfm() ? 1 : 0;
   if (enabled_out) *enabled_out = perseus::FaultTolerant() ? 1 : 0;
   return reason.c_str();

@@ -75,17 +75,39 @@ def test_survivors_recover_in_place(ulfm, run_mpi, where, step, victims):
 
 
 def test_frozen_rank_is_ended_and_left_behind(ulfm, run_mpi):
-    """Issue 46, point 2: rank 3 stops (SIGSTOP) before the step's allreduce, with Open
-    MPI's heartbeat detector off (its default). At the peer timeout the survivors, which
-    share its host, end it (SIGKILL: it cannot rejoin when it wakes), and go on as for a
-    dead rank: identical parameters, falling loss, no sample skipped, the frozen process
-    gone (the script checks). Before, the survivors' reset waited for it for good."""
+    """Issue 46, point 2: rank 3 stops (SIGSTOP) before the step's allreduce. At the peer
+    timeout (5 s, before the heartbeat detector the core arms, which waits at least 10 s)
+    the survivors, which share its host, end it (SIGKILL: it cannot rejoin when it
+    wakes), and go on as for a dead rank: identical parameters, falling loss, no sample
+    skipped, the frozen process gone (the script checks). Before, the survivors' reset
+    waited for it for good."""
     env = dict(ulfm["env"], PTEST_KILL_WHERE="allreduce", PTEST_KILL_STEP="5",
                PTEST_VICTIMS="3", PTEST_SIGNAL="SIGSTOP", PERSEUS_PEER_TIMEOUT_SECONDS="5")
     out = run_mpi("elastic_shrink", NP, env=env, python=ulfm["python"],
                   launcher=ulfm["launcher"], timeout=240)
     assert out.count("survivor ok, size 3") == 3, out
     assert out.count("frozen rank 3 was ended") == 3, out
+    assert out.count("detector: Open MPI's heartbeat detector declares a rank that is "
+                     "silent for 10 s failed") == NP, out
+
+
+def test_frozen_rank_is_declared_failed_by_the_heartbeat_detector(ulfm, run_mpi):
+    """Issue 46, point 2, where no survivor would end the frozen rank in time (alone on
+    its host; here the peer timeout is 60 s, past the test's bound): Open MPI's heartbeat
+    detector (4 s) declares rank 3, SIGSTOPped before step 5's allreduce, failed, and the
+    survivors go on as for a dead rank, the first of them on its host ending it after
+    the shrink. Before it, rank 1 computes 8 s outside MPI at step 2, its engine idle,
+    while the others wait in the allreduce: the core's heartbeats keep it from being
+    declared failed (without them Open MPI aborts it: "I have been reported dead")."""
+    env = dict(ulfm["env"], PTEST_KILL_WHERE="allreduce", PTEST_KILL_STEP="5",
+               PTEST_VICTIMS="3", PTEST_SIGNAL="SIGSTOP", PERSEUS_PEER_TIMEOUT_SECONDS="60",
+               PTEST_BUSY="1:2:8", OMPI_MCA_mpi_ft_detector="true",
+               OMPI_MCA_mpi_ft_detector_period="1", OMPI_MCA_mpi_ft_detector_timeout="4")
+    out = run_mpi("elastic_shrink", NP, env=env, python=ulfm["python"],
+                  launcher=ulfm["launcher"], timeout=55)
+    assert out.count("survivor ok, size 3") == 3, out
+    assert out.count("frozen rank 3 was ended") == 3, out
+    assert "reported dead" not in out, out
 
 
 @pytest.fixture(scope="module")

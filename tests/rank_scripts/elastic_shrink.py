@@ -30,6 +30,11 @@ finish the epochs. At the end each survivor checks, against a reference it compu
   it (as Horovod's, a failed rank's record is lost: its samples are trained again).
 Rank 0 of the survivors prints "RECOVERED <size before> -> <size after> in <s>".
 
+PTEST_BUSY="RANK:STEP:SECONDS": world rank RANK computes outside MPI for SECONDS (a
+sleep, its engine idle) before step STEP's allreduce, the others waiting inside it: with
+Open MPI's heartbeat detector on, the core's heartbeats must keep it from being
+declared failed. Each rank logs how the init() sees a frozen rank ("detector: ...").
+
 PTEST_HOLD_AFTER_RESET_S: the survivors wait that long in their reset callback before
 they go on (a host lost whole: Open MPI ends the job meanwhile, so the last commit is
 the one before the failure, whatever the load).
@@ -51,6 +56,7 @@ from common import (assert_trained_alike, elastic_regression, launcher_rank_size
                     regression_data, touch, wait_for)
 
 import perseus.torch.horovod as hvd
+from perseus.common.basics import fault_tolerance
 
 SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 2
 
@@ -77,6 +83,13 @@ def die_in_recovery_sync(state, record, world_rank):
 
     if world_rank == recovery_victim():
         state.sync = sync
+
+
+def busy_here(step, world_rank):
+    if os.environ.get("PTEST_BUSY"):
+        rank, at, seconds = os.environ["PTEST_BUSY"].split(":")
+        if world_rank == int(rank) and step == int(at):
+            time.sleep(float(seconds))
 
 
 def die_here_if_victim(where, step, world_rank):
@@ -112,6 +125,7 @@ def body():
     restarted = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS") or 0)
     hold_s = float(os.environ.get("PTEST_HOLD_AFTER_RESET_S") or 0)
     hvd.init()
+    log("detector: " + fault_tolerance()[1].rpartition("; ")[2])
     x, y = regression_data(SAMPLES, FEATURES)
     model, optimizer, state = elastic_regression(x, y)
     record = {"set": None, "recovered": None, "committed_at_failure": None,
@@ -149,6 +163,7 @@ def body():
             indices = list(state.sampler)
             for batch in range(-(-len(indices) // BATCH)):
                 mine = indices[batch * BATCH:(batch + 1) * BATCH]
+                busy_here(state.step, world_rank)
                 die_here_if_victim("allreduce", state.step, world_rank)
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x[mine]).squeeze(1), y[mine])
