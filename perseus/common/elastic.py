@@ -303,6 +303,13 @@ class _Persister:
             return
         self.write(state)
 
+    def agree(self):
+        """Every rank takes rank 0's counts, after a reset: a failure that the others
+        survive (ULFM) may catch them on either side of a commit, and with an interval
+        above 1 they must still persist the same commits, which gather (every rank)."""
+        self.commits, self.persisted = self._broadcast((self.commits, self.persisted),
+                                                       root_rank=0)
+
     def write_last(self, state):
         """write() unless the last commit is on disk already (every rank calls it)."""
         if self.persisted != self.commits:
@@ -548,17 +555,22 @@ def run_fn(func, reset_fn=reset):
         _say_mode()
         _start_persisting(state)
         after_reset = False
+        failed = False  # since the last sync: the persister's counts may differ
         while True:
             syncing = True
             try:
                 # Inside: a rank that fails during the sync after a failure is one more.
                 state.sync()
-                syncing = False
+                persister = getattr(state, "_persister", None)
+                if failed and persister is not None:
+                    persister.agree()  # the state is rank 0's commit now: its counts too
+                failed = syncing = False
                 return func(state, *args, **kwargs)
             except HorovodInternalError as e:
                 if syncing and after_reset and not basics.world_failed():
                     raise HorovodInternalError(SAME_WORLD_BROKEN % e) from e
                 state.restore()
+                failed = True
             except HostsUpdatedInterrupt as e:
                 if _host_watch() is None or getattr(state, "_persister", None) is None:
                     raise NotImplementedError(RESIZE_UNSUPPORTED % basics.size()) from e

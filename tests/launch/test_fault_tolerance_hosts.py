@@ -247,3 +247,41 @@ def test_elastic_run_gives_up_a_world_that_cannot_recover(monkeypatch):
     with pytest.raises(HorovodInternalError, match="cannot go on.*peer timeout"):
         elastic.run_fn(lambda s: None, reset_fn=lambda: None)(state)
     assert (state.syncs, state.restores) == (2, 1)
+
+
+class _Plain:
+    """A state whose sync and restore always work."""
+
+    def sync(self):
+        pass
+
+    def restore(self):
+        pass
+
+    def on_reset(self):
+        pass
+
+
+def test_elastic_run_takes_rank_0s_commit_counts_after_a_reset(monkeypatch):
+    """After a reset every rank takes rank 0's count of commits (one broadcast): a failure
+    the others survive in place may catch them on either side of a commit, and with
+    PERSEUS_ELASTIC_PERSIST_INTERVAL above 1 they must still persist the same commits,
+    whose gather of the samplers' records needs every rank (-H under ULFM persists)."""
+    monkeypatch.setattr(elastic, "_said_mode", True)
+    monkeypatch.delenv("PERSEUS_ELASTIC_RUN_ID", raising=False)
+    sent = []
+    persister = elastic._Persister.__new__(elastic._Persister)
+    persister.commits, persister.persisted = 7, 6  # this rank passed commit 7, rank 0 not
+    persister._broadcast = lambda value, root_rank: sent.append((value, root_rank)) or (6, 6)
+    state = _Plain()
+    state._persister = persister
+    calls = []
+
+    def train(state):
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise HorovodInternalError("rank 3 failed")
+
+    elastic.run_fn(train, reset_fn=lambda: None)(state)
+    assert calls == [0, 1] and sent == [((7, 6), 0)], (calls, sent)
+    assert (persister.commits, persister.persisted) == (6, 6)
