@@ -97,11 +97,13 @@ def perseusrun_argv(ulfm, env, *flags):  # noqa: F811 - the fixture
             + [python, str(RANK_SCRIPTS / "elastic_shrink.py")])
 
 
-def run_losing_host_b(hosts, ulfm, scratch, action, flags=(), timeout=90):  # noqa: F811
-    """perseusrun --elastic at np 4 on hostA:2,hostB:2 (and `flags`), typed on hostA, with
-    `action` taken on hostB once its ranks paused -> (rc, out + err, seconds from the
-    action to the end, report). Whatever of the job outlives it is killed."""
-    env = perseusrun_env(hosts, ulfm, scratch, {
+def run_losing_host_b(hosts, ulfm, scratch, action, flags=(), extra=None,  # noqa: F811
+                      timeout=90):
+    """perseusrun --elastic at np 4 on hostA:2,hostB:2 (and `flags`, and the variables
+    `extra`), typed on hostA, with `action` taken on hostB once its ranks paused -> (rc,
+    out + err, seconds from the action to the end, report). Whatever of the job outlives
+    it is killed."""
+    env = perseusrun_env(hosts, ulfm, scratch, dict(extra or {}, **{
         "PTEST_KILL_WHERE": "allreduce", "PTEST_KILL_STEP": str(PAUSE_STEP),
         "PTEST_VICTIMS": ",".join(map(str, HOSTB_RANKS)), "PTEST_SIGNAL": "PAUSE",
         # hostA's ranks may see hostB's die and shrink in place before PRRTE ends the job
@@ -109,7 +111,7 @@ def run_losing_host_b(hosts, ulfm, scratch, action, flags=(), timeout=90):  # no
         # 22 of 24 once), and might finish. Held in their reset callback, they leave the
         # last commit at step 5 whatever the load.
         "PTEST_HOLD_AFTER_RESET_S": str(timeout // 2),
-        "PTEST_HANG_DUMP_S": str(timeout - 15)})
+        "PTEST_HANG_DUMP_S": str(timeout - 15)}))
     done = {}
     watcher = when_paused(scratch, action, done, timeout)
     try:
@@ -185,19 +187,23 @@ def test_host_killed_restarts_on_the_hosts_left(hosts, ulfm, tmp_path):  # noqa:
 def test_link_cut_ends_the_job_within_seconds(hosts, ulfm, tmp_path):  # noqa: F811
     """hostB's eth0 down mid-step, its ranks going on into the allreduce they can no
     longer reach. PRRTE notices the silent daemon only by TCP keepalive, which perseusrun
-    --elastic sets to 5 s + 5 x 1 s (launcher.ULFM_KEEPALIVE), and ends the job, naming
-    hostB. Before, mpirun kept the job for 300 + 9 x 20 s (PRRTE's default keepalive)
-    while hostA's ranks looped in hvd.elastic.run; with a shorter peer timeout, hostA's
-    ranks ended first and mpirun hung (its message to hostB unacknowledged, no keepalive).
-    mpirun's exit code is 0. hostB is blacklisted, but hostA's 2 slots are below --min-np
-    (Horovod's default: -np, 4) and no cooldown can bring hostB back: perseusrun cannot
-    restart the job, and ends with HOST_LOST_EXIT, naming hostB."""
+    --elastic sets to 5 s + 5 x 1 s (launcher.ULFM_KEEPALIVE; the user's values win: 2 s
+    + 2 x 1 s here, to spare CI 6 s; the defaults reach mpirun as the dry run below
+    checks), and ends the job, naming hostB. Before, mpirun kept the job for 300 + 9 x
+    20 s (PRRTE's default keepalive) while hostA's ranks looped in hvd.elastic.run; with
+    a shorter peer timeout, hostA's ranks ended first and mpirun hung (its message to
+    hostB unacknowledged, no keepalive). mpirun's exit code is 0. hostB is blacklisted,
+    but hostA's 2 slots are below --min-np (Horovod's default: -np, 4) and no cooldown
+    can bring hostB back: perseusrun cannot restart the job, and ends with
+    HOST_LOST_EXIT, naming hostB."""
     try:
         rc, text, after, left, report = run_losing_host_b(
-            hosts, ulfm, tmp_path, lambda: hosts.link("hostB", False))
+            hosts, ulfm, tmp_path, lambda: hosts.link("hostB", False), extra={
+                "PRTE_MCA_oob_tcp_keepalive_time": "2", "PRTE_MCA_oob_tcp_keepalive_intvl": "1",
+                "PRTE_MCA_oob_tcp_keepalive_probes": "2"})
     finally:
         hosts.link("hostB", True)
-    assert after < 20, report
+    assert after < 12, report
     assert DAEMON_UNREACHABLE in text and "on node hostB" in text, report
     assert ("blacklisted: hostB (for the rest of the job)), fewer than --min-np 4, and no "
             "wait can bring enough back") in text, report
