@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -33,6 +34,7 @@
 #include "lanes/core_lanes.h"
 #include "mpi/failure_detector.h"
 #include "mpi/fault_tolerance.h"
+#include "mpi/job_processes_here.h"
 #include "mpi/launcher_pmi.h"
 #include "mpi/launcher_world.h"
 #include "mpi/mpi_library.h"
@@ -108,17 +110,36 @@ std::vector<std::pair<int, int>> g_failed_world_here;
 
 // While alive, bounds an MPI call that may wait for a dead process (under ULFM, Open
 // MPI's start-up and MPI_Finalize still wait for every process of the job): past
-// `limit_s` (none if 0) the process logs `why` and leaves with `exit_code`.
+// `limit_s` (none if 0) the process logs `why` and leaves with `exit_code`. Sooner once
+// a check given to LeaveWhen says a process the call waits for is gone: it is polled
+// every kPollMs (under the watch's lock, so never after the watch ended).
 class CallWatch {
  public:
   CallWatch(double limit_s, std::string why, int exit_code) {
     if (limit_s <= 0) return;
     auto state = state_ = std::make_shared<State>();
     std::thread([state, limit_s, why, exit_code] {
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(limit_s));
       std::unique_lock<std::mutex> lock(state->mu);
-      if (state->cv.wait_for(lock, std::chrono::duration<double>(limit_s), [&] { return state->done; }))
-        return;
-      PERSEUS_LOG(kError) << why << "; leaving with exit code " << exit_code;
+      std::string gone;
+      while (!state->done && gone.empty() && std::chrono::steady_clock::now() < deadline) {
+        const bool polling = static_cast<bool>(state->gone);
+        const auto next = polling ? std::min(deadline, std::chrono::steady_clock::now() +
+                                                           std::chrono::milliseconds(kPollMs))
+                                  : deadline;
+        state->cv.wait_until(lock, next,
+                             [&] { return state->done || (!polling && state->gone); });
+        if (!state->done && state->gone) gone = state->gone();
+      }
+      if (state->done) return;
+      if (gone.empty()) {
+        PERSEUS_LOG(kError) << why << "; leaving with exit code " << exit_code;
+      } else {
+        PERSEUS_LOG(kError) << state->gone_why << ": " << gone << "; leaving with exit code "
+                            << exit_code;
+      }
       std::fflush(stderr);
       _exit(exit_code);
     }).detach();
@@ -129,14 +150,26 @@ class CallWatch {
     state_->done = true;
     state_->cv.notify_all();
   }
+  // From now on the watch also leaves (saying `why`: what `gone` returned) as soon as
+  // `gone` returns a non-empty text. No-op on a watch without a limit.
+  void LeaveWhen(std::function<std::string()> gone, std::string why) {
+    if (!state_) return;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->gone = std::move(gone);
+    state_->gone_why = std::move(why);
+    state_->cv.notify_all();
+  }
   CallWatch(const CallWatch&) = delete;
   CallWatch& operator=(const CallWatch&) = delete;
 
  private:
+  static constexpr int kPollMs = 100;
   struct State {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
+    std::function<std::string()> gone;
+    std::string gone_why;
   };
   std::shared_ptr<State> state_;
 };
@@ -242,6 +275,27 @@ std::string GrowTimeoutText(const char* who) {
          "--elastic starts the job on the new hosts)";
 }
 
+// Makes a grow's `watch` leave at once when a process of the job on this host ends (the
+// ranks, the new processes as they appear: `processes`), rather than at the peer
+// timeout: the new processes' start-up and the merge wait for it for good. Not before
+// `*armed` where given.
+void LeaveWhenAProcessHereEnds(CallWatch& watch, const char* during,
+                               std::shared_ptr<JobProcessesWatch> processes,
+                               std::shared_ptr<std::atomic<bool>> armed = nullptr) {
+  processes->Ended();  // those running now
+  watch.LeaveWhen(
+      [processes, armed] {
+        const std::string ended = processes->Ended();
+        return armed && !*armed ? std::string() : ended;
+      },
+      std::string("growing the job in place failed: a process of the job on this host ended "
+                  "during ") +
+          during + " (perseusrun --elastic starts the job on the new hosts)");
+}
+
+// A spawned process's view of the job's processes here, from its start-up to its merge.
+std::shared_ptr<JobProcessesWatch> g_grow_processes;
+
 // A process started by MPI_Comm_spawn: Open MPI gives it its parents' port there.
 bool Spawned() { return std::getenv("OMPI_PARENT_PORT") != nullptr; }
 
@@ -255,6 +309,9 @@ Status JoinParents(MPI_Comm* job) {
   const bool ulfm = FaultTolerant();
   CallWatch watch(ulfm ? g_peer_timeout_s : 0, GrowTimeoutText("joining it"),
                   kGrowFailedExitCode);
+  if (!g_grow_processes) g_grow_processes = std::make_shared<JobProcessesWatch>();
+  LeaveWhenAProcessHereEnds(watch, "the merge with the processes that spawned this one",
+                            g_grow_processes);
   if (DiesInGrow("child")) {
     int rank = 0, size = 0;
     MPI_Comm_rank(parent, &rank);
@@ -289,6 +346,13 @@ Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
   ReturnErrors world_errors(ulfm && base == MPI_COMM_WORLD ? MPI_COMM_WORLD : MPI_COMM_NULL);
   CallWatch watch(ulfm ? g_peer_timeout_s : 0,
                   GrowTimeoutText("MPI_Comm_spawn and MPI_Intercomm_merge"), kGrowFailedExitCode);
+  // The new processes are followed from the spawn on (one may end a moment after its
+  // start-up), a process that ended reported once the spawn returned: leaving while
+  // the new ones were not yet in their start-up left them waiting there for the parents.
+  // (An old rank's end during the spawn makes it fail, once the new ones joined.)
+  auto spawn_returned = std::make_shared<std::atomic<bool>>(false);
+  LeaveWhenAProcessHereEnds(watch, "MPI_Comm_spawn or MPI_Intercomm_merge",
+                            std::make_shared<JobProcessesWatch>(), spawn_returned);
   if (DiesInGrow("spawn")) raise(SIGKILL);
   int rc = MPI_Comm_spawn(request.command.c_str(), argv.data(), request.count, info, 0, base,
                           &inter, MPI_ERRCODES_IGNORE);
@@ -298,6 +362,7 @@ Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
     return MpiStatus(rc, "MPI_Comm_spawn");
   }
   MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+  *spawn_returned = true;
   if (DiesInGrow("merge")) raise(SIGKILL);
   rc = MPI_Intercomm_merge(inter, /*high=*/0, job);
   g_job_links.push_back(inter);
@@ -474,6 +539,11 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
                                      "and Open MPI's start-up needs every process, even under "
                                      "ULFM"),
                       spawned ? kGrowFailedExitCode : kLostPeerExitCode);
+      if (spawned) {
+        g_grow_processes = std::make_shared<JobProcessesWatch>();
+        LeaveWhenAProcessHereEnds(watch, "this spawned process's MPI_Init_thread",
+                                  g_grow_processes);
+      }
       rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     }
     g_peer_timeout_s = config.peer_timeout_seconds;

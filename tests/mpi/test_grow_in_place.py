@@ -11,7 +11,8 @@ fallen); the same after a second grow, and after a rank died and the job shrank 
 Before this route the two ranks stopped at that commit for perseusrun to
 restart the job on 4 new processes (the old processes' ids gone): the test fails there.
 A process that dies during the grow (an old rank in the spawn, a new one before the
-merge) must not hold the others: they leave it and perseusrun restarts the job.
+merge) must not hold the others: they leave it at once, not at the peer timeout, and
+perseusrun restarts the job.
 PERSEUS_SKIP_OMPI5=1 skips it.
 """
 import re
@@ -106,17 +107,23 @@ def test_new_ranks_join_the_running_ones(ompi5, tmp_path, first, sizes, victim_s
 def test_a_process_lost_in_the_grow_restarts_the_job(ompi5, tmp_path, die):
     """A process SIGKILLed during the grow 2 -> 4 (the core's hook
     PERSEUS_TEST_DIE_IN_GROW): rank 1 as MPI_Comm_spawn starts, or the last new process
-    before MPI_Intercomm_merge. Every other process leaves the grow with exit code 75,
-    at once (rank 0's spawn fails) or at the peer timeout (10 s here: the new processes
-    in MPI_Init, the old ones spinning in the merge), and perseusrun restarts the job on
-    the 4 ranks from the commit persisted before the grow; it trains to the end there.
-    Before, the job never ended for 'child' (the old ranks spun in the merge past 75 s)
-    and ended with exit code 1, not restarted, for 'spawn' (rank 0 aborted)."""
+    before MPI_Intercomm_merge. Every other process leaves the grow with exit code 75
+    at once: rank 0's spawn fails, and the processes that wait for the dead one (the new
+    ones in MPI_Init, the old ones spinning in the merge) see it end on this host, not
+    at the peer timeout (30 s here, which the job must not wait out); perseusrun
+    restarts the job on the 4 ranks from the commit persisted before the grow; it trains
+    to the end there. Before, the job never ended for 'child' (the old ranks spun in the
+    merge past 75 s) and ended with exit code 1, not restarted, for 'spawn' (rank 0
+    aborted); then the others left at the peer timeout (10 s, 20-28 s of the test)."""
     rc, out, err, report = grow_job(ompi5, tmp_path, 2, {
-        "PTEST_SIZES": "4", "PTEST_DIE_IN_GROW": die, "PERSEUS_PEER_TIMEOUT_SECONDS": "10"},
+        "PTEST_SIZES": "4", "PTEST_DIE_IN_GROW": die, "PERSEUS_PEER_TIMEOUT_SECONDS": "30"},
         limit_s=120)
     assert rc == 0, report
     assert "growing the job in place failed" in err, report
+    assert "a process of the job on this host ended during" in err, report  # seen at once
+    # ... and none of the grow's watches waited out the peer timeout
+    assert not re.search(r"(growing the job in place failed|MPI's start-up).* did not finish "
+                         r"within", err), report
     start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size 2 pid (\d+) "
                                                    r"joined 0", out)}
     assert sorted(start) == [0, 1], report
