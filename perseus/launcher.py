@@ -551,6 +551,11 @@ def main(argv=None):
         # it a rank that dies is left behind in place, and only a host Open MPI lost whole
         # (it ends the job) restarts the job on the hosts left.
         fixed = args.elastic and bool(args.hosts or args.hostfile)
+        if fixed and not args.elastic_restart and all(
+                launcher_elastic.is_local(host) for host, _ in world(args, os.cpu_count() or 1)[1]):
+            # ULFM on this machine alone: a host lost is perseusrun's own, so there is no
+            # restart to prepare and no commit to persist: the one watched run below.
+            fixed = False
         if args.host_discovery_script or fixed:
             if args.hosts and args.hostfile:
                 raise LauncherError("give -H or --hostfile, not both")

@@ -516,7 +516,8 @@ def test_perseusrun_takes_fixed_hosts_through_the_loop(monkeypatch, tmp_path, ca
     """perseusrun --elastic -H on a core without ULFM: the fixed-host loop (its line says
     so; -np is also --max-np), and -np or --min-np above the slots is an error; on a ULFM
     core the same loop under mpirun --with-ft ulfm, its line saying that a rank that dies
-    is left behind and a host lost whole restarts the job."""
+    is left behind and a host lost whole restarts the job, unless every host is this
+    machine (then one run, as without -H)."""
     import perseus.launcher as launcher
     monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
     monkeypatch.setattr(launcher, "check_core_mpi", lambda mpirun, flavour: None)
@@ -549,6 +550,13 @@ def test_perseusrun_takes_fixed_hosts_through_the_loop(monkeypatch, tmp_path, ca
             "(--reset-limit), without that host (blacklisted for the rest of the job; never "
             "this machine), with the ranks the hosts left offer (at least --min-np 2)") in err, err
     assert "no effect" not in err, err
+    # Only this machine: no host can be lost that perseusrun outlives, so the one watched
+    # run (nothing to restart, no commit persisted).
+    assert main(["--elastic", "--dry-run", "--mpi-flavour", "openmpi", "-H", "localhost:4",
+                 "python", "t.py"]) == 0
+    out, err = capsys.readouterr()
+    assert "--with-ft ulfm" in out and "-H localhost:4 " in out, out
+    assert "when Open MPI loses a host" not in err and "starts again" not in err, err
     with pytest.raises(SystemExit):  # ULFM needs Open MPI's mpirun: before any rank starts
         main(argv + ["python", "t.py"])
     assert "--elastic needs Open MPI 5 with ULFM" in capsys.readouterr().err
