@@ -66,6 +66,7 @@ ALONE = (
     "mpi/test_grow_in_place.py",
     "mpi/test_diagnostics.py",
     "launch/test_fault_tolerance_hosts.py",
+    "launch/test_grow_across_hosts.py",
     "launch/test_multi_host.py",
     "launch/test_slurm.py",
     "launch/test_setup.py",
@@ -74,8 +75,8 @@ ALONE = (
 )
 # Modules whose tests share something of the machine's made once per worker (the
 # namespace hosts, a Slurm cluster): all on one worker, or two would make it at once.
-ONE_WORKER = {"launch/test_fault_tolerance_hosts.py", "launch/test_multi_host.py",
-              "launch/test_slurm.py"}
+ONE_WORKER = {"launch/test_fault_tolerance_hosts.py", "launch/test_grow_across_hosts.py",
+              "launch/test_multi_host.py", "launch/test_slurm.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "collectives/wire_dtype.h"
@@ -235,6 +236,14 @@ struct GrowRequest {
   std::string command;
   std::vector<std::string> args;
   std::string wdir;
+  // Where the new processes go, in rank order (empty: MPI's choice): each host, how many
+  // there, and "host:slots" where the host is to be added to the job's (PMIX_ADD_HOST).
+  struct Place {
+    std::string host;
+    int count;
+    std::string add;
+  };
+  std::vector<Place> hosts;
 };
 GrowRequest g_grow;
 
@@ -326,17 +335,31 @@ Status JoinParents(MPI_Comm* job) {
 }
 
 // Collective over `base`: starts `request.count` processes (rank 0's request) and
-// merges them after base's ranks into *job.
+// merges them after base's ranks into *job. With request.hosts, one app a host
+// (MPI_Comm_spawn_multiple, each told its host: under --oversubscribe Open MPI maps a
+// spawn on the job's first host whatever the slots named), a host new to the job added
+// to its allocation by its app (PRRTE starts its daemon there through its launch agent).
 Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
-  MPI_Info info;
-  MPI_Info_create(&info);
-  if (!request.wdir.empty()) MPI_Info_set(info, "wdir", request.wdir.c_str());
-  // Open MPI binds a spawned job to cores by default and refuses it where the cores are
-  // taken (then MPI_Comm_spawn fails, or mpirun hangs: docs/investigations/grow-in-place.md).
-  MPI_Info_set(info, "bind_to", "none");
+  const size_t apps = request.hosts.empty() ? 1 : request.hosts.size();
+  std::vector<MPI_Info> infos(apps);
+  std::vector<int> counts(apps, request.count);
+  for (size_t i = 0; i < apps; ++i) {
+    MPI_Info_create(&infos[i]);
+    if (!request.wdir.empty()) MPI_Info_set(infos[i], "wdir", request.wdir.c_str());
+    // Open MPI binds a spawned job to cores by default and refuses it where the cores are
+    // taken (then MPI_Comm_spawn fails, or mpirun hangs: docs/investigations/grow-in-place.md).
+    MPI_Info_set(infos[i], "bind_to", "none");
+    if (request.hosts.empty()) continue;
+    const GrowRequest::Place& place = request.hosts[i];
+    MPI_Info_set(infos[i], "PMIX_HOST", place.host.c_str());
+    counts[i] = place.count;
+    if (!place.add.empty()) MPI_Info_set(infos[i], "PMIX_ADD_HOST", place.add.c_str());
+  }
   std::vector<char*> argv;
   for (const std::string& arg : request.args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
+  std::vector<char*> commands(apps, const_cast<char*>(request.command.c_str()));
+  std::vector<char**> argvs(apps, argv.data());
   MPI_Comm inter = MPI_COMM_NULL;
   // Under ULFM a process that ends during the grow must not hold the others: the spawn
   // returns an error once an old rank ended (MPI_COMM_WORLD's too, while here); the
@@ -354,9 +377,13 @@ Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
   LeaveWhenAProcessHereEnds(watch, "MPI_Comm_spawn or MPI_Intercomm_merge",
                             std::make_shared<JobProcessesWatch>(), spawn_returned);
   if (DiesInGrow("spawn")) raise(SIGKILL);
-  int rc = MPI_Comm_spawn(request.command.c_str(), argv.data(), request.count, info, 0, base,
-                          &inter, MPI_ERRCODES_IGNORE);
-  MPI_Info_free(&info);
+  int rc = request.hosts.empty()
+               ? MPI_Comm_spawn(request.command.c_str(), argv.data(), request.count, infos[0],
+                                0, base, &inter, MPI_ERRCODES_IGNORE)
+               : MPI_Comm_spawn_multiple(static_cast<int>(apps), commands.data(), argvs.data(),
+                                         counts.data(), infos.data(), 0, base, &inter,
+                                         MPI_ERRCODES_IGNORE);
+  for (MPI_Info& info : infos) MPI_Info_free(&info);
   if (rc != MPI_SUCCESS) {
     if (ulfm) LeaveFailedGrow(MpiStatus(rc, "MPI_Comm_spawn").message);
     return MpiStatus(rc, "MPI_Comm_spawn");
@@ -859,7 +886,7 @@ int perseus_world_failed(void) {
 int perseus_joined_job(void) { return g_spawned ? 1 : 0; }
 
 perseus_status_t perseus_grow(int32_t count, const char* command, const char* args, int32_t nargs,
-                              const char* wdir) {
+                              const char* wdir, const char* hosts, const char* add_hosts) {
   std::lock_guard<std::timed_mutex> lock(*g_mu);
   if (count < 0 || nargs < 0 || (count > 0 && (command == nullptr || *command == '\0')) ||
       (nargs > 0 && args == nullptr))
@@ -874,6 +901,43 @@ perseus_status_t perseus_grow(int32_t count, const char* command, const char* ar
       args += request.args.back().size() + 1;
     }
     if (wdir != nullptr) request.wdir = wdir;
+    if (hosts != nullptr && *hosts != '\0') {
+      // host:count,... and host:slots,... (PMIX_ADD_HOST), each value within an MPI
+      // info value (MPI_Info_set fails, fatally, on a longer one).
+      const auto bad = [&](const std::string& why) {
+        return Report(Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_grow: " + why));
+      };
+      const auto split = [](const char* list) {
+        std::vector<std::pair<std::string, std::string>> entries;
+        std::stringstream in(list == nullptr ? "" : list);
+        for (std::string entry; std::getline(in, entry, ',');) {
+          const size_t colon = entry.rfind(':');
+          entries.emplace_back(entry.substr(0, std::min(colon, entry.size())),
+                               colon == std::string::npos ? "" : entry.substr(colon + 1));
+        }
+        return entries;
+      };
+      int placed = 0;
+      for (const auto& [host, n] : split(hosts)) {
+        const int here = std::atoi(n.c_str());
+        if (host.empty() || here <= 0 || host.size() + 8 >= MPI_MAX_INFO_VAL)
+          return bad("hosts is host:count,... with counts of 1 or more and hosts of under " +
+                     std::to_string(MPI_MAX_INFO_VAL - 8) + " characters, not '" + hosts + "'");
+        request.hosts.push_back({host, here, ""});
+        placed += here;
+      }
+      if (placed != count)
+        return bad("hosts '" + std::string(hosts) + "' place " + std::to_string(placed) +
+                   " process(es), not " + std::to_string(count));
+      for (const auto& [host, slots] : split(add_hosts)) {
+        auto place = std::find_if(request.hosts.begin(), request.hosts.end(),
+                                  [&](const GrowRequest::Place& p) { return p.host == host; });
+        if (place == request.hosts.end() || std::atoi(slots.c_str()) <= 0)
+          return bad("add_hosts is host:slots,... of hosts in hosts, not '" +
+                     std::string(add_hosts) + "'");
+        place->add = host + ":" + slots;
+      }
+    }
   }
   g_grow = std::move(request);
   return PERSEUS_SUCCESS;

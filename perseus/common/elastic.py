@@ -33,11 +33,13 @@ exit with HOSTS_UPDATED_EXIT, and perseusrun starts the job again on the new hos
 where run() resumes from it.
 
 On a ULFM core perseusrun grows such a job in place instead (PERSEUS_ELASTIC_GROW=1 in
-the ranks): when the notice asks for more ranks on this machine's hosts, run() shuts the
-engine down and init() starts the new ranks with MPI_Comm_spawn (the same command line)
-and merges them after the old ones (_grow_in_place); the old processes go on, keeping
-their ranks, and the sync that follows gives rank 0's state to the new ones, whose own
-run() joins that sync (_join_grown_job). Fewer ranks, or another host, take the restart.
+the ranks): when the notice asks for more ranks and keeps every old rank's host, run()
+shuts the engine down and init() starts the new ranks with MPI_Comm_spawn (the same
+command line; on hosts the job does not run on yet, Open MPI adds them and starts its
+daemon there) and merges them after the old ones (_grow_in_place); the old processes go
+on, keeping their ranks, and the sync that follows gives rank 0's state to the new ones,
+whose own run() joins that sync (_join_grown_job). Fewer ranks, or an old rank's host
+gone from the notice, take the restart (_grow_places says why).
 """
 
 import functools
@@ -45,6 +47,7 @@ import gc
 import os
 import pickle
 import shutil
+import socket
 import sys
 import time
 
@@ -222,12 +225,13 @@ class _HostWatch:
         return notice is not None and notice[0] > self.generation
 
     def read(self):
-        """(generation, np, [host, ...]) of the notice, or None."""
+        """(generation, np, [(host, slots), ...]) of the notice, or None."""
         try:
             with open(self.path) as f:
                 words = f.readline().split()
             hosts = words[2].split(",") if len(words) > 2 else []
-            return int(words[0]), int(words[1]), [h.rpartition(":")[0] or h for h in hosts]
+            return int(words[0]), int(words[1]), [
+                (h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in hosts]
         except (OSError, ValueError, IndexError):
             return None
 
@@ -383,7 +387,7 @@ def mode():
         run = restart_run()
         if _host_watch() is not None and grows_in_place():
             why += ("; perseusrun --elastic --host-discovery-script started it and grows it in "
-                    "place when hosts of this machine are added (other changes restart it)")
+                    "place when hosts are added (other changes restart it)")
         elif run is not None:
             why += ("; perseusrun --elastic -H/--hostfile started it and restarts it on the "
                     "hosts left, from the last persisted commit, when Open MPI loses a host "
@@ -481,24 +485,100 @@ def _spawn_command():
     return os.path.abspath(program), argv[1:]
 
 
+def _my_host(hosts):
+    """The host of the notice's [(host, slots)] that is this machine, or None: its own
+    name before a name every machine answers to (localhost)."""
+    mine = [h for h, _ in hosts if is_this_machine(h)]
+    named = [h for h in mine if h in (socket.gethostname(), socket.getfqdn())]
+    return (named or mine or [None])[0]
+
+
+def _grow_places(np, hosts, machines):
+    """Where a grow in place puts its new ranks: np and hosts [(host, slots)] of the
+    notice, machines the notice's host of each rank now (None: its host is not in it).
+    perseusrun's plan fills the hosts in order (launcher_elastic.plan); the old ranks
+    stay where they run. -> ([(host, new ranks)] in rank order, None), or (None, why)."""
+    if np <= len(machines):
+        return None, "%d rank(s) asked for, %d running" % (np, len(machines))
+    missing = [rank for rank, host in enumerate(machines) if host is None]
+    if missing:
+        return None, "the host of rank(s) %s is not among the new hosts" % (
+            ",".join(map(str, missing)))
+    places, left = [], np
+    running = {host: machines.count(host) for host in machines}
+    for host, slots in hosts:
+        wanted = min(slots, left)
+        left -= wanted
+        more = wanted - running.pop(host, 0)
+        if more < 0:
+            return None, "host %s would run %d rank(s), fewer than now" % (host, wanted)
+        if more:
+            places.append((host, more))
+    if running:
+        return None, "host(s) %s would run no rank" % ",".join(sorted(running))
+    return places, None
+
+
 def _grow_decision(state):
-    """At a HostsUpdatedInterrupt, on every rank: the number of ranks to add in place (0:
-    take the restart). Rank 0 reads the notice; one broadcast tells all."""
+    """At a HostsUpdatedInterrupt, on every rank: (ranks to add, None) for a grow in place
+    on the one machine the job runs on (MPI's choice of place), (ranks to add, ("host:n,..."
+    of the new ranks, "host:slots,..." of the hosts to add)) for one that places them,
+    or (0, None) for the restart. Rank 0 reads the notice; one
+    broadcast tells all, one allgather says where each rank runs; rank 0 says why a
+    grow in place is not taken."""
     watch = _host_watch()
-    decision = (0, None)
+    notice = None
     if basics.rank() == 0 and watch is not None and grows_in_place():
         notice = watch.read()
-        if notice is not None and notice[1] > basics.size() and all(map(is_this_machine, notice[2])):
-            decision = (notice[1] - basics.size(), notice[0])
-    add, generation = state._bcast_object(decision)
-    if add and watch is not None:
+    notice = state._bcast_object(notice)
+    if notice is None or notice[1] <= basics.size():
+        return 0, None
+    from perseus.common.objects import allgather_object
+    generation, np, hosts = notice
+    machines = allgather_object(_my_host(hosts))
+    places, why = _grow_places(np, hosts, machines)
+    if places is None:
+        if basics.rank() == 0:
+            sys.stderr.write("[perseus] hvd.elastic: the hosts changed: not grown in place "
+                             "(%s)\n" % why)
+            sys.stderr.flush()
+        return 0, None
+    if watch is not None:
         watch.generation = generation
-    return add
+    machines = set(machines)
+    if all(host in machines for host, _ in places) and len(machines) == 1:
+        return np - basics.size(), None  # all on the one machine the job runs on
+    # Hosts no rank runs on yet join the job's with their slots (Open MPI starts its
+    # daemon there); every new rank is placed on its host.
+    slots = dict(hosts)
+    return np - basics.size(), (",".join("%s:%d" % place for place in places),
+                                ",".join("%s:%d" % (host, slots[host]) for host, _ in places
+                                         if host not in machines))
 
 
-def _grow_in_place(state, add):
-    """Adds `add` ranks to the running job: shutdown, then init() spawns them (this
-    process's command line, same folder) and merges them after the old ranks; the new
+# What a running job's process manager sets in its processes (perseus.launcher's
+# LAUNCHER_STATE_PREFIXES, PRRTE's own) and what names the process's host or shell: not
+# given to new ranks on another host.
+_NOT_SPAWNED_ENV = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "OPAL_")
+_NOT_SPAWNED_NAMES = ("HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_")
+
+
+def _with_environment(program, args):
+    """(program, args) that run `program args` with this process's environment, less its
+    launcher's state (`env NAME=value ... program args`): Open MPI gives a process it
+    spawns on another host only that host's login environment and its own variables,
+    not mpirun's -x (tried: docs/investigations/grow-in-place.md), and an MPI info value
+    (PMIX_ENVAR) holds at most 255 characters."""
+    assignments = ["%s=%s" % (name, value) for name, value in sorted(os.environ.items())
+                   if not name.startswith(_NOT_SPAWNED_ENV) and name not in _NOT_SPAWNED_NAMES]
+    return shutil.which("env") or "/usr/bin/env", assignments + [program] + list(args)
+
+
+def _grow_in_place(state, add, places):
+    """Adds `add` ranks to the running job (`places`: _grow_decision's): shutdown, then
+    init() spawns them (this process's command line, same folder; with places, on the
+    hosts named, the new hosts added to the job, under this process's environment) and
+    merges them after the old ranks; the new
     ranks' run() joins the steps that follow here (_join_grown_job). Should a process,
     old or new, end during the spawn or the merge, the others leave from inside init()
     with HOSTS_UPDATED_EXIT, at once or at the peer timeout, and perseusrun starts the
@@ -510,9 +590,14 @@ def _grow_in_place(state, add):
     state._persister.write_last(state)
     basics.shutdown()
     from perseus.common import library
+    hosts = add_hosts = None
+    if places is not None:  # placed on the hosts named, some not this machine
+        hosts, add_hosts = places
+        program, args = _with_environment(program, args)
     library.check(library.perseus_grow(add, program.encode(),
                                        b"".join(a.encode() + b"\0" for a in args), len(args),
-                                       os.getcwd().encode()))
+                                       os.getcwd().encode(), hosts and hosts.encode(),
+                                       add_hosts and add_hosts.encode()))
     basics.init()
     if basics.rank() == 0:
         sys.stderr.write("[perseus] hvd.elastic: the hosts changed: grew in place from %d to %d "
@@ -574,9 +659,9 @@ def run_fn(func, reset_fn=reset):
             except HostsUpdatedInterrupt as e:
                 if _host_watch() is None or getattr(state, "_persister", None) is None:
                     raise NotImplementedError(RESIZE_UNSUPPORTED % basics.size()) from e
-                add = _grow_decision(state)
+                add, places = _grow_decision(state)
                 if add:
-                    _grow_in_place(state, add)
+                    _grow_in_place(state, add, places)
                 else:
                     _stop_for_new_hosts(state)  # leaves the process
             reset_fn()

@@ -125,7 +125,7 @@ _SIGNATURES = {
     "perseus_is_initialized": (ctypes.c_int, []),
     "perseus_world_failed": (ctypes.c_int, []),
     "perseus_grow": (_status, [ctypes.c_int32, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
-                               ctypes.c_char_p]),
+                               ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]),
     "perseus_joined_job": (ctypes.c_int, []),
     "perseus_fault_tolerance": (ctypes.c_char_p, [_i32p, _i32p]),
     "perseus_last_error": (ctypes.c_char_p, []),

@@ -356,16 +356,27 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
 
 
-@pytest.mark.parametrize("notice, grow, size, want", [
-    ((1, [("localhost", 4)], 4), "1", 2, 2),                    # more ranks, this machine
-    ((1, [("localhost", 2), ("node7", 2)], 4), "1", 2, 0),    # another host: restart
-    ((1, [("localhost", 2)], 2), "1", 4, 0),                    # fewer ranks: restart
-    ((1, [("localhost", 4)], 4), "", 2, 0)])                    # no ULFM route: restart
-def test_the_ranks_grow_in_place_only_for_more_ranks_here(tmp_path, monkeypatch, notice, grow,
-                                                          size, want):
-    """At HostsUpdatedInterrupt rank 0 reads the notice: a grow in place (its count, one
-    broadcast) only for more ranks all on this machine, where perseusrun said so
-    (PERSEUS_ELASTIC_GROW=1: a ULFM core); anything else takes the restart (0)."""
+@pytest.mark.parametrize("notice, grow, size, want, said", [
+    ((1, [("localhost", 4)], 4), "1", 2, (2, None), ""),        # more ranks, this machine
+    ((1, [("localhost", 2), ("node7", 2)], 4), "1", 2,          # another host: placed there
+     (2, ("node7:2", "node7:2")), ""),
+    ((1, [("localhost", 3), ("node7", 2)], 5), "1", 2,          # both: one here, two there
+     (3, ("localhost:1,node7:2", "node7:2")), ""),
+    ((1, [("node7", 4)], 4), "1", 2, (0, None),                 # this machine gone: restart
+     "not grown in place (the host of rank(s) 0,1 is not among the new hosts)"),
+    ((1, [("localhost", 1), ("node7", 3)], 4), "1", 2, (0, None),  # fewer ranks here
+     "not grown in place (host localhost would run 1 rank(s), fewer than now)"),
+    ((1, [("localhost", 2)], 2), "1", 4, (0, None), ""),        # fewer ranks: restart
+    ((1, [("localhost", 4)], 4), "", 2, (0, None), "")])        # no ULFM route: restart
+def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch, capsys,
+                                                          notice, grow, size, want, said):
+    """At HostsUpdatedInterrupt rank 0 reads the notice (one broadcast tells every rank)
+    and, for more ranks where perseusrun said so (PERSEUS_ELASTIC_GROW=1: a ULFM core),
+    the ranks say where each runs (one allgather; here all on this machine): a grow in
+    place for more ranks that keeps every old rank's host, placed by host where one is
+    not this machine (the new ranks' hosts, and the hosts to add with their slots);
+    anything else takes the restart (0), rank 0 saying why where it is not fewer ranks."""
+    from perseus.common import objects
     path = str(tmp_path / "hosts.run")
     le.write_notice(path, *notice)
     monkeypatch.setenv("PERSEUS_ELASTIC_GROW", grow)
@@ -373,11 +384,16 @@ def test_the_ranks_grow_in_place_only_for_more_ranks_here(tmp_path, monkeypatch,
     monkeypatch.setattr(elastic.basics, "rank", lambda: 0)
     monkeypatch.setattr(elastic.basics, "size", lambda: size)
     monkeypatch.setattr(elastic.basics, "fault_tolerance", lambda: (True, "ULFM"))
+    gathered = []
+    monkeypatch.setattr(objects, "allgather_object",
+                        lambda v: gathered.append(v) or [v] * size)
     sent = []
     state = elastic.ObjectState(bcast_object=lambda v: sent.append(v) or v, get_rank=lambda: 0)
     assert elastic._grow_decision(state) == want
     assert len(sent) == 1  # one broadcast tells every rank
-    assert elastic._watch[0].generation == (1 if want else 0)
+    assert len(gathered) == (1 if grow and notice[2] > size else 0)
+    assert elastic._watch[0].generation == (1 if want[0] else 0)
+    assert said in capsys.readouterr().err
 
 
 def test_a_ulfm_core_follows_its_hosts_under_ulfm_oversubscribed(monkeypatch, tmp_path, capsys):

@@ -14,6 +14,11 @@ last size, all on this host, the old ranks first; the parameters identical to th
 on every rank and the loss fallen; every rank at the same step; the reset callback run
 once per grow after the process started (never on the newest ones).
 
+PTEST_GROWN_HOSTS (host:slots,... ; tests/launch/test_grow_across_hosts.py, on the
+namespace hosts): what rank 0 writes for the last size instead of localhost:<size>, one
+host a line; the ranks are then checked to run on the hosts perseusrun's plan gives them
+(filled in order), with their local ranks and sizes there.
+
 PTEST_VICTIM_STEP (a job started on 3 ranks): rank 2 SIGKILLs itself at that step; the
 two others shrink in place (ULFM) and go on, and the grows start from them.
 
@@ -24,6 +29,7 @@ persisted before it; the same checks then hold on the restarted ranks.
 """
 import os
 import signal
+import socket
 import time
 
 from common import (assert_trained_alike, elastic_regression, log, main, regression_data,
@@ -35,6 +41,28 @@ from perseus.common import basics
 SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 3
 SIZES = [int(n) for n in os.environ.get("PTEST_SIZES", "4").split(",")]
 GROWN = SIZES[-1]
+GROWN_HOSTS = [h for h in os.environ.get("PTEST_GROWN_HOSTS", "").split(",") if h]
+
+
+def hosts_text(size):
+    """What the discovery script prints for `size` ranks."""
+    if size == GROWN and GROWN_HOSTS:
+        return "".join(h + "\n" for h in GROWN_HOSTS)
+    return "localhost:%d\n" % size
+
+
+def expected_place(rank):
+    """(host, local rank, local size) of `rank` in the grown job: perseusrun's plan fills
+    the hosts in order; None for localhost."""
+    if not GROWN_HOSTS:
+        return None, rank, GROWN
+    first = 0
+    for host, _, slots in (h.partition(":") for h in GROWN_HOSTS):
+        count = min(int(slots), GROWN - first)
+        if rank < first + count:
+            return host, rank - first, count
+        first += count
+    raise AssertionError("rank %d beyond the hosts %s" % (rank, GROWN_HOSTS))
 
 
 def body():
@@ -79,16 +107,18 @@ def body():
                 if (hvd.rank() == 0 and hvd.size() < GROWN
                         and state.step == record["grown_at"] + change):
                     with open(os.environ["PTEST_HOSTS_FILE"], "w") as f:
-                        f.write("localhost:%d\n" % SIZES[SIZES.index(hvd.size()) + 1
-                                                      if hvd.size() in SIZES else 0])
+                        f.write(hosts_text(SIZES[SIZES.index(hvd.size()) + 1
+                                                 if hvd.size() in SIZES else 0]))
                 state.commit()
             state.sampler.set_epoch(state.epoch + 1)
         return state.losses
 
     losses = train(state)
     assert hvd.size() == GROWN, hvd.size()
-    assert (hvd.local_rank(), hvd.local_size()) == (hvd.rank(), GROWN), (
-        hvd.local_rank(), hvd.local_size())
+    host, local_rank, local_size = expected_place(hvd.rank())
+    assert host in (None, socket.gethostname()), (hvd.rank(), host, socket.gethostname())
+    assert (hvd.local_rank(), hvd.local_size()) == (local_rank, local_size), (
+        hvd.local_rank(), hvd.local_size(), local_rank, local_size)
     # After a grow that failed, perseusrun restarted the job on the new size (no process
     # joined; the reset callback ran once, at the resume from the persisted commit).
     restarted = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS", "0")) > 0
@@ -99,9 +129,9 @@ def body():
     steps = hvd.allgather_object(state.step)
     assert steps == [state.step] * GROWN and len(losses) == state.step, (steps, len(losses))
     first, last = assert_trained_alike(model, losses, 4)
-    log("grow-end rank %d size %d local %d/%d pid %d joined %d steps %d loss %.4f -> %.4f"
-        % (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), os.getpid(), joined,
-           state.step, first, last))
+    log("grow-end rank %d size %d local %d/%d pid %d joined %d steps %d loss %.4f -> %.4f "
+        "host %s" % (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), os.getpid(),
+                     joined, state.step, first, last, socket.gethostname()))
     hvd.shutdown()
 
 

@@ -138,9 +138,13 @@ int perseus_world_failed(void);
  * arguments (`args`: each NUL-terminated, one after the other) in the folder `wdir`
  * (NULL: MPI's choice), with MPI_Comm_spawn, and merges them into the job after its
  * ranks, whose ranks stay the low ones; their own first perseus_init joins it. 0
- * cancels a request. */
+ * cancels a request. `hosts` (NULL or "": MPI's choice) places them, in rank order,
+ * "host:n,host:n" (the n summing to count), each host's with MPI_Comm_spawn_multiple;
+ * `add_hosts` ("host:slots,..." of hosts in `hosts`, NULL: none) are added to the job's
+ * hosts first (PMIX_ADD_HOST). Only rank 0's request is used. */
 perseus_status_t perseus_grow(int32_t count, const char* command, const char* args,
-                              int32_t nargs, const char* wdir);
+                              int32_t nargs, const char* wdir, const char* hosts,
+                              const char* add_hosts);
 /* 1 when this process was started by perseus_grow in a running job and its first
  * perseus_init joined that job. */
 int perseus_joined_job(void);

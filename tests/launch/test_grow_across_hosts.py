@@ -1,0 +1,62 @@
+"""Growing in place onto another host (issue 46, point 3), on Open MPI 5 with ULFM: the
+namespace hosts of tests/support/fake_hosts.py, the job started the way a user starts
+it, logged in on hostA: `perseusrun --elastic --host-discovery-script 'cat FILE'` (mpirun
+--with-ft ulfm; PRRTE's ssh is the agent that plays it).
+
+The script prints hostA:2, then (tests/rank_scripts/elastic_grow.py writes it at step 3)
+hostA:2 and hostB:2. hostB is not in the job's hosts: the running ranks spawn the two
+new ones there (MPI_Comm_spawn_multiple with PMIX_HOST hostB and PMIX_ADD_HOST hostB:2:
+PRRTE starts its daemon on hostB through the agent) and merge them. The old processes
+must keep their ids and ranks 0 and 1 on hostA, ranks 2 and 3 must run on hostB (local
+ranks 0 and 1 of 2 there), and the training ends with the script's checks (parameters
+identical to the bit on all 4, the loss fallen), never restarted. Before, the notice's
+other host took the restart ("(run 1)"; the old pids gone): the test fails there.
+PERSEUS_SKIP_OMPI5=1 skips it (the core's build), as the other Open MPI 5 tests.
+"""
+import os
+import re
+import sys
+
+import pytest
+
+from support.jobs import RANK_SCRIPTS, REPO_ROOT, TESTS_DIR, run_bounded
+
+sys.path.insert(0, str(TESTS_DIR / "mpi"))  # the ulfm fixture's module
+from test_fault_tolerance import ulfm  # noqa: F401,E402 - a fixture: the Open MPI 5 (ULFM) core
+from test_multi_host import user_env  # noqa: E402
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+
+def test_new_ranks_start_on_another_host(hosts, ulfm, tmp_path):  # noqa: F811 - the fixture
+    python = str(ulfm["python"])
+    listed = tmp_path / "hosts"
+    listed.write_text("hostA:2\n")
+    # hostA's user environment for the ULFM core: its package on PYTHONPATH, the agent as
+    # PRRTE's ssh (Open MPI 5's launcher reads plm_ssh_agent under its own prefix).
+    env = user_env(hosts, tmp_path, {
+        "PYTHONPATH": ulfm["env"]["PYTHONPATH"], "PRTE_MCA_plm_ssh_agent": str(hosts.agent),
+        "PTEST_SIZES": "4", "PTEST_CHANGE_STEP": "3", "PTEST_HOSTS_FILE": str(listed),
+        "PTEST_GROWN_HOSTS": "hostA:2,hostB:2", "PTEST_HANG_DUMP_S": "100",
+        "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
+    forward = [arg for name in sorted(env) if name.startswith("PTEST_") for arg in ("-x", name)]
+    # -P: the package on PYTHONPATH (the ULFM core), not this checkout's perseus/.
+    argv = [python, "-P", "-m", "perseus.launcher", "--elastic", "--mpirun",
+            str(ulfm["python"].parent / "mpirun"), "--host-discovery-script",
+            "cat %s" % listed, "--min-np", "2", "--max-np", "4"] + forward + [
+            python, str(RANK_SCRIPTS / "elastic_grow.py")]
+    rc, out, err, seconds = run_bounded(hosts.command("hostA", argv, env, cwd=REPO_ROOT),
+                                        os.environ, 120)
+    report = "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (rc, seconds, out, err[-8000:])
+    assert rc == 0, report
+    start = {int(r): int(p) for r, p in re.findall(
+        r"grow-start rank (\d) size 2 pid (\d+) joined 0", out)}
+    joined = {int(r): int(p) for r, p in re.findall(
+        r"grow-start rank (\d) size 4 pid (\d+) joined 1", out)}
+    end = {int(r): (int(p), int(j), h) for r, p, j, h in re.findall(
+        r"grow-end rank (\d) size 4 local \d/\d pid (\d+) joined (\d) steps .* host (\w+)", out)}
+    assert sorted(start) == [0, 1] and sorted(joined) == [2, 3], report
+    assert end == {0: (start[0], 0, "hostA"), 1: (start[1], 0, "hostA"),
+                   2: (joined[2], 1, "hostB"), 3: (joined[3], 1, "hostB")}, report
+    assert "grew in place from 2 to 4 rank(s)" in err, report
+    assert "(run 1)" not in err, report  # never restarted
