@@ -430,8 +430,9 @@ def _run_growing(parser, args, flavour, mpirun):
               "rank dies (--reset-limit), and hvd.elastic.run resumes from that commit"
               % (script, launcher_elastic.describe(first) or "no host",
                  opts["min_np"], opts["max_np"] or "all slots",
-                 "ranks added on this machine join the running job at its next commit (ULFM: "
-                 "grown in place); any other" if grow else "a", opts["limit"]),
+                 "ranks added where every running rank keeps its host join the running job "
+                 "at its next commit (ULFM: grown in place, on new hosts too); any other"
+                 if grow else "a", opts["limit"]),
               file=sys.stderr, flush=True)
     elif in_place:
         print("perseusrun: --elastic: the core's MPI has ULFM (mpirun --with-ft ulfm): a rank "

@@ -11,9 +11,11 @@ commit: the commit just made is persisted, the ranks exit with HOSTS_UPDATED_EXI
 perseusrun starts the job again on the new hosts with the new np; the new job resumes
 from that commit (perseus/common/elastic.py). This works on MPICH and Open MPI 4/5
 alike. On a ULFM core (opts["grow"]: mpirun --with-ft ulfm --oversubscribe) the ranks
-grow in place instead when the new plan adds ranks on this machine: MPI_Comm_spawn from
-the running ranks, which keep their processes (perseus/common/elastic.py, _grow_in_place);
-the job goes on and perseusrun only keeps following the hosts.
+grow in place instead when the new plan adds ranks and keeps every running rank's host:
+MPI_Comm_spawn from the running ranks, which keep their processes, Open MPI starting its
+daemon on a new host (perseus/common/elastic.py, _grow_in_place); the job goes on and
+perseusrun only keeps following the hosts (a host lost counts among the job's hosts
+those of the last plan told to the ranks).
 
 perseusrun copies mpirun's output to its own as it comes and reads from it the host
 of a rank that died (LOST_RANK_HOST), which it blacklists with Horovod's cooldown, and
@@ -511,7 +513,7 @@ def run_growing(start_command, env, opts, say=None):
                     say("the hosts changed: %d rank(s) on %s next; the ranks are told "
                         "(HostsUpdatedInterrupt at their next commit%s)"
                         % (wanted[1], describe(wanted[0]),
-                           ", where they grow in place if the new ranks are on this machine"
+                           ", where they grow in place if every running rank keeps its host"
                            if opts.get("grow") else ""))
             # Open MPI 5 ends the job after losing a host with exit code 0: not done.
             code = exit_code(returncode) or (HOST_LOST_EXIT if job.hosts_lost else 0)
@@ -526,16 +528,19 @@ def run_growing(start_command, env, opts, say=None):
                     print("perseusrun: " + host_lost_line(job.hosts_lost, returncode, code),
                           file=sys.stderr, flush=True)
                 return code
+            # The job's hosts: those it started on, and those of the last plan the ranks
+            # were told, where a grow in place may have taken it (or failed to).
+            reached = hosts + [h for h in told[0] if h not in hosts]
             if job.hosts_lost:  # a host lost is a host failure, whatever mpirun's code
                 why = host_lost_line(job.hosts_lost, returncode, code).partition(" (")[0]
                 for reported in dict.fromkeys(h for h, _ in job.hosts_lost):
-                    leave_out(reported, hosts, "was lost (Open MPI lost its daemon)")
+                    leave_out(reported, reached, "was lost (Open MPI lost its daemon)")
             elif returncode == elastic.HOSTS_UPDATED_EXIT and generation > started:
                 why = "the ranks stopped at a commit for the new hosts"
             elif died_of_signal(returncode) and not opts.get("in_place"):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
                 for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names
-                    leave_out(reported, hosts, "lost a rank")
+                    leave_out(reported, reached, "lost a rank")
             elif opts.get("in_place"):
                 say("the job failed with exit code %d, and no host was lost: not restarted "
                     "(under ULFM a rank that dies is left behind in place; only a host Open "

@@ -302,6 +302,39 @@ def test_a_ulfm_job_that_lost_a_host_does_not_end_with_0(capfd, report, code, wa
     assert messages == ([said] if said else []), messages
 
 
+def test_a_new_host_lost_in_a_grow_is_blacklisted(tmp_path, monkeypatch, capfd):
+    """The script adds node8 while the job runs on localhost; the grow in place spawns
+    there, Open MPI cannot start its daemon and ends the job (its report, mpirun's exit
+    code 0): node8 is one of the job's hosts (the plan the ranks were told), so it is
+    blacklisted at once and the job restarts on localhost alone. Before, it was 'not
+    one of the job's hosts', and the restart went to node8 again."""
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    listed = tmp_path / "hosts"
+    listed.write_text("localhost:2\n")
+    fake = ("import os, sys, time\n"
+            "print('run %s hosts %s' % (os.environ['PERSEUS_ELASTIC_RESTARTS'], sys.argv[1]),"
+            " flush=True)\n"
+            "if os.environ['PERSEUS_ELASTIC_RESTARTS'] == '0':\n"
+            "    open(sys.argv[3], 'w').write('localhost:2\\nnode8:2\\n')\n"
+            "    for _ in range(200):\n"  # until perseusrun told the ranks (a new generation)
+            "        if open(os.environ['PERSEUS_ELASTIC_NOTICE']).read().split()[0] != '0':\n"
+            "            break\n"
+            "        time.sleep(0.05)\n"
+            "    sys.stderr.write(sys.argv[2])\n")
+    opts = {"script": "cat %s" % listed, "slots": 1, "min_np": 2, "max_np": 0,
+            "elastic_timeout": 5, "discovery_timeout": 5, "cooldown_range": None, "limit": 3,
+            "first": [("localhost", 2)], "grow": True}
+    messages = []
+    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", fake, le.describe(hosts),
+                                           DAEMON_GONE % "node8", str(listed)],
+                        clean_env(), opts, say=messages.append)
+    out, err = capfd.readouterr()
+    assert rc == 0, (out, err, messages)
+    assert ("host node8 was lost (Open MPI lost its daemon): blacklisted for the rest of "
+            "the job (Horovod's cooldown)") in messages, messages
+    assert out.splitlines() == ["run 0 hosts localhost:2", "run 1 hosts localhost:2"], out
+
+
 def test_signals_to_a_ulfm_perseusrun_go_to_mpirun(tmp_path):
     """SIGTERM to perseusrun reaches mpirun (as it reached an exec'd one), whose exit code
     perseusrun keeps."""
