@@ -596,8 +596,9 @@ def _grow_in_place(state, add, places):
         program, args = _with_environment(program, args)
     library.check(library.perseus_grow(add, program.encode(),
                                        b"".join(a.encode() + b"\0" for a in args), len(args),
-                                       os.getcwd().encode(), hosts and hosts.encode(),
-                                       add_hosts and add_hosts.encode()))
+                                       os.getcwd().encode(),
+                                       hosts.encode() if hosts else None,
+                                       add_hosts.encode() if add_hosts else None))
     basics.init()
     if basics.rank() == 0:
         sys.stderr.write("[perseus] hvd.elastic: the hosts changed: grew in place from %d to %d "

@@ -429,6 +429,46 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
     assert said in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("places, hosts, add_hosts", [
+    (None, None, None),                                  # one machine: MPI's choice
+    (("node7:2", "node7:2"), b"node7:2", b"node7:2"),     # a new host, added
+    (("localhost:1,node7:1", ""), b"localhost:1,node7:1", None)])  # node7 in the job already
+def test_a_grow_asks_the_core_for_its_places(monkeypatch, places, hosts, add_hosts):
+    """_grow_in_place hands _grow_decision's places to perseus_grow as bytes or NULL (an
+    empty str there was a ctypes error at a second grow onto a host already in the job),
+    and, placed, runs the command line under env with this process's environment less
+    the launcher's."""
+    from perseus.common import library
+    calls = []
+    monkeypatch.setattr(library, "perseus_grow", lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(library, "check", lambda status: status)
+    for name in ("shutdown", "init"):
+        monkeypatch.setattr(elastic.basics, name, lambda: None)
+    monkeypatch.setattr(elastic.basics, "rank", lambda: 1)
+    monkeypatch.setattr(elastic, "_spawn_command", lambda: ("/venv/bin/python", ["train.py"]))
+    monkeypatch.setattr(elastic, "_join_grown_job", lambda state: None)
+    monkeypatch.setenv("PTEST_GROW_VAR", "kept")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+
+    class Persister:
+        def write_last(self, state):
+            pass
+
+    state = elastic.ObjectState(bcast_object=lambda v: v, get_rank=lambda: 0)
+    state._persister = Persister()
+    elastic._grow_in_place(state, 2, places)
+    (count, program, args, nargs, wdir, got_hosts, got_add), = calls
+    assert (count, got_hosts, got_add) == (2, hosts, add_hosts)
+    words = args.split(b"\0")[:-1]
+    assert len(words) == nargs
+    if places is None:
+        assert (program, words) == (b"/venv/bin/python", [b"train.py"])
+    else:
+        assert program.endswith(b"/env") and words[-2:] == [b"/venv/bin/python", b"train.py"]
+        assert b"PTEST_GROW_VAR=kept" in words
+        assert not [w for w in words if w.startswith(b"OMPI_")]
+
+
 def test_a_ulfm_core_follows_its_hosts_under_ulfm_oversubscribed(monkeypatch, tmp_path, capsys):
     """On a ULFM core the discovery job runs under mpirun --with-ft ulfm --oversubscribe
     (the spawned ranks go beyond mpirun's slots) and perseusrun says ranks added here
