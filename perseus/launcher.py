@@ -243,6 +243,17 @@ def passthrough_env(environ):
                   if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
 
 
+def spawn_env_names(args, flavour, environ):
+    """PERSEUS_SPAWN_ENV's value: the names of the variables the ranks get from perseusrun
+    (those forwarded, the -x assignments, horovodrun's flags), comma-separated. Ranks a
+    grow in place spawns on another host get these from rank 0, and only these: Open MPI
+    gives such a process only that host's login environment, and what goes on its command
+    line can be seen there (perseus/common/elastic.py, _with_environment)."""
+    settings = ["%s=%s" % item for item in launcher_flags.rank_environment(args, flavour)]
+    names = set(passthrough_env(environ)) | {a.partition("=")[0] for a in settings + list(args.env)}
+    return ",".join(sorted(names | {"PERSEUS_SPAWN_ENV"}))
+
+
 def world(args, cpu_count):
     """(ranks, hosts or None, the hosts' form: 'H', 'slots' or 'colon', slots) of
     parsed perseusrun args on a machine of cpu_count cores."""
@@ -385,6 +396,8 @@ def _run_growing(parser, args, flavour, mpirun):
     script = args.host_discovery_script
     in_place = not script and not args.elastic_restart
     grow = bool(getattr(args, "elastic_grow", False))
+    if grow:  # in perseusrun's environment, so that Open MPI's -x forwards it
+        os.environ["PERSEUS_SPAWN_ENV"] = spawn_env_names(args, flavour, os.environ)
 
     def start_command(hosts, np, prepare=True):
         each = copy.copy(args)

@@ -564,12 +564,17 @@ _NOT_SPAWNED_NAMES = ("HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_")
 
 
 def _with_environment(program, args):
-    """(program, args) that run `program args` with this process's environment, less its
-    launcher's state (`env NAME=value ... program args`): Open MPI gives a process it
-    spawns on another host only that host's login environment and its own variables,
-    not mpirun's -x (tried: docs/investigations/grow-in-place.md), and an MPI info value
-    (PMIX_ENVAR) holds at most 255 characters."""
-    assignments = ["%s=%s" % (name, value) for name, value in sorted(os.environ.items())
+    """(program, args) that run `program args` with the variables perseusrun gave this
+    process (PERSEUS_SPAWN_ENV names them: `env NAME=value ... program args`): Open MPI
+    gives a process it spawns on another host only that host's login environment and its
+    own variables, not mpirun's -x (tried: docs/investigations/grow-in-place.md), and an
+    MPI info value (PMIX_ENVAR) holds at most 255 characters. Only those: the command line
+    can be seen on the new host, and the rest of this process's environment (a token, a
+    key) was never meant to leave this host. Without PERSEUS_SPAWN_ENV (not perseusrun),
+    this process's environment less its launcher's state."""
+    listed = os.environ.get("PERSEUS_SPAWN_ENV")
+    names = [n for n in listed.split(",") if n in os.environ] if listed else sorted(os.environ)
+    assignments = ["%s=%s" % (name, os.environ[name]) for name in sorted(names)
                    if not name.startswith(_NOT_SPAWNED_ENV) and name not in _NOT_SPAWNED_NAMES]
     return shutil.which("env") or "/usr/bin/env", assignments + [program] + list(args)
 

@@ -3,6 +3,7 @@ script's output, its failures, the flags' checks, the plan (hosts and np) and Ho
 blacklist cooldown, without mpirun; the notice the ranks watch at commit. The jobs that
 grow and shrink are in tests/mpi/test_fault_tolerance.py."""
 import gc
+import os
 import signal
 import subprocess
 import sys
@@ -436,8 +437,8 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
 def test_a_grow_asks_the_core_for_its_places(monkeypatch, places, hosts, add_hosts):
     """_grow_in_place hands _grow_decision's places to perseus_grow as bytes or NULL (an
     empty str there was a ctypes error at a second grow onto a host already in the job),
-    and, placed, runs the command line under env with this process's environment less
-    the launcher's."""
+    and, placed, runs the command line under env with the variables perseusrun named
+    (PERSEUS_SPAWN_ENV), no other."""
     from perseus.common import library
     calls = []
     monkeypatch.setattr(library, "perseus_grow", lambda *args: calls.append(args) or 0)
@@ -448,6 +449,8 @@ def test_a_grow_asks_the_core_for_its_places(monkeypatch, places, hosts, add_hos
     monkeypatch.setattr(elastic, "_spawn_command", lambda: ("/venv/bin/python", ["train.py"]))
     monkeypatch.setattr(elastic, "_join_grown_job", lambda state: None)
     monkeypatch.setenv("PTEST_GROW_VAR", "kept")
+    monkeypatch.setenv("PTEST_SECRET", "not perseusrun's")
+    monkeypatch.setenv("PERSEUS_SPAWN_ENV", "PTEST_GROW_VAR,PERSEUS_SPAWN_ENV,PTEST_UNSET")
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
 
     class Persister:
@@ -466,7 +469,7 @@ def test_a_grow_asks_the_core_for_its_places(monkeypatch, places, hosts, add_hos
     else:
         assert program.endswith(b"/env") and words[-2:] == [b"/venv/bin/python", b"train.py"]
         assert b"PTEST_GROW_VAR=kept" in words
-        assert not [w for w in words if w.startswith(b"OMPI_")]
+        assert not [w for w in words if w.startswith((b"OMPI_", b"PTEST_SECRET", b"PTEST_UNSET"))]
 
 
 def test_a_ulfm_core_follows_its_hosts_under_ulfm_oversubscribed(monkeypatch, tmp_path, capsys):
@@ -485,6 +488,13 @@ def test_a_ulfm_core_follows_its_hosts_under_ulfm_oversubscribed(monkeypatch, tm
         command = out.split("): ", 1)[1].split()
         assert (("--with-ft" in command and "--oversubscribe" in command) == ulfm), out
         assert ("join the running job at its next commit" in err) == ulfm, err
+        # What a grow onto another host hands the new ranks: perseusrun's forwarded names.
+        spawn_env = os.environ.pop("PERSEUS_SPAWN_ENV", None)
+        assert ("-x PERSEUS_SPAWN_ENV" in out) == ulfm, out
+        if ulfm:
+            names = spawn_env.split(",")
+            assert "PATH" in names and "PERSEUS_ELASTIC_RUN_ID" in names, names
+            assert not [n for n in names if n.startswith(("OMPI_", "HOME"))], names
 
 
 # Fixed hosts (-H/--hostfile) without ULFM: Horovod's FixedHosts, a discovery that never
