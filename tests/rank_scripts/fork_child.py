@@ -65,4 +65,4 @@ def body():
     hvd.shutdown()
 
 
-main(body)
+main(body, teardown=True)  # the child's subject: the ordinary exit, teardown and all

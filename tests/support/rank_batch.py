@@ -13,6 +13,7 @@ JSON object by name, "<script>[<setting>]") gives it set on top: the same script
 several settings that the core reads at each init() (run_mpi_batch's `settings`).
 "[rank r] BATCH END <name>" on stdout says the script returned; a script that fails
 ends the process at once (rank_script.main), so the END lines say how far it got.
+The batch leaves without the interpreter's teardown, as a script alone does.
 Rank 0 writes "BATCH TIME <name> <seconds>" just before its END line: how long the
 script took there (scripts/gpu_check.sh keeps them as measured costs of its plan).
 Framework-free: it runs in the TensorFlow and MXNet venvs too.
@@ -25,7 +26,8 @@ import time
 
 # Run as a script: its own folder is on sys.path, tests/ (above the support package) is not.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support.rank_script import rank_tag  # noqa: E402
+import support.rank_script  # noqa: E402
+from support.rank_script import leave_without_teardown, rank_tag  # noqa: E402
 
 
 def run_one(arg, scratch_root, batch_env):
@@ -66,8 +68,10 @@ def run_one(arg, scratch_root, batch_env):
 def main(args):
     scratch_root = os.environ["PTEST_TMPDIR"]
     batch_env = json.loads(os.environ.pop("PTEST_BATCH_ENV", "{}"))
+    support.rank_script.IN_BATCH = True
     for arg in args:
         run_one(arg, scratch_root, batch_env)
+    leave_without_teardown(0)  # as each script alone would (rank_script.main)
 
 
 if __name__ == "__main__":
