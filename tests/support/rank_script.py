@@ -91,7 +91,11 @@ def leave_without_teardown(code):
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    ctypes.CDLL(None).exit(code)  # releases the GIL: the core's threads may still call back
+    # With the GIL held, as at the end of an ordinary exit: C++ destructors of extension
+    # modules (torch's) take Python objects down (ctypes.CDLL, which drops the GIL for the
+    # call, made them abort: "PyThreadState_Get: ... the GIL is released"). Perseus's
+    # shutdown ran above, so no thread of the core calls back into Python any more.
+    ctypes.PyDLL(None).exit(code)
 
 
 class CapturedStderr:
