@@ -64,9 +64,6 @@ FLAVOURS = (OPENMPI, MPICH)
 # Variables Open MPI must be told to forward (-x); Hydra forwards everything.
 ENV_PREFIXES = ("PERSEUS_", "HOROVOD_", "OMP_", "MKL_", "NCCL_", "PYTHON", "CUDA_", "TORCH_")
 ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV")
-# What a running job's process manager (Hydra, Open MPI/PMIx) sets in its ranks: a
-# job started from inside one drops these, or it would join the outer job.
-LAUNCHER_STATE_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_")
 
 
 class LauncherError(Exception):
@@ -243,14 +240,21 @@ def passthrough_env(environ):
                   if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
 
 
+def rank_assignments(args, flavour):
+    """NAME=value (or NAME) entries the ranks are given: horovodrun's flags that set a
+    variable in the ranks, then -x, so that an explicit -x wins."""
+    settings = ["%s=%s" % item for item in launcher_flags.rank_environment(args, flavour)]
+    return settings + list(args.env)
+
+
 def spawn_env_names(args, flavour, environ):
     """PERSEUS_SPAWN_ENV's value: the names of the variables the ranks get from perseusrun
     (those forwarded, the -x assignments, horovodrun's flags), comma-separated. Ranks a
     grow in place spawns on another host get these from rank 0, and only these: Open MPI
     gives such a process only that host's login environment, and what goes on its command
     line can be seen there (perseus/common/elastic.py, _with_environment)."""
-    settings = ["%s=%s" % item for item in launcher_flags.rank_environment(args, flavour)]
-    names = set(passthrough_env(environ)) | {a.partition("=")[0] for a in settings + list(args.env)}
+    names = set(passthrough_env(environ)) | {
+        a.partition("=")[0] for a in rank_assignments(args, flavour)}
     return ",".join(sorted(names | {"PERSEUS_SPAWN_ENV"}))
 
 
@@ -288,9 +292,7 @@ def build_command(args, flavour, mpirun, environ=None, cpu_count=None, is_root=N
     np, hosts, form, slots = world(args, cpu_count)
     binding = getattr(args, "binding_args", None)
     binding = shlex.split(binding) if binding else None
-    # horovodrun's flags that set a variable in the ranks, before -x: an explicit -x wins.
-    settings = ["%s=%s" % item for item in launcher_flags.rank_environment(args, flavour)]
-    assignments = settings + list(args.env)
+    assignments = rank_assignments(args, flavour)
     cmd = [mpirun, "-np", str(np)]
     # --elastic: shrink in place (ULFM), unless the core has none and perseusrun
     # restarts the job instead (args.elastic_restart, set by main()).

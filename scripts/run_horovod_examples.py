@@ -276,7 +276,7 @@ def child_env(front, work, paths, extra):
     """The environment of one run: no launcher state from ours, PYTHONPATH = the site
     workarounds, this checkout, the front end's extra paths; HOME inside the run's
     directory (Keras's dataset cache, Horovod's lock file), caches kept where they were."""
-    from perseus.launcher import LAUNCHER_STATE_PREFIXES
+    from perseus.common.launch_check import LAUNCHER_STATE_PREFIXES
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_STATE_PREFIXES)}
     env.setdefault("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
     env.update({

@@ -544,12 +544,10 @@ Status StartMpi(const Config& config, bool* thread_multiple) {
     if (!launcher.ok()) return launcher;
     // A fault-tolerant job: a frozen rank is declared failed after the stall shutdown
     // time (else the peer timeout), even alone on its host, and excluded as a dead one.
-    std::string detector;
     if (FaultTolerant())
       heartbeat_s = ArmFailureDetector(config.stall_shutdown_seconds > 0
                                            ? config.stall_shutdown_seconds
-                                           : config.peer_timeout_seconds,
-                                       &detector);
+                                           : config.peer_timeout_seconds);
     int rc;
     {
       // A process that died before joining MPI's start-up holds the others there for

@@ -51,7 +51,7 @@ import socket
 import sys
 import time
 
-from perseus.common import basics, private_files
+from perseus.common import basics, launch_check, private_files
 from perseus.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from perseus.common.this_machine import is_this_machine
 
@@ -556,10 +556,9 @@ def _grow_decision(state):
                                          if host not in machines))
 
 
-# What a running job's process manager sets in its processes (perseus.launcher's
-# LAUNCHER_STATE_PREFIXES, PRRTE's own) and what names the process's host or shell: not
-# given to new ranks on another host.
-_NOT_SPAWNED_ENV = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "OPAL_")
+# What a running job's process manager sets in its processes (PRRTE's own among them)
+# and what names the process's host or shell: not given to new ranks on another host.
+_NOT_SPAWNED_ENV = launch_check.LAUNCHER_STATE_PREFIXES + ("PRTE_", "OPAL_")
 _NOT_SPAWNED_NAMES = ("HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_")
 
 

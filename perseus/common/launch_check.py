@@ -27,6 +27,11 @@ import os
 
 from perseus.common.exceptions import HorovodInternalError
 
+# What a running job's process manager (Hydra, Open MPI/PMIx) sets in its ranks: a job
+# started from inside one drops these (perseusrun), or it would join the outer job; a
+# rank spawned on another host is not given them (perseus/common/elastic.py).
+LAUNCHER_STATE_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_")
+
 
 def _count(text):
     """A positive count, or 0 when unset or not a number."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from perseus.launcher import LAUNCHER_STATE_PREFIXES
+from perseus.common.launch_check import LAUNCHER_STATE_PREFIXES
 
 
 TESTS_DIR = Path(__file__).resolve().parents[1]

@@ -51,7 +51,7 @@ void RunPump(Pump* pump, MPI_Comm self, double period_s) {
   MPI_Comm_free(&self);
 }
 
-// ArmFailureDetector without its summary.
+// ArmFailureDetector, saying what it did in `*why`.
 double ArmDetector(double timeout_s, std::string* why) {
   const char* user = std::getenv("OMPI_MCA_mpi_ft_detector");
   if (user != nullptr) {
@@ -92,11 +92,7 @@ double ArmDetector(double timeout_s, std::string* why) {
 
 }  // namespace
 
-double ArmFailureDetector(double timeout_s, std::string* why) {
-  const double period_s = ArmDetector(timeout_s, why);
-  g_summary = *why;
-  return period_s;
-}
+double ArmFailureDetector(double timeout_s) { return ArmDetector(timeout_s, &g_summary); }
 
 std::string FailureDetectorSummary() { return g_summary; }
 

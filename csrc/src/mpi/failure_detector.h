@@ -28,8 +28,8 @@ constexpr double kDetectorMinTimeoutS = 10.0;
 // timeout; at least kDetectorMinTimeoutS; none if 0) and a period of a quarter of it,
 // unless the user set OMPI_MCA_mpi_ft_detector (then their settings stand). Returns
 // the heartbeat period in seconds the pump must keep up with (0: no detector armed, or
-// the user's runs in its own thread), and what was done in `*why`.
-double ArmFailureDetector(double timeout_s, std::string* why);
+// the user's runs in its own thread); FailureDetectorSummary() says what was done.
+double ArmFailureDetector(double timeout_s);
 
 // After MPI_Init (MPI_THREAD_MULTIPLE): starts the pump for a detector of period
 // `period_s` (nothing if 0). StopHeartbeatPump before MPI_Finalize or exit; both are
