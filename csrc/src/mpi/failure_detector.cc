@@ -15,6 +15,7 @@ namespace perseus {
 namespace {
 
 constexpr double kOpenMpiDefaultPeriodS = 3.0;  // mpi_ft_detector_period's default
+constexpr bool kArmByDefault = false;  // see ArmDetector
 
 bool Enabled(const char* value) {
   std::string text = value == nullptr ? "" : value;
@@ -72,6 +73,14 @@ double ArmDetector(double timeout_s, std::string* why) {
     *why = "Open MPI's heartbeat detector runs as set (OMPI_MCA_mpi_ft_detector), "
            "heartbeats every " + Seconds(period_s) + " s";
     return period_s;
+  }
+  // Not armed by default: in a clean-clone CI run (b1f34ea) a rank computing 8 s outside
+  // MPI was declared failed under a 4 s detector despite the pump (1 run in 5 so far);
+  // until that is understood the detector is the user's to turn on.
+  if (!kArmByDefault) {
+    *why = "Open MPI's heartbeat detector is off (turn it on with OMPI_MCA_mpi_ft_detector=true): "
+           "a frozen rank alone on its host is not declared failed";
+    return 0;
   }
   if (!(timeout_s > 0)) {
     *why = "Open MPI's heartbeat detector is off (no stall shutdown time and no peer "
