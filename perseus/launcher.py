@@ -446,7 +446,9 @@ def _run_growing(parser, args, flavour, mpirun):
               % (script, launcher_elastic.describe(first) or "no host",
                  opts["min_np"], opts["max_np"] or "all slots",
                  "ranks added where every running rank keeps its host join the running job "
-                 "at its next commit (ULFM: grown in place, on new hosts too); any other"
+                 "at its next commit (ULFM: grown in place, on new hosts too), and ranks "
+                 "removed leave it there where the others keep their hosts (shrunk in "
+                 "place); any other"
                  if grow else "a", opts["limit"]),
               file=sys.stderr, flush=True)
     elif in_place:

@@ -269,13 +269,15 @@ bool DiesInGrow(const char* where) { return DiesIn("PERSEUS_TEST_DIE_IN_GROW", w
 // are stuck in it.
 constexpr int kGrowFailedExitCode = 75;
 
-[[noreturn]] void LeaveFailedGrow(const std::string& what) {
-  PERSEUS_LOG(kError) << "growing the job in place failed: " << what
+[[noreturn]] void LeaveFailedResize(const char* resize, const std::string& what) {
+  PERSEUS_LOG(kError) << resize << " the job in place failed: " << what
                       << "; leaving with exit code " << kGrowFailedExitCode
                       << " for perseusrun --elastic to start the job on the new hosts";
   std::fflush(stderr);
   _exit(kGrowFailedExitCode);
 }
+
+[[noreturn]] void LeaveFailedGrow(const std::string& what) { LeaveFailedResize("growing", what); }
 
 std::string GrowTimeoutText(const char* who) {
   return std::string("growing the job in place failed: ") + who +
@@ -882,6 +884,44 @@ int perseus_world_failed(void) {
 }
 
 int perseus_joined_job(void) { return g_spawned ? 1 : 0; }
+
+perseus_status_t perseus_keep_in_job(int32_t keep) {
+  std::lock_guard<std::timed_mutex> lock(*g_mu);
+  if (*g_engine || !g_started)
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT,
+                                "perseus_keep_in_job: call it between shutdown() and init()"));
+  // Those that leave end without MPI_Finalize (which would wait for the job's end): only
+  // a job that outlives its processes (ULFM) may lose them.
+  if (!FaultTolerant())
+    return Report(Status::Error(PERSEUS_UNSUPPORTED,
+                                "perseus_keep_in_job: ranks can leave a running job only under "
+                                "ULFM (mpirun --with-ft ulfm)"));
+  MPI_Comm job = g_job != MPI_COMM_NULL ? g_job : MPI_COMM_WORLD;
+  int rank = 0;
+  MPI_Comm_rank(job, &rank);
+  MPI_Comm kept = MPI_COMM_NULL;
+  int rc;
+  {
+    CallWatch watch(g_peer_timeout_s,
+                    "shrinking the job in place failed: MPI_Comm_split did not finish within " +
+                        PeerTimeoutText(g_peer_timeout_s) +
+                        ": a process of the job probably ended during it (perseusrun "
+                        "--elastic starts the job on the new hosts)",
+                    kGrowFailedExitCode);
+    ReturnErrors job_errors(job);
+    rc = MPI_Comm_split(job, keep ? 0 : MPI_UNDEFINED, rank, &kept);
+  }
+  if (rc != MPI_SUCCESS) LeaveFailedResize("shrinking", MpiStatus(rc, "MPI_Comm_split").message);
+  if (!keep) return PERSEUS_SUCCESS;  // the caller ends this process next
+  MPI_Comm_set_errhandler(kept, MPI_ERRORS_RETURN);
+  if (g_job != MPI_COMM_NULL) MPI_Comm_free(&g_job);
+  g_job = kept;  // the next init's world, and a later grow's base
+  // As after a shrink: the processes that left are gone for MPI_Finalize and for the
+  // links made before (their disconnect would wait for them).
+  g_lost_a_rank = true;
+  g_links_after_shrink = g_job_links.size();
+  return PERSEUS_SUCCESS;
+}
 
 perseus_status_t perseus_grow(int32_t count, const char* command, const char* args, int32_t nargs,
                               const char* wdir, const char* hosts, const char* add_hosts) {

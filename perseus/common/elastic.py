@@ -38,8 +38,12 @@ shuts the engine down and init() starts the new ranks with MPI_Comm_spawn (the s
 command line; on hosts the job does not run on yet, Open MPI adds them and starts its
 daemon there) and merges them after the old ones (_grow_in_place); the old processes go
 on, keeping their ranks, and the sync that follows gives rank 0's state to the new ones,
-whose own run() joins that sync (_join_grown_job). Fewer ranks, or an old rank's host
-gone from the notice, take the restart (_grow_places says why).
+whose own run() joins that sync (_join_grown_job). When the notice asks for fewer
+ranks and every rank it keeps stays on its host, the job shrinks in place the same way:
+the ranks whose slots are gone leave (their process ends, exit code 0) and the others
+go on with their ranks in order (_shrink_in_place). Any other change (a grow and a
+shrink at once, an old rank's host gone in a grow) takes the restart
+(_grow_places, _shrink_keeps say why).
 """
 
 import functools
@@ -386,8 +390,9 @@ def mode():
     if enabled:
         run = restart_run()
         if _host_watch() is not None and grows_in_place():
-            why += ("; perseusrun --elastic --host-discovery-script started it and grows it in "
-                    "place when hosts are added (other changes restart it)")
+            why += ("; perseusrun --elastic --host-discovery-script started it and grows or "
+                    "shrinks it in place when hosts are added or removed (other changes restart "
+                    "it)")
         elif run is not None:
             why += ("; perseusrun --elastic -H/--hostfile started it and restarts it on the "
                     "hosts left, from the last persisted commit, when Open MPI loses a host "
@@ -519,32 +524,61 @@ def _grow_places(np, hosts, machines):
     return places, None
 
 
+def _shrink_keeps(np, hosts, machines):
+    """Which ranks a shrink in place keeps: np and hosts [(host, slots)] of the notice,
+    machines the notice's host of each rank now (None: its host is not in it). Each host
+    keeps its lowest ranks, as many as perseusrun's plan gives it (filled in order:
+    launcher_elastic.plan). -> ([keep, ...] a rank, None), or (None, why) where the plan
+    needs ranks on a host that has fewer now (a grow too: the restart)."""
+    wanted, left = {}, np
+    for host, slots in hosts:
+        wanted[host] = min(slots, left)
+        left -= wanted[host]
+    keeps = []
+    for host in machines:
+        keep = host is not None and wanted.get(host, 0) > 0
+        if keep:
+            wanted[host] -= 1
+        keeps.append(keep)
+    short = ["%s:%d" % (host, n) for host, n in wanted.items() if n > 0]
+    if short:
+        return None, "the new hosts want more ranks than run there now (%s more)" % (
+            ",".join(short))
+    return keeps, None
+
+
 def _grow_decision(state):
     """At a HostsUpdatedInterrupt, on every rank: (ranks to add, None) for a grow in place
     on the one machine the job runs on (MPI's choice of place), (ranks to add, ("host:n,..."
     of the new ranks, "host:slots,..." of the hosts to add)) for one that places them,
-    or (0, None) for the restart. Rank 0 reads the notice; one
-    broadcast tells all, one allgather says where each rank runs; rank 0 says why a
-    grow in place is not taken."""
+    (minus the ranks that leave, whether this one stays) for a shrink in place, or (0,
+    None) for the restart. Rank 0 reads the notice; one broadcast tells all, one
+    allgather says where each rank runs; rank 0 says why a change in place is not taken."""
     watch = _host_watch()
     notice = None
     if basics.rank() == 0 and watch is not None and grows_in_place():
         notice = watch.read()
     notice = state._bcast_object(notice)
-    if notice is None or notice[1] <= basics.size():
+    if notice is None or notice[1] == basics.size():
         return 0, None
     from perseus.common.objects import allgather_object
     generation, np, hosts = notice
     machines = allgather_object(_my_host(hosts))
-    places, why = _grow_places(np, hosts, machines)
-    if places is None:
+    if np < basics.size():
+        keeps, why = _shrink_keeps(np, hosts, machines)
+        places = None
+    else:
+        places, why = _grow_places(np, hosts, machines)
+    if why is not None:
         if basics.rank() == 0:
-            sys.stderr.write("[perseus] hvd.elastic: the hosts changed: not grown in place "
-                             "(%s)\n" % why)
+            sys.stderr.write("[perseus] hvd.elastic: the hosts changed: not %s in place "
+                             "(%s)\n" % ("shrunk" if np < basics.size() else "grown", why))
             sys.stderr.flush()
         return 0, None
     if watch is not None:
         watch.generation = generation
+    if np < basics.size():
+        return np - basics.size(), keeps[basics.rank()]
     machines = set(machines)
     if all(host in machines for host, _ in places) and len(machines) == 1:
         return np - basics.size(), None  # all on the one machine the job runs on
@@ -612,6 +646,34 @@ def _grow_in_place(state, add, places):
     _join_grown_job(state)
 
 
+def _shrink_in_place(state, keep):
+    """Ends this rank's part in the job unless `keep` (_grow_decision's), every rank
+    together: shutdown, then the core splits the job's processes (perseus_keep_in_job);
+    the ranks that leave end their process at once (exit code 0: no MPI_Finalize, which
+    would wait for the job's end; Python's atexit hooks do not run), and the others
+    form their world in their rank order, the old rank 0 first, with the commit just
+    made (persisted first: should a process end during the split, the others leave with
+    HOSTS_UPDATED_EXIT and perseusrun restarts the job from it)."""
+    before, rank, started = basics.size(), basics.rank(), time.monotonic()
+    state._persister.write_last(state)
+    basics.shutdown()
+    from perseus.common import library
+    library.check(library.perseus_keep_in_job(1 if keep else 0))
+    if not keep:
+        sys.stderr.write("[perseus] hvd.elastic: the hosts changed: rank %d of %d leaves the "
+                         "job (its slot is gone); the others go on in place\n" % (rank, before))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    basics.init()
+    if basics.rank() == 0:
+        sys.stderr.write("[perseus] hvd.elastic: the hosts changed: shrank in place from %d to "
+                         "%d rank(s) in %.1f s\n" % (before, basics.size(),
+                                                      time.monotonic() - started))
+        sys.stderr.flush()
+    _join_grown_job(state)
+
+
 def _join_grown_job(state):
     """Every rank of a job that just grew in place, the new ones at their run()'s start:
     the persister of the restart route (for host changes that are not a grow) made again
@@ -665,8 +727,10 @@ def run_fn(func, reset_fn=reset):
                 if _host_watch() is None or getattr(state, "_persister", None) is None:
                     raise NotImplementedError(RESIZE_UNSUPPORTED % basics.size()) from e
                 add, places = _grow_decision(state)
-                if add:
+                if add > 0:
                     _grow_in_place(state, add, places)
+                elif add < 0:
+                    _shrink_in_place(state, places)  # places: whether this rank stays
                 else:
                     _stop_for_new_hosts(state)  # leaves the process
             reset_fn()

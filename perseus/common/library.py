@@ -127,6 +127,7 @@ _SIGNATURES = {
     "perseus_grow": (_status, [ctypes.c_int32, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
                                ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]),
     "perseus_joined_job": (ctypes.c_int, []),
+    "perseus_keep_in_job": (_status, [ctypes.c_int32]),
     "perseus_fault_tolerance": (ctypes.c_char_p, [_i32p, _i32p]),
     "perseus_last_error": (ctypes.c_char_p, []),
     "perseus_status_string": (ctypes.c_char_p, [ctypes.c_int]),
@@ -207,6 +208,7 @@ perseus_is_initialized = _bind("perseus_is_initialized")
 perseus_world_failed = _bind("perseus_world_failed")
 perseus_grow = _bind("perseus_grow")
 perseus_joined_job = _bind("perseus_joined_job")
+perseus_keep_in_job = _bind("perseus_keep_in_job")
 perseus_fault_tolerance = _bind("perseus_fault_tolerance")
 perseus_last_error = _bind("perseus_last_error")
 perseus_status_string = _bind("perseus_status_string")

@@ -28,16 +28,19 @@ from test_multi_host import user_env  # noqa: E402
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 
-def test_new_ranks_start_on_another_host(hosts, ulfm, tmp_path):  # noqa: F811 - the fixture
+def grow_job_on_hosts(hosts, ulfm, tmp_path, first, sizes, grown):  # noqa: F811 - the fixture
+    """elastic_grow.py under perseusrun --elastic --host-discovery-script 'cat FILE', typed
+    on hostA, the file listing `first` (host:slots,...), the job going to `sizes` with
+    `grown` as the last one's hosts -> (rc, stdout, stderr, a report)."""
     python = str(ulfm["python"])
     listed = tmp_path / "hosts"
-    listed.write_text("hostA:2\n")
+    listed.write_text("".join(h + "\n" for h in first.split(",")))
     # hostA's user environment for the ULFM core: its package on PYTHONPATH, the agent as
     # PRRTE's ssh (Open MPI 5's launcher reads plm_ssh_agent under its own prefix).
     env = user_env(hosts, tmp_path, {
         "PYTHONPATH": ulfm["env"]["PYTHONPATH"], "PRTE_MCA_plm_ssh_agent": str(hosts.agent),
-        "PTEST_SIZES": "4", "PTEST_CHANGE_STEP": "3", "PTEST_HOSTS_FILE": str(listed),
-        "PTEST_GROWN_HOSTS": "hostA:2,hostB:2", "PTEST_HANG_DUMP_S": "100",
+        "PTEST_SIZES": sizes, "PTEST_CHANGE_STEP": "3", "PTEST_HOSTS_FILE": str(listed),
+        "PTEST_GROWN_HOSTS": grown, "PTEST_HANG_DUMP_S": "100",
         "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
     forward = [arg for name in sorted(env) if name.startswith("PTEST_") for arg in ("-x", name)]
     # -P: the package on PYTHONPATH (the ULFM core), not this checkout's perseus/.
@@ -47,7 +50,13 @@ def test_new_ranks_start_on_another_host(hosts, ulfm, tmp_path):  # noqa: F811 -
             python, str(RANK_SCRIPTS / "elastic_grow.py")]
     rc, out, err, seconds = run_bounded(hosts.command("hostA", argv, env, cwd=REPO_ROOT),
                                         os.environ, 120)
-    report = "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (rc, seconds, out, err[-8000:])
+    return rc, out, err, "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (
+        rc, seconds, out, err[-8000:])
+
+
+def test_new_ranks_start_on_another_host(hosts, ulfm, tmp_path):  # noqa: F811 - the fixture
+    rc, out, err, report = grow_job_on_hosts(hosts, ulfm, tmp_path, "hostA:2", "4",
+                                             "hostA:2,hostB:2")
     assert rc == 0, report
     start = {int(r): int(p) for r, p in re.findall(
         r"grow-start rank (\d) size 2 pid (\d+) joined 0", out)}
@@ -59,4 +68,24 @@ def test_new_ranks_start_on_another_host(hosts, ulfm, tmp_path):  # noqa: F811 -
     assert end == {0: (start[0], 0, "hostA"), 1: (start[1], 0, "hostA"),
                    2: (joined[2], 1, "hostB"), 3: (joined[3], 1, "hostB")}, report
     assert "grew in place from 2 to 4 rank(s)" in err, report
+    assert "(run 1)" not in err, report  # never restarted
+
+
+def test_a_host_removed_leaves_the_others_in_place(hosts, ulfm, tmp_path):  # noqa: F811
+    """hostA:2 and hostB:2, then hostA:2 alone: hostB's ranks (2 and 3) leave at one commit
+    and hostA's go on in place, keeping their processes, ranks and hosts; the training
+    ends there with the script's checks at 2 ranks, mpirun ending with 0 although
+    Open MPI's daemon on hostB outlived its ranks. Before, the job restarted on hostA."""
+    rc, out, err, report = grow_job_on_hosts(hosts, ulfm, tmp_path, "hostA:2,hostB:2", "2",
+                                             "hostA:2")
+    assert rc == 0, report
+    start = {int(r): (int(p), h) for r, p, h in re.findall(
+        r"grow-start rank (\d) size 4 pid (\d+) joined 0 host (\w+)", out)}
+    assert start == {0: (start[0][0], "hostA"), 1: (start[1][0], "hostA"),
+                     2: (start[2][0], "hostB"), 3: (start[3][0], "hostB")}, report
+    assert "rank 2 of 4 leaves the job" in err and "rank 3 of 4 leaves the job" in err, report
+    assert "shrank in place from 4 to 2 rank(s)" in err, report
+    end = {int(r): (int(p), h) for r, p, h in re.findall(
+        r"grow-end rank (\d) size 2 local \1/2 pid (\d+) joined 0 steps .* host (\w+)", out)}
+    assert end == {0: start[0], 1: start[1]}, report
     assert "(run 1)" not in err, report  # never restarted

@@ -400,7 +400,9 @@ if __name__ == "__main__":
      "not grown in place (the host of rank(s) 0,1 is not among the new hosts)"),
     ((1, [("localhost", 1), ("node7", 3)], 4), "1", 2, (0, None),  # fewer ranks here
      "not grown in place (host localhost would run 1 rank(s), fewer than now)"),
-    ((1, [("localhost", 2)], 2), "1", 4, (0, None), ""),        # fewer ranks: restart
+    ((1, [("localhost", 2)], 2), "1", 4, (-2, True), ""),       # fewer ranks: shrink
+    ((1, [("localhost", 2), ("node7", 2)], 4), "1", 6, (0, None),  # and more on node7
+     "not shrunk in place (the new hosts want more ranks than run there now (node7:2 more))"),
     ((1, [("localhost", 4)], 4), "", 2, (0, None), "")])        # no ULFM route: restart
 def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch, capsys,
                                                           notice, grow, size, want, said):
@@ -408,8 +410,10 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
     and, for more ranks where perseusrun said so (PERSEUS_ELASTIC_GROW=1: a ULFM core),
     the ranks say where each runs (one allgather; here all on this machine): a grow in
     place for more ranks that keeps every old rank's host, placed by host where one is
-    not this machine (the new ranks' hosts, and the hosts to add with their slots);
-    anything else takes the restart (0), rank 0 saying why where it is not fewer ranks."""
+    not this machine (the new ranks' hosts, and the hosts to add with their slots); a
+    shrink in place for fewer that only takes ranks away (minus the ranks that leave,
+    and whether this one stays); anything else takes the restart (0), rank 0 saying
+    why."""
     from perseus.common import objects
     path = str(tmp_path / "hosts.run")
     le.write_notice(path, *notice)
@@ -425,9 +429,29 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
     state = elastic.ObjectState(bcast_object=lambda v: sent.append(v) or v, get_rank=lambda: 0)
     assert elastic._grow_decision(state) == want
     assert len(sent) == 1  # one broadcast tells every rank
-    assert len(gathered) == (1 if grow and notice[2] > size else 0)
+    assert len(gathered) == (1 if grow and notice[2] != size else 0)
     assert elastic._watch[0].generation == (1 if want[0] else 0)
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("np, hosts, machines, keeps", [
+    (2, [("localhost", 2)], ["localhost"] * 4, [True, True, False, False]),
+    (2, [("hostA", 2)], ["hostA", "hostA", None, None], [True, True, False, False]),
+    # perseusrun's plan fills hosts in order: hostA keeps 2, hostB 1, its lowest rank
+    (3, [("hostA", 2), ("hostB", 2)], ["hostA", "hostB", "hostA", "hostB"],
+     [True, True, True, False]),
+    (2, [("hostB", 2)], ["hostA", "hostA", "hostB", "hostB"],  # rank 0's host removed
+     [False, False, True, True]),
+    (3, [("hostA", 3)], ["hostA", "hostA", None, None], None)])  # hostA would need 3
+def test_a_shrink_in_place_keeps_each_hosts_lowest_ranks(np, hosts, machines, keeps):
+    """_shrink_keeps: each host of the notice keeps as many of its ranks as perseusrun's
+    plan gives it, its lowest; a host that would need more ranks than it runs (a grow
+    too) takes the restart, saying which."""
+    got, why = elastic._shrink_keeps(np, hosts, machines)
+    assert got == keeps
+    assert (why is None) == (keeps is not None)
+    if keeps is None:
+        assert "hostA:1 more" in why
 
 
 @pytest.mark.parametrize("places, hosts, add_hosts", [

@@ -63,7 +63,7 @@ def test_new_ranks_join_the_running_ones(ompi5, tmp_path, first, sizes, victim_s
     rc, out, err, report = grow_job(ompi5, tmp_path, first, {
         "PTEST_SIZES": sizes, "PTEST_VICTIM_STEP": str(victim_step)})
     assert rc == 0, report
-    assert "grows it in place when hosts are added" in err, report  # the mode
+    assert "grows or shrinks it in place when hosts are added or removed" in err, report  # the mode
     start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size %d pid (\d+) "
                                                    r"joined 0" % first, out)}
     assert sorted(start) == list(range(first)), report
@@ -99,6 +99,38 @@ def test_new_ranks_join_the_running_ones(ompi5, tmp_path, first, sizes, victim_s
         assert "grew in place from %d to %d rank(s)" % (before, size) in err, report
         before = size
     assert "starting %d rank(s) on localhost:%d (run 0)" % (first, first) in err, report
+    assert "(run 1)" not in err, report  # never restarted
+
+
+def test_ranks_leave_in_place_and_others_join_again(ompi5, tmp_path):
+    """4 -> 2 -> 4 ranks in one job: the discovery script offers localhost:2, and at one
+    commit ranks 2 and 3 leave (their processes end) while ranks 0 and 1 go on in place,
+    keeping their processes; then it offers localhost:4 again, and two new processes
+    join the two (the spawn from the split job). The script's checks hold at the end
+    (parameters identical to the bit on the 4, the loss fallen, every rank at one step).
+    Before, the shrink restarted the job on 2 new processes (and the grow on 4)."""
+    rc, out, err, report = grow_job(ompi5, tmp_path, 4, {"PTEST_SIZES": "2,4"})
+    assert rc == 0, report
+    start = {int(r): int(p) for r, p in re.findall(r"grow-start rank (\d) size 4 pid (\d+) "
+                                                   r"joined 0", out)}
+    assert sorted(start) == [0, 1, 2, 3], report
+    for rank in (2, 3):
+        assert "rank %d of 4 leaves the job" % rank in err, report
+    assert err.count("leaves the job") == 2, report
+    assert "shrank in place from 4 to 2 rank(s)" in err, report
+    assert "grew in place from 2 to 4 rank(s)" in err, report
+    # The two stayed at one commit, and ran their reset callback there, at size 2.
+    shrunk = re.findall(r"reset callback rank (\d) size 2 step (\d+)", out)
+    assert sorted(int(r) for r, _ in shrunk) == [0, 1] and len(set(s for _, s in shrunk)) == 1, \
+        report
+    joined = {int(r): int(p) for r, p in re.findall(
+        r"grow-start rank (\d) size 4 pid (\d+) joined 1", out)}
+    assert sorted(joined) == [2, 3], report
+    end = {int(r): (int(p), int(j)) for r, p, j in re.findall(
+        r"grow-end rank (\d) size 4 local \1/4 pid (\d+) joined (\d) steps", out)}
+    assert end == {0: (start[0], 0), 1: (start[1], 0), 2: (joined[2], 1), 3: (joined[3], 1)}, \
+        report
+    assert not set(joined.values()) & set(start.values()), report
     assert "(run 1)" not in err, report  # never restarted
 
 

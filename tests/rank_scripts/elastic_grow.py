@@ -3,14 +3,15 @@ tests/mpi/test_grow_in_place.py under perseusrun --elastic --host-discovery-scri
 
 The job starts on 2 ranks (the discovery script prints localhost:2) and trains a small
 linear model with DistributedOptimizer over an ElasticSampler inside hvd.elastic.run,
-committing after every step. PTEST_SIZES lists the sizes to grow to, in order (default
-"4"): PTEST_CHANGE_STEP steps after the job reached its size, rank 0 writes the next
-one, localhost:<size>, into PTEST_HOSTS_FILE (what the script prints), and the steps
-slow down (0.25 s) until the job has it: every rank must see HostsUpdatedInterrupt at
-the same commit, the running processes must go on (each logs its pid at the start and
-the end), new processes join (hvd.elastic.run spawns them with this command line) and
-get rank 0's state. At the end every rank checks, against references it computes: the
-last size, all on this host, the old ranks first; the parameters identical to the bit
+committing after every step. PTEST_SIZES lists the sizes to grow (or shrink) to, in
+order (default "4"): PTEST_CHANGE_STEP steps after the job reached its size, rank 0
+writes the next one, localhost:<size>, into PTEST_HOSTS_FILE (what the script prints),
+and its steps slow down (0.25 s) until the job has it: every rank must see
+HostsUpdatedInterrupt at the same commit, the running processes must go on (each logs
+its pid at the start and the end), new processes join (hvd.elastic.run spawns them
+with this command line) and get rank 0's state; in a shrink the highest ranks leave
+(their process ends inside hvd.elastic.run). At the end every rank checks, against references it computes: the
+last size, all on this host, the oldest ranks first; the parameters identical to the bit
 on every rank and the loss fallen; every rank at the same step; the reset callback run
 once per grow after the process started (never on the newest ones).
 
@@ -73,17 +74,27 @@ def body():
     joined = basics.joined_job()
     if die_in_grow in ("spawn", "merge") and hvd.rank() == 1 and not joined:
         os.environ["PERSEUS_TEST_DIE_IN_GROW"] = die_in_grow  # read at the grow
-    log("grow-start rank %d size %d pid %d joined %d" % (hvd.rank(), hvd.size(), os.getpid(),
-                                                         joined))
+    log("grow-start rank %d size %d pid %d joined %d host %s" % (
+        hvd.rank(), hvd.size(), os.getpid(), joined, socket.gethostname()))
     change = int(os.environ["PTEST_CHANGE_STEP"])
     victim_step = int(os.environ.get("PTEST_VICTIM_STEP", "0"))
     first_size = hvd.size()
+    # Rank 0's (never a process that joined: the old ranks keep theirs): the sizes still
+    # to reach, in order.
+    targets = [] if joined else [n for n in SIZES]
     x, y = regression_data(SAMPLES, FEATURES)
     model, optimizer, state = elastic_regression(x, y)
     record = {"resets": 0, "start": None, "grown_at": 0}  # the step the size was reached
 
+    def reached():
+        while targets and hvd.size() == targets[0]:
+            targets.pop(0)
+
+    reached()  # a restarted job starts at its size
+
     def on_reset():
         record["resets"] += 1
+        reached()
         record["grown_at"] = state.step
         log("reset callback rank %d size %d step %d" % (hvd.rank(), hvd.size(), state.step))
 
@@ -101,14 +112,12 @@ def body():
                 mine = indices[batch * BATCH:(batch + 1) * BATCH]
                 if victim_step and state.step == victim_step and hvd.rank() == 2 and not joined:
                     os.kill(os.getpid(), signal.SIGKILL)
-                if hvd.size() < GROWN and state.step > record["grown_at"] + change:
+                if hvd.rank() == 0 and targets and state.step > record["grown_at"] + change:
                     time.sleep(0.25)  # time for perseusrun's discovery to see the change
                 train_batch(model, optimizer, state, x, y, mine, batch, BATCH)
-                if (hvd.rank() == 0 and hvd.size() < GROWN
-                        and state.step == record["grown_at"] + change):
+                if hvd.rank() == 0 and targets and state.step == record["grown_at"] + change:
                     with open(os.environ["PTEST_HOSTS_FILE"], "w") as f:
-                        f.write(hosts_text(SIZES[SIZES.index(hvd.size()) + 1
-                                                 if hvd.size() in SIZES else 0]))
+                        f.write(hosts_text(targets[0]))
                 state.commit()
             state.sampler.set_epoch(state.epoch + 1)
         return state.losses
@@ -123,8 +132,10 @@ def body():
     # joined; the reset callback ran once, at the resume from the persisted commit).
     restarted = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS", "0")) > 0
     assert joined == (hvd.rank() >= 2 and not restarted), (joined, hvd.rank(), restarted)
-    grows = len([n for n in SIZES if n > first_size])
-    resets = 1 if restarted else grows + (1 if victim_step and not joined else 0)
+    # Each change of size after this process started: all of them for the old ranks, those
+    # after the size it joined at for a new one.
+    changes = len(SIZES) - (SIZES.index(first_size) + 1 if joined else 0)
+    resets = 1 if restarted else changes + (1 if victim_step and not joined else 0)
     assert record["resets"] == resets, (record["resets"], resets)
     steps = hvd.allgather_object(state.step)
     assert steps == [state.step] * GROWN and len(losses) == state.step, (steps, len(losses))

@@ -148,6 +148,11 @@ perseus_status_t perseus_grow(int32_t count, const char* command, const char* ar
 /* 1 when this process was started by perseus_grow in a running job and its first
  * perseus_init joined that job. */
 int perseus_joined_job(void);
+/* Shrinking in place (ULFM): collective over the job's processes between
+ * perseus_shutdown and perseus_init. Those with keep=0 leave the job (the caller ends
+ * the process next, without MPI_Finalize); the others, in their rank order, form the
+ * next perseus_init's world. */
+perseus_status_t perseus_keep_in_job(int32_t keep);
 /* Whether this job outlives a failed rank (ULFM: the core's MPI has it, *built_out,
  * and the job was started with it, mpirun --with-ft ulfm, *enabled_out): 1 or 0 each.
  * Returns why, as text. Works before init. */
