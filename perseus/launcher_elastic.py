@@ -28,7 +28,9 @@ the others in place and nothing restarts, but Open MPI 5 ends the whole job when
 a host's daemon: that host is blacklisted and the job restarted on the hosts left, from
 the last persisted commit (hvd.elastic.run persists wherever perseusrun gives the ranks
 PERSEUS_ELASTIC_RUN_ID). Where no restart can follow a lost host, perseusrun ends with
-HOST_LOST_EXIT (mpirun said 0), naming the host.
+HOST_LOST_EXIT (mpirun said 0), naming the host. Under ULFM, with a script or fixed
+hosts, survivors fewer than --min-np stop at their last commit with BELOW_MIN_NP_EXIT
+(perseus/common/elastic.py): a restart too, once the hosts offer --min-np slots.
 
 run_watching is perseusrun --elastic -np N on a ULFM core (shrink in place, no host
 list): one run of mpirun, its output relayed the same way, only to end non-zero
@@ -543,6 +545,14 @@ def run_growing(start_command, env, opts, say=None):
                     leave_out(reported, reached, "was lost (Open MPI lost its daemon)")
             elif returncode == elastic.HOSTS_UPDATED_EXIT and generation > started:
                 why = "the ranks stopped at a commit for the new hosts"
+            elif returncode == elastic.BELOW_MIN_NP_EXIT and (opts.get("in_place")
+                                                              or opts.get("grow")):
+                # Under ULFM: the survivors of a shrink in place, fewer than --min-np,
+                # stopped at their last commit (persisted) for a restart on --min-np slots.
+                why = ("the ranks left after a failure were fewer than --min-np %d and "
+                       "stopped at their last commit" % opts["min_np"])
+                for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names
+                    leave_out(reported, reached, "lost a rank")
             elif (died_of_signal(returncode) or job.lost) and not opts.get("in_place"):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
                 for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names

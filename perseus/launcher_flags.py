@@ -247,9 +247,15 @@ def check_elastic(args, environ=None):
     if "slots_per_host" in given and not script:
         return ("--slots-per-host needs --host-discovery-script (-H/--hostfile give each "
                 "host's slots, host:N)")
-    if given and not script and not fixed:
+    # --min-np alone bounds the survivors of a shrink in place on this machine (Horovod
+    # takes it as an elastic job on localhost too); the other flags count hosts.
+    counted = [d for d in given if d != "min_np"]
+    if counted and not script and not fixed:
         return ("%s needs --host-discovery-script or -H/--hostfile (the hosts it counts come "
-                "from them)" % _flag_of(given[0]))
+                "from them)" % _flag_of(counted[0]))
+    if not script and not fixed and given and args.np is not None and args.min_np > args.np:
+        return ("--min-np %d is above -np %d: the job could never run on --min-np ranks"
+                % (args.min_np, args.np))
     if not script and not given:
         return None
     for dest in ("np", "min_np", "max_np", "slots_per_host"):
@@ -293,6 +299,11 @@ def rank_environment(args, flavour):
         env.append(("NCCL_IB_DISABLE", "1"))
         if flavour != OPENMPI:  # the mpich wheel's transport is UCX
             env.append(("UCX_TLS", "tcp,self,sm"))
+    if getattr(args, "elastic", None) and getattr(args, "min_np", None) is not None \
+            and not getattr(args, "elastic_restart", False):
+        # Under ULFM the ranks shrink in place: hvd.elastic.run does not go on below it
+        # (perseus/common/elastic.py, min_np). Only where given: without it, as before.
+        env.append(("PERSEUS_ELASTIC_MIN_NP", str(args.min_np)))
     nics = _nics(args)
     if nics:
         env.append(("NCCL_SOCKET_IFNAME", ",".join(nics)))

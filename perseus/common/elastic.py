@@ -10,7 +10,9 @@ What differs: Perseus runs on the ranks mpirun started, and there is no driver a
 no re-rendezvous (ranks are added only by a grow in place, below). A rank that fails
 is left behind when the job can outlive it (Open MPI 5's ULFM, `mpirun --with-ft
 ulfm`): the survivors' world shrinks in place at the reset (reset()), else the failure
-ends the job as MPI's does.
+ends the job as MPI's does. A shrink below perseusrun's --min-np (PERSEUS_ELASTIC_MIN_NP)
+does not go on: the ranks stop for perseusrun to restart the job where it can, else
+fail (_stop_below_min_np).
 Outside a job started with a discovery script (below), commit() never finds host
 updates (and so costs no collective), and a HostsUpdatedInterrupt (a resize request)
 ends run() with an error saying what elastic resizing needs. The framework modules
@@ -61,12 +63,21 @@ from perseus.common.this_machine import is_this_machine
 
 # The exit code of ranks that stop for new hosts; perseusrun restarts the job on them.
 HOSTS_UPDATED_EXIT = 75
+# The exit code of ranks that stop because a failure left fewer than --min-np of them
+# (_stop_below_min_np): perseusrun waits for --min-np slots and restarts the job. A code
+# of its own: perseusrun takes HOSTS_UPDATED_EXIT only with a new generation of hosts.
+BELOW_MIN_NP_EXIT = 76
 
 RESIZE_UNSUPPORTED = (
     "elastic resizing (adding or removing workers) needs perseusrun --elastic "
     "--host-discovery-script (with --min-np/--max-np), which restarts the job on the new "
     "hosts; this job was started without it, on MPI's fixed world of ranks, so "
     "hvd.elastic.run only retries after a HorovodInternalError, on the same %d ranks")
+
+
+class BelowMinNpError(RuntimeError):
+    """A failure left fewer ranks than perseusrun's --min-np, and nothing can add ranks
+    to the job (raised by hvd.elastic.run on every survivor, same message)."""
 
 
 class State:
@@ -260,6 +271,13 @@ def grows_in_place():
     return os.environ.get("PERSEUS_ELASTIC_GROW") == "1" and basics.fault_tolerance()[0]
 
 
+def min_np():
+    """perseusrun's --min-np (PERSEUS_ELASTIC_MIN_NP, set only where given), else 0: the
+    fewest ranks hvd.elastic.run trains on after a shrink in place."""
+    text = os.environ.get("PERSEUS_ELASTIC_MIN_NP", "")
+    return int(text) if text.isdigit() else 0
+
+
 def restart_run():
     """(run id, restarts so far, restart limit) when perseusrun --elastic restarts this
     job after a rank dies (a core without ULFM), else None."""
@@ -397,6 +415,9 @@ def mode():
             why += ("; perseusrun --elastic -H/--hostfile started it and restarts it on the "
                     "hosts left, from the last persisted commit, when Open MPI loses a host "
                     "whole (restart %d of at most %d)" % (run[1], run[2]))
+        if min_np():
+            why += "; " + BELOW_MIN_NP_MODE % (min_np(), "stop for perseusrun to restart it"
+                                               if run is not None else "fail")
         return "shrink", why
     run = restart_run()
     if run is not None:
@@ -469,6 +490,12 @@ def _stop_for_new_hosts(state):
                          "the job stops here and perseusrun starts it on the new hosts\n"
                          % (persister.commits if persister is not None else 0))
         sys.stderr.flush()
+    _leave_for_perseusrun(HOSTS_UPDATED_EXIT)
+
+
+def _leave_for_perseusrun(code):
+    """Shuts the engine down and ends the process with `code`, for perseusrun to start
+    the job again."""
     basics.shutdown()
     # The process ends now. Freezing what it holds spares the interpreter's garbage
     # collections at exit, which walk every object: with torch's, the old job's exit
@@ -476,7 +503,55 @@ def _stop_for_new_hosts(state):
     # benchmarks/elastic_recovery.py --hosts-added). finally blocks and atexit handlers
     # still run; only cycles made before here are never collected.
     gc.freeze()
-    raise SystemExit(HOSTS_UPDATED_EXIT)
+    raise SystemExit(code)
+
+
+# What follows a shrink in place below --min-np (perseusrun gives it: min_np()), the one
+# place of each text: the mode's note, rank 0's line on the restart route, the error.
+BELOW_MIN_NP_MODE = "below --min-np %d rank(s) the survivors %s"
+BELOW_MIN_NP = "%d rank(s) left after a failure, fewer than --min-np %d"
+BELOW_MIN_NP_STOP = ("[perseus] hvd.elastic: %s: commit %d is persisted; the ranks stop here "
+                     "(exit code %d) and perseusrun starts the job again once its hosts offer "
+                     "--min-np slots, waiting for them up to --elastic-timeout\n")
+BELOW_MIN_NP_FAILS = ("hvd.elastic.run cannot go on: %s, and nothing can add ranks to this job "
+                      "(perseusrun --elastic runs it once, on this machine: no other host to "
+                      "restart it on, no --host-discovery-script); lower --min-np, or start "
+                      "it with -H/--hostfile naming other hosts or with "
+                      "--host-discovery-script, for perseusrun to wait for hosts and restart "
+                      "it from the last persisted commit")
+
+
+def _below_min_np():
+    """Whether the world, after a reset, has fewer ranks than --min-np (never without it)."""
+    return min_np() > 0 and basics.size() < min_np()
+
+
+def _stop_below_min_np(state):
+    """After a shrink in place below --min-np, on every survivor (they agree: the shrink
+    gave each the same size): the user's function is not called again with too few
+    ranks. Where perseusrun can bring ranks back (it gave a run id: run_growing, which
+    waits for --min-np slots up to the elastic timeout and restarts the job), the restored
+    commit is persisted and the ranks leave with BELOW_MIN_NP_EXIT; else each raises
+    BelowMinNpError. Rank 0 says which on stderr."""
+    reason = BELOW_MIN_NP % (basics.size(), min_np())
+    persister = getattr(state, "_persister", None)
+    if persister is None:
+        if basics.rank() == 0:
+            sys.stderr.write("[perseus] hvd.elastic: %s\n" % (BELOW_MIN_NP_FAILS % reason))
+            sys.stderr.flush()
+        raise BelowMinNpError(BELOW_MIN_NP_FAILS % reason)
+    try:
+        # Rank 0's commit and counts on every rank, as after any reset: the failure may
+        # have caught the ranks on either side of a commit.
+        state.sync()
+        persister.agree()
+        persister.write_last(state)
+    except HorovodInternalError:
+        pass  # one more rank failed meanwhile: the last commit persisted before stands
+    if basics.rank() == 0:
+        sys.stderr.write(BELOW_MIN_NP_STOP % (reason, persister.persisted, BELOW_MIN_NP_EXIT))
+        sys.stderr.flush()
+    _leave_for_perseusrun(BELOW_MIN_NP_EXIT)
 
 
 def _spawn_command():
@@ -700,7 +775,8 @@ SAME_WORLD_BROKEN = ("hvd.elastic.run cannot go on: the state's sync after a res
 def run_fn(func, reset_fn=reset):
     """Decorates func(state, *args, **kwargs): syncs `state` from rank 0, then
     calls func; after a HorovodInternalError (in either) restores the last commit,
-    resets, fires the reset callbacks and tries again. Returns func's result."""
+    resets, fires the reset callbacks and tries again (not below --min-np:
+    _stop_below_min_np). Returns func's result."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
@@ -735,6 +811,8 @@ def run_fn(func, reset_fn=reset):
                     _stop_for_new_hosts(state)  # leaves the process
             reset_fn()
             after_reset = True
+            if _below_min_np():
+                _stop_below_min_np(state)  # leaves the process, or raises
             state.on_reset()
 
     return wrapper

@@ -14,6 +14,7 @@ import pytest
 from perseus import launcher_elastic as le
 from support.jobs import clean_env
 from perseus.common import elastic
+from perseus.common.exceptions import HorovodInternalError
 from perseus.launcher import main
 
 
@@ -56,8 +57,7 @@ def test_a_failing_or_hanging_script_is_an_error():
      "--host-discovery-script needs --elastic"),
     (["--min-np", "2", "-np", "2"], "--min-np needs --elastic"),
     (["--elastic", "--max-np", "2", "-np", "2"], "--max-np needs --host-discovery-script"),
-    (["--elastic", "--min-np", "2", "-np", "2"],
-     "--min-np needs --host-discovery-script or -H/--hostfile"),
+    (["--elastic", "--min-np", "3", "-np", "2"], "--min-np 3 is above -np 2"),  # this machine
     (["--elastic", "-H", "a:2", "--slots-per-host", "2"],
      "--slots-per-host needs --host-discovery-script (-H/--hostfile give each host's slots"),
     (["--elastic", "-H", "a:4", "--min-np", "3", "--max-np", "2"], "--min-np 3 is above --max-np 2"),
@@ -776,3 +776,159 @@ def test_ulfm_fixed_hosts_restart_only_for_a_host_lost(tmp_path, monkeypatch, ca
                  "there stopped answering; mpirun's exit code 0, the job did not finish); exit "
                  "code 69")
     assert (lost_line in err) == (want == le.HOST_LOST_EXIT), err
+
+
+# Below --min-np after a shrink in place (ULFM): the ranks' decision, perseusrun's flags,
+# and its restart when the ranks stop for it. The jobs: tests/mpi/test_fault_tolerance.py.
+def shrunk_run(monkeypatch, min_np, persister=None, fail_sync=False):
+    """hvd.elastic.run over a function that fails once (HorovodInternalError), the reset
+    leaving 2 ranks, under PERSEUS_ELASTIC_MIN_NP=min_np -> (calls of the function, what
+    run() ended with: its result or the exception)."""
+    monkeypatch.setenv("PERSEUS_ELASTIC_MIN_NP", min_np)
+    for name in ("_say_mode", "_start_persisting"):
+        monkeypatch.setattr(elastic, name, lambda *args: None)
+    monkeypatch.setattr(elastic.basics, "rank", lambda: 0)
+    monkeypatch.setattr(elastic.basics, "size", lambda: 2)
+    monkeypatch.setattr(elastic.basics, "shutdown", lambda: None)
+    monkeypatch.setattr(elastic.gc, "freeze", lambda: None)  # this process goes on
+    state = elastic.ObjectState(bcast_object=lambda v: v, get_rank=lambda: 0, step=3)
+    state._persister = persister
+    calls = []
+    if fail_sync:
+        def sync():  # the sync after the failure meets one more
+            if calls:
+                raise HorovodInternalError("another rank failed")
+        state.sync = sync
+
+    def train(state):
+        calls.append(state.step)
+        if len(calls) == 1:
+            raise HorovodInternalError("a rank failed")
+        return "done"
+
+    try:
+        return calls, elastic.run_fn(train, reset_fn=lambda: None)(state)
+    except (elastic.BelowMinNpError, SystemExit) as e:
+        return calls, e
+
+
+class FakePersister:
+    persisted = 5
+
+    def __init__(self):
+        self.done = []
+
+    def agree(self):
+        self.done.append("agree")
+
+    def write_last(self, state):
+        self.done.append("write_last")
+
+
+@pytest.mark.parametrize("min_np, calls", [("", [3, 3]), ("2", [3, 3]), ("3", [3])])
+def test_below_min_np_the_function_is_not_called_again(monkeypatch, capsys, min_np, calls):
+    """Without --min-np, or with the survivors at it, run() calls the function again after
+    the reset (as before); below it, not: where perseusrun gave no run id (nothing can add
+    ranks), every rank raises BelowMinNpError naming --min-np, the size left and what to
+    do, and rank 0 says it."""
+    got, ended = shrunk_run(monkeypatch, min_np)
+    assert got == calls
+    if min_np != "3":
+        assert ended == "done"
+        return
+    said = ("hvd.elastic.run cannot go on: 2 rank(s) left after a failure, fewer than --min-np "
+            "3, and nothing can add ranks to this job")
+    assert isinstance(ended, elastic.BelowMinNpError) and str(ended).startswith(said)
+    assert "lower --min-np" in str(ended)
+    assert "[perseus] hvd.elastic: " + said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fail_sync", [False, True])
+def test_below_min_np_the_ranks_persist_and_stop_for_perseusrun(monkeypatch, capsys, fail_sync):
+    """Where perseusrun can restart the job (a persister: it gave a run id), the ranks
+    below --min-np take rank 0's commit and counts, persist it and leave with
+    BELOW_MIN_NP_EXIT, rank 0 saying so; one more failure meanwhile still stops them (the
+    commit persisted before stands)."""
+    persister = FakePersister()
+    got, ended = shrunk_run(monkeypatch, "3", persister, fail_sync)
+    assert got == [3]
+    assert isinstance(ended, SystemExit) and ended.code == elastic.BELOW_MIN_NP_EXIT == 76
+    assert persister.done == ([] if fail_sync else ["agree", "write_last"])
+    assert ("[perseus] hvd.elastic: 2 rank(s) left after a failure, fewer than --min-np 3: "
+            "commit 5 is persisted; the ranks stop here (exit code 76)"
+            in capsys.readouterr().err)
+
+
+def test_perseusrun_passes_min_np_where_the_ranks_shrink(monkeypatch, tmp_path, capsys):
+    """perseusrun --elastic -np 4 --min-np 3 (no host list: Horovod's elastic job on this
+    machine) is accepted, and under ULFM gives the ranks PERSEUS_ELASTIC_MIN_NP; not
+    without --min-np (a shrink goes on however few are left, as before), nor on a core
+    without ULFM (no shrink: the restart keeps -np). (--min-np above -np is an error:
+    test_bad_input_stops_perseusrun_before_any_rank.)"""
+    import perseus.launcher as launcher
+    monkeypatch.setattr(launcher, "check_core_mpi", lambda mpirun, flavour: None)
+    argv = ["--elastic", "--dry-run", "--mpi-flavour", "openmpi", "-np", "4"]
+    for ulfm, flags, passed in ((True, ["--min-np", "3"], True), (True, [], False),
+                                (False, ["--min-np", "3"], False)):
+        monkeypatch.setattr(launcher, "core_has_ulfm", lambda: (ulfm, "why"))
+        assert main(argv + flags + ["python", "t.py"]) == 0
+        out = capsys.readouterr().out
+        assert ("-x PERSEUS_ELASTIC_MIN_NP=3 " in out) == passed, out
+
+
+# Stands in for mpirun under ULFM: run 0's ranks stop below --min-np (exit code 76), after
+# the discovery script's file ($PTEST_HOSTS) was given $PTEST_LEFT; later runs succeed.
+BELOW_MIN_NP_MPIRUN = r"""
+import os, sys, time
+run = int(os.environ["PERSEUS_ELASTIC_RESTARTS"])
+print("run %d np %s hosts %s min_np %s" % (run, sys.argv[2], sys.argv[1],
+                                           os.environ.get("PERSEUS_ELASTIC_MIN_NP")), flush=True)
+if run == 0:
+    if os.environ.get("PTEST_LEFT"):
+        open(os.environ["PTEST_HOSTS"], "w").write(os.environ["PTEST_LEFT"])
+        time.sleep(0.5)  # perseusrun runs the script meanwhile (every 0.1 s here)
+    sys.exit(76)
+"""
+
+
+@pytest.mark.parametrize("route, left, want, said", [
+    ("fixed", "", 0, "run 1 np 4 hosts node7:2,localhost:2"),
+    ("script", "localhost:4\n", 0, "run 1 np 4 hosts localhost:4"),
+    ("script", "localhost:2\n", 1, "timed out after 0.5 s waiting for hosts (--elastic-timeout, "
+     "HOROVOD_ELASTIC_TIMEOUT): the discovery script offers 2 slot(s) (localhost:2), fewer "
+     "than --min-np 3"),
+    ("no-ulfm", "", 76, "the job failed with exit code 76, which is neither")])
+def test_perseusrun_restarts_a_job_whose_ranks_stopped_below_min_np(
+        tmp_path, monkeypatch, capfd, route, left, want, said):
+    """The ranks left below --min-np 3 stopped (exit code 76): on a ULFM core perseusrun
+    restarts the job, fixed hosts (-H node7:2,localhost:2) or a discovery script's, once
+    the hosts offer --min-np; below it, its wait (--elastic-timeout) and its failure. On
+    a core without ULFM (no shrink) the code is a script's own: not restarted."""
+    import perseus.launcher as launcher
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    monkeypatch.setattr(le, "DISCOVER_PERIOD_S", 0.1)  # CI time: the loop's period
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:4\n")
+    where = (["--host-discovery-script", "cat %s" % hosts] if route == "script"
+             else ["-H", "node7:2,localhost:2"])
+    args = launcher.make_parser().parse_args(["--elastic", "--min-np", "3"] + where + ["python"])
+    args.elastic_timeout = 0.5
+    first = (le.discover(args.host_discovery_script, 1) if route == "script"
+             else launcher.fixed_hosts(args)[0])
+    np = None if route == "script" else 4
+    opts = dict(launcher.growing_options(args, {}, first, np), in_place=route == "fixed",
+                grow=route == "script")
+    messages = []
+    env = clean_env({"PTEST_HOSTS": str(hosts), "PTEST_LEFT": left,
+                     "PERSEUS_ELASTIC_MIN_NP": "3"})
+    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", BELOW_MIN_NP_MPIRUN,
+                                           le.describe(hosts), str(np)], env, opts,
+                        say=messages.append)
+    out = capfd.readouterr().out
+    assert rc == want, (out, messages)
+    assert ("run 1" in out) == (want == 0), out
+    assert any(said in m for m in messages + [out]), (out, messages)
+    if want == 0:
+        assert any(m.startswith("the ranks left after a failure were fewer than --min-np 3 "
+                                "and stopped at their last commit: restarting the job "
+                                "(restart 1 of at most 3") for m in messages), messages

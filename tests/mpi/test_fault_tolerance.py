@@ -7,6 +7,8 @@ hvd.elastic.run; ranks SIGKILL themselves (real processes, real signals) at a ch
 step and place, and the survivors must recover in place and finish, their parameters
 identical to the bit, the loss falling, and no sample skipped or trained on again
 across the failure (the script checks). mpirun must end the job with exit code 0.
+Under perseusrun's --min-np, survivors fewer than it stop for a restart (a discovery
+script) or fail (this machine alone): the test_below_min_np_* tests.
 PERSEUS_SKIP_OMPI5=1 skips these tests on purpose.
 
 Where the MPI has no ULFM (the MPICH core of .venv), `perseusrun --elastic` restarts the
@@ -66,12 +68,69 @@ def test_second_failure_during_recovery(ulfm, run_mpi):
     ("commit", 4, "1,2"),       # two ranks at once, during commit()
 ])
 def test_survivors_recover_in_place(ulfm, run_mpi, where, step, victims):
+    """Ranks SIGKILLed where and when the parameters say: the survivors recover in place
+    and finish (the script's checks). perseusrun's --min-np is the survivors' number
+    (PERSEUS_ELASTIC_MIN_NP, as perseusrun passes it): a shrink to exactly --min-np goes
+    on as without it."""
+    survivors = NP - len(victims.split(","))
     env = dict(ulfm["env"], PTEST_KILL_WHERE=where, PTEST_KILL_STEP=str(step),
-               PTEST_VICTIMS=victims)
+               PTEST_VICTIMS=victims, PERSEUS_ELASTIC_MIN_NP=str(survivors))
     out = run_mpi("elastic_shrink", NP, env=env, python=ulfm["python"],
                   launcher=ulfm["launcher"], timeout=240)
-    survivors = NP - len(victims.split(","))
     assert out.count("survivor ok, size %d" % survivors) == survivors, out
+
+
+def perseusrun_ulfm(ulfm, tmp_path, flags, victims, limit_s=120):
+    """elastic_shrink.py at np 4 under `perseusrun --elastic --min-np 3 <flags>` on the ULFM
+    core, `victims` SIGKILLed before step 5's allreduce -> (rc, stdout, stderr, report)."""
+    python = str(ulfm["python"])
+    env = clean_env(dict(ulfm["env"], PTEST_KILL_WHERE="allreduce", PTEST_KILL_STEP="5",
+                         PTEST_VICTIMS=victims, PTEST_TMPDIR=str(tmp_path),
+                         PERSEUS_ELASTIC_PERSIST_DIR=str(tmp_path / "commits")))
+    # -P: `perseus` from PYTHONPATH (the Open MPI 5 build), not this checkout's.
+    cmd = ([python, "-P", "-m", "perseus.launcher", "--elastic", "--mpirun", ulfm["launcher"][0],
+            "--min-np", "3"] + flags + [python, str(RANK_SCRIPTS / "elastic_shrink.py")])
+    rc, out, err, seconds = run_bounded(cmd, env, limit_s)
+    return rc, out, err, "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (
+        rc, seconds, out, err[-8000:])
+
+
+def test_below_min_np_in_place_the_job_fails_saying_so(ulfm, tmp_path):
+    """perseusrun --elastic -np 4 --min-np 3 (this machine alone: nothing can add ranks),
+    ranks 2 and 3 SIGKILLed: the two survivors do not train on (before, they finished
+    with 2, exit code 0); each raises BelowMinNpError naming --min-np, the size left and
+    what to do, rank 0 says it, and the job ends with exit code 1, at once."""
+    rc, out, err, report = perseusrun_ulfm(ulfm, tmp_path, ["-np", str(NP)], "2,3")
+    assert rc == 1, report
+    said = ("hvd.elastic.run cannot go on: 2 rank(s) left after a failure, fewer than --min-np 3, "
+            "and nothing can add ranks to this job")
+    assert err.count("BelowMinNpError: " + said) == 2, report
+    assert "[perseus] hvd.elastic: " + said in err and "lower --min-np" in err, report
+    assert "survivor ok" not in out, report
+
+
+def test_below_min_np_the_ranks_stop_and_perseusrun_restarts(ulfm, tmp_path):
+    """perseusrun --elastic --host-discovery-script (localhost:4) --min-np 3, ranks 2 and 3
+    SIGKILLed before step 5's allreduce: the two survivors shrink, see they are fewer than
+    --min-np, persist the restored commit (step 5) and stop with exit code 76; perseusrun
+    starts the job again on the 4 slots the script offers, which resumes from that commit
+    and finishes with the script's checks (identical parameters, the loss fell, no sample
+    skipped or trained again after the commit), exit code 0. Before, the two trained on
+    to the end."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:4\n")
+    rc, out, err, report = perseusrun_ulfm(ulfm, tmp_path, [
+        "--host-discovery-script", "cat %s" % hosts], "2,3")
+    assert rc == 0, report
+    assert ("[perseus] hvd.elastic: 2 rank(s) left after a failure, fewer than --min-np 3: "
+            "commit 5 is persisted; the ranks stop here (exit code 76)") in err, report
+    assert out.count("stopped below --min-np at step 5") == 2, report
+    assert ("the ranks left after a failure were fewer than --min-np 3 and stopped at their "
+            "last commit: restarting the job (restart 1 of at most 3") in err, report
+    assert "starting 4 rank(s) on localhost:4 (run 1)" in err, report
+    assert "restart 1: resuming from persisted commit 5 on 4 rank(s)" in err, report
+    assert "run 1 started at step 5 epoch 0" in out, report
+    assert out.count("restarted ok, size 4") == NP and "survivor ok" not in out, report
 
 
 def test_frozen_rank_is_ended_and_left_behind(ulfm, run_mpi):

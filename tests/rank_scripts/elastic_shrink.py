@@ -44,7 +44,11 @@ under ULFM after Open MPI lost a host whole, tests/launch/test_fault_tolerance_h
 no rank is lost in this run; hvd.elastic.run resumed from the last persisted commit
 (rank 0 logs "run R started at step S epoch E"), and the same checks follow, the
 commit's processed samples standing for those committed at the failure. Each rank logs
-"restarted ok" instead of "survivor ok".
+"restarted ok" instead of "survivor ok". The victims die in the first run only.
+
+Under perseusrun's --min-np (PERSEUS_ELASTIC_MIN_NP) survivors fewer than it stop with
+exit code 76 where perseusrun restarts the job (each logs "stopped below --min-np at
+step S"), else fail with BelowMinNpError (tests/mpi/test_fault_tolerance.py).
 """
 import os
 import signal
@@ -56,9 +60,15 @@ from common import (assert_trained_alike, elastic_regression, launcher_rank_size
                     regression_data, touch, wait_for)
 
 import perseus.torch.horovod as hvd
+from perseus.common import elastic
 from perseus.common.basics import fault_tolerance
+from support.rank_script import leave_without_teardown
 
 SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 2
+
+
+def restarts():
+    return int(os.environ.get("PERSEUS_ELASTIC_RESTARTS") or 0)
 
 
 def victims():
@@ -94,7 +104,7 @@ def busy_here(step, world_rank):
 
 def die_here_if_victim(where, step, world_rank):
     if (os.environ.get("PTEST_KILL_WHERE") == where and step == int(os.environ["PTEST_KILL_STEP"])
-            and world_rank in victims()):
+            and world_rank in victims() and not restarts()):  # a restarted job loses none
         if os.environ.get("PTEST_SIGNAL") == "PAUSE":
             touch("paused.%d" % world_rank)
             wait_for("go", timeout_s=120)
@@ -122,7 +132,7 @@ def still_runs(pid):
 
 def body():
     world_rank, world_size = launcher_rank_size()
-    restarted = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS") or 0)
+    restarted = restarts()
     hold_s = float(os.environ.get("PTEST_HOLD_AFTER_RESET_S") or 0)
     hvd.init()
     log("detector: " + fault_tolerance()[1].rpartition("; ")[2])
@@ -192,7 +202,13 @@ def body():
             state.sampler.set_epoch(state.epoch + 1)
         return state.losses
 
-    losses = train(state)
+    try:
+        losses = train(state)
+    except SystemExit as e:  # too few survivors (--min-np): perseusrun restarts the job
+        if e.code != elastic.BELOW_MIN_NP_EXIT:
+            raise
+        log("stopped below --min-np at step %d" % state.step)
+        leave_without_teardown(e.code)
     assert record["recovered"] is not None, "no failure was recovered from"
     lost = 0 if restarted else len(victims()) + (recovery_victim() is not None)
     assert hvd.size() == world_size - lost, (hvd.size(), world_size)
