@@ -152,6 +152,8 @@ def run_mpi(tmp_path):
 
 # Scripts a batch saw through on every rank, by batch: (scripts, np, env, python).
 _batches_seen = {}
+# Why a batch that saw every script through failed at its exit (BatchJob.exit_failure), by batch.
+_batch_exit_failures = {}
 # (module, script, nprocs) and (module, nprocs, setting) of the tests this session runs.
 _selected_cases = set()
 _selected_settings = set()
@@ -172,11 +174,13 @@ def run_mpi_batch(run_mpi, tmp_path_factory, request):
     python=None, scripts_dir=RANK_SCRIPTS, settings=None, setting=None): the test of
     `script`, one of the scripts in `batch`, which the first of their tests runs in one
     job (tests/support/rank_batch.py), each in turn, within `timeout`. A script the batch
-    saw through passes; any other (it failed, or one before it did, or the batch ran out
-    of time) runs alone through run_mpi, whose report is the test's. For scripts that
-    need no fresh process: a script that fails only after another in the same process is
-    not reported as such (it passes alone). Where this session runs only some of the
-    batch's tests (-m fast, -k), the batch holds only their scripts.
+    saw through passes, unless the job then failed at its exit (a non-zero code, a rank
+    that died, a hang: BatchJob.exit_failure), which fails every test of the batch; any
+    other (it failed, or one before it did, or the batch ran out of time) runs alone
+    through run_mpi, whose report is the test's. For scripts that need no fresh process:
+    a script that fails only after another in the same process is not reported as such
+    (it passes alone). Where this session runs only some of the batch's tests (-m fast,
+    -k), the batch holds only their scripts.
 
     settings ({name: env}): each script of the batch runs once under each, its variables
     set on top of `env` for that run only; the test is that of `setting`, and the tests
@@ -210,9 +214,12 @@ def run_mpi_batch(run_mpi, tmp_path_factory, request):
             job = batch_job.run(entries, np, env or {}, timeout,
                                 tmp_path_factory.mktemp("batch-np%d" % np), python, scripts_dir)
             _batches_seen[key] = {n for n in entries if job.ended(n)}
+            _batch_exit_failures[key] = job.exit_failure()
         if mine not in _batches_seen[key]:
             run_mpi(script, np, env=dict(env or {}, **entries[mine][1]), timeout=timeout,
                     python=python, scripts_dir=scripts_dir)
+        elif _batch_exit_failures.get(key):
+            pytest.fail("%s ended, but %s" % (mine, _batch_exit_failures[key]), pytrace=False)
 
     return run
 

@@ -156,6 +156,8 @@ def test_script(run_mpi, tmp_path_factory, config, script):
         env = dict(env, **SHARED_NCCL_ENV)
     job = config_job(config, env, tmp_path_factory.mktemp(config))
     if job.ended(entry(script)):
+        if job.exit_failure():  # every script ended, but the job failed at its exit
+            pytest.fail("%s ended, but %s" % (entry(script), job.exit_failure()), pytrace=False)
         out = job.window(entry(script))  # every rank returned from it: it passed
     else:
         out = run_mpi(script, np, env=dict(env, **script_env(script, device)), timeout=240)

@@ -770,6 +770,8 @@ def test_gpu_scripts_run_on_the_cpu(run_mpi, tmp_path_factory, script):
     if not job.ended("%s[own]" % script):
         run_mpi(script, 2, env=env, timeout=240)  # its own report
         pytest.fail("%s passed alone but did not end in the job:\n%s" % (script, job.out[-6000:]))
+    if job.exit_failure():  # every script ended, but the job failed at its exit
+        pytest.fail("%s[own] ended, but %s" % (script, job.exit_failure()), pytrace=False)
     window = job.window("%s[own]" % script)
     assert window.count("[rank 0] ok\n") == 1, window  # rank 0's end of this script alone
     for rank in (0, 1):

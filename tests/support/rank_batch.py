@@ -13,7 +13,9 @@ JSON object by name, "<script>[<setting>]") gives it set on top: the same script
 several settings that the core reads at each init() (run_mpi_batch's `settings`).
 "[rank r] BATCH END <name>" on stdout says the script returned; a script that fails
 ends the process at once (rank_script.main), so the END lines say how far it got.
-The batch leaves without the interpreter's teardown, as a script alone does.
+The batch leaves without the interpreter's teardown, as a script alone does, and its
+exit code counts as a script's does: one that is not 0 after every END line fails the
+batch's tests (batch_job.py's exit_failure).
 Rank 0 writes "BATCH TIME <name> <seconds>" just before its END line: how long the
 script took there (scripts/gpu_check.sh keeps them as measured costs of its plan).
 Framework-free: it runs in the TensorFlow and MXNet venvs too.
