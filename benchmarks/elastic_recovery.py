@@ -55,6 +55,26 @@ From that moment (the discovery script prints the new hosts), in wall-clock seco
 From launch to the first step is the restart proper; its floor is a cold start of the
 same job at the new size, measured in the same run (`perseusrun -np N`, no --elastic,
 from perseusrun's start to the first step). Medians over --repeat jobs.
+
+    .venv/bin/python benchmarks/elastic_recovery.py --hosts-added --in-place [--nps 2 4]
+
+The same changes on the Open MPI 5 core (ULFM), where the job shrinks and grows in place
+instead of restarting: one job goes B -> A -> B ranks, ranks 0 to A-1 in the same
+processes throughout (ranks A and up leave, then new processes are spawned for them;
+the other order would not stay in place: a process a grow spawned cannot leave, see
+docs/elastic.md). From the change:
+
+  noticed     as above;
+  resized     until rank 0's reset callback runs at the new size: the interrupt at its
+              next commit, then the spawn and merge of the new processes (their
+              interpreters start, import torch and Perseus, and join) or the split that
+              lets the others leave, and init() over the new world;
+  first step  the state synced from rank 0 and the first step at the new size,
+              completed and committed.
+
+The same run then measures the restart's table above (the MPICH core, A -> B -> A) and
+prints the ratio of the totals, restart over in place, for each direction (the cores
+differ, so the ratio is rough).
 """
 import argparse
 import json
@@ -77,15 +97,17 @@ PHASES = ["detection", "teardown", "shrink+init", "sync", "next step"]
 STEP_S, CHANGE_STEP, LAST_RUN_STEPS, RUN_LIMIT_S = 0.02, 5, 5, 300
 GROW_PHASES = ["noticed", "interrupt", "exit", "launch", "init", "model", "resume",
                "first step"]
+IN_PLACE_PHASES = ["noticed", "resized", "first step"]
 
 
-def _training(torch, hvd):
-    """(model, optimizer, state, x): the small model both modes train, the same on every rank."""
+def _training(torch, hvd, **tracked):
+    """(model, optimizer, state, x): the small model both modes train, the same on every
+    rank; `tracked`: more values the state keeps."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0, **tracked)
     return model, optimizer, state, torch.randn(32, 64)
 
 
@@ -196,6 +218,59 @@ def grow_worker(out_dir, hosts_file, changes):
     hvd.shutdown()
 
 
+def in_place_worker(out_dir, hosts_file, changes):
+    """A rank of the --in-place job, which grows and shrinks in place: rank 0 (the same
+    process throughout) makes each change CHANGE_STEP steps after the last and writes
+    every change's times to in_place.json. The count of changes made travels in the
+    state (rank 0's reset callback counts, the sync gives it to all, the new ranks too),
+    so that every rank stops at the same step after the last."""
+    import torch
+
+    import perseus.torch.horovod as hvd
+    from perseus.common import basics
+    hvd.init()
+    model, optimizer, state, x = _training(torch, hvd, resizes=0)
+    first_rank0 = hvd.rank() == 0 and not basics.joined_job()
+    marks = []  # rank 0's: one {change, resized, first step} a change
+
+    def on_reset():
+        if first_rank0:
+            marks[-1]["resized"] = time.time()
+            state.resizes += 1
+            state.save()  # the sync that follows gives every rank the saved values
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        done = 0  # steps since this call, the same on every rank
+        while True:
+            time.sleep(STEP_S)
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+            state.step += 1
+            done += 1
+            if first_rank0 and done == CHANGE_STEP and len(marks) < len(changes):
+                tmp = hosts_file + ".tmp"
+                with open(tmp, "w") as f:
+                    f.write(changes[len(marks)] + "\n")
+                os.replace(tmp, hosts_file)
+                marks.append({"change": time.time()})
+            state.commit()  # raises HostsUpdatedInterrupt when told: grown or shrunk
+            if first_rank0 and marks and "first step" not in marks[-1] and "resized" in marks[-1]:
+                marks[-1]["first step"] = time.time()
+            if state.resizes == len(changes) and done >= LAST_RUN_STEPS:
+                return
+            if done * STEP_S > RUN_LIMIT_S:
+                raise RuntimeError("no HostsUpdatedInterrupt in %d steps" % done)
+
+    train(state)
+    if first_rank0:
+        (Path(out_dir) / "in_place.json").write_text(json.dumps(marks))
+    hvd.shutdown()
+
+
 class _Lines(threading.Thread):
     """perseusrun's stderr, each line with the time it came."""
 
@@ -211,11 +286,15 @@ class _Lines(threading.Thread):
         return [t for t, line in self.lines if text in line]
 
 
-def _perseusrun(flags, out, env, changes=(), hosts_file=""):
-    """Runs perseusrun with flags on this file's grow worker -> (its start time, its
-    stderr lines, rank 0's runs' marks)."""
-    cmd = [sys.executable, "-m", "perseus.launcher"] + flags + [
-        sys.executable, str(Path(__file__).resolve()), "--grow-worker", out,
+def _perseusrun(flags, out, env, changes=(), hosts_file="", python=None):
+    """Runs perseusrun with flags on this file's grow worker (with `python`: the ULFM
+    core's, its in-place worker) -> (its start time, its stderr lines, rank 0's runs'
+    marks)."""
+    mode, isolated = ("--in-place-worker", ["-P"]) if python else ("--grow-worker", [])
+    python = str(python or sys.executable)
+    # -P: perseus from PYTHONPATH (the ULFM core's package), not this checkout's.
+    cmd = [python] + isolated + ["-m", "perseus.launcher"] + flags + [
+        python] + isolated + [str(Path(__file__).resolve()), mode, out,
         "--hosts-file", hosts_file, "--changes", ";".join(changes)]
     start = time.time()
     proc = subprocess.Popen(cmd, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL,
@@ -231,6 +310,8 @@ def _perseusrun(flags, out, env, changes=(), hosts_file=""):
     if proc.returncode != 0:
         sys.exit("elastic_recovery: %s ended with %d:\n%s" % (
             " ".join(cmd), proc.returncode, "".join(l for _, l in lines.lines)[-6000:]))
+    if mode == "--in-place-worker":
+        return start, lines, json.loads((Path(out) / "in_place.json").read_text())
     runs = [json.loads((Path(out) / ("run%d.json" % k)).read_text())
             for k in range(len(changes) + 1)]
     return start, lines, runs
@@ -289,6 +370,58 @@ def hosts_added(nps, repeat):
     print("Medians of %d jobs. Cold start: perseusrun -np N at the new size (%d, then %d), "
           "no --elastic, from perseusrun's start (whose own start-up a restart skips): the "
           "restart's floor." % (repeat, large, small))
+    return results
+
+
+def in_place(nps, repeat):
+    """The --in-place table: B -> A -> B ranks in one job on the ULFM core."""
+    small, large = nps
+    bin_dir, pythonpath = ulfm_package()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PERSEUS_", "HOROVOD_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=pythonpath)
+    columns = ["%d -> %d" % (large, small), "%d -> %d" % (small, large)]
+    results = {}
+    for run in range(repeat):
+        print("run %d of %d: %d -> %d -> %d ranks in place ..." % (run + 1, repeat, large,
+                                                                   small, large),
+              file=sys.stderr, flush=True)
+        out = tempfile.mkdtemp(prefix="perseus-in-place-")
+        hosts = Path(out) / "hosts"
+        hosts.write_text("localhost:%d\n" % large)
+        _, lines, marks = _perseusrun(
+            ["--elastic", "--mpirun", str(bin_dir / "mpirun"), "--host-discovery-script",
+             "cat %s" % hosts, "--min-np", str(small), "--max-np", str(large)],
+            out, dict(env, PERSEUS_ELASTIC_PERSIST_DIR=str(Path(out) / "commits")),
+            ["localhost:%d" % small, "localhost:%d" % large], str(hosts), bin_dir / "python")
+        noticed = lines.times("perseusrun: --elastic: the hosts changed:")
+        if lines.times("(run 1)"):
+            sys.exit("elastic_recovery: the job restarted instead of changing in place:\n"
+                     + "".join(line for _, line in lines.lines)[-6000:])
+        for k, column in enumerate(columns):
+            m = marks[k]
+            times = [m["change"], noticed[k], m["resized"], m["first step"]]
+            for name, (t0, t1) in zip(IN_PLACE_PHASES, zip(times, times[1:])):
+                results.setdefault(name, {}).setdefault(column, []).append(t1 - t0)
+            results.setdefault("total", {}).setdefault(column, []).append(
+                m["first step"] - m["change"])
+            print("  %s: total %.3f s" % (column, results["total"][column][-1]),
+                  file=sys.stderr, flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+    print("| phase | " + " | ".join(columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for name in IN_PLACE_PHASES + ["total"]:
+        cells = ["%.3f s" % statistics.median(results[name][c]) for c in columns]
+        print("| %s | %s |" % (name, " | ".join(cells)))
+    print("Medians of %d jobs, in place on the Open MPI 5 core (ULFM): one job, the ranks "
+          "of the smaller size in the same processes throughout." % repeat)
+    print()
+    restart = hosts_added(nps, repeat)
+    print()
+    for column in columns:
+        ratio = (statistics.median(restart["total"][column])
+                 / statistics.median(results["total"][column]))
+        print("%s: the restart (MPICH) takes %.1fx the time in place (total, medians)"
+              % (column, ratio))
 
 
 def ulfm_package():
@@ -311,7 +444,11 @@ def main():
     parser.add_argument("--hosts-added", action="store_true",
                         help="time a change of hosts under perseusrun --elastic "
                              "--host-discovery-script (MPICH core) instead of a SIGKILL")
+    parser.add_argument("--in-place", action="store_true",
+                        help="with --hosts-added: on the Open MPI 5 core (ULFM), where the "
+                             "job grows and shrinks in place")
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--in-place-worker", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--no-kill", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--grow-worker", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--hosts-file", help=argparse.SUPPRESS)
@@ -319,6 +456,9 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, kill=not args.no_kill)
+    if args.in_place_worker:
+        return in_place_worker(args.in_place_worker, args.hosts_file,
+                               [c for c in args.changes.split(";") if c])
     if args.grow_worker:
         return grow_worker(args.grow_worker, args.hosts_file,
                            [c for c in args.changes.split(";") if c])
@@ -326,7 +466,7 @@ def main():
         nps = args.nps or [2, 4]
         if len(nps) != 2 or not 1 <= nps[0] < nps[1]:
             parser.error("--hosts-added takes two sizes, --nps A B with 1 <= A < B")
-        return hosts_added(nps, args.repeat)
+        return (in_place if args.in_place else hosts_added)(nps, args.repeat)
     args.nps = args.nps or [2, 4, 8]
     bin_dir, pythonpath = ulfm_package()
     results = {}

@@ -599,12 +599,16 @@ def _grow_places(np, hosts, machines):
     return places, None
 
 
-def _shrink_keeps(np, hosts, machines):
+def _shrink_keeps(np, hosts, machines, spawned):
     """Which ranks a shrink in place keeps: np and hosts [(host, slots)] of the notice,
-    machines the notice's host of each rank now (None: its host is not in it). Each host
-    keeps its lowest ranks, as many as perseusrun's plan gives it (filled in order:
-    launcher_elastic.plan). -> ([keep, ...] a rank, None), or (None, why) where the plan
-    needs ranks on a host that has fewer now (a grow too: the restart)."""
+    machines the notice's host of each rank now (None: its host is not in it), spawned
+    whether each was started by a grow. Each host keeps its lowest ranks, as many as
+    perseusrun's plan gives it (filled in order: launcher_elastic.plan). -> ([keep, ...]
+    a rank, None), or (None, why) where the plan needs ranks on a host that has fewer
+    now (a grow too), or where a rank started by a grow would leave: Open MPI 5.0.11
+    ends the whole job when a process of a spawned job ends without MPI_Finalize (it
+    does not make that job fault tolerant: docs/investigations/grow-in-place.md), and
+    its MPI_Finalize would wait for the job's end. Those take the restart."""
     wanted, left = {}, np
     for host, slots in hosts:
         wanted[host] = min(slots, left)
@@ -619,6 +623,10 @@ def _shrink_keeps(np, hosts, machines):
     if short:
         return None, "the new hosts want more ranks than run there now (%s more)" % (
             ",".join(short))
+    grown = [str(rank) for rank, keep in enumerate(keeps) if spawned[rank] and not keep]
+    if grown:
+        return None, ("rank(s) %s would leave, started by a grow: Open MPI ends the job when "
+                      "such a process leaves it" % ",".join(grown))
     return keeps, None
 
 
@@ -638,9 +646,10 @@ def _grow_decision(state):
         return 0, None
     from perseus.common.objects import allgather_object
     generation, np, hosts = notice
-    machines = allgather_object(_my_host(hosts))
+    machines, spawned = zip(*allgather_object((_my_host(hosts), basics.joined_job())))
+    machines = list(machines)
     if np < basics.size():
-        keeps, why = _shrink_keeps(np, hosts, machines)
+        keeps, why = _shrink_keeps(np, hosts, machines, spawned)
         places = None
     else:
         places, why = _grow_places(np, hosts, machines)

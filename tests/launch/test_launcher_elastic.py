@@ -436,6 +436,7 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
 
 @pytest.mark.parametrize("np, hosts, machines, keeps", [
     (2, [("localhost", 2)], ["localhost"] * 4, [True, True, False, False]),
+    (3, [("localhost", 3)], ["localhost"] * 4, None),  # rank 3, spawned, would leave
     (2, [("hostA", 2)], ["hostA", "hostA", None, None], [True, True, False, False]),
     # perseusrun's plan fills hosts in order: hostA keeps 2, hostB 1, its lowest rank
     (3, [("hostA", 2), ("hostB", 2)], ["hostA", "hostB", "hostA", "hostB"],
@@ -446,12 +447,16 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
 def test_a_shrink_in_place_keeps_each_hosts_lowest_ranks(np, hosts, machines, keeps):
     """_shrink_keeps: each host of the notice keeps as many of its ranks as perseusrun's
     plan gives it, its lowest; a host that would need more ranks than it runs (a grow
-    too) takes the restart, saying which."""
-    got, why = elastic._shrink_keeps(np, hosts, machines)
+    too), or a rank started by a grow that would leave, takes the restart, saying
+    which."""
+    spawned = [False, False, False, True] if np == 3 and hosts[0][0] == "localhost" else \
+        [False] * 4
+    got, why = elastic._shrink_keeps(np, hosts, machines, spawned)
     assert got == keeps
     assert (why is None) == (keeps is not None)
     if keeps is None:
-        assert "hostA:1 more" in why
+        assert ("hostA:1 more" if hosts[0][0] == "hostA" else
+                "rank(s) 3 would leave, started by a grow") in why
 
 
 @pytest.mark.parametrize("places, hosts, add_hosts", [

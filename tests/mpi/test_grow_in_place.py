@@ -134,6 +134,23 @@ def test_ranks_leave_in_place_and_others_join_again(ompi5, tmp_path):
     assert "(run 1)" not in err, report  # never restarted
 
 
+def test_a_grown_rank_that_would_leave_takes_the_restart(ompi5, tmp_path):
+    """2 -> 4 -> 2 ranks: the grow is in place, but the shrink would end ranks 2 and 3,
+    which the grow spawned, and Open MPI 5.0.11 ends the whole job when a spawned process
+    leaves it (it does not make a spawned job fault tolerant): rank 0 says so and the
+    job takes the restart, resuming on 2 new processes from the commit of the change,
+    with the script's checks there."""
+    rc, out, err, report = grow_job(ompi5, tmp_path, 2, {"PTEST_SIZES": "4,2"})
+    assert rc == 0, report
+    assert "grew in place from 2 to 4 rank(s)" in err, report
+    assert "not shrunk in place (rank(s) 2,3 would leave, started by a grow" in err, report
+    assert "leaves the job" not in err, report
+    assert "starting 2 rank(s) on localhost:2 (run 1)" in err and "(run 2)" not in err, report
+    resumed = re.findall(r"restart 1: resuming from persisted commit (\d+) on 2 rank", err)
+    end = re.findall(r"grow-end rank (\d) size 2 local \1/2 pid (\d+) joined 0 steps (\d+)", out)
+    assert len(resumed) == 1 and sorted(int(r) for r, _, _ in end) == [0, 1], report
+
+
 @pytest.mark.parametrize("die", ["spawn", "child"], ids=["old-rank-dies-in-spawn",
                                                           "new-rank-dies-before-merge"])
 def test_a_process_lost_in_the_grow_restarts_the_job(ompi5, tmp_path, die):

@@ -35,6 +35,9 @@ import time
 
 from common import (assert_trained_alike, elastic_regression, log, main, regression_data,
                     train_batch)
+from support.rank_script import leave_without_teardown
+
+import perseus.common.elastic as elastic
 
 import perseus.torch.horovod as hvd
 from perseus.common import basics
@@ -80,8 +83,10 @@ def body():
     victim_step = int(os.environ.get("PTEST_VICTIM_STEP", "0"))
     first_size = hvd.size()
     # Rank 0's (never a process that joined: the old ranks keep theirs): the sizes still
-    # to reach, in order.
-    targets = [] if joined else [n for n in SIZES]
+    # to reach, in order. A restarted job (a change that took the restart, the last one
+    # in these tests) has none left.
+    restarted = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS", "0")) > 0
+    targets = [] if joined or restarted else [n for n in SIZES]
     x, y = regression_data(SAMPLES, FEATURES)
     model, optimizer, state = elastic_regression(x, y)
     record = {"resets": 0, "start": None, "grown_at": 0}  # the step the size was reached
@@ -89,8 +94,6 @@ def body():
     def reached():
         while targets and hvd.size() == targets[0]:
             targets.pop(0)
-
-    reached()  # a restarted job starts at its size
 
     def on_reset():
         record["resets"] += 1
@@ -122,7 +125,13 @@ def body():
             state.sampler.set_epoch(state.epoch + 1)
         return state.losses
 
-    losses = train(state)
+    try:
+        losses = train(state)
+    except SystemExit as e:  # a change that takes the restart: perseusrun starts the job again
+        if e.code != elastic.HOSTS_UPDATED_EXIT:
+            raise
+        log("stopped for the restart at step %d" % state.step)
+        leave_without_teardown(e.code)  # Perseus's exit, MPI_Finalize, then the code
     assert hvd.size() == GROWN, hvd.size()
     host, local_rank, local_size = expected_place(hvd.rank())
     assert host in (None, socket.gethostname()), (hvd.rank(), host, socket.gethostname())
@@ -130,7 +139,6 @@ def body():
         hvd.local_rank(), hvd.local_size(), local_rank, local_size)
     # After a grow that failed, perseusrun restarted the job on the new size (no process
     # joined; the reset callback ran once, at the resume from the persisted commit).
-    restarted = int(os.environ.get("PERSEUS_ELASTIC_RESTARTS", "0")) > 0
     assert joined == (hvd.rank() >= 2 and not restarted), (joined, hvd.rank(), restarted)
     # Each change of size after this process started: all of them for the old ranks, those
     # after the size it joined at for a new one.
