@@ -21,7 +21,10 @@ host a line; the ranks are then checked to run on the hosts perseusrun's plan gi
 (filled in order), with their local ranks and sizes there.
 
 PTEST_VICTIM_STEP (a job started on 3 ranks): rank 2 SIGKILLs itself at that step; the
-two others shrink in place (ULFM) and go on, and the grows start from them.
+two others shrink in place (ULFM) and go on, and the grows start from them. With
+PTEST_VICTIM_JOINED=1 the victim is instead the last rank, one a grow spawned, at that
+step after the last grow: Open MPI ends the job, and perseusrun restarts it from the
+last persisted commit at the grown size.
 
 PTEST_DIE_IN_GROW=spawn|merge (rank 1) or child (the last new process) sets the core's
 hook PERSEUS_TEST_DIE_IN_GROW: that process is SIGKILLed during the grow, the others
@@ -81,6 +84,7 @@ def body():
         hvd.rank(), hvd.size(), os.getpid(), joined, socket.gethostname()))
     change = int(os.environ["PTEST_CHANGE_STEP"])
     victim_step = int(os.environ.get("PTEST_VICTIM_STEP", "0"))
+    victim_joined = os.environ.get("PTEST_VICTIM_JOINED") == "1"
     first_size = hvd.size()
     # Rank 0's (never a process that joined: the old ranks keep theirs): the sizes still
     # to reach, in order. A restarted job (a change that took the restart, the last one
@@ -113,7 +117,11 @@ def body():
             indices = list(state.sampler)
             for batch in range(-(-len(indices) // BATCH)):
                 mine = indices[batch * BATCH:(batch + 1) * BATCH]
-                if victim_step and state.step == victim_step and hvd.rank() == 2 and not joined:
+                if victim_step and state.step == victim_step and hvd.rank() == 2 and not joined \
+                        and not victim_joined:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if (victim_joined and joined and hvd.rank() == GROWN - 1
+                        and state.step == record["start"] + victim_step):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if hvd.rank() == 0 and targets and state.step > record["grown_at"] + change:
                     time.sleep(0.25)  # time for perseusrun's discovery to see the change
