@@ -252,7 +252,7 @@ def spawn_env_names(args, flavour, environ):
     (those forwarded, the -x assignments, horovodrun's flags), comma-separated. Ranks a
     grow in place spawns on another host get these from rank 0, and only these: Open MPI
     gives such a process only that host's login environment, and what goes on its command
-    line can be seen there (perseus/common/elastic.py, _with_environment)."""
+    line can be seen there (perseus/common/elastic_in_place.py, with_environment)."""
     names = set(passthrough_env(environ)) | {
         a.partition("=")[0] for a in rank_assignments(args, flavour)}
     return ",".join(sorted(names | {"PERSEUS_SPAWN_ENV"}))

@@ -13,7 +13,7 @@ from that commit (perseus/common/elastic.py). This works on MPICH and Open MPI 4
 alike. On a ULFM core (opts["grow"]: mpirun --with-ft ulfm --oversubscribe) the ranks
 grow in place instead when the new plan adds ranks and keeps every running rank's host:
 MPI_Comm_spawn from the running ranks, which keep their processes, Open MPI starting its
-daemon on a new host (perseus/common/elastic.py, _grow_in_place); the job goes on and
+daemon on a new host (perseus/common/elastic_in_place.py, grow); the job goes on and
 perseusrun only keeps following the hosts (a host lost counts among the job's hosts
 those of the last plan told to the ranks).
 

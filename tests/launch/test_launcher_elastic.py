@@ -13,7 +13,7 @@ import pytest
 
 from perseus import launcher_elastic as le
 from support.jobs import clean_env
-from perseus.common import elastic
+from perseus.common import elastic, elastic_in_place
 from perseus.common.exceptions import HorovodInternalError
 from perseus.launcher import main
 
@@ -427,7 +427,7 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
                         lambda v: gathered.append(v) or [v] * size)
     sent = []
     state = elastic.ObjectState(bcast_object=lambda v: sent.append(v) or v, get_rank=lambda: 0)
-    assert elastic._grow_decision(state) == want
+    assert elastic_in_place.decide(state, elastic._resize_watch()) == want
     assert len(sent) == 1  # one broadcast tells every rank
     assert len(gathered) == (1 if grow and notice[2] != size else 0)
     assert elastic._watch[0].generation == (1 if want[0] else 0)
@@ -445,13 +445,13 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
      [False, False, True, True]),
     (3, [("hostA", 3)], ["hostA", "hostA", None, None], None)])  # hostA would need 3
 def test_a_shrink_in_place_keeps_each_hosts_lowest_ranks(np, hosts, machines, keeps):
-    """_shrink_keeps: each host of the notice keeps as many of its ranks as perseusrun's
+    """elastic_in_place.shrink_keeps: each host of the notice keeps as many of its ranks as perseusrun's
     plan gives it, its lowest; a host that would need more ranks than it runs (a grow
     too), or a rank started by a grow that would leave, takes the restart, saying
     which."""
     spawned = [False, False, False, True] if np == 3 and hosts[0][0] == "localhost" else \
         [False] * 4
-    got, why = elastic._shrink_keeps(np, hosts, machines, spawned)
+    got, why = elastic_in_place.shrink_keeps(np, hosts, machines, spawned)
     assert got == keeps
     assert (why is None) == (keeps is not None)
     if keeps is None:
@@ -464,7 +464,7 @@ def test_a_shrink_in_place_keeps_each_hosts_lowest_ranks(np, hosts, machines, ke
     (("node7:2", "node7:2"), b"node7:2", b"node7:2"),     # a new host, added
     (("localhost:1,node7:1", ""), b"localhost:1,node7:1", None)])  # node7 in the job already
 def test_a_grow_asks_the_core_for_its_places(monkeypatch, places, hosts, add_hosts):
-    """_grow_in_place hands _grow_decision's places to perseus_grow as bytes or NULL (an
+    """elastic_in_place.grow hands decide's places to perseus_grow as bytes or NULL (an
     empty str there was a ctypes error at a second grow onto a host already in the job),
     and, placed, runs the command line under env with the variables perseusrun named
     (PERSEUS_SPAWN_ENV), no other."""
@@ -475,8 +475,8 @@ def test_a_grow_asks_the_core_for_its_places(monkeypatch, places, hosts, add_hos
     for name in ("shutdown", "init"):
         monkeypatch.setattr(elastic.basics, name, lambda: None)
     monkeypatch.setattr(elastic.basics, "rank", lambda: 1)
-    monkeypatch.setattr(elastic, "_spawn_command", lambda: ("/venv/bin/python", ["train.py"]))
-    monkeypatch.setattr(elastic, "_join_grown_job", lambda state: None)
+    monkeypatch.setattr(elastic_in_place, "spawn_command",
+                        lambda: ("/venv/bin/python", ["train.py"]))
     monkeypatch.setenv("PTEST_GROW_VAR", "kept")
     monkeypatch.setenv("PTEST_SECRET", "not perseusrun's")
     monkeypatch.setenv("PERSEUS_SPAWN_ENV", "PTEST_GROW_VAR,PERSEUS_SPAWN_ENV,PTEST_UNSET")
@@ -488,7 +488,7 @@ def test_a_grow_asks_the_core_for_its_places(monkeypatch, places, hosts, add_hos
 
     state = elastic.ObjectState(bcast_object=lambda v: v, get_rank=lambda: 0)
     state._persister = Persister()
-    elastic._grow_in_place(state, 2, places)
+    elastic_in_place.grow(state, 2, places)
     (count, program, args, nargs, wdir, got_hosts, got_add), = calls
     assert (count, got_hosts, got_add) == (2, hosts, add_hosts)
     words = args.split(b"\0")[:-1]
