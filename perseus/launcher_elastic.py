@@ -553,6 +553,13 @@ def run_growing(start_command, env, opts, say=None):
                        "stopped at their last commit" % opts["min_np"])
                 for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names
                     leave_out(reported, reached, "lost a rank")
+            elif returncode == elastic.GROWN_JOB_FAILED_EXIT and opts.get("grow"):
+                # A rank of a job grown in place failed: Open MPI 5 does not outlive a
+                # spawned process's death, so the ranks stopped at their last commit.
+                why = ("a rank failed after the job grew in place, which Open MPI does not "
+                       "outlive: the ranks stopped at their last commit")
+                for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names
+                    leave_out(reported, reached, "lost a rank")
             elif (died_of_signal(returncode) or job.lost) and not opts.get("in_place"):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
                 for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names

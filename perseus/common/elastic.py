@@ -63,6 +63,12 @@ HOSTS_UPDATED_EXIT = 75
 # (_stop_below_min_np): perseusrun waits for --min-np slots and restarts the job. A code
 # of its own: perseusrun takes HOSTS_UPDATED_EXIT only with a new generation of hosts.
 BELOW_MIN_NP_EXIT = 76
+# The exit code of the ranks of a job that grew in place when a rank fails: Open MPI 5
+# runs the processes a grow spawned as a job of its own that it does not make fault
+# tolerant, and ends everything when one dies (racing the survivors' recovery), so the
+# ranks stop at their last persisted commit and perseusrun restarts the job
+# (_stop_grown_job_after_failure).
+GROWN_JOB_FAILED_EXIT = 77
 
 RESIZE_UNSUPPORTED = (
     "elastic resizing (adding or removing workers) needs perseusrun --elastic "
@@ -451,6 +457,24 @@ def _say_mode():
         sys.stderr.flush()
 
 
+_grown = [False]  # this process's world holds processes a grow in place spawned
+
+
+def _stop_grown_job_after_failure():
+    """A rank of a job that grew in place failed (or the world broke, as when Open MPI
+    ends the spawned processes): stop at the last persisted commit, for perseusrun to
+    restart the job, rather than race Open MPI, which ends the whole job when a process
+    a grow spawned dies. Conservative: the death of a rank mpirun started takes this
+    route too once the job grew."""
+    if basics.rank() == 0:
+        sys.stderr.write("[perseus] hvd.elastic: a rank failed after the job grew in place: "
+                         "Open MPI 5 does not outlive the failure of a process a grow spawned, "
+                         "so the ranks stop at their last persisted commit (exit code %d) and "
+                         "perseusrun starts the job again\n" % GROWN_JOB_FAILED_EXIT)
+        sys.stderr.flush()
+    _leave_for_perseusrun(GROWN_JOB_FAILED_EXIT)
+
+
 def _start_persisting(state):
     """In a job that perseusrun --elastic restarts: persist `state`'s commits from now
     on and, in a restarted job, load the last one persisted (rank 0; the sync that
@@ -461,6 +485,7 @@ def _start_persisting(state):
     if run is None or getattr(state, "_persister", None) is not None:
         return
     if basics.joined_job():  # started by a grow in place: join the old ranks' steps
+        _grown[0] = True
         _join_grown_job(state)
         return
     state._persister = persister = _Persister(state, run[0])
@@ -602,6 +627,9 @@ def run_fn(func, reset_fn=reset):
                 failed = syncing = False
                 return func(state, *args, **kwargs)
             except HorovodInternalError as e:
+                if _grown[0] and restart_run() is not None and (
+                        basics.world_failed() or (syncing and after_reset)):
+                    _stop_grown_job_after_failure()  # leaves the process
                 if syncing and after_reset and not basics.world_failed():
                     raise HorovodInternalError(SAME_WORLD_BROKEN % e) from e
                 state.restore()
@@ -612,6 +640,7 @@ def run_fn(func, reset_fn=reset):
                 add, detail = elastic_in_place.decide(state, _resize_watch())
                 if add > 0:
                     elastic_in_place.grow(state, add, detail)  # detail: the places
+                    _grown[0] = True
                 elif add < 0:
                     elastic_in_place.shrink(state, detail)  # detail: whether this rank stays
                 else:

@@ -153,15 +153,19 @@ def test_a_grown_rank_that_would_leave_takes_the_restart(ompi5, tmp_path):
 
 def test_a_grown_rank_that_dies_takes_the_restart(ompi5, tmp_path):
     """2 -> 4 in place, then rank 3, which the grow spawned, SIGKILLed 2 steps later:
-    Open MPI does not make a spawned job fault tolerant, so mpirun ends the whole job
-    (exit code 137) where a rank of mpirun's own job would have been left behind;
-    perseusrun takes it as a rank killed and restarts the job on 4 new processes from
-    the last persisted commit, which train to the end with the script's checks."""
+    Open MPI does not make a spawned job fault tolerant and ends the whole job, where a
+    rank of mpirun's own job would have been left behind. The ranks left stop at their
+    last persisted commit (exit code 77), or Open MPI kills them first (137): either way
+    perseusrun restarts the job on 4 new processes from that commit, which train to the
+    end with the script's checks. Before, the ranks left raced Open MPI: in 1 run of 3
+    their recovery failed first (rank 2 killed by SIGTERM, 'the state's sync after a
+    reset failed again on the same ranks'), the job ended with 1 and was not restarted."""
     rc, out, err, report = grow_job(ompi5, tmp_path, 2, {
         "PTEST_SIZES": "4", "PTEST_VICTIM_STEP": "2", "PTEST_VICTIM_JOINED": "1"})
     assert rc == 0, report
     assert "grew in place from 2 to 4 rank(s)" in err, report
-    assert "a rank was killed" in err, report
+    assert ("a rank was killed" in err or "a rank failed after the job grew in place, which "
+            "Open MPI does not outlive" in err), report
     assert "starting 4 rank(s) on localhost:4 (run 1)" in err and "(run 2)" not in err, report
     resumed = re.findall(r"restart 1: resuming from persisted commit (\d+) on 4 rank", err)
     end = re.findall(r"grow-end rank (\d) size 4 local \1/4 pid (\d+) joined 0 steps (\d+)", out)

@@ -135,8 +135,8 @@ def body():
 
     try:
         losses = train(state)
-    except SystemExit as e:  # a change that takes the restart: perseusrun starts the job again
-        if e.code != elastic.HOSTS_UPDATED_EXIT:
+    except SystemExit as e:  # perseusrun starts the job again (a change, or a failure once grown)
+        if e.code not in (elastic.HOSTS_UPDATED_EXIT, elastic.GROWN_JOB_FAILED_EXIT):
             raise
         log("stopped for the restart at step %d" % state.step)
         leave_without_teardown(e.code)  # Perseus's exit, MPI_Finalize, then the code
