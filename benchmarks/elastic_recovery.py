@@ -111,6 +111,23 @@ def _training(torch, hvd, **tracked):
     return model, optimizer, state, torch.randn(32, 64)
 
 
+def _paced_step(model, optimizer, x, state):
+    """One step of the grow workers: STEP_S of stand-in compute, then the model's."""
+    time.sleep(STEP_S)
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+    state.step += 1
+
+
+def _write_hosts(hosts_file, text):
+    """What the discovery script (`cat hosts_file`) prints from now on, all at once."""
+    tmp = hosts_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, hosts_file)
+
+
 def worker(out_dir, kill=True):
     import torch
 
@@ -184,17 +201,10 @@ def grow_worker(out_dir, hosts_file, changes):
         marks.setdefault("resume", time.time())
         first = state.step
         while True:
-            time.sleep(STEP_S)
-            optimizer.zero_grad()
-            model(x).sum().backward()
-            optimizer.step()
-            state.step += 1
+            _paced_step(model, optimizer, x, state)
             done = state.step - first
             if changing and rank == 0 and done == CHANGE_STEP:
-                tmp = hosts_file + ".tmp"
-                with open(tmp, "w") as f:
-                    f.write(changes[attempt] + "\n")
-                os.replace(tmp, hosts_file)  # the script prints all of it from now on
+                _write_hosts(hosts_file, changes[attempt])
                 marks["change"] = time.time()
             state.commit()  # raises HostsUpdatedInterrupt (then SystemExit) when told
             marks.setdefault("first step", time.time())
@@ -245,17 +255,10 @@ def in_place_worker(out_dir, hosts_file, changes):
     def train(state):
         done = 0  # steps since this call, the same on every rank
         while True:
-            time.sleep(STEP_S)
-            optimizer.zero_grad()
-            model(x).sum().backward()
-            optimizer.step()
-            state.step += 1
+            _paced_step(model, optimizer, x, state)
             done += 1
             if first_rank0 and done == CHANGE_STEP and len(marks) < len(changes):
-                tmp = hosts_file + ".tmp"
-                with open(tmp, "w") as f:
-                    f.write(changes[len(marks)] + "\n")
-                os.replace(tmp, hosts_file)
+                _write_hosts(hosts_file, changes[len(marks)])
                 marks.append({"change": time.time()})
             state.commit()  # raises HostsUpdatedInterrupt when told: grown or shrunk
             if first_rank0 and marks and "first step" not in marks[-1] and "resized" in marks[-1]:
