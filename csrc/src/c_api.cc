@@ -41,6 +41,7 @@
 #include "mpi/mpi_library.h"
 #include "mpi/mpi_lock.h"
 #include "mpi/mpi_status.h"
+#include "mpi/runtime_processes.h"
 #include "mpi/wait_policy.h"
 #include "perseus/perseus.h"
 
@@ -108,6 +109,9 @@ double g_peer_timeout_s = 0;
 
 // The processes on this host of that world: (rank in it, process id).
 std::vector<std::pair<int, int>> g_failed_world_here;
+// And every process of that world as the launcher's runtime names it (fault-tolerant
+// runs under Open MPI; else empty).
+std::vector<RuntimeProcess> g_failed_world_runtime;
 
 // While alive, bounds an MPI call that may wait for a dead process (under ULFM, Open
 // MPI's start-up and MPI_Finalize still wait for every process of the job): past
@@ -409,6 +413,7 @@ void KeepFailedWorld(Engine& engine) {
   if (g_failed_world != MPI_COMM_NULL) MPI_Comm_free(&g_failed_world);
   g_failed_world = failed;
   g_failed_world_here = engine.node_processes();
+  g_failed_world_runtime = engine.runtime_processes();
 }
 
 
@@ -651,7 +656,7 @@ Status FormWorld(MPI_Comm parent, bool shrink, const Config& config, const Statu
   Status status;
   if (shrink) {
     status = Shrink(parent, world);
-    if (status.ok()) EndExcludedRanks(parent, *world, g_failed_world_here);
+    if (status.ok()) EndExcludedRanks(parent, *world, g_failed_world_here, g_failed_world_runtime);
     // The job's processes are now these survivors: a later grow spawns from them.
     MPI_Comm survivors = MPI_COMM_NULL;
     if (status.ok() && MPI_Comm_dup(*world, &survivors) == MPI_SUCCESS) {
@@ -774,6 +779,7 @@ perseus_status_t perseus_init(int64_t comm_f2c) {
   if (from_failed) {
     MPI_Comm_free(&g_failed_world);
     g_failed_world_here.clear();
+    g_failed_world_runtime.clear();
   }
   if (!status.ok()) {
     if (world != MPI_COMM_NULL) MPI_Comm_free(&world);

@@ -231,6 +231,37 @@ def test_perseusrun_elastic_sets_the_keepalive_unless_given(hosts, ulfm, tmp_pat
         assert "PRTE_MCA_oob_tcp_keepalive_probes=5" in res.stdout, res.stdout
 
 
+def test_frozen_host_is_left_behind_and_its_ranks_ended(hosts, ulfm, tmp_path):  # noqa: F811
+    """Both of hostB's ranks stop (SIGSTOP) before step 5's allreduce: no survivor shares
+    their host to end them. Open MPI's heartbeat detector (3.5 s here) declares them
+    failed, hostA's two ranks shrink in place and finish with the script's checks, and
+    the first of them asks Open MPI's runtime to end the stopped processes
+    (runtime_processes.cc), so that they cannot rejoin and mpirun ends: exit code 0,
+    nothing left on hostB. Before, mpirun waited for them at the end for good."""
+    detector = {"OMPI_MCA_mpi_ft_detector": "true", "OMPI_MCA_mpi_ft_detector_period": "1",
+                "OMPI_MCA_mpi_ft_detector_timeout": "3.5"}
+    env = perseusrun_env(hosts, ulfm, tmp_path, dict(detector, **{
+        "PTEST_KILL_WHERE": "allreduce", "PTEST_KILL_STEP": str(PAUSE_STEP),
+        "PTEST_VICTIMS": ",".join(map(str, HOSTB_RANKS)), "PTEST_SIGNAL": "SIGSTOP",
+        "PERSEUS_PEER_TIMEOUT_SECONDS": "120", "PTEST_HANG_DUMP_S": "45"}))
+    forward = [arg for name in sorted(detector) for arg in ("-x", name)]
+    argv = perseusrun_argv(ulfm, env, "--min-np", "2", *forward)
+    try:
+        rc, out, err, seconds = run_bounded(hosts.command("hostA", argv, env, cwd=REPO_ROOT),
+                                            os.environ, 60)
+    finally:
+        left = {host: hosts.pids_on(host, str(RANK_SCRIPTS / "elastic_shrink.py"))
+                for host in ("hostA", "hostB")}
+        for pid in hosts.pids_on("hostB", str(RANK_SCRIPTS / "elastic_shrink.py")):
+            os.kill(pid, signal.SIGKILL)
+    report = "rc %d after %.1f s; left: %s\n%s\n%s" % (rc, seconds, left, out, err[-20000:])
+    assert rc == 0, report
+    assert out.count("survivor ok, size 2") == 2, report
+    for rank in HOSTB_RANKS:
+        assert out.count("frozen rank %d was ended" % rank) == 2, report
+    assert not left["hostA"] + left["hostB"], report
+
+
 class _Broken:
     """A state whose sync always fails, as on a world whose peer the engine gave up."""
 

@@ -114,6 +114,8 @@ Status Engine::Init() {
                      "MPI_Allgather");
   if (!status.ok()) return status;
   for (int i = 0; i < topo_.local_size; ++i) node_processes_.emplace_back(pairs[2 * i], pairs[2 * i + 1]);
+  // One that is alone on its host is ended by Open MPI's runtime instead.
+  if (rank_failure_.enabled()) runtime_processes_ = GatherRuntimeProcesses(world_);
   status = MpiStatus(MPI_Comm_split(world_, topo_.local_rank, topo_.rank, &cross_comm_),
                      "MPI_Comm_split");
   if (!status.ok()) return status;

@@ -51,6 +51,7 @@
 #include "engine/process_set.h"
 #include "engine/schedule.h"
 #include "lane_api/lane_backend.h"
+#include "mpi/runtime_processes.h"
 #include "mpi/wait_policy.h"
 
 namespace perseus {
@@ -122,6 +123,9 @@ class Engine {
   MPI_Comm TakeFailedWorld();
   // (global rank, process id) of every rank on this host, this one included.
   const std::vector<std::pair<int, int>>& node_processes() const { return node_processes_; }
+  // Every rank's process as the launcher's runtime names it, in rank order; gathered in
+  // a fault-tolerant run only (empty otherwise), for EndExcludedRanks.
+  const std::vector<RuntimeProcess>& runtime_processes() const { return runtime_processes_; }
   // The autotuner's AutoTuner::State(); empty when it is off.
   std::string autotune_state();
 
@@ -207,6 +211,7 @@ class Engine {
   std::vector<int> lost_ranks_;  // members that stopped answering (global ranks)
   std::vector<int> node_ranks_;  // the global ranks on this host (local_comm_), sorted
   std::vector<std::pair<int, int>> node_processes_;  // node_processes()
+  std::vector<RuntimeProcess> runtime_processes_;     // runtime_processes()
   Status lost_status_;           // the error their sets stop with
   std::mutex step_mu_;      // held by whichever thread runs Iterate()
   bool single_set_ = true;  // under step_mu_: this rank is in one process set

@@ -147,13 +147,37 @@ void EndStillRunning(int rank, int pid, const char* why) {
 
 }  // namespace
 
+namespace {
+
+// The first survivor asks the runtime to end the processes of `runtime` (every rank of
+// the last world) that were not `kept`, wherever they run.
+void AskRuntimeToEndExcluded(const std::vector<int>& kept,
+                             const std::vector<RuntimeProcess>& runtime) {
+  std::vector<RuntimeProcess> excluded;
+  std::string ranks;
+  for (size_t rank = 0; rank < runtime.size(); ++rank) {
+    if (std::find(kept.begin(), kept.end(), static_cast<int>(rank)) != kept.end()) continue;
+    excluded.push_back(runtime[rank]);
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+  }
+  if (!excluded.empty() && AskRuntimeToEnd(excluded))
+    PERSEUS_LOG(kDebug) << "asked Open MPI's runtime to end rank(s) " << ranks
+                        << " of the last world, should one still run (frozen on a host "
+                        << "with no survivor)";
+}
+
+}  // namespace
+
 void EndExcludedRanks(MPI_Comm failed, MPI_Comm survivors,
-                      const std::vector<std::pair<int, int>>& here) {
-  int old_rank = 0, size = 0;
+                      const std::vector<std::pair<int, int>>& here,
+                      const std::vector<RuntimeProcess>& runtime) {
+  int old_rank = 0, size = 0, new_rank = 0;
   MPI_Comm_rank(failed, &old_rank);
   MPI_Comm_size(survivors, &size);
+  MPI_Comm_rank(survivors, &new_rank);
   std::vector<int> kept(size);
   if (MPI_Allgather(&old_rank, 1, MPI_INT, kept.data(), 1, MPI_INT, survivors) != MPI_SUCCESS) return;
+  if (new_rank == 0) AskRuntimeToEndExcluded(kept, runtime);
   // One survivor per host acts: the lowest of the last world's ranks there.
   int first_here = -1;
   for (const auto& process : here)

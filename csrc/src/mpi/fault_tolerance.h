@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "mpi/runtime_processes.h"
 
 namespace perseus {
 
@@ -40,10 +41,13 @@ Status AgreeAmongSurvivors(MPI_Comm comm, int* flags);
 // After Shrink(failed, survivors), collective over the survivors: the processes of
 // `failed` on this host (`here`: its rank there, process id) that are not among the
 // survivors but still run (declared failed while frozen, by Open MPI's heartbeat
-// detector where the user turned it on: OMPI_MCA_mpi_ft_detector=true) are killed, so
-// that one that wakes up cannot rejoin and the launcher sees it end. Says so for each.
+// detector) are killed, so that one that wakes up cannot rejoin and the launcher sees
+// it end. Says so for each. Those on other hosts (`runtime`: every process of `failed`
+// as the runtime names it; may be empty) the first survivor asks Open MPI's runtime to
+// end, for one alone on its host has no survivor there to end it.
 void EndExcludedRanks(MPI_Comm failed, MPI_Comm survivors,
-                      const std::vector<std::pair<int, int>>& here);
+                      const std::vector<std::pair<int, int>>& here,
+                      const std::vector<RuntimeProcess>& runtime);
 
 // The stall inspector gave up on `lost` (world ranks that answered no ping for the
 // stall shutdown time or the peer timeout) in a fault-tolerant run: those that run on
