@@ -81,6 +81,11 @@ LOST_HOST = (("its daemon there stopped answering",
               re.compile(r"A daemon failed to report back after being spawned\..*?"
                          r"Remote host:\s*(\S+)")))
 LOST_HOST_LINES = 16
+# How PRRTE says its own state machine failed, after which it kills the job's processes
+# and mpirun exits with 0 all the same (5 runs of 8 where new ranks were spawned onto
+# another host while ranks that had left in a shrink in place were not yet reaped:
+# "UNSUPPORTED DAEMON ERROR STATE: NO PATH TO TARGET"): the job did not finish.
+RUNTIME_FAILED = re.compile(r"UNSUPPORTED DAEMON ERROR STATE: (.+)")
 # perseusrun's exit code when Open MPI ended the job after losing a host and mpirun
 # exited with 0 (EX_UNAVAILABLE, BSD's exit code for "a service is unavailable"): a
 # scheduler must not take the job for finished. mpirun's own code is kept where not 0.
@@ -204,12 +209,13 @@ def plan(found, order, blacklist, min_np, max_np):
 class _Relay(threading.Thread):
     """Copies one of mpirun's output streams to ours as it comes, and notes the hosts
     mpirun says lost a rank (LOST_RANK_HOST, into `lost`) and those whose daemon it lost
-    (LOST_HOST, (host, what happened) into `hosts_lost`)."""
+    (LOST_HOST, (host, what happened) into `hosts_lost`), and what its runtime said of its
+    own failure (RUNTIME_FAILED, into `runtime_failed`)."""
 
-    def __init__(self, pipe, fd, lost, hosts_lost):
+    def __init__(self, pipe, fd, lost, hosts_lost, runtime_failed):
         super().__init__(daemon=True)
         self.pipe, self.fd, self.lost, self.partial = pipe, fd, lost, b""
-        self.hosts_lost = hosts_lost
+        self.hosts_lost, self.runtime_failed = hosts_lost, runtime_failed
         self.recent, self.block = [], []
 
     def run(self):
@@ -234,6 +240,9 @@ class _Relay(threading.Thread):
             if m:
                 self.lost.append(m.group(1))
                 self.recent = []  # each report once
+        m = RUNTIME_FAILED.search(line)
+        if m:
+            self.runtime_failed.append(m.group(1).strip())
         self.block = (self.block + [line])[-LOST_HOST_LINES:]
         if "Remote " in line:  # the line that ends a LOST_HOST report: only then match
             text = " ".join(self.block)
@@ -247,15 +256,16 @@ class _Relay(threading.Thread):
 class Relayed:
     """mpirun as perseusrun's child: its output copied to ours unchanged as it comes
     (_Relay), what it reports noted (lost: hosts that lost a rank; hosts_lost: (host,
-    what happened) for hosts whose daemon Open MPI lost), and SIGTERM to it should
-    perseusrun die (end_with_parent), as an exec'd mpirun would have died with it."""
+    what happened) for hosts whose daemon Open MPI lost; runtime_failed: what Open MPI's
+    runtime said of its own failure), and SIGTERM to it should perseusrun die
+    (end_with_parent), as an exec'd mpirun would have died with it."""
 
     def __init__(self, cmd, env):
-        self.lost, self.hosts_lost = [], []
+        self.lost, self.hosts_lost, self.runtime_failed = [], [], []
         self.child = subprocess.Popen(cmd, env=env, preexec_fn=end_with_parent,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.relays = [_Relay(self.child.stdout, 1, self.lost, self.hosts_lost),
-                       _Relay(self.child.stderr, 2, self.lost, self.hosts_lost)]
+        self.relays = [_Relay(pipe, fd, self.lost, self.hosts_lost, self.runtime_failed)
+                       for pipe, fd in ((self.child.stdout, 1), (self.child.stderr, 2))]
         for relay in self.relays:
             relay.start()
 
@@ -266,6 +276,12 @@ class Relayed:
         for relay in self.relays:  # bounded: a stray process may hold mpirun's pipes open
             relay.join(timeout=10)
         return returncode
+
+    def code(self, returncode):
+        """perseusrun's exit code for mpirun's `returncode`: HOST_LOST_EXIT where mpirun
+        said 0 but Open MPI ended the job (a host lost, its runtime failed)."""
+        return exit_code(returncode) or (
+            HOST_LOST_EXIT if self.hosts_lost or self.runtime_failed else 0)
 
 
 class Forwarding:
@@ -307,6 +323,13 @@ def host_lost_line(hosts_lost, returncode, code):
                               ", the job did not finish" if returncode == 0 else "", code))
 
 
+def runtime_failed_line(runtime_failed, returncode, code):
+    """The line perseusrun prints when Open MPI's runtime said it failed."""
+    return ("Open MPI's runtime failed and ended the job (%s; mpirun's exit code %d%s); "
+            "exit code %d" % ("; ".join(dict.fromkeys(runtime_failed)), returncode,
+                              ", the job did not finish" if returncode == 0 else "", code))
+
+
 def run_watching(cmd, env, say=None):
     """perseusrun --elastic on a ULFM core: runs cmd (mpirun --with-ft ulfm) as a child
     instead of exec'ing it -> perseusrun's exit code: mpirun's, but HOST_LOST_EXIT where
@@ -317,9 +340,11 @@ def run_watching(cmd, env, say=None):
         job = Relayed(cmd, env)
         stop.child = job.child
         returncode = job.wait()
-    code = exit_code(returncode) or (HOST_LOST_EXIT if job.hosts_lost else 0)
+    code = job.code(returncode)
     if job.hosts_lost:
         say(host_lost_line(job.hosts_lost, returncode, code))
+    elif job.runtime_failed:
+        say(runtime_failed_line(job.runtime_failed, returncode, code))
     return code
 
 
@@ -373,13 +398,22 @@ def describe(hosts):
     return ",".join("%s:%d" % h for h in hosts)
 
 
-def write_notice(path, generation, hosts, np):
-    """The ranks' channel: `generation np hosts`, replaced atomically."""
+def write_notice(path, generation, hosts, np, daemons=()):
+    """The ranks' channel: `generation np hosts daemons`, replaced atomically. daemons:
+    the hosts other than this machine where the running mpirun may have started its
+    daemon (those of its start and of every notice since; "-" for none), which a grow
+    in place onto a new host needs to know (elastic_in_place.decide)."""
     tmp = "%s.%s.tmp" % (path, secrets.token_hex(4))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write("%d %d %s\n" % (generation, np, describe(hosts)))
+        f.write("%d %d %s %s\n" % (generation, np, describe(hosts),
+                                    ",".join(sorted(daemons)) or "-"))
     os.replace(tmp, path)
+
+
+def remote_hosts(hosts):
+    """The hosts of [(host, slots)] that are not this machine."""
+    return {host for host, _ in hosts if not is_local(host)}
 
 
 def run_growing(start_command, env, opts, say=None):
@@ -488,7 +522,8 @@ def run_growing(start_command, env, opts, say=None):
                 chosen = plan(found, order, blacklist, need, opts["max_np"])
             hosts, np = chosen
             order = [h for h, _ in hosts]
-            write_notice(notice, generation, hosts, np)
+            daemons = remote_hosts(hosts)
+            write_notice(notice, generation, hosts, np, daemons)
             started = generation
             say("starting %d rank(s) on %s (run %d)" % (np, describe(hosts), restarts))
             child_env = dict(env, PERSEUS_ELASTIC_RUN_ID=run_id,
@@ -516,7 +551,8 @@ def run_growing(start_command, env, opts, say=None):
                 if wanted is not None and wanted != told:
                     generation += 1
                     told = wanted
-                    write_notice(notice, generation, *wanted)
+                    write_notice(notice, generation, *wanted, daemons)
+                    daemons |= remote_hosts(wanted[0])
                     say("the hosts changed: %d rank(s) on %s next; the ranks are told "
                         "(HostsUpdatedInterrupt at their next commit%s)"
                         % (wanted[1], describe(wanted[0]),
@@ -524,7 +560,7 @@ def run_growing(start_command, env, opts, say=None):
                            "host"
                            if opts.get("grow") else ""))
             # Open MPI 5 ends the job after losing a host with exit code 0: not done.
-            code = exit_code(returncode) or (HOST_LOST_EXIT if job.hosts_lost else 0)
+            code = job.code(returncode)
             last, last_returncode, last_code = job, returncode, code
             if code == 0:
                 for path in (notice, elastic.persist_path(folder, run_id)):
@@ -543,6 +579,9 @@ def run_growing(start_command, env, opts, say=None):
                 why = host_lost_line(job.hosts_lost, returncode, code).partition(" (")[0]
                 for reported in dict.fromkeys(h for h, _ in job.hosts_lost):
                     leave_out(reported, reached, "was lost (Open MPI lost its daemon)")
+            elif job.runtime_failed:  # no host to blacklist: the same hosts again
+                why = runtime_failed_line(job.runtime_failed, returncode, code).partition(
+                    " (")[0]
             elif returncode == elastic.HOSTS_UPDATED_EXIT and generation > started:
                 why = "the ranks stopped at a commit for the new hosts"
             elif returncode == elastic.BELOW_MIN_NP_EXIT and (opts.get("in_place")

@@ -342,7 +342,8 @@ def initialized(hvd):
 
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory):
-    """hostA and hostB, made of Linux namespaces for the session (tests/support/fake_hosts.py):
+    """hostA, hostB and hostC (a host to replace one), made of Linux namespaces for the
+    session (tests/support/fake_hosts.py):
     multi-host runs on one machine. Not root: skipped (except under CI). Root without
     `ip`, `unshare` or `nsenter`: failed, since scripts/setup.sh --all installs them."""
     from support import fake_hosts
@@ -351,5 +352,6 @@ def hosts(tmp_path_factory):
     missing = fake_hosts.missing_tools()
     if missing:
         pytest.fail(missing, pytrace=False)
-    with fake_hosts.FakeHosts(["hostA", "hostB"], tmp_path_factory.mktemp("hosts")) as made:
+    with fake_hosts.FakeHosts(["hostA", "hostB", "hostC"],
+                                  tmp_path_factory.mktemp("hosts")) as made:
         yield made

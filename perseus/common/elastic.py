@@ -34,18 +34,17 @@ HostsUpdatedInterrupt at the same commit. run() then persists that commit, the r
 exit with HOSTS_UPDATED_EXIT, and perseusrun starts the job again on the new hosts,
 where run() resumes from it.
 
-On a ULFM core perseusrun grows such a job in place instead (PERSEUS_ELASTIC_GROW=1 in
-the ranks): when the notice asks for more ranks and keeps every old rank's host, run()
-shuts the engine down and init() starts the new ranks with MPI_Comm_spawn (the same
-command line; on hosts the job does not run on yet, Open MPI adds them and starts its
-daemon there) and merges them after the old ones (elastic_in_place.grow); the old processes go
-on, keeping their ranks, and the sync that follows gives rank 0's state to the new ones,
-whose own run() joins that sync (_join_grown_job). When the notice asks for fewer
-ranks and every rank it keeps stays on its host, the job shrinks in place the same way:
-the ranks whose slots are gone leave (their process ends, exit code 0) and the others
-go on with their ranks in order (elastic_in_place.shrink). Any other change (a grow and
-a shrink at once, an old rank's host gone in a grow, a rank a grow spawned leaving)
-takes the restart (elastic_in_place.decide says why).
+On a ULFM core perseusrun resizes such a job in place instead (PERSEUS_ELASTIC_GROW=1
+in the ranks): the ranks whose slots are gone from the notice leave (their process
+ends, exit code 0) and the others go on with their ranks in order
+(elastic_in_place.shrink); where the notice wants more ranks than stay, run() shuts
+the engine down and init() starts the new ranks with MPI_Comm_spawn (the same command
+line; on hosts the job does not run on yet, Open MPI adds them and starts its daemon
+there) and merges them after the old ones (elastic_in_place.grow); the old processes
+go on, keeping their ranks, and the sync that follows gives rank 0's state to the new
+ones, whose own run() joins that sync (_join_grown_job). A host replaced by another
+takes both. What cannot be made so (no running rank's host kept, a rank a grow
+spawned leaving) takes the restart (elastic_in_place.decide says why).
 """
 
 import functools
@@ -223,7 +222,7 @@ def notice_path(folder, run_id):
 
 
 class _HostWatch:
-    """Rank 0's view of perseusrun's notice: `generation np hosts`, read only when a
+    """Rank 0's view of perseusrun's notice: `generation np hosts daemons`, read only when a
     stat says the file changed."""
 
     def __init__(self, path, generation):
@@ -242,13 +241,15 @@ class _HostWatch:
         return notice is not None and notice[0] > self.generation
 
     def read(self):
-        """(generation, np, [(host, slots), ...]) of the notice, or None."""
+        """(generation, np, [(host, slots), ...], [host, ...] where Open MPI may run its
+        daemon, not perseusrun's machine) of the notice, or None."""
         try:
             with open(self.path) as f:
                 words = f.readline().split()
             hosts = words[2].split(",") if len(words) > 2 else []
+            daemons = words[3].split(",") if len(words) > 3 and words[3] != "-" else []
             return int(words[0]), int(words[1]), [
-                (h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in hosts]
+                (h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in hosts], daemons
         except (OSError, ValueError, IndexError):
             return None
 
@@ -637,14 +638,14 @@ def run_fn(func, reset_fn=reset):
             except HostsUpdatedInterrupt as e:
                 if _host_watch() is None or getattr(state, "_persister", None) is None:
                     raise NotImplementedError(RESIZE_UNSUPPORTED % basics.size()) from e
-                add, detail = elastic_in_place.decide(state, _resize_watch())
-                if add > 0:
-                    elastic_in_place.grow(state, add, detail)  # detail: the places
-                    _grown[0] = True
-                elif add < 0:
-                    elastic_in_place.shrink(state, detail)  # detail: whether this rank stays
-                else:
+                resize = elastic_in_place.decide(state, _resize_watch())
+                if resize is None:
                     _stop_for_new_hosts(state)  # leaves the process
+                if resize.stays is not None:
+                    elastic_in_place.shrink(state, resize.stays, resize.left_here)
+                if resize.add:
+                    elastic_in_place.grow(state, resize.add, resize.places)
+                    _grown[0] = True
                 _join_grown_job(state)
             reset_fn()
             after_reset = True

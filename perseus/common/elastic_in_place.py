@@ -1,10 +1,10 @@
 """Resizing a running job in place (issue 46, point 3), for hvd.elastic.run
 (perseus/common/elastic.py) on a ULFM core under perseusrun --elastic
 --host-discovery-script: at a HostsUpdatedInterrupt, whether the notice's change can be
-made in place (decide: a grow that keeps every old rank's host, a shrink that only
-takes ranks away), and making it (grow: the core spawns the new ranks and merges them;
-shrink: the core splits the job and the ranks that leave end). Any other change takes
-the restart, which elastic.py runs; so does the persister's part (elastic.py's
+made in place (decide: the ranks whose slots are gone leave, then new ones are spawned
+from those left where the notice wants more), and making it (shrink: the core splits
+the job and the ranks that leave end; grow: the core spawns the new ranks and merges
+them). What cannot be made so takes the restart, which elastic.py runs; so does the persister's part (elastic.py's
 _join_grown_job, which every rank runs after either). The exit code the core leaves a
 failed resize with is elastic.HOSTS_UPDATED_EXIT's (75)."""
 
@@ -39,102 +39,124 @@ def my_host(hosts):
 
 def grow_places(np, hosts, machines):
     """Where a grow in place puts its new ranks: np and hosts [(host, slots)] of the
-    notice, machines the notice's host of each rank now (None: its host is not in it).
-    perseusrun's plan fills the hosts in order (launcher_elastic.plan); the old ranks
-    stay where they run. -> ([(host, new ranks)] in rank order, None), or (None, why)."""
-    if np <= len(machines):
-        return None, "%d rank(s) asked for, %d running" % (np, len(machines))
-    missing = [rank for rank, host in enumerate(machines) if host is None]
-    if missing:
-        return None, "the host of rank(s) %s is not among the new hosts" % (
-            ",".join(map(str, missing)))
+    notice, machines the host of each rank that stays (staying_ranks: none runs more
+    ranks than the plan gives it). perseusrun's plan fills the hosts in order
+    (launcher_elastic.plan); the ranks that stay keep their hosts. -> [(host, new
+    ranks)] in rank order."""
     places, left = [], np
-    running = {host: machines.count(host) for host in machines}
     for host, slots in hosts:
         wanted = min(slots, left)
         left -= wanted
-        more = wanted - running.pop(host, 0)
-        if more < 0:
-            return None, "host %s would run %d rank(s), fewer than now" % (host, wanted)
-        if more:
+        more = wanted - machines.count(host)
+        if more > 0:
             places.append((host, more))
-    if running:
-        return None, "host(s) %s would run no rank" % ",".join(sorted(running))
-    return places, None
+    return places
 
 
-def shrink_keeps(np, hosts, machines, spawned):
-    """Which ranks a shrink in place keeps: np and hosts [(host, slots)] of the notice,
-    machines the notice's host of each rank now (None: its host is not in it), spawned
-    whether each was started by a grow. Each host keeps its lowest ranks, as many as
-    perseusrun's plan gives it (filled in order: launcher_elastic.plan). -> ([keep, ...]
-    a rank, None), or (None, why) where the plan needs ranks on a host that has fewer
-    now (a grow too), or where a rank started by a grow would leave: Open MPI 5.0.11
-    ends the whole job when a process of a spawned job ends without MPI_Finalize (it
-    does not make that job fault tolerant: docs/investigations/grow-in-place.md), and
-    its MPI_Finalize would wait for the job's end. Those take the restart."""
+def staying_ranks(np, hosts, machines, spawned):
+    """Which ranks stay through a resize in place: np and hosts [(host, slots)] of the
+    notice, machines the notice's host of each rank now (None: its host is not in it),
+    spawned whether each was started by a grow. Each host keeps its lowest ranks, as many
+    as perseusrun's plan gives it (filled in order: launcher_elastic.plan); a host gone
+    from the notice keeps none. -> ([stays, ...] a rank, None), or (None, why) where no
+    rank would stay (none is left to spawn the new ones) or a rank started by a grow
+    would leave: Open MPI 5.0.11 ends the whole job when a process of a spawned job ends
+    without MPI_Finalize (it does not make that job fault tolerant:
+    docs/investigations/grow-in-place.md), and its MPI_Finalize would wait for the job's
+    end. Those take the restart."""
     wanted, left = {}, np
     for host, slots in hosts:
         wanted[host] = min(slots, left)
         left -= wanted[host]
-    keeps = []
+    stays = []
     for host in machines:
-        keep = host is not None and wanted.get(host, 0) > 0
-        if keep:
+        stay = host is not None and wanted.get(host, 0) > 0
+        if stay:
             wanted[host] -= 1
-        keeps.append(keep)
-    short = ["%s:%d" % (host, n) for host, n in wanted.items() if n > 0]
-    if short:
-        return None, "the new hosts want more ranks than run there now (%s more)" % (
-            ",".join(short))
-    grown = [str(rank) for rank, keep in enumerate(keeps) if spawned[rank] and not keep]
+        stays.append(stay)
+    grown = [str(rank) for rank, stay in enumerate(stays) if spawned[rank] and not stay]
     if grown:
         return None, ("rank(s) %s would leave, started by a grow: Open MPI ends the job when "
                       "such a process leaves it" % ",".join(grown))
-    return keeps, None
+    if not any(stays):
+        return None, "no host of the running ranks keeps a rank"
+    return stays, None
+
+
+def placed_grow_refused(places, kept, daemons):
+    """Why a grow in place may not place its new ranks on their hosts (`places`, where
+    the ranks that stay run on `kept`), or None: Open MPI 5.0.11's spawn onto a host of
+    a job whose daemons already run on another host than mpirun's (`daemons`,
+    perseusrun's notice) ended the job: "PRTE has lost communication with a remote
+    daemon" after the new ranks started, 3 runs of 3 for hostA:2,hostB:2 -> hostA:1,
+    hostB:3 (1 of 5 another time), and every run adding a third host beside a second
+    (namespace hosts; docs/investigations/grow-in-place.md). From a job on mpirun's
+    machine alone, the grows onto other hosts held. Those take the restart."""
+    if daemons and places and not (len(set(kept)) == 1 and all(h in kept for h, _ in places)):
+        return ("placing new ranks on %s while Open MPI's daemons run on %s, which Open MPI "
+                "5.0.11 fails at" % (",".join(h for h, _ in places), ",".join(daemons)))
+    return None
+
+
+class Resize:
+    """A change made in place (decide's): stays, whether this rank stays through a
+    shrink (None: every rank stays), and left_here, the process ids of the ranks that
+    leave from this rank's host; then add, the ranks a grow adds (0: none), and places,
+    where (None: as MPI places them on the one machine the job runs on; else
+    ("host:n,..." of the new ranks, "host:slots,..." of the hosts to add))."""
+
+    def __init__(self, stays, add, places, left_here=()):
+        self.stays, self.add, self.places, self.left_here = stays, add, places, list(left_here)
+
+    def __eq__(self, other):
+        return isinstance(other, Resize) and vars(self) == vars(other)
+
+    def __repr__(self):
+        return "Resize(stays=%r, add=%r, places=%r, left_here=%r)" % (
+            self.stays, self.add, self.places, self.left_here)
 
 
 def decide(state, watch):
-    """At a HostsUpdatedInterrupt, on every rank: (ranks to add, None) for a grow in place
-    on the one machine the job runs on (MPI's choice of place), (ranks to add, ("host:n,..."
-    of the new ranks, "host:slots,..." of the hosts to add)) for one that places them,
-    (minus the ranks that leave, whether this one stays) for a shrink in place, or (0,
-    None) for the restart. Rank 0 reads the notice; one broadcast tells all, one
-    allgather says where each rank runs; rank 0 says why a change in place is not taken."""
+    """At a HostsUpdatedInterrupt, on every rank: the Resize that makes the notice's change
+    in place (the ranks whose slots are gone leave, then the new ones are spawned from
+    those left: a shrink, a grow, or both, as when a host is replaced), or None for the
+    restart. Rank 0 reads the notice; one broadcast tells all, one allgather says where
+    each rank runs; rank 0 says why a change in place is not taken."""
     notice = None
     if basics.rank() == 0 and watch is not None:
         notice = watch.read()
     notice = state._bcast_object(notice)
-    if notice is None or notice[1] == basics.size():
-        return 0, None
+    if notice is None:
+        return None
     from perseus.common.objects import allgather_object
-    generation, np, hosts = notice
-    machines, spawned = zip(*allgather_object((my_host(hosts), basics.joined_job())))
-    machines = list(machines)
-    if np < basics.size():
-        keeps, why = shrink_keeps(np, hosts, machines, spawned)
-        places = None
-    else:
-        places, why = grow_places(np, hosts, machines)
+    generation, np, hosts, daemons = notice
+    machines, spawned, pids = zip(*allgather_object((my_host(hosts), basics.joined_job(),
+                                                     os.getpid())))
+    stays, why = staying_ranks(np, hosts, list(machines), spawned)
+    if why is None:
+        kept = [host for host, stay in zip(machines, stays) if stay]
+        places = grow_places(np, hosts, kept)
+        added = [host for host, _ in places if host not in kept]
+        why = placed_grow_refused(places, kept, daemons)
     if why is not None:
         if basics.rank() == 0:
-            sys.stderr.write("[perseus] hvd.elastic: the hosts changed: not %s in place "
-                             "(%s)\n" % ("shrunk" if np < basics.size() else "grown", why))
+            sys.stderr.write("[perseus] hvd.elastic: the hosts changed: not resized in place "
+                             "(%s)\n" % why)
             sys.stderr.flush()
-        return 0, None
+        return None
     if watch is not None:
         watch.generation = generation
-    if np < basics.size():
-        return np - basics.size(), keeps[basics.rank()]
-    machines = set(machines)
-    if all(host in machines for host, _ in places) and len(machines) == 1:
-        return np - basics.size(), None  # all on the one machine the job runs on
-    # Hosts no rank runs on yet join the job's with their slots (Open MPI starts its
-    # daemon there); every new rank is placed on its host.
-    slots = dict(hosts)
-    return np - basics.size(), (",".join("%s:%d" % place for place in places),
-                                ",".join("%s:%d" % (host, slots[host]) for host, _ in places
-                                         if host not in machines))
+    me = basics.rank()
+    resize = Resize(None if all(stays) else stays[me], np - len(kept), None,
+                    [pid for pid, host, stay in zip(pids, machines, stays)
+                     if not stay and host == machines[me]])
+    if places and not (len(set(kept)) == 1 and not added):
+        # Placed on their hosts (not all on the one machine the job runs on): hosts no
+        # rank runs on yet join the job's with their slots (Open MPI starts its daemon).
+        slots = dict(hosts)
+        resize.places = (",".join("%s:%d" % place for place in places),
+                         ",".join("%s:%d" % (host, slots[host]) for host in added))
+    return resize
 
 
 # What a running job's process manager sets in its processes (PRRTE's own among them)
@@ -193,14 +215,26 @@ def grow(state, add, places):
         sys.stderr.flush()
 
 
-def shrink(state, keep):
+def wait_until_gone(pids, timeout_s=10.0):
+    """Waits (bounded) for the processes `pids` of this host to be gone, reaped by Open
+    MPI's daemon: the ranks that left in a shrink end at once, but a grow right after it
+    (a shrink and a grow at once) took one still ending for a process of the job lost
+    during the spawn, and gave up."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def shrink(state, keep, left_here=()):
     """Ends this rank's part in the job unless `keep` (decide's), every rank
     together: shutdown, then the core splits the job's processes (perseus_keep_in_job);
     the ranks that leave end their process at once (exit code 0: no MPI_Finalize, which
     would wait for the job's end; Python's atexit hooks do not run), and the others
     form their world in their rank order, the old rank 0 first, with the commit just
     made (persisted first: should a process end during the split, the others leave with
-    HOSTS_UPDATED_EXIT and perseusrun restarts the job from it)."""
+    HOSTS_UPDATED_EXIT and perseusrun restarts the job from it), then wait for those of
+    their host that left (`left_here`, their process ids) to be gone."""
     before, rank, started = basics.size(), basics.rank(), time.monotonic()
     state._persister.write_last(state)
     basics.shutdown()
@@ -213,6 +247,7 @@ def shrink(state, keep):
         sys.stderr.flush()
         os._exit(0)
     basics.init()
+    wait_until_gone(left_here)
     if basics.rank() == 0:
         sys.stderr.write("[perseus] hvd.elastic: the hosts changed: shrank in place from %d to "
                          "%d rank(s) in %.1f s\n" % (before, basics.size(),

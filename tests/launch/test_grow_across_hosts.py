@@ -28,10 +28,11 @@ from test_multi_host import user_env  # noqa: E402
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 
-def grow_job_on_hosts(hosts, ulfm, tmp_path, first, sizes, grown):  # noqa: F811 - the fixture
+def grow_job_on_hosts(hosts, ulfm, tmp_path, first, sizes, grown, extra=None):  # noqa: F811
     """elastic_grow.py under perseusrun --elastic --host-discovery-script 'cat FILE', typed
     on hostA, the file listing `first` (host:slots,...), the job going to `sizes` with
-    `grown` as the last one's hosts -> (rc, stdout, stderr, a report)."""
+    `grown` as the last one's hosts (and the variables `extra`) -> (rc, stdout, stderr, a
+    report)."""
     python = str(ulfm["python"])
     listed = tmp_path / "hosts"
     listed.write_text("".join(h + "\n" for h in first.split(",")))
@@ -41,7 +42,7 @@ def grow_job_on_hosts(hosts, ulfm, tmp_path, first, sizes, grown):  # noqa: F811
         "PYTHONPATH": ulfm["env"]["PYTHONPATH"], "PRTE_MCA_plm_ssh_agent": str(hosts.agent),
         "PTEST_SIZES": sizes, "PTEST_CHANGE_STEP": "3", "PTEST_HOSTS_FILE": str(listed),
         "PTEST_GROWN_HOSTS": grown, "PTEST_HANG_DUMP_S": "100",
-        "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits")})
+        "PERSEUS_ELASTIC_PERSIST_DIR": str(tmp_path / "commits"), **(extra or {})})
     forward = [arg for name in sorted(env) if name.startswith("PTEST_") for arg in ("-x", name)]
     # -P: the package on PYTHONPATH (the ULFM core), not this checkout's perseus/.
     argv = [python, "-P", "-m", "perseus.launcher", "--elastic", "--mpirun",
@@ -89,3 +90,48 @@ def test_a_host_removed_leaves_the_others_in_place(hosts, ulfm, tmp_path):  # no
         r"grow-end rank (\d) size 2 local \1/2 pid (\d+) joined 0 steps .* host (\w+)", out)}
     assert end == {0: start[0], 1: start[1]}, report
     assert "(run 1)" not in err, report  # never restarted
+
+
+def test_ranks_move_to_another_host_in_place(hosts, ulfm, tmp_path):  # noqa: F811
+    """hostA:4, then hostA:2 and hostB:2 (a shrink and a grow at once): at one commit
+    ranks 2 and 3 leave, ranks 0 and 1 go on in place, and two new ranks are spawned on
+    hostB (Open MPI starts its daemon there) as ranks 2 and 3; the training ends with the
+    script's checks on 4 ranks, each where perseusrun's plan puts it. Before, the change
+    took the restart."""
+    rc, out, err, report = grow_job_on_hosts(hosts, ulfm, tmp_path, "hostA:4", "4",
+                                             "hostA:2,hostB:2")
+    assert rc == 0, report
+    start = {int(r): int(p) for r, p in re.findall(
+        r"grow-start rank (\d) size 4 pid (\d+) joined 0 host hostA", out)}
+    assert sorted(start) == [0, 1, 2, 3], report
+    assert "rank 2 of 4 leaves the job" in err and "rank 3 of 4 leaves the job" in err, report
+    assert "shrank in place from 4 to 2 rank(s)" in err, report
+    assert "grew in place from 2 to 4 rank(s)" in err, report
+    joined = {int(r): int(p) for r, p in re.findall(
+        r"grow-start rank (\d) size 4 pid (\d+) joined 1 host hostB", out)}
+    end = {int(r): (int(p), h) for r, p, h in re.findall(
+        r"grow-end rank (\d) size 4 local \d/2 pid (\d+) joined \d steps .* host (\w+)", out)}
+    assert sorted(joined) == [2, 3], report
+    assert end == {0: (start[0], "hostA"), 1: (start[1], "hostA"), 2: (joined[2], "hostB"),
+                   3: (joined[3], "hostB")}, report
+    assert "(run 1)" not in err, report  # never restarted
+
+
+def test_a_new_host_beside_another_hosts_daemon_takes_the_restart(hosts, ulfm, tmp_path):  # noqa: F811
+    """hostA:2 and hostB:1, then hostC:1 too: Open MPI 5.0.11's spawn onto a host of a job
+    that runs its daemon on another host than mpirun's ended the job ('lost
+    communication' with a daemon), so the ranks take the restart at once, rank 0 saying
+    why, and the job starts again on the three hosts
+    from that commit and finishes there on 4 ranks. Before, the grow was tried, hostC
+    was blacklisted as lost, and the job restarted on 3 ranks without it."""
+    rc, out, err, report = grow_job_on_hosts(hosts, ulfm, tmp_path, "hostA:2,hostB:1", "4",
+                                             "hostA:2,hostB:1,hostC:1")
+    assert rc == 0, report
+    assert ("not resized in place (placing new ranks on hostC while Open MPI's daemons run "
+            "on hostB, which Open MPI 5.0.11 fails at)") in err, report
+    assert "starting 4 rank(s) on hostA:2,hostB:1,hostC:1 (run 1)" in err, report
+    assert "blacklisted" not in err and "PMIX ERROR" not in err, report
+    end = re.findall(r"grow-end rank (\d) size 4 local \d/\d pid \d+ joined 0 steps .* "
+                     r"host (\w+)", out)
+    assert sorted(end) == [("0", "hostA"), ("1", "hostA"), ("2", "hostB"), ("3", "hostC")], \
+        report

@@ -159,7 +159,9 @@ def test_the_ranks_notice_says_a_newer_generation_once(tmp_path):
     le.write_notice(path, 1, [("localhost", 4)], 4)
     assert watch.updated()
     assert not watch.updated()  # unchanged since
-    assert open(path).read() == "1 4 localhost:4\n"
+    assert open(path).read() == "1 4 localhost:4 -\n"
+    le.write_notice(path, 2, [("localhost", 4), ("node7", 2)], 6, {"node7", "node6"})
+    assert watch.read() == (2, 6, [("localhost", 4), ("node7", 2)], ["node6", "node7"])
 
 
 def test_a_job_without_a_discovery_script_checks_nothing(monkeypatch):
@@ -267,6 +269,9 @@ check that any firewall (e.g., iptables) has been disabled and
 try again.
 --------------------------------------------------------------------------
 """
+# What PRRTE 3.0.11 printed once when its state machine failed after a shrink in place and
+# a spawn onto another host at once; it then killed the ranks, and mpirun exited with 0.
+RUNTIME_FAILED = "[hostA:06173] UNSUPPORTED DAEMON ERROR STATE: NO PATH TO TARGET\n"
 # Stands in for mpirun --with-ft ulfm: prints a line of the job's output, then argv[1]
 # (a report, or nothing) on stderr, and exits with argv[2].
 FAKE_ULFM_MPIRUN = r"""
@@ -288,6 +293,8 @@ sys.exit(int(sys.argv[2]))
     ("", 3, 3, None),
     (NODE_DIED % "hostB", 3, 3, "Open MPI ended the job after losing host hostB (hostB: its "
      "daemon there stopped answering; mpirun's exit code 3); exit code 3"),
+    (RUNTIME_FAILED, 0, le.HOST_LOST_EXIT, "Open MPI's runtime failed and ended the job (NO "
+     "PATH TO TARGET; mpirun's exit code 0, the job did not finish); exit code 69"),
 ])
 def test_a_ulfm_job_that_lost_a_host_does_not_end_with_0(capfd, report, code, want, said):
     """perseusrun --elastic on a ULFM core runs mpirun as its child: Open MPI 5 ends the
@@ -301,6 +308,36 @@ def test_a_ulfm_job_that_lost_a_host_does_not_end_with_0(capfd, report, code, wa
     assert rc == want, (messages, err)
     assert out == "step 1 loss 0.5\n" and err == report  # passed through as it was
     assert messages == ([said] if said else []), messages
+
+
+def test_a_job_open_mpis_runtime_ended_restarts_on_the_same_hosts(tmp_path, monkeypatch,
+                                                                   capfd):
+    """Open MPI's runtime says it failed and mpirun exits with 0 (the job's ranks killed,
+    the training not finished): under a discovery script perseusrun restarts the job on
+    the same hosts, none blacklisted, and it resumes there. Before, perseusrun took the
+    0 for the end of the training, removed the persisted commit and ended with 0."""
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    listed = tmp_path / "hosts"
+    listed.write_text("localhost:2\n")
+    fake = ("import os, sys\n"
+            "print('run %s hosts %s' % (os.environ['PERSEUS_ELASTIC_RESTARTS'], sys.argv[1]),"
+            " flush=True)\n"
+            "if os.environ['PERSEUS_ELASTIC_RESTARTS'] == '0':\n"
+            "    sys.stderr.write(sys.argv[2])\n")
+    opts = {"script": "cat %s" % listed, "slots": 1, "min_np": 2, "max_np": 0,
+            "elastic_timeout": 5, "discovery_timeout": 5, "cooldown_range": None, "limit": 3,
+            "first": [("localhost", 2)], "grow": True}
+    messages = []
+    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", fake, le.describe(hosts),
+                                           RUNTIME_FAILED], clean_env(), opts,
+                        say=messages.append)
+    out, err = capfd.readouterr()
+    assert rc == 0, (out, err, messages)
+    assert ("Open MPI's runtime failed and ended the job: restarting the job (restart 1 of at "
+            "most 3, --reset-limit), which resumes from its last persisted commit") in messages, \
+        messages
+    assert not [m for m in messages if "blacklisted" in m], messages
+    assert out.splitlines() == ["run 0 hosts localhost:2", "run 1 hosts localhost:2"], out
 
 
 def test_a_new_host_lost_in_a_grow_is_blacklisted(tmp_path, monkeypatch, capfd):
@@ -391,29 +428,33 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("notice, grow, size, want, said", [
-    ((1, [("localhost", 4)], 4), "1", 2, (2, None), ""),        # more ranks, this machine
+    ((1, [("localhost", 4)], 4), "1", 2, (None, 2, None), ""),  # more ranks, this machine
     ((1, [("localhost", 2), ("node7", 2)], 4), "1", 2,          # another host: placed there
-     (2, ("node7:2", "node7:2")), ""),
+     (None, 2, ("node7:2", "node7:2")), ""),
     ((1, [("localhost", 3), ("node7", 2)], 5), "1", 2,          # both: one here, two there
-     (3, ("localhost:1,node7:2", "node7:2")), ""),
-    ((1, [("node7", 4)], 4), "1", 2, (0, None),                 # this machine gone: restart
-     "not grown in place (the host of rank(s) 0,1 is not among the new hosts)"),
-    ((1, [("localhost", 1), ("node7", 3)], 4), "1", 2, (0, None),  # fewer ranks here
-     "not grown in place (host localhost would run 1 rank(s), fewer than now)"),
-    ((1, [("localhost", 2)], 2), "1", 4, (-2, True), ""),       # fewer ranks: shrink
-    ((1, [("localhost", 2), ("node7", 2)], 4), "1", 6, (0, None),  # and more on node7
-     "not shrunk in place (the new hosts want more ranks than run there now (node7:2 more))"),
-    ((1, [("localhost", 4)], 4), "", 2, (0, None), "")])        # no ULFM route: restart
-def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch, capsys,
-                                                          notice, grow, size, want, said):
+     (None, 3, ("localhost:1,node7:2", "node7:2")), ""),
+    ((1, [("node7", 4)], 4), "1", 2, None,                      # this machine gone: restart
+     "not resized in place (no host of the running ranks keeps a rank)"),
+    ((1, [("localhost", 1), ("node7", 3)], 4), "1", 2,          # one leaves, 3 on node7
+     (True, 3, ("node7:3", "node7:3")), ""),
+    ((1, [("localhost", 2)], 2), "1", 4, (True, 0, None), ""),  # fewer ranks: shrink
+    ((1, [("localhost", 2), ("node7", 2)], 4), "1", 6,          # 4 leave, 2 on node7
+     (True, 2, ("node7:2", "node7:2")), ""),
+    ((1, [("localhost", 2), ("node8", 2)], 4, {"node7"}), "1", 2, None,  # a daemon on node7
+     "not resized in place (placing new ranks on node8 while Open MPI's daemons run on "
+     "node7, which Open MPI 5.0.11 fails at)"),
+    ((1, [("localhost", 4)], 4), "", 2, None, "")])             # no ULFM route: restart
+def test_the_ranks_resize_in_place_keeping_their_hosts(tmp_path, monkeypatch, capsys,
+                                                       notice, grow, size, want, said):
     """At HostsUpdatedInterrupt rank 0 reads the notice (one broadcast tells every rank)
-    and, for more ranks where perseusrun said so (PERSEUS_ELASTIC_GROW=1: a ULFM core),
-    the ranks say where each runs (one allgather; here all on this machine): a grow in
-    place for more ranks that keeps every old rank's host, placed by host where one is
-    not this machine (the new ranks' hosts, and the hosts to add with their slots); a
-    shrink in place for fewer that only takes ranks away (minus the ranks that leave,
-    and whether this one stays); anything else takes the restart (0), rank 0 saying
-    why."""
+    and, where perseusrun said a change may be made in place (PERSEUS_ELASTIC_GROW=1: a
+    ULFM core), the ranks say where each runs (one allgather; here all on this machine):
+    the ranks whose slots are gone leave (whether this one stays; None: all stay), then
+    the new ones are spawned, placed by host where one is not this machine (the new
+    ranks' hosts, and the hosts to add with their slots). Where no running rank's host
+    keeps one, where new ranks would be placed on hosts while Open MPI's daemons run on
+    another host than perseusrun's (the notice's last field), or without the route, the
+    restart (None), rank 0 saying why."""
     from perseus.common import objects
     path = str(tmp_path / "hosts.run")
     le.write_notice(path, *notice)
@@ -427,14 +468,16 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
                         lambda v: gathered.append(v) or [v] * size)
     sent = []
     state = elastic.ObjectState(bcast_object=lambda v: sent.append(v) or v, get_rank=lambda: 0)
-    assert elastic_in_place.decide(state, elastic._resize_watch()) == want
+    got = elastic_in_place.decide(state, elastic._resize_watch())
+    leavers = size - (notice[2] - want[1]) if want and want[0] else 0  # all on this host
+    assert got == (want and elastic_in_place.Resize(*want, [os.getpid()] * leavers)), got
     assert len(sent) == 1  # one broadcast tells every rank
-    assert len(gathered) == (1 if grow and notice[2] != size else 0)
-    assert elastic._watch[0].generation == (1 if want[0] else 0)
+    assert len(gathered) == (1 if grow else 0)
+    assert elastic._watch[0].generation == (1 if want else 0)
     assert said in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("np, hosts, machines, keeps", [
+@pytest.mark.parametrize("np, hosts, machines, stays", [
     (2, [("localhost", 2)], ["localhost"] * 4, [True, True, False, False]),
     (3, [("localhost", 3)], ["localhost"] * 4, None),  # rank 3, spawned, would leave
     (2, [("hostA", 2)], ["hostA", "hostA", None, None], [True, True, False, False]),
@@ -443,19 +486,20 @@ def test_the_ranks_grow_in_place_only_keeping_their_hosts(tmp_path, monkeypatch,
      [True, True, True, False]),
     (2, [("hostB", 2)], ["hostA", "hostA", "hostB", "hostB"],  # rank 0's host removed
      [False, False, True, True]),
-    (3, [("hostA", 3)], ["hostA", "hostA", None, None], None)])  # hostA would need 3
-def test_a_shrink_in_place_keeps_each_hosts_lowest_ranks(np, hosts, machines, keeps):
-    """elastic_in_place.shrink_keeps: each host of the notice keeps as many of its ranks as perseusrun's
-    plan gives it, its lowest; a host that would need more ranks than it runs (a grow
-    too), or a rank started by a grow that would leave, takes the restart, saying
-    which."""
+    (3, [("hostA", 3)], ["hostA", "hostA", None, None],  # hostB replaced: 1 more on hostA
+     [True, True, False, False]),
+    (2, [("hostC", 2)], ["hostA", "hostA", "hostB", "hostB"], None)])  # none stays
+def test_a_resize_in_place_keeps_each_hosts_lowest_ranks(np, hosts, machines, stays):
+    """elastic_in_place.staying_ranks: each host of the notice keeps as many of its ranks
+    as perseusrun's plan gives it, its lowest (a grow adds the rest); a rank started by a
+    grow that would leave, or no rank kept, takes the restart, saying which."""
     spawned = [False, False, False, True] if np == 3 and hosts[0][0] == "localhost" else \
         [False] * 4
-    got, why = elastic_in_place.shrink_keeps(np, hosts, machines, spawned)
-    assert got == keeps
-    assert (why is None) == (keeps is not None)
-    if keeps is None:
-        assert ("hostA:1 more" if hosts[0][0] == "hostA" else
+    got, why = elastic_in_place.staying_ranks(np, hosts, machines, spawned)
+    assert got == stays
+    assert (why is None) == (stays is not None)
+    if stays is None:
+        assert ("no host of the running ranks keeps a rank" if hosts[0][0] == "hostC" else
                 "rank(s) 3 would leave, started by a grow") in why
 
 

@@ -143,7 +143,7 @@ def test_a_grown_rank_that_would_leave_takes_the_restart(ompi5, tmp_path):
     rc, out, err, report = grow_job(ompi5, tmp_path, 2, {"PTEST_SIZES": "4,2"})
     assert rc == 0, report
     assert "grew in place from 2 to 4 rank(s)" in err, report
-    assert "not shrunk in place (rank(s) 2,3 would leave, started by a grow" in err, report
+    assert "not resized in place (rank(s) 2,3 would leave, started by a grow" in err, report
     assert "leaves the job" not in err, report
     assert "starting 2 rank(s) on localhost:2 (run 1)" in err and "(run 2)" not in err, report
     resumed = re.findall(r"restart 1: resuming from persisted commit (\d+) on 2 rank", err)

@@ -18,7 +18,8 @@ once per grow after the process started (never on the newest ones).
 PTEST_GROWN_HOSTS (host:slots,... ; tests/launch/test_grow_across_hosts.py, on the
 namespace hosts): what rank 0 writes for the last size instead of localhost:<size>, one
 host a line; the ranks are then checked to run on the hosts perseusrun's plan gives them
-(filled in order), with their local ranks and sizes there.
+(filled in order), with their local ranks and sizes there. PTEST_JOINED_FROM (default 2):
+the first rank that a grow started, once grown.
 
 PTEST_VICTIM_STEP (a job started on 3 ranks): rank 2 SIGKILLs itself at that step; the
 two others shrink in place (ULFM) and go on, and the grows start from them. With
@@ -49,6 +50,9 @@ SAMPLES, FEATURES, BATCH, EPOCHS = 96, 8, 4, 3
 SIZES = [int(n) for n in os.environ.get("PTEST_SIZES", "4").split(",")]
 GROWN = SIZES[-1]
 GROWN_HOSTS = [h for h in os.environ.get("PTEST_GROWN_HOSTS", "").split(",") if h]
+# The first rank of the grown job that a grow started (after a shrink and a grow at once,
+# the ranks that stayed come first, however many).
+JOINED_FROM = int(os.environ.get("PTEST_JOINED_FROM", "2"))
 
 
 def hosts_text(size):
@@ -147,7 +151,7 @@ def body():
         hvd.local_rank(), hvd.local_size(), local_rank, local_size)
     # After a grow that failed, perseusrun restarted the job on the new size (no process
     # joined; the reset callback ran once, at the resume from the persisted commit).
-    assert joined == (hvd.rank() >= 2 and not restarted), (joined, hvd.rank(), restarted)
+    assert joined == (hvd.rank() >= JOINED_FROM and not restarted), (joined, hvd.rank(), restarted)
     # Each change of size after this process started: all of them for the old ranks, those
     # after the size it joined at for a new one.
     changes = len(SIZES) - (SIZES.index(first_size) + 1 if joined else 0)
