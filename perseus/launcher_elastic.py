@@ -42,6 +42,7 @@ import os
 import random
 import re
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -86,6 +87,12 @@ LOST_HOST_LINES = 16
 # another host while ranks that had left in a shrink in place were not yet reaped:
 # "UNSUPPORTED DAEMON ERROR STATE: NO PATH TO TARGET"): the job did not finish.
 RUNTIME_FAILED = re.compile(r"UNSUPPORTED DAEMON ERROR STATE: (.+)")
+# How MPICH's Hydra says it lost the proxy of a host lost whole (its ranks and the proxy
+# killed, the host down): the proxy's control connection closed. It names no host, so
+# perseusrun asks each host whether it answers (silent_hosts).
+HYDRA_PROXY_LOST = re.compile(r"control_cb \(.*\): assert \(!closed\) failed")
+# How long a host has to answer the launch agent after Hydra lost a proxy.
+PROBE_TIMEOUT_S = 10
 # perseusrun's exit code when Open MPI ended the job after losing a host and mpirun
 # exited with 0 (EX_UNAVAILABLE, BSD's exit code for "a service is unavailable"): a
 # scheduler must not take the job for finished. mpirun's own code is kept where not 0.
@@ -207,15 +214,17 @@ def plan(found, order, blacklist, min_np, max_np):
 
 
 class _Relay(threading.Thread):
-    """Copies one of mpirun's output streams to ours as it comes, and notes the hosts
-    mpirun says lost a rank (LOST_RANK_HOST, into `lost`) and those whose daemon it lost
-    (LOST_HOST, (host, what happened) into `hosts_lost`), and what its runtime said of its
-    own failure (RUNTIME_FAILED, into `runtime_failed`)."""
+    """Copies one of mpirun's output streams to ours as it comes, and notes into `job`
+    (a Relayed) the hosts mpirun says lost a rank (LOST_RANK_HOST, into `lost`), those
+    whose daemon it lost (LOST_HOST, (host, what happened) into `hosts_lost`), what its
+    runtime said of its own failure (RUNTIME_FAILED, into `runtime_failed`), and Hydra's
+    word that it lost a host's proxy (HYDRA_PROXY_LOST, into `proxy_lost`)."""
 
-    def __init__(self, pipe, fd, lost, hosts_lost, runtime_failed):
+    def __init__(self, pipe, fd, job):
         super().__init__(daemon=True)
-        self.pipe, self.fd, self.lost, self.partial = pipe, fd, lost, b""
-        self.hosts_lost, self.runtime_failed = hosts_lost, runtime_failed
+        self.pipe, self.fd, self.lost, self.partial = pipe, fd, job.lost, b""
+        self.hosts_lost, self.runtime_failed = job.hosts_lost, job.runtime_failed
+        self.proxy_lost = job.proxy_lost
         self.recent, self.block = [], []
 
     def run(self):
@@ -243,6 +252,8 @@ class _Relay(threading.Thread):
         m = RUNTIME_FAILED.search(line)
         if m:
             self.runtime_failed.append(m.group(1).strip())
+        if HYDRA_PROXY_LOST.search(line):
+            self.proxy_lost.append(line)
         self.block = (self.block + [line])[-LOST_HOST_LINES:]
         if "Remote " in line:  # the line that ends a LOST_HOST report: only then match
             text = " ".join(self.block)
@@ -257,14 +268,15 @@ class Relayed:
     """mpirun as perseusrun's child: its output copied to ours unchanged as it comes
     (_Relay), what it reports noted (lost: hosts that lost a rank; hosts_lost: (host,
     what happened) for hosts whose daemon Open MPI lost; runtime_failed: what Open MPI's
-    runtime said of its own failure), and SIGTERM to it should perseusrun die
-    (end_with_parent), as an exec'd mpirun would have died with it."""
+    runtime said of its own failure; proxy_lost: Hydra's lines saying it lost a host's
+    proxy), and SIGTERM to it should perseusrun die (end_with_parent), as an exec'd
+    mpirun would have died with it."""
 
     def __init__(self, cmd, env):
-        self.lost, self.hosts_lost, self.runtime_failed = [], [], []
+        self.lost, self.hosts_lost, self.runtime_failed, self.proxy_lost = [], [], [], []
         self.child = subprocess.Popen(cmd, env=env, preexec_fn=end_with_parent,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.relays = [_Relay(pipe, fd, self.lost, self.hosts_lost, self.runtime_failed)
+        self.relays = [_Relay(pipe, fd, self)
                        for pipe, fd in ((self.child.stdout, 1), (self.child.stderr, 2))]
         for relay in self.relays:
             relay.start()
@@ -374,6 +386,35 @@ def host_named(reported, hosts):
 # Open MPI's and a shell's with 128 + it.
 DEATH_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV, signal.SIGBUS,
                  signal.SIGABRT, signal.SIGILL, signal.SIGFPE)
+
+
+def silent_hosts(hosts, env):
+    """Of `hosts` (names), those other than this machine that do not answer Hydra's launch
+    agent within PROBE_TIMEOUT_S (`<agent> [HYDRA_LAUNCHER_EXTRA_ARGS] HOST true`, the
+    agent HYDRA_LAUNCHER_EXEC, else ssh), all asked at once; none where Hydra launches
+    another way (HYDRA_LAUNCHER other than ssh or rsh: Slurm, a resource manager)."""
+    if env.get("HYDRA_LAUNCHER", "ssh") not in ("ssh", "rsh"):
+        return []
+    agent = [env.get("HYDRA_LAUNCHER_EXEC") or env.get("HYDRA_LAUNCHER", "ssh")]
+    agent += shlex.split(env.get("HYDRA_LAUNCHER_EXTRA_ARGS", ""))
+    probes = {}
+    for host in dict.fromkeys(hosts):
+        if not is_local(host):
+            probes[host] = subprocess.Popen(agent + [host, "true"], env=env,
+                                            stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL)
+    deadline, silent = time.monotonic() + PROBE_TIMEOUT_S, []
+    for host, probe in probes.items():
+        try:
+            answered = probe.wait(timeout=max(0.1, deadline - time.monotonic())) == 0
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait()
+            answered = False
+        if not answered:
+            silent.append(host)
+    return silent
 
 
 def died_of_signal(returncode):
@@ -603,6 +644,17 @@ def run_growing(start_command, env, opts, say=None):
                 why = "a rank was killed (mpirun's exit code %d)" % returncode
                 for reported in dict.fromkeys(job.lost):  # the hosts mpirun's output names
                     leave_out(reported, reached, "lost a rank")
+            elif job.proxy_lost and not opts.get("in_place"):
+                # MPICH's Hydra lost a host whole and names none: the hosts that do not
+                # answer are left out; where all answer, the same hosts again.
+                silent = silent_hosts([h for h, _ in reached], env)
+                for host in silent:
+                    leave_out(host, reached, "does not answer (%s %s true) after Hydra lost "
+                              "a host's proxy" % (env.get("HYDRA_LAUNCHER_EXEC") or "ssh",
+                                                  host))
+                why = "Hydra lost a host's proxy, naming no host (%s)" % (
+                    "%s did not answer" % ",".join(silent) if silent else
+                    "every host answers: the same hosts again")
             elif opts.get("in_place"):
                 say("the job failed with exit code %d, and no host was lost: not restarted "
                     "(under ULFM a rank that dies is left behind in place; only a host Open "

@@ -381,3 +381,33 @@ def test_rank_killed_restarts_on_the_hosts_left_mpich(hosts, tmp_path):
         assert said in text, report
     assert text.count("restarted ok, size 2") == 2 and "(run 2)" not in text, report
     assert not list((tmp_path / "commits").glob("commit.*")), report  # removed when done
+
+
+def test_host_killed_whole_restarts_mpich(hosts, tmp_path):
+    """The MPICH core, `perseusrun --elastic -H hostA:2,hostB:2 --min-np 2`: every process
+    of hostB (its ranks and Hydra's proxy) SIGKILLed mid-step. Hydra's mpiexec names no
+    host ("control_cb (...): assert (!closed) failed", exit code 255); perseusrun asks
+    each host through Hydra's launch agent whether it answers: hostB does (only its
+    processes died), so the job starts again on the same hosts, where hvd.elastic.run
+    resumes from the persisted commit of step 5 and the 4 ranks finish with the script's
+    checks. Before, perseusrun ended with 255, 'not restarted'. (A host that does not
+    answer is blacklisted: test_launcher_elastic's stand-in agent.)"""
+    done = {}
+    watcher = when_paused(tmp_path, lambda: kill_host_b(hosts), done, 60)
+    try:
+        rc, text, report = run_mpich_losing_a_rank(hosts, tmp_path, {
+            "PTEST_KILL_WHERE": "allreduce", "PTEST_KILL_STEP": str(PAUSE_STEP),
+            "PTEST_VICTIMS": ",".join(map(str, HOSTB_RANKS)), "PTEST_SIGNAL": "PAUSE"})
+    finally:
+        watcher.join(timeout=5)
+    assert "at" in done, report
+    assert "assert (!closed) failed" in text, report
+    assert rc == 0, report
+    for said in ("perseusrun: --elastic: Hydra lost a host's proxy, naming no host (every "
+                 "host answers: the same hosts again): restarting the job (restart 1 of at "
+                 "most 3, --reset-limit)",
+                 "perseusrun: --elastic: starting 4 rank(s) on hostA:2,hostB:2 (run 1)",
+                 "restart 1: resuming from persisted commit %d on 4 rank(s)" % PAUSE_STEP):
+        assert said in text, report
+    assert text.count("restarted ok, size 4") == 4 and "(Horovod's cooldown)" not in text, report
+

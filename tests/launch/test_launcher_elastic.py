@@ -340,6 +340,51 @@ def test_a_job_open_mpis_runtime_ended_restarts_on_the_same_hosts(tmp_path, monk
     assert out.splitlines() == ["run 0 hosts localhost:2", "run 1 hosts localhost:2"], out
 
 
+HYDRA_PROXY_LOST = ("[mpiexec@localhost] control_cb (/mpich-5.0.2/src/pm/hydra/mpiexec/"
+                    "pmiserv_cb.c:280): assert (!closed) failed\n")
+
+
+@pytest.mark.parametrize("silent", [True, False])
+def test_a_host_hydra_lost_whole_is_found_by_asking_each(tmp_path, monkeypatch, capfd, silent):
+    """MPICH's Hydra lost a host whole and names none (its proxy's connection closed, exit
+    code 255): perseusrun asks each other host through Hydra's launch agent
+    (HYDRA_LAUNCHER_EXEC, here a stand-in that fails for node7 when `silent`). node7 not
+    answering is blacklisted and the job restarts on localhost; where every host
+    answers, it restarts on the same hosts. Before, perseusrun ended with 255."""
+    monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
+    agent = tmp_path / "agent"
+    agent.write_text("#!/bin/sh\necho \"$@\" >> %s\n%s\n" % (
+        tmp_path / "asked", '[ "$1" = node7 ] && exit 255; exit 0' if silent else "exit 0"))
+    agent.chmod(0o755)
+    fake = ("import os, sys\n"
+            "print('run %s hosts %s' % (os.environ['PERSEUS_ELASTIC_RESTARTS'], sys.argv[1]),"
+            " flush=True)\n"
+            "if os.environ['PERSEUS_ELASTIC_RESTARTS'] == '0':\n"
+            "    sys.stderr.write(sys.argv[2])\n"
+            "    sys.exit(255)\n")
+    opts = {"script": None, "slots": 1, "min_np": 2, "max_np": 0, "elastic_timeout": 5,
+            "discovery_timeout": 5, "cooldown_range": None, "limit": 3,
+            "first": [("localhost", 2), ("node7", 2)]}
+    messages = []
+    rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", fake, le.describe(hosts),
+                                           HYDRA_PROXY_LOST],
+                        clean_env({"HYDRA_LAUNCHER_EXEC": str(agent)}), opts,
+                        say=messages.append)
+    out, err = capfd.readouterr()
+    assert rc == 0, (out, err, messages)
+    assert open(tmp_path / "asked").read() == "node7 true\n"  # not this machine
+    if silent:
+        assert ("host node7 does not answer (%s node7 true) after Hydra lost a host's proxy: "
+                "blacklisted for the rest of the job (Horovod's cooldown)" % agent) in messages
+        assert out.splitlines() == ["run 0 hosts localhost:2,node7:2", "run 1 hosts localhost:2"]
+    else:
+        assert ("Hydra lost a host's proxy, naming no host (every host answers: the same hosts "
+                "again): restarting the job (restart 1 of at most 3, --reset-limit), which "
+                "resumes from its last persisted commit") in messages, messages
+        assert out.splitlines() == ["run 0 hosts localhost:2,node7:2",
+                                    "run 1 hosts localhost:2,node7:2"]
+
+
 def test_a_new_host_lost_in_a_grow_is_blacklisted(tmp_path, monkeypatch, capfd):
     """The script adds node8 while the job runs on localhost; the grow in place spawns
     there, Open MPI cannot start its daemon and ends the job (its report, mpirun's exit
