@@ -310,6 +310,21 @@ def test_a_ulfm_job_that_lost_a_host_does_not_end_with_0(capfd, report, code, wa
     assert messages == ([said] if said else []), messages
 
 
+# The start of a stand-in for mpirun under run_growing: it prints its run and hosts
+# (argv[1]), then does what follows in the first run only.
+SAYS_ITS_RUN = ("import os, sys, time\n"
+                "print('run %s hosts %s' % (os.environ['PERSEUS_ELASTIC_RESTARTS'], "
+                "sys.argv[1]), flush=True)\n"
+                "if os.environ['PERSEUS_ELASTIC_RESTARTS'] == '0':\n")
+
+
+def growing_opts(script, first, **more):
+    """run_growing's options for a stand-in job: --min-np 2, 5 s timeouts, 3 restarts."""
+    return dict({"script": script, "slots": 1, "min_np": 2, "max_np": 0, "elastic_timeout": 5,
+                 "discovery_timeout": 5, "cooldown_range": None, "limit": 3, "first": first},
+                **more)
+
+
 def test_a_job_open_mpis_runtime_ended_restarts_on_the_same_hosts(tmp_path, monkeypatch,
                                                                    capfd):
     """Open MPI's runtime says it failed and mpirun exits with 0 (the job's ranks killed,
@@ -319,14 +334,9 @@ def test_a_job_open_mpis_runtime_ended_restarts_on_the_same_hosts(tmp_path, monk
     monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
     listed = tmp_path / "hosts"
     listed.write_text("localhost:2\n")
-    fake = ("import os, sys\n"
-            "print('run %s hosts %s' % (os.environ['PERSEUS_ELASTIC_RESTARTS'], sys.argv[1]),"
-            " flush=True)\n"
-            "if os.environ['PERSEUS_ELASTIC_RESTARTS'] == '0':\n"
+    fake = (SAYS_ITS_RUN +
             "    sys.stderr.write(sys.argv[2])\n")
-    opts = {"script": "cat %s" % listed, "slots": 1, "min_np": 2, "max_np": 0,
-            "elastic_timeout": 5, "discovery_timeout": 5, "cooldown_range": None, "limit": 3,
-            "first": [("localhost", 2)], "grow": True}
+    opts = growing_opts("cat %s" % listed, [("localhost", 2)], grow=True)
     messages = []
     rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", fake, le.describe(hosts),
                                            RUNTIME_FAILED], clean_env(), opts,
@@ -356,15 +366,10 @@ def test_a_host_hydra_lost_whole_is_found_by_asking_each(tmp_path, monkeypatch, 
     agent.write_text("#!/bin/sh\necho \"$@\" >> %s\n%s\n" % (
         tmp_path / "asked", '[ "$1" = node7 ] && exit 255; exit 0' if silent else "exit 0"))
     agent.chmod(0o755)
-    fake = ("import os, sys\n"
-            "print('run %s hosts %s' % (os.environ['PERSEUS_ELASTIC_RESTARTS'], sys.argv[1]),"
-            " flush=True)\n"
-            "if os.environ['PERSEUS_ELASTIC_RESTARTS'] == '0':\n"
+    fake = (SAYS_ITS_RUN +
             "    sys.stderr.write(sys.argv[2])\n"
             "    sys.exit(255)\n")
-    opts = {"script": None, "slots": 1, "min_np": 2, "max_np": 0, "elastic_timeout": 5,
-            "discovery_timeout": 5, "cooldown_range": None, "limit": 3,
-            "first": [("localhost", 2), ("node7", 2)]}
+    opts = growing_opts(None, [("localhost", 2), ("node7", 2)])
     messages = []
     rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", fake, le.describe(hosts),
                                            HYDRA_PROXY_LOST],
@@ -394,19 +399,14 @@ def test_a_new_host_lost_in_a_grow_is_blacklisted(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("PERSEUS_ELASTIC_PERSIST_DIR", str(tmp_path / "c"))
     listed = tmp_path / "hosts"
     listed.write_text("localhost:2\n")
-    fake = ("import os, sys, time\n"
-            "print('run %s hosts %s' % (os.environ['PERSEUS_ELASTIC_RESTARTS'], sys.argv[1]),"
-            " flush=True)\n"
-            "if os.environ['PERSEUS_ELASTIC_RESTARTS'] == '0':\n"
+    fake = (SAYS_ITS_RUN +
             "    open(sys.argv[3], 'w').write('localhost:2\\nnode8:2\\n')\n"
             "    for _ in range(200):\n"  # until perseusrun told the ranks (a new generation)
             "        if open(os.environ['PERSEUS_ELASTIC_NOTICE']).read().split()[0] != '0':\n"
             "            break\n"
             "        time.sleep(0.05)\n"
             "    sys.stderr.write(sys.argv[2])\n")
-    opts = {"script": "cat %s" % listed, "slots": 1, "min_np": 2, "max_np": 0,
-            "elastic_timeout": 5, "discovery_timeout": 5, "cooldown_range": None, "limit": 3,
-            "first": [("localhost", 2)], "grow": True}
+    opts = growing_opts("cat %s" % listed, [("localhost", 2)], grow=True)
     messages = []
     rc = le.run_growing(lambda hosts, np: [sys.executable, "-c", fake, le.describe(hosts),
                                            DAEMON_GONE % "node8", str(listed)],
