@@ -445,10 +445,10 @@ def _run_growing(parser, args, flavour, mpirun):
               "rank dies (--reset-limit), and hvd.elastic.run resumes from that commit"
               % (script, launcher_elastic.describe(first) or "no host",
                  opts["min_np"], opts["max_np"] or "all slots",
-                 "ranks added where every running rank keeps its host join the running job "
-                 "at its next commit (ULFM: grown in place, on new hosts too), and ranks "
-                 "removed leave it there where the others keep their hosts (shrunk in "
-                 "place); any other"
+                 "at the ranks' next commit, ranks removed leave the running job and ranks "
+                 "added join it (ULFM: in place; on other hosts only while Open MPI runs "
+                 "its daemons on this machine alone, as Open MPI 5.0.11 fails otherwise); "
+                 "any other"
                  if grow else "a", opts["limit"]),
               file=sys.stderr, flush=True)
     elif in_place:

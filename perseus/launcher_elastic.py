@@ -597,8 +597,7 @@ def run_growing(start_command, env, opts, say=None):
                     say("the hosts changed: %d rank(s) on %s next; the ranks are told "
                         "(HostsUpdatedInterrupt at their next commit%s)"
                         % (wanted[1], describe(wanted[0]),
-                           ", where they grow or shrink in place if every rank kept keeps its "
-                           "host"
+                           ", where the job is resized in place where it can be"
                            if opts.get("grow") else ""))
             # Open MPI 5 ends the job after losing a host with exit code 0: not done.
             code = job.code(returncode)

@@ -605,7 +605,8 @@ def test_a_ulfm_core_follows_its_hosts_under_ulfm_oversubscribed(monkeypatch, tm
         out, err = capsys.readouterr()
         command = out.split("): ", 1)[1].split()
         assert (("--with-ft" in command and "--oversubscribe" in command) == ulfm), out
-        assert ("join the running job at its next commit" in err) == ulfm, err
+        assert ("ranks removed leave the running job and ranks added join it (ULFM: in "
+                "place" in err) == ulfm, err
         # What a grow onto another host hands the new ranks: perseusrun's forwarded names.
         spawn_env = os.environ.pop("PERSEUS_SPAWN_ENV", None)
         assert ("-x PERSEUS_SPAWN_ENV" in out) == ulfm, out
