@@ -222,9 +222,7 @@ class _Relay(threading.Thread):
 
     def __init__(self, pipe, fd, job):
         super().__init__(daemon=True)
-        self.pipe, self.fd, self.lost, self.partial = pipe, fd, job.lost, b""
-        self.hosts_lost, self.runtime_failed = job.hosts_lost, job.runtime_failed
-        self.proxy_lost = job.proxy_lost
+        self.pipe, self.fd, self.job, self.partial = pipe, fd, job, b""
         self.recent, self.block = [], []
 
     def run(self):
@@ -247,20 +245,20 @@ class _Relay(threading.Thread):
         for pattern in LOST_RANK_HOST:
             m = pattern.search(text)
             if m:
-                self.lost.append(m.group(1))
+                self.job.lost.append(m.group(1))
                 self.recent = []  # each report once
         m = RUNTIME_FAILED.search(line)
         if m:
-            self.runtime_failed.append(m.group(1).strip())
+            self.job.runtime_failed.append(m.group(1).strip())
         if HYDRA_PROXY_LOST.search(line):
-            self.proxy_lost.append(line)
+            self.job.proxy_lost.append(line)
         self.block = (self.block + [line])[-LOST_HOST_LINES:]
         if "Remote " in line:  # the line that ends a LOST_HOST report: only then match
             text = " ".join(self.block)
             for what, pattern in LOST_HOST:
                 m = pattern.search(text)
                 if m:
-                    self.hosts_lost.append((m.group(1), what))
+                    self.job.hosts_lost.append((m.group(1), what))
                     self.block = []
 
 
@@ -388,6 +386,11 @@ DEATH_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV, signal.SIGBUS,
                  signal.SIGABRT, signal.SIGILL, signal.SIGFPE)
 
 
+def hydra_agent(env):
+    """The program Hydra launches its proxies with: HYDRA_LAUNCHER_EXEC, else ssh (rsh)."""
+    return env.get("HYDRA_LAUNCHER_EXEC") or env.get("HYDRA_LAUNCHER", "ssh")
+
+
 def silent_hosts(hosts, env):
     """Of `hosts` (names), those other than this machine that do not answer Hydra's launch
     agent within PROBE_TIMEOUT_S (`<agent> [HYDRA_LAUNCHER_EXTRA_ARGS] HOST true`, the
@@ -395,8 +398,7 @@ def silent_hosts(hosts, env):
     another way (HYDRA_LAUNCHER other than ssh or rsh: Slurm, a resource manager)."""
     if env.get("HYDRA_LAUNCHER", "ssh") not in ("ssh", "rsh"):
         return []
-    agent = [env.get("HYDRA_LAUNCHER_EXEC") or env.get("HYDRA_LAUNCHER", "ssh")]
-    agent += shlex.split(env.get("HYDRA_LAUNCHER_EXTRA_ARGS", ""))
+    agent = [hydra_agent(env)] + shlex.split(env.get("HYDRA_LAUNCHER_EXTRA_ARGS", ""))
     probes = {}
     for host in dict.fromkeys(hosts):
         if not is_local(host):
@@ -649,8 +651,7 @@ def run_growing(start_command, env, opts, say=None):
                 silent = silent_hosts([h for h, _ in reached], env)
                 for host in silent:
                     leave_out(host, reached, "does not answer (%s %s true) after Hydra lost "
-                              "a host's proxy" % (env.get("HYDRA_LAUNCHER_EXEC") or "ssh",
-                                                  host))
+                              "a host's proxy" % (hydra_agent(env), host))
                 why = "Hydra lost a host's proxy, naming no host (%s)" % (
                     "%s did not answer" % ",".join(silent) if silent else
                     "every host answers: the same hosts again")

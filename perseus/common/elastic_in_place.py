@@ -4,10 +4,11 @@
 made in place (decide: the ranks whose slots are gone leave, then new ones are spawned
 from those left where the notice wants more), and making it (shrink: the core splits
 the job and the ranks that leave end; grow: the core spawns the new ranks and merges
-them). What cannot be made so takes the restart, which elastic.py runs; so does the persister's part (elastic.py's
-_join_grown_job, which every rank runs after either). The exit code the core leaves a
+them). What cannot be made so takes the restart, which elastic.py runs; so does the
+persister's part (elastic.py's _join_grown_job, which every rank runs after either). The exit code the core leaves a
 failed resize with is elastic.HOSTS_UPDATED_EXIT's (75)."""
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -83,37 +84,32 @@ def staying_ranks(np, hosts, machines, spawned):
     return stays, None
 
 
-def placed_grow_refused(places, kept, daemons):
-    """Why a grow in place may not place its new ranks on their hosts (`places`, where
-    the ranks that stay run on `kept`), or None: Open MPI 5.0.11's spawn onto a host of
-    a job whose daemons already run on another host than mpirun's (`daemons`,
-    perseusrun's notice) ended the job: "PRTE has lost communication with a remote
-    daemon" after the new ranks started, 3 runs of 3 for hostA:2,hostB:2 -> hostA:1,
-    hostB:3 (1 of 5 another time), and every run adding a third host beside a second
-    (namespace hosts; docs/investigations/grow-in-place.md). From a job on mpirun's
-    machine alone, the grows onto other hosts held. Those take the restart."""
-    if daemons and places and not (len(set(kept)) == 1 and all(h in kept for h, _ in places)):
+def placed_grow_refused(places, daemons):
+    """Why a grow in place may not place its new ranks on their hosts (`places`), or
+    None: Open MPI 5.0.11's spawn onto a host of a job whose daemons already run on
+    another host than mpirun's (`daemons`, perseusrun's notice) ended the job: "PRTE has
+    lost communication with a remote daemon" after the new ranks started, 3 runs of 3
+    for hostA:2,hostB:2 -> hostA:1,hostB:3 (1 of 5 another time), and every run adding
+    a third host beside a second (namespace hosts; docs/investigations/grow-in-place.md).
+    From a job on mpirun's machine alone, the grows onto other hosts held. Those take
+    the restart."""
+    if daemons:
         return ("placing new ranks on %s while Open MPI's daemons run on %s, which Open MPI "
                 "5.0.11 fails at" % (",".join(h for h, _ in places), ",".join(daemons)))
     return None
 
 
+@dataclasses.dataclass
 class Resize:
     """A change made in place (decide's): stays, whether this rank stays through a
     shrink (None: every rank stays), and left_here, the process ids of the ranks that
     leave from this rank's host; then add, the ranks a grow adds (0: none), and places,
     where (None: as MPI places them on the one machine the job runs on; else
     ("host:n,..." of the new ranks, "host:slots,..." of the hosts to add))."""
-
-    def __init__(self, stays, add, places, left_here=()):
-        self.stays, self.add, self.places, self.left_here = stays, add, places, list(left_here)
-
-    def __eq__(self, other):
-        return isinstance(other, Resize) and vars(self) == vars(other)
-
-    def __repr__(self):
-        return "Resize(stays=%r, add=%r, places=%r, left_here=%r)" % (
-            self.stays, self.add, self.places, self.left_here)
+    stays: object
+    add: int
+    places: object
+    left_here: list = dataclasses.field(default_factory=list)
 
 
 def decide(state, watch):
@@ -137,7 +133,10 @@ def decide(state, watch):
         kept = [host for host, stay in zip(machines, stays) if stay]
         places = grow_places(np, hosts, kept)
         added = [host for host, _ in places if host not in kept]
-        why = placed_grow_refused(places, kept, daemons)
+        # Placed on their hosts unless all go to the one machine the job runs on.
+        placed = bool(places) and not (len(set(kept)) == 1 and not added)
+        if placed:
+            why = placed_grow_refused(places, daemons)
     if why is not None:
         if basics.rank() == 0:
             sys.stderr.write("[perseus] hvd.elastic: the hosts changed: not resized in place "
@@ -150,9 +149,9 @@ def decide(state, watch):
     resize = Resize(None if all(stays) else stays[me], np - len(kept), None,
                     [pid for pid, host, stay in zip(pids, machines, stays)
                      if not stay and host == machines[me]])
-    if places and not (len(set(kept)) == 1 and not added):
-        # Placed on their hosts (not all on the one machine the job runs on): hosts no
-        # rank runs on yet join the job's with their slots (Open MPI starts its daemon).
+    if placed:
+        # Hosts no rank runs on yet join the job's with their slots (Open MPI starts its
+        # daemon there).
         slots = dict(hosts)
         resize.places = (",".join("%s:%d" % place for place in places),
                          ",".join("%s:%d" % (host, slots[host]) for host in added))

@@ -15,6 +15,7 @@
 #endif
 #endif
 
+#include "common/list_string.h"
 #include "common/logging.h"
 #include "mpi/mpi_status.h"
 
@@ -145,23 +146,19 @@ void EndStillRunning(int rank, int pid, const char* why) {
                         << "ended here: it cannot rejoin";
 }
 
-}  // namespace
-
-namespace {
-
 // The first survivor asks the runtime to end the processes of `runtime` (every rank of
 // the last world) that were not `kept`, wherever they run.
 void AskRuntimeToEndExcluded(const std::vector<int>& kept,
                              const std::vector<RuntimeProcess>& runtime) {
   std::vector<RuntimeProcess> excluded;
-  std::string ranks;
+  std::vector<int> ranks;
   for (size_t rank = 0; rank < runtime.size(); ++rank) {
     if (std::find(kept.begin(), kept.end(), static_cast<int>(rank)) != kept.end()) continue;
     excluded.push_back(runtime[rank]);
-    ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
+    ranks.push_back(static_cast<int>(rank));
   }
   if (!excluded.empty() && AskRuntimeToEnd(excluded))
-    PERSEUS_LOG(kDebug) << "asked Open MPI's runtime to end rank(s) " << ranks
+    PERSEUS_LOG(kDebug) << "asked Open MPI's runtime to end rank(s) " << ListString(ranks)
                         << " of the last world, should one still run (frozen on a host "
                         << "with no survivor)";
 }
