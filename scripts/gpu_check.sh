@@ -29,7 +29,7 @@
 #      later (--nccl PATH, else torch's; scripts/gpu_check_plan.py nccl decides), running the
 #      check_multi_rank.py beside a given one (NCCL alone); checks that libperseus and
 #      mpi4py load one libmpi, the one that mpicxx links;
-#   5. runs perseusrun --check-build; tests/gpu/test_gpu.py in each configuration (in
+#   5. runs perseusrun --check-build and tests/gpu/test_gpu.py in each configuration (in
 #      process; NCCL np=1 with 1, 2, 4 lanes, host-staged np=2 sharing the GPU, NCCL np=2 if
 #      two GPUs, and with that NCCL, NCCL np=2 and np=4 on GPU 0 with 1, 2 and 4 lanes, each
 #      with a stress run of 1,000 steps, tests/rank_scripts/gpu_stress.py) as the plan's pool
@@ -333,9 +333,6 @@ step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX"
 [ "$DRY_RUN" = 1 ] || report "## One MPI: libperseus, mpi4py and $MPICXX" "" '```text' "$(cat "$LOGS/same_mpi.log")" '```' ""
 
 # ---------------------------------------------------------------- 5. check-build, tests, benchmark
-step check_build 60 "$VENV/bin/perseusrun" --check-build
-[ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log")" '```' ""
-
 if [ "$RUN_NCCL_CHECK" = 1 ]; then
   [ "$DRY_RUN" = 1 ] || wait "$NCCL_CHECK_JOB"
   record_step nccl_multi_rank
@@ -368,6 +365,7 @@ run_job() {
   local name=$1 limit=$2 config=${1#*_}
   config=${config%.part*}
   case $name in
+    check_build) run_step "$name" "$limit" "$VENV/bin/perseusrun" --check-build ;;
     test_inproc) run_step "$name" "$limit" "${PYTEST[@]}" -m "not mpi" ;;
     stress_*)
       [[ $config =~ ^nccl_np([0-9]+)_shared_lanes([0-9]+)$ ]] \
@@ -409,6 +407,7 @@ wait
 STRESSED=""
 for name in $RUN_JOBS $SKIPPED_JOBS; do
   record_step "$name"
+  [ "$name" = check_build ] && continue  # its own section, below the table
   [[ $name == stress_* ]] && { STRESSED="$STRESSED ${name#stress_}"; continue; }
   [ "$DRY_RUN" = 1 ] && continue
   line=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)' "$LOGS/$name.log" 2>/dev/null | tail -1)
@@ -416,6 +415,7 @@ for name in $RUN_JOBS $SKIPPED_JOBS; do
   report "| ${name#test_} | ${line:-no summary line (see gpu_check_logs/$name.log)} |"
 done
 report ""
+[ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log" 2>/dev/null)" '```' ""
 report "## Stress runs (tests/rank_scripts/gpu_stress.py, $STRESS_STEPS steps each)" ""
 for config in $STRESSED; do
   [ "$DRY_RUN" = 1 ] || report "- $config: $(grep -h -E 'stress: |HANG|FAILED|Error' "$LOGS/stress_$config.log" 2>/dev/null | head -3 | tr '\n' ' ')"

@@ -17,8 +17,9 @@ The model, small on purpose (docs/gpu.md, "The plan"):
   each other's turn on the GPU), which overlaps with other jobs, and a GPU part, in which the
   job holds the one GPU: the GPU time-slices between processes, so the GPU parts of jobs that
   run at once add up.
-- The fixed steps (set-up, build, checks, benchmark) run one after another.
-- The test jobs run in one pool: started longest first whenever their ranks fit under
+- The fixed steps (set-up, build, the one-MPI check, benchmark) run one after another.
+- The test jobs and --check-build run in one pool: --check-build and the stress runs first,
+  the rest longest first, whenever their ranks fit under
   RANK_CAP. The pool takes the longest of three bounds: its longest job alone, the sum of
   its GPU parts, and its rank-seconds over RANK_CAP. Each job's predicted time is its time
   alone, stretched by one factor for the whole pool when a bound other than the schedule binds.
@@ -47,12 +48,16 @@ Cost = namedtuple("Cost", "host gpu source")
 # Steps outside the pool, in seconds on the H200 alone.
 STEPS = {
     "setup": Cost(20, 0, "estimate: the venv, pip install from wheels/, NCCL unpacked; never timed alone"),
-    "build": Cost(82, 0, "measured: 52-82 s (H100 25 Nov, H200 26 Nov; the slowest taken); the parallel "
-                         "compile (1f22f5e) is not timed on a device"),
+    "build": Cost(20, 0, "estimate: 52-82 s measured with one compiler process (H100 25 Nov, H200 26 Nov); "
+                         "the parallel compile (1f22f5e) runs one per core. On the CI machine (30 Nov, no "
+                         "ccache) the 77 compiles took 62.7 s one at a time (63.5 s with link and setuptools), "
+                         "the longest 4.1 s (engine.cc): with 16 at once, about 4 s + 62.7/16 s, here or at "
+                         "the H200's speed (82 s one at a time there), plus pip's start"),
     "nccl_multi_rank": Cost(25, 5, "estimate: NCCL alone, 2 ranks, spawned processes importing torch; never "
                                    "passed on a device (27 Nov: a bug, since fixed); runs during the build"),
     "same_mpi": Cost(5, 0, "estimate: one Python start loading libperseus and mpi4py"),
-    "check_build": Cost(10, 0, "estimate: perseusrun --check-build loads torch, CUDA and NCCL once"),
+    "check_build": Cost(10, 0, "estimate: perseusrun --check-build loads torch, CUDA and NCCL once; a job "
+                               "of the test pool (host work beside the tests)"),
     "gpu_elastic": Cost(110, 10, "estimate from scripts/gpu_elastic_check.sh: 1-2 min for its core's build, "
                                  "20-40 s for the job; only with PERSEUS_OMPI5_MPICXX"),
     "gpu_bench_np2": Cost(55, 55, "estimate: benchmarks/gpu_bench.py --shared-np2 (issue 47, point 3), never run "
@@ -161,11 +166,16 @@ def config_jobs(config, ranks, scripts):
     return jobs
 
 
+def starts_first(name):
+    """--check-build (what the report reads first) and the stress runs (what a run cut short
+    most needs) start before the rest."""
+    return name == "check_build" or name.startswith("stress_")
+
+
 def pool(jobs):
-    """Starts the stress runs first (what a run cut short most needs), then the rest longest
-    first, each whenever its ranks fit under RANK_CAP -> (wall, jobs with predicted start and
-    end, the bound that binds)."""
-    jobs = sorted(jobs, key=lambda j: (not j["name"].startswith("stress_"), -j["alone"]))
+    """Starts starts_first's jobs first, then the rest longest first, each whenever its ranks
+    fit under RANK_CAP -> (wall, jobs with predicted start and end, the bound that binds)."""
+    jobs = sorted(jobs, key=lambda j: (not starts_first(j["name"]), -j["alone"]))
     running, clock = [], 0.0  # running: (end, ranks)
     for j in jobs:
         while running and sum(r for _, r in running) + j["ranks"] > RANK_CAP:
@@ -194,8 +204,11 @@ def make_plan(configs=None, gpus=1, multi_rank=True, nccl_check=True, bench=True
     both = [sum(STEPS[name][:2]) for name in ("build", "nccl_multi_rank")]
     steps.append(("build", STEPS["build"]) if not nccl_check else
                  ("build+nccl_multi_rank", Cost(max(both + [STEPS["nccl_multi_rank"].gpu]), 0, "at once")))
-    steps += [("same_mpi", STEPS["same_mpi"]), ("check_build", STEPS["check_build"])]
-    jobs, skipped = [job("test_inproc", 1, INPROC.host, INPROC.gpu, config="inproc", scripts=[])], []
+    steps.append(("same_mpi", STEPS["same_mpi"]))
+    check = STEPS["check_build"]
+    jobs = [job("check_build", 1, check.host, check.gpu, scripts=[]),
+            job("test_inproc", 1, INPROC.host, INPROC.gpu, config="inproc", scripts=[])]
+    skipped = []
     for config in configs:
         ranks, _, _, _, needs_gpus = all_configs[config]
         if shared_nccl(config) and not multi_rank:
