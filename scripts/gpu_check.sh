@@ -48,7 +48,8 @@
 # PERSEUS_GPU_CHECK_CONFIGS (the test_gpu.py configurations to run, all by default; none: no test job),
 # PERSEUS_GPU_CHECK_BENCH (1; 0 leaves out the benchmark, for a short rerun of some configurations;
 # np2: only benchmarks/gpu_bench.py --shared-np2, two ranks on GPU 0 beside torch's DDP on the
-# same NCCL, which needs a multi-rank NCCL (--nccl); all: both benchmarks),
+# same NCCL, which needs a multi-rank NCCL (--nccl); all: both benchmarks; a benchmark starts
+# only where the plan's time for it is left of the budget, else it is NOT RUN, saying so),
 # PERSEUS_GPU_CHECK_WITHOUT_CUDA=1 (test this script on a CPU machine: all steps run,
 # the GPU tests skip, exit code 3).
 set -uo pipefail  # not -e: a failing step is recorded, the others still run
@@ -261,9 +262,33 @@ run_step() {
   return "$rc"
 }
 
+# whole_step NAME LIMIT_S CMD...: step, for a step that a cut-short run leaves with nothing
+# to show (a benchmark prints its table at its end): NOT RUN, saying why, where less of the
+# budget is left than the plan predicts for it.
+whole_step() {
+  local name=$1 left=$(( $(remaining) - RESERVE_S ))
+  if [ "$DRY_RUN" = 0 ] && [ "$left" -lt "${PREDICTED[$name]:-0}" ]; then
+    printf 'NOT RUN (time budget: %ss left, the plan predicts %ss)\t\n' "$left" "${PREDICTED[$name]}" \
+      >"$LOGS/$name.result"
+    say "$name: NOT RUN (${left}s of the budget left, the plan predicts ${PREDICTED[$name]}s)"
+    record_step "$name"
+    return 1
+  fi
+  step "$@"
+}
+
 # background CMD...: CMD as a background job; in a dry run, at once (it only prints).
 background() {
   if [ "$DRY_RUN" = 1 ]; then "$@"; else "$@" & fi
+}
+
+# step_output NAME: what the step printed; for a step NOT RUN, its result (a log there is
+# an earlier run's).
+step_output() {
+  local result=""
+  [ -f "$LOGS/$1.result" ] && result=$(cut -f1 "$LOGS/$1.result")
+  if [[ $result == "NOT RUN"* ]] || [ ! -f "$LOGS/$1.log" ]; then echo "${result:-no result}"
+  else cat "$LOGS/$1.log"; fi
 }
 
 # record_step NAME: adds the step's result to the summary; returns 0 if it passed.
@@ -330,7 +355,7 @@ if [ "$DRY_RUN" = 0 ] && ! "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX" >
     --force-reinstall --no-deps mpi4py
 fi
 step same_mpi 60 "$VPY" scripts/gpu_check_info.py same-mpi "$MPICXX"
-[ "$DRY_RUN" = 1 ] || report "## One MPI: libperseus, mpi4py and $MPICXX" "" '```text' "$(cat "$LOGS/same_mpi.log")" '```' ""
+[ "$DRY_RUN" = 1 ] || report "## One MPI: libperseus, mpi4py and $MPICXX" "" '```text' "$(step_output same_mpi)" '```' ""
 
 # ---------------------------------------------------------------- 5. check-build, tests, benchmark
 if [ "$RUN_NCCL_CHECK" = 1 ]; then
@@ -415,7 +440,7 @@ for name in $RUN_JOBS $SKIPPED_JOBS; do
   report "| ${name#test_} | ${line:-no summary line (see gpu_check_logs/$name.log)} |"
 done
 report ""
-[ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(cat "$LOGS/check_build.log" 2>/dev/null)" '```' ""
+[ "$DRY_RUN" = 1 ] || report "## perseusrun --check-build" "" '```text' "$(step_output check_build)" '```' ""
 report "## Stress runs (tests/rank_scripts/gpu_stress.py, $STRESS_STEPS steps each)" ""
 for config in $STRESSED; do
   [ "$DRY_RUN" = 1 ] || report "- $config: $(grep -h -E 'stress: |HANG|FAILED|Error' "$LOGS/stress_$config.log" 2>/dev/null | head -3 | tr '\n' ' ')"
@@ -445,8 +470,8 @@ RESERVE_S=0
 # Under perseusrun -np 1 (the chosen mpirun, with the flags its MPI needs, e.g. Open MPI's
 # --bind-to none): how users launch; the in-process step already covers a plain python.
 if [ "$BENCH" = 1 ] || [ "$BENCH" = all ]; then
-  step gpu_bench 150 "$VENV/bin/perseusrun" -np 1 "$VPY" benchmarks/gpu_bench.py --json "$LOGS/gpu_bench.json"
-  [ "$DRY_RUN" = 1 ] || report "## Benchmark (benchmarks/gpu_bench.py)" "" "$(cat "$LOGS/gpu_bench.log")" ""
+  whole_step gpu_bench 150 "$VENV/bin/perseusrun" -np 1 "$VPY" benchmarks/gpu_bench.py --json "$LOGS/gpu_bench.json"
+  [ "$DRY_RUN" = 1 ] || report "## Benchmark (benchmarks/gpu_bench.py)" "" "$(step_output gpu_bench)" ""
 else
   report "## Benchmark" "" "Not run (PERSEUS_GPU_CHECK_BENCH=$BENCH)." ""
 fi
@@ -454,10 +479,10 @@ fi
 # preloads the given NCCL for torch too (benchmarks/README.md says why LD_PRELOAD).
 if [ "$BENCH" = np2 ] || [ "$BENCH" = all ]; then
   if [ "$MULTI_RANK" = 1 ]; then
-    step gpu_bench_np2 160 "$VENV/bin/perseusrun" -np 2 "$VPY" benchmarks/gpu_bench.py --shared-np2 \
+    whole_step gpu_bench_np2 160 "$VENV/bin/perseusrun" -np 2 "$VPY" benchmarks/gpu_bench.py --shared-np2 \
       --nccl "$NCCL_LIB" --timeout 140 --json "$LOGS/gpu_bench_np2.json"
     [ "$DRY_RUN" = 1 ] || report "## Benchmark, np=2 on one GPU (benchmarks/gpu_bench.py --shared-np2)" "" \
-      "$(cat "$LOGS/gpu_bench_np2.log")" ""
+      "$(step_output gpu_bench_np2)" ""
   else
     report "## Benchmark, np=2 on one GPU" "" "Not run: NCCL $NCCL_VERSION cannot run two ranks on one GPU (give --nccl with 2.30 or later)." ""
   fi

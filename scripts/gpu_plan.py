@@ -236,7 +236,7 @@ def make_plan(configs=None, gpus=1, multi_rank=True, nccl_check=True, bench=True
 
 
 def show(plan):
-    lines = ["plan (scripts/gpu_plan.py): predicted %ds of the %ds goal (issue 47); the call's budget is %ds"
+    lines = ["plan (scripts/gpu_plan.py): predicted %.0fs of the %ds goal (issue 47); the call's budget is %ds"
              % (plan["predicted_s"], plan["budget_s"], plan["call_budget_s"])]
     if plan["predicted_s"] > plan["call_budget_s"]:
         lines.append("  OVER the call's budget: the steps past it will be NOT RUN (PERSEUS_GPU_CHECK_CONFIGS "
