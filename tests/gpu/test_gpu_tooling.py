@@ -870,3 +870,47 @@ def test_gpu_plan_measured_beside_predicted(tmp_path):
     out = __import__("json").loads((tmp_path / "measured.json").read_text())
     assert out["scripts"] == {"test_nccl_np1_lanes1": {"allreduce": 2.5, "join": 0.5, "job_start": 27.0}}
     assert out["measured_s"] == 400 and out["predicted_s"] == plan["predicted_s"]
+
+
+# ---------------------------------------------------------------- the device call
+
+def _gpu_device_call():
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    try:
+        import gpu_device_call
+    finally:
+        sys.path.remove(str(REPO_ROOT / "scripts"))
+    return gpu_device_call
+
+
+def test_gpu_device_call_stages_what_travels(tmp_path):
+    """The stage holds the pruned NCCL and its check (../shared does not travel) and the
+    wheels but numpy; the call runs gpu_check.sh on them and packs what comes back."""
+    call = _gpu_device_call()
+    shared, wheels, root = tmp_path / "shared", tmp_path / "wheels", tmp_path / "stage"
+    shared.mkdir()
+    wheels.mkdir()
+    for name in call.NCCL_FILES:
+        (shared / name).write_bytes(b"x" * 1000)
+    for name in ("mpich-5.0.2-py3-none-any.whl", "numpy-2.5.5-cp312-cp312-any.whl", "README"):
+        (wheels / name).write_bytes(b"y" * 500)
+    left_out = call.stage(str(shared), str(wheels), str(root))
+    assert sorted(os.listdir(root / "nccl")) == sorted(call.NCCL_FILES)
+    assert os.listdir(root / "wheels") == ["mpich-5.0.2-py3-none-any.whl"]
+    assert [name for name, _ in left_out] == ["numpy-2.5.5-cp312-cp312-any.whl"]
+    without = call.travelling_bytes([])
+    assert call.travelling_bytes([str(root)]) == without + 2 * 1000 + 500
+    (shared / call.NCCL_FILES[1]).unlink()
+    with pytest.raises(SystemExit, match="check_multi_rank.py is missing"):
+        call.stage(str(shared), str(wheels), str(root))
+    with open(str(REPO_ROOT / ".gitignore")) as f:
+        assert call.STAGE + "/" in f.read().split(), "the stage must be git-ignored (it travels as carry)"
+    with open(str(REPO_ROOT / "scripts" / "gpu_check.sh")) as f:
+        script = f.read()
+    for second, settings in ((False, "PERSEUS_GPU_CHECK_BENCH=all "),
+                             (True, "PERSEUS_GPU_CHECK_CONFIGS=none PERSEUS_GPU_CHECK_BENCH=np2 ")):
+        command = call.command(second)
+        assert len(command) <= call.COMMAND_CHARS
+        assert settings + "bash scripts/gpu_check.sh --nccl %s/nccl/%s;" % (call.STAGE, call.NCCL_FILES[0]) in command
+        assert command.startswith("PERSEUS_WHEELS=%s/wheels " % call.STAGE) and "PERSEUS_WHEELS" in script
+        assert command.endswith("exit $rc") and 'tar czf "$OUT"/gpu_check_logs.tgz gpu_check_logs' in command
