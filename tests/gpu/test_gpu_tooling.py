@@ -6,6 +6,7 @@ gpu_check's set-up (venv, MPI, settings, same-mpi) on a mock of the lent GPU mac
 The GPU work itself is in tests/gpu/test_gpu.py (skipped here)."""
 import ctypes
 import glob
+import importlib
 import os
 import re
 import shlex
@@ -804,13 +805,17 @@ def test_gpu_stress_runs_through_torch_on_the_cpu(run_mpi):
 
 # ---------------------------------------------------------------- the plan of the device call
 
-def _gpu_plan():
+def _script(name):
+    """scripts/<name>.py as a module."""
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     try:
-        import gpu_plan
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(REPO_ROOT / "scripts"))
-    return gpu_plan
+
+
+def _gpu_plan():
+    return _script("gpu_plan")
 
 
 def test_gpu_plan_leaves_out_nothing_gpu_check_runs():
@@ -874,19 +879,10 @@ def test_gpu_plan_measured_beside_predicted(tmp_path):
 
 # ---------------------------------------------------------------- the device call
 
-def _gpu_device_call():
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        import gpu_device_call
-    finally:
-        sys.path.remove(str(REPO_ROOT / "scripts"))
-    return gpu_device_call
-
-
 def test_gpu_device_call_stages_what_travels(tmp_path):
     """The stage holds the pruned NCCL and its check (../shared does not travel) and the
     wheels but numpy; the call runs gpu_check.sh on them and packs what comes back."""
-    call = _gpu_device_call()
+    call = _script("gpu_device_call")
     shared, wheels, root = tmp_path / "shared", tmp_path / "wheels", tmp_path / "stage"
     shared.mkdir()
     wheels.mkdir()
