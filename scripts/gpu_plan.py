@@ -58,8 +58,9 @@ STEPS = {
     "same_mpi": Cost(5, 0, "estimate: one Python start loading libperseus and mpi4py"),
     "check_build": Cost(10, 0, "estimate: perseusrun --check-build loads torch, CUDA and NCCL once; a job "
                                "of the test pool (host work beside the tests)"),
-    "gpu_elastic": Cost(110, 10, "estimate from scripts/gpu_elastic_check.sh: 1-2 min for its core's build, "
-                                 "20-40 s for the job; only with PERSEUS_OMPI5_MPICXX"),
+    "gpu_elastic": Cost(50, 10, "estimate: its core's build as the build's (setup.py, one compile per core), "
+                                "20-40 s for the job (NCCL's communicators made twice); only with "
+                                "PERSEUS_OMPI5_MPICXX"),
     "gpu_bench_np2": Cost(55, 55, "estimate: benchmarks/gpu_bench.py --shared-np2 (issue 47, point 3), never run "
                                   "on a device: two ranks on GPU 0, torch and ResNet-50 on each, six variants "
                                   "of the training step and three reductions; its step limit is 160 s. "
