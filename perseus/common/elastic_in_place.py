@@ -5,8 +5,8 @@ made in place (decide: the ranks whose slots are gone leave, then new ones are s
 from those left where the notice wants more), and making it (shrink: the core splits
 the job and the ranks that leave end; grow: the core spawns the new ranks and merges
 them). What cannot be made so takes the restart, which elastic.py runs; so does the
-persister's part (elastic.py's _join_grown_job, which every rank runs after either). The exit code the core leaves a
-failed resize with is elastic.HOSTS_UPDATED_EXIT's (75)."""
+persister's part (elastic.py's _join_grown_job, which every rank runs after either). The
+exit code the core leaves a failed resize with is elastic.HOSTS_UPDATED_EXIT's (75)."""
 
 import dataclasses
 import os

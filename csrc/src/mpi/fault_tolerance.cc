@@ -147,14 +147,13 @@ void EndStillRunning(int rank, int pid, const char* why) {
 }
 
 // The first survivor asks the runtime to end the processes of `runtime` (every rank of
-// the last world) that were not `kept` and share no host with a survivor
-// (`survivor_there`, by rank of the last world).
-void AskRuntimeToEndExcluded(const std::vector<int>& kept, const std::vector<int>& survivor_there,
+// the last world) that share no host with a survivor (`survivor_there`, by rank of the
+// last world; a survivor shares its own host, so it is never among them).
+void AskRuntimeToEndExcluded(const std::vector<int>& survivor_there,
                              const std::vector<RuntimeProcess>& runtime) {
   std::vector<RuntimeProcess> excluded;
   std::vector<int> ranks;
   for (size_t rank = 0; rank < runtime.size(); ++rank) {
-    if (std::find(kept.begin(), kept.end(), static_cast<int>(rank)) != kept.end()) continue;
     if (rank < survivor_there.size() && survivor_there[rank]) continue;
     excluded.push_back(runtime[rank]);
     ranks.push_back(static_cast<int>(rank));
@@ -181,13 +180,13 @@ void EndExcludedRanks(MPI_Comm failed, MPI_Comm survivors,
   // (one CI run: "woke up after being declared failed", mpirun's exit code 255).
   int old_size = 0;
   MPI_Comm_size(failed, &old_size);
-  std::vector<int> survivor_there(old_size, 0);
+  std::vector<int> survivor_there(old_size, 0);  // here: this host's processes, this one too
   for (const auto& process : here)
     if (process.first >= 0 && process.first < old_size) survivor_there[process.first] = 1;
   if (MPI_Allreduce(MPI_IN_PLACE, survivor_there.data(), old_size, MPI_INT, MPI_MAX,
                     survivors) != MPI_SUCCESS)
     return;
-  if (new_rank == 0) AskRuntimeToEndExcluded(kept, survivor_there, runtime);
+  if (new_rank == 0) AskRuntimeToEndExcluded(survivor_there, runtime);
   // One survivor per host acts: the lowest of the last world's ranks there.
   int first_here = -1;
   for (const auto& process : here)
