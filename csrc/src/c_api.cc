@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -109,6 +110,9 @@ double g_peer_timeout_s = 0;
 
 // The processes on this host of that world: (rank in it, process id).
 std::vector<std::pair<int, int>> g_failed_world_here;
+// The same of the last world that shut down, lost rank or not: a grow from it follows
+// them (Grow). Under g_mu.
+std::vector<std::pair<int, int>> g_last_world_here;
 // And every process of that world as the launcher's runtime names it (fault-tolerant
 // runs under Open MPI; else empty).
 std::vector<RuntimeProcess> g_failed_world_runtime;
@@ -293,15 +297,15 @@ std::string GrowTimeoutText(const char* who) {
 // Makes a grow's `watch` leave at once when a process of the job on this host ends (the
 // ranks, the new processes as they appear: `processes`), rather than at the peer
 // timeout: the new processes' start-up and the merge wait for it for good. Not before
-// `*armed` where given.
+// `may_leave()` says so, where given.
 void LeaveWhenAProcessHereEnds(CallWatch& watch, const char* during,
                                std::shared_ptr<JobProcessesWatch> processes,
-                               std::shared_ptr<std::atomic<bool>> armed = nullptr) {
+                               std::function<bool()> may_leave = nullptr) {
   processes->Ended();  // those running now
   watch.LeaveWhen(
-      [processes, armed] {
+      [processes, may_leave] {
         const std::string ended = processes->Ended();
-        return armed && !*armed ? std::string() : ended;
+        return ended.empty() || !may_leave || may_leave() ? ended : std::string();
       },
       std::string("growing the job in place failed: a process of the job on this host ended "
                   "during ") +
@@ -375,13 +379,25 @@ Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
   ReturnErrors world_errors(ulfm && base == MPI_COMM_WORLD ? MPI_COMM_WORLD : MPI_COMM_NULL);
   CallWatch watch(ulfm ? g_peer_timeout_s : 0,
                   GrowTimeoutText("MPI_Comm_spawn and MPI_Intercomm_merge"), kGrowFailedExitCode);
-  // The new processes are followed from the spawn on (one may end a moment after its
-  // start-up), a process that ended reported once the spawn returned: leaving while
-  // the new ones were not yet in their start-up left them waiting there for the parents.
-  // (An old rank's end during the spawn makes it fail, once the new ones joined.)
+  // The last world's processes here (one may have ended before this looked) and the new
+  // ones are followed from the spawn on (one may end a moment after its start-up). A
+  // process that ended is reported once the spawn returned, or once every new process
+  // of a spawn on this host started here, ending them first: leaving while the new ones
+  // were not yet in their start-up left them waiting there for parents gone before
+  // they looked. (An old rank's end during the spawn mostly makes it fail once the new
+  // ones joined, but under load it waited for good: one CI run of about ten.)
   auto spawn_returned = std::make_shared<std::atomic<bool>>(false);
-  LeaveWhenAProcessHereEnds(watch, "MPI_Comm_spawn or MPI_Intercomm_merge",
-                            std::make_shared<JobProcessesWatch>(), spawn_returned);
+  std::vector<int> last_world_here;
+  for (const auto& process : g_last_world_here) last_world_here.push_back(process.second);
+  auto processes = std::make_shared<JobProcessesWatch>(last_world_here);
+  const size_t new_here = request.hosts.empty() ? request.count : SIZE_MAX;
+  LeaveWhenAProcessHereEnds(watch, "MPI_Comm_spawn or MPI_Intercomm_merge", processes,
+                            [processes, spawn_returned, new_here] {
+                              if (*spawn_returned) return true;
+                              if (processes->Appeared() < new_here) return false;
+                              processes->EndAppeared();
+                              return true;
+                            });
   if (DiesInGrow("spawn")) raise(SIGKILL);
   int rc = request.hosts.empty()
                ? MPI_Comm_spawn(request.command.c_str(), argv.data(), request.count, infos[0],
@@ -405,11 +421,14 @@ Status Grow(MPI_Comm base, const GrowRequest& request, MPI_Comm* job) {
   return Status::OK();
 }
 
-void KeepFailedWorld(Engine& engine) {
+// What the next perseus_init may need of the world that `engine` ran: its processes
+// here and, where it lost a rank, the failed world.
+void KeepLastWorld(Engine& engine) {
+  std::lock_guard<std::timed_mutex> lock(*g_mu);
+  g_last_world_here = engine.node_processes();
   MPI_Comm failed = engine.TakeFailedWorld();
   if (failed == MPI_COMM_NULL) return;
   g_lost_a_rank = true;
-  std::lock_guard<std::timed_mutex> lock(*g_mu);
   if (g_failed_world != MPI_COMM_NULL) MPI_Comm_free(&g_failed_world);
   g_failed_world = failed;
   g_failed_world_here = engine.node_processes();
@@ -804,7 +823,7 @@ perseus_status_t perseus_shutdown(void) {
   }
   if (engine) {
     engine->Shutdown();
-    KeepFailedWorld(*engine);
+    KeepLastWorld(*engine);
   }
   Timeline::Get().Stop();  // after the engine: its last events are in
   return PERSEUS_SUCCESS;
@@ -833,7 +852,7 @@ perseus_status_t perseus_shutdown_within(double timeout_s) {
   auto done = std::make_shared<Done>();
   std::thread stopper([engine, done]() mutable {
     engine->Shutdown();
-    KeepFailedWorld(*engine);
+    KeepLastWorld(*engine);
     engine.reset();
     std::lock_guard<std::mutex> lock(done->mu);
     done->done = true;

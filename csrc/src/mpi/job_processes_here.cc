@@ -1,6 +1,7 @@
 #include "mpi/job_processes_here.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -67,6 +68,17 @@ std::vector<HostProcess> JobProcessesHere() {
   return found;
 }
 
+JobProcessesWatch::JobProcessesWatch(const std::vector<int>& pids) {
+  for (int pid : pids) {
+    if (pid == getpid()) continue;
+    HostProcess process;
+    process.pid = pid;
+    int parent = 0;
+    ReadStat(pid, &parent, &process.start);  // start 0 where it ended: Ended() names it
+    seen_.push_back(process);
+  }
+}
+
 std::string JobProcessesWatch::Ended() {
   std::lock_guard<std::mutex> lock(mu_);
   std::string ended;
@@ -81,7 +93,24 @@ std::string JobProcessesWatch::Ended() {
     for (const HostProcess& seen : seen_) known = known || seen.pid == process.pid;
     if (!known) seen_.push_back(process);
   }
+  if (!looked_) first_look_ = seen_.size();
+  looked_ = true;
   return ended;
+}
+
+size_t JobProcessesWatch::Appeared() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return looked_ ? seen_.size() - first_look_ : 0;
+}
+
+void JobProcessesWatch::EndAppeared() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = looked_ ? first_look_ : seen_.size(); i < seen_.size(); ++i) {
+    int parent = 0;
+    unsigned long long start = 0;
+    if (ReadStat(seen_[i].pid, &parent, &start) && start == seen_[i].start)
+      kill(seen_[i].pid, SIGKILL);
+  }
 }
 
 }  // namespace perseus

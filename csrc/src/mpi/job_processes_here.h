@@ -25,19 +25,29 @@ struct HostProcess {
 // has no PMIx server (a singleton) or /proc cannot tell.
 std::vector<HostProcess> JobProcessesHere();
 
-// Follows the job's processes on this host while a grow waits for them.
+// Follows the job's processes on this host while a grow waits for them. Thread-safe.
 class JobProcessesWatch {
  public:
+  JobProcessesWatch() = default;
+  // Follows `pids` too (other processes known to be the job's here, perhaps ended
+  // before this looked: the first call names those).
+  explicit JobProcessesWatch(const std::vector<int>& pids);
+
   // "" while every process of the job seen here by a call so far still runs, else which
   // ended ("process 123, 124"). Each call first looks for those started since the last
   // (the new processes of a spawn appear during it), so one that ends a moment after it
   // started is still seen to end.
-  // Thread-safe.
   std::string Ended();
+  // How many processes the calls after the first found (a spawn's new ones), and
+  // ending those that still run (SIGKILL).
+  size_t Appeared();
+  void EndAppeared();
 
  private:
   std::mutex mu_;
   std::vector<HostProcess> seen_;
+  size_t first_look_ = 0;  // seen_.size() after the first call
+  bool looked_ = false;
 };
 
 }  // namespace perseus
