@@ -30,6 +30,13 @@ bool ReadStat(int pid, int* parent, unsigned long long* start) {
   return static_cast<bool>(fields >> *start);
 }
 
+// Whether `process` still runs: not ended, its pid not taken since by another.
+bool StillRuns(const HostProcess& process) {
+  int parent = 0;
+  unsigned long long start = 0;
+  return ReadStat(process.pid, &parent, &start) && start == process.start;
+}
+
 // This process's PMIx server, as the daemon told it ("PMIX_SERVER_URI41=..."), or "".
 std::string PmixServerEntry() {
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry)
@@ -83,9 +90,7 @@ std::string JobProcessesWatch::Ended() {
   std::lock_guard<std::mutex> lock(mu_);
   std::string ended;
   for (const HostProcess& process : seen_) {
-    int parent = 0;
-    unsigned long long start = 0;
-    if (ReadStat(process.pid, &parent, &start) && start == process.start) continue;
+    if (StillRuns(process)) continue;
     ended += (ended.empty() ? "process " : ", ") + std::to_string(process.pid);
   }
   for (const HostProcess& process : JobProcessesHere()) {
@@ -105,12 +110,8 @@ size_t JobProcessesWatch::Appeared() {
 
 void JobProcessesWatch::EndAppeared() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t i = looked_ ? first_look_ : seen_.size(); i < seen_.size(); ++i) {
-    int parent = 0;
-    unsigned long long start = 0;
-    if (ReadStat(seen_[i].pid, &parent, &start) && start == seen_[i].start)
-      kill(seen_[i].pid, SIGKILL);
-  }
+  for (size_t i = looked_ ? first_look_ : seen_.size(); i < seen_.size(); ++i)
+    if (StillRuns(seen_[i])) kill(seen_[i].pid, SIGKILL);
 }
 
 }  // namespace perseus
