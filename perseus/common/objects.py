@@ -1,4 +1,5 @@
-"""broadcast_object / allgather_object for every front end: pickle + two collectives.
+"""broadcast_object / allgather_object for every front end: pickle + two collectives;
+gather_object / scatter_object: pickle + one alltoall.
 
 Framework-neutral: the bytes travel as numpy arrays straight through
 perseus.common.requests, so the PyTorch and TensorFlow adapters share this code
@@ -48,6 +49,36 @@ def _allgather(array, name, process_set):
                                                   array, True))
 
 
+def _finish_exchanged(state, handles):
+    buffer, shape, sent_here = _requests.output(handles[0], _ops.UINT8)
+    data = b"" if buffer is None else bytes(buffer)  # a copy: the core's buffer is freed
+    return data, sent_here
+
+
+def _alltoall(payload, splits, name, process_set):
+    """Sends splits[i] bytes of the uint8 array `payload` (in order) to set rank i;
+    returns (the bytes that arrived, how many came from each set rank)."""
+    request = _builder.Request(_ops.ALLTOALL, _builder.set_id(process_set), _ops.UINT8,
+                               payload.shape, payload.ctypes.data if payload.size else 0,
+                               name=_builder.wire_name(_ops.ALLTOALL, name),
+                               splits=_builder.alltoall_splits(splits, process_set,
+                                                               payload.shape))
+    return _requests.synchronize(_requests.submit(_builder.pack([request]),
+                                                  _finish_exchanged, payload, True))
+
+
+def _pickled(obj):
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpickled(data, lengths):
+    result, start = [], 0
+    for length in lengths:
+        result.append(pickle.loads(data[start:start + length]))
+        start += length
+    return result
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns root_rank's `obj` (pickled) on every rank; root gets its own obj back."""
     name = name or _builder.default_name("broadcast_object", process_set)
@@ -72,8 +103,30 @@ def allgather_object(obj, name=None, process_set=global_process_set):
                             dtype=np.uint8).copy()
     lengths = _allgather(np.array([payload.size], dtype=np.int64), name + ".len", process_set)
     blob = _allgather(payload, name + ".data", process_set).tobytes()
-    result, start = [], 0
-    for length in lengths.tolist():
-        result.append(pickle.loads(blob[start:start + length]))
-        start += length
-    return result
+    return _unpickled(blob, lengths.tolist())
+
+
+def gather_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """On root_rank (a global rank), the list of every rank's `obj` (pickled), in rank
+    order of the set; None elsewhere. One alltoall: each rank sends only to the root."""
+    name = name or _builder.default_name("gather_object", process_set)
+    root = _builder.root_in_set(process_set, root_rank)
+    payload = np.frombuffer(_pickled(obj), dtype=np.uint8)
+    splits = [payload.size if r == root else 0 for r in range(process_set.size())]
+    data, lengths = _alltoall(payload, splits, name, process_set)
+    return _unpickled(data, lengths) if global_process_set.rank() == root_rank else None
+
+
+def scatter_object(objects, root_rank=0, name=None, process_set=global_process_set):
+    """root_rank's objects[i] (pickled) on set rank i; the root passes one object per rank
+    of the set, the others None. One alltoall: only the root sends."""
+    name = name or _builder.default_name("scatter_object", process_set)
+    root = _builder.root_in_set(process_set, root_rank)
+    if global_process_set.rank() == root_rank:
+        pieces = [_pickled(obj) for obj in objects]
+        payload = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        splits = [len(piece) for piece in pieces]
+    else:
+        payload, splits = np.empty(0, dtype=np.uint8), [0] * process_set.size()
+    data, lengths = _alltoall(payload, splits, name, process_set)
+    return pickle.loads(data[:lengths[root]])

@@ -4,16 +4,21 @@ init_process_group() with a script's contradicting arguments (one warning, MPI's
 ranks win); ranks and sizes against the launcher's; every collective with torch's
 signature and in-place semantics against a reference every rank computes from all
 ranks' inputs (make_tensor), sync and async (wait, is_completed, get_future().then),
-several dtypes and shapes; torch's own ReduceOp values; new_group on a subset; the
-object collectives; and bad arguments raising clear errors.
+several dtypes and shapes; the rooted collectives (reduce, gather, scatter) from every
+root and the list ones (reduce_scatter, all_to_all); point-to-point (send, recv from a
+rank and from any, isend/irecv, batch_isend_irecv); torch's own ReduceOp values;
+new_group on a subset; the object collectives; monitored_barrier; and bad arguments
+raising clear errors.
 """
+import datetime
+import time
 import warnings
 
 import torch
 import torch.distributed as tdist
 
 from common import (assert_equal, assert_reduced, expect_raises, launcher_rank_size, log, main,
-                    make_tensor)
+                    make_tensor, touch, wait_for)
 
 import perseus.torch.distributed as dist
 
@@ -121,6 +126,176 @@ def data_movement_tests(rank, size):
     assert_equal(out, expected, "all_to_all_single with splits")
 
 
+def rooted_tests(rank, size):
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            tag = "rooted.%s.%s" % (dtype, shape)
+            xs = [make_tensor(tag, r, shape, dtype) for r in range(size)]
+            for root in range(size):
+                t = xs[rank].clone()
+                assert dist.reduce(t, dst=root) is None
+                if rank == root:
+                    assert_reduced(t, xs, hvd_op("Sum"), dtype, "reduce to %d" % root)
+                else:
+                    assert_equal(t, xs[rank], "reduce leaves rank %d's tensor" % rank)
+                out = [torch.empty(shape, dtype=dtype) for _ in range(size)]
+                assert dist.gather(xs[rank], out if rank == root else None, dst=root) is None
+                if rank == root:
+                    for r in range(size):
+                        assert_equal(out[r], xs[r], "gather to %d, row %d" % (root, r))
+                chunks = [make_tensor(tag + ".chunk%d" % r, root, shape, dtype)
+                          for r in range(size)]
+                t = torch.empty(shape, dtype=dtype)
+                assert dist.scatter(t, chunks if rank == root else None, src=root) is None
+                assert_equal(t, chunks[rank], "scatter from %d" % root)
+    # Max to the last rank by group rank, async; the default roots (rank 0).
+    xs = [make_tensor("rooted.max", r, (6,), torch.float32) for r in range(size)]
+    t = xs[rank].clone()
+    work = dist.reduce(t, op=dist.ReduceOp.MAX, group_dst=size - 1, async_op=True)
+    assert work.wait() is True
+    if rank == size - 1:
+        assert_reduced(t, xs, hvd_op("Max"), torch.float32, "reduce MAX async")
+    out = [torch.empty(6) for _ in range(size)] if rank == 0 else None
+    dist.gather(xs[rank], out, async_op=True).wait()
+    if rank == 0:
+        assert_equal(torch.stack(out), torch.stack(xs), "gather to the default rank 0")
+    t = torch.empty(6)
+    dist.scatter(t, list(xs) if rank == 0 else None, async_op=True).wait()
+    assert_equal(t, xs[rank], "scatter from the default rank 0")
+    # reduce_scatter (a list per rank) and all_to_all (lists of different sizes).
+    for dtype in (torch.float64, torch.int32):
+        tag = "rs.list.%s" % dtype
+        inputs = [[make_tensor(tag, r * size + j, (2, 3), dtype) for j in range(size)]
+                  for r in range(size)]
+        out = torch.empty(2, 3, dtype=dtype)
+        assert dist.reduce_scatter(out, inputs[rank]) is None
+        assert_reduced(out, [inputs[r][rank] for r in range(size)], hvd_op("Sum"), dtype,
+                       "reduce_scatter")
+    sizes = [[r + j + 1 for j in range(size)] for r in range(size)]  # rank r to rank j
+    inputs = [[make_tensor("a2a.list", r * size + j, (sizes[r][j],), torch.int64)
+               for j in range(size)] for r in range(size)]
+    out = [torch.empty(sizes[r][rank], dtype=torch.int64) for r in range(size)]
+    dist.all_to_all(out, inputs[rank], async_op=True).wait()
+    for r in range(size):
+        assert_equal(out[r], inputs[r][rank], "all_to_all from rank %d" % r)
+
+
+def point_to_point_tests(rank, size):
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for dtype in (torch.float32, torch.int64, torch.bool):
+        for shape in ((5,), (2, 3)):
+            tag = "p2p.%s.%s" % (dtype, shape)
+            xs = [make_tensor(tag, r, shape, dtype) for r in range(size)]
+            # A ring, even ranks sending first: blocking calls that always meet.
+            got = torch.empty(shape, dtype=dtype)
+            if rank % 2 == 0:
+                dist.send(xs[rank], dst=right)
+                assert dist.recv(got, src=left) == left
+            else:
+                assert dist.recv(got, src=left) == left
+                dist.send(xs[rank], dst=right)
+            assert_equal(got, xs[left], "recv from %d" % left)
+            # Every rank sends to rank 0, which receives from any rank.
+            if rank == 0:
+                senders = set()
+                for _ in range(size - 1):
+                    got = torch.empty(shape, dtype=dtype)
+                    sender = dist.recv(got, tag=3)
+                    assert_equal(got, xs[sender], "recv from any: rank %d's" % sender)
+                    senders.add(sender)
+                assert senders == set(range(1, size)), senders
+            else:
+                dist.send(xs[rank], dst=0, tag=3)
+    # isend/irecv both ways at once, tags telling two messages to one peer apart.
+    xs = [make_tensor("p2p.async", r, (4,), torch.float64) for r in range(size)]
+    second = torch.empty(4, dtype=torch.float64)
+    works = [dist.irecv(second, src=left, tag=2)]
+    got = torch.empty(4, dtype=torch.float64)
+    works.append(dist.irecv(got, group_src=left, tag=1))
+    works += [dist.isend(xs[rank], dst=right, tag=1), dist.isend(xs[rank] * 2, dst=right, tag=2)]
+    for work in works:
+        work.wait()
+    assert_equal(got, xs[left], "irecv tag 1")
+    assert_equal(second, xs[left] * 2, "irecv tag 2")
+    # batch_isend_irecv: a ring both ways, with torch's own isend/irecv in a P2POp too.
+    from_left, from_right = torch.empty(4, dtype=torch.float64), torch.empty(4, dtype=torch.float64)
+    ops = [dist.P2POp(dist.isend, xs[rank], right), dist.P2POp(tdist.irecv, from_left, left),
+           dist.P2POp(dist.isend, xs[rank] + 1, group_peer=left),
+           dist.P2POp(dist.irecv, from_right, right)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    assert_equal(from_left, xs[left], "batch_isend_irecv from the left")
+    assert_equal(from_right, xs[right] + 1, "batch_isend_irecv from the right")
+    # Objects to the right, received from the left by rank and from any rank.
+    objects = [{"from": rank}, "x" * (rank * 50), list(range(rank))]
+    got = [None] * 3
+    if rank % 2 == 0:
+        dist.send_object_list(objects, dst=right)
+        assert dist.recv_object_list(got, src=left) == left
+    else:
+        assert dist.recv_object_list(got) == left
+        dist.send_object_list(objects, group_dst=right)
+    assert got == [{"from": left}, "x" * (left * 50), list(range(left))], got
+    # To itself: refused (torch's gloo allows an isend and irecv pair), before anything
+    # is queued.
+    expect_raises(RuntimeError, "isend to itself", dist.isend, xs[rank], dst=rank,
+                  contains=("this rank itself",))
+
+
+def ranks_tests(rank, size):
+    assert dist.get_process_group_ranks(None) == list(range(size))
+    group = dist.new_group([size - 1, 0])
+    assert dist.get_process_group_ranks(group) == [0, size - 1]
+    assert dist.get_global_rank(group, 1) == size - 1 and dist.get_group_rank(group, 0) == 0
+    expect_raises(ValueError, "get_group_rank outside", dist.get_group_rank, group, size,
+                  contains=("not part of group",))
+    expect_raises(ValueError, "get_global_rank outside", dist.get_global_rank, group, 2,
+                  contains=("not part of group",))
+    dist.monitored_barrier()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
+    if rank in (0, size - 1):
+        dist.monitored_barrier(group=group)
+        # Rooted calls within the group: global and group ranks, and the group's order.
+        xs = {r: make_tensor("group.rooted", r, (3,), torch.float32) for r in (0, size - 1)}
+        t = xs[rank].clone()
+        dist.reduce(t, dst=size - 1, group=group)
+        if rank == size - 1:
+            assert_reduced(t, list(xs.values()), hvd_op("Sum"), torch.float32, "group reduce")
+        out = [torch.empty(3) for _ in range(2)] if rank == 0 else None
+        dist.gather(xs[rank], out, group=group)  # to rank 0 by default
+        if rank == 0:
+            assert_equal(torch.stack(out), torch.stack([xs[0], xs[size - 1]]), "group gather")
+        got = torch.empty(3)
+        if rank == 0:
+            dist.send(xs[0], group_dst=1, group=group)
+        else:
+            assert dist.recv(got, group=group) == 0
+            assert_equal(got, xs[0], "group recv")
+
+
+def monitored_timeout_test(rank, size):
+    """monitored_barrier when ranks do not come: rank 0 alone names every other rank,
+    then the others alone (once rank 0 gave up) say they reached it and name rank 0.
+    Each side used one barrier, so the world's calls line up again after."""
+    short = datetime.timedelta(seconds=0.3)
+    if rank == 0:
+        start = time.monotonic()
+        expect_raises(RuntimeError, "monitored_barrier alone", dist.monitored_barrier,
+                      timeout=short, wait_all_ranks=True, within_s=3.3,
+                      contains=("[Rank 0]: Ranks %s failed to pass monitoredBarrier in 300 ms"
+                                % ", ".join(str(r) for r in range(1, size)),
+                                "rank(s) %s had not submitted it" % list(range(1, size))))
+        assert time.monotonic() - start >= 0.25, "monitored_barrier gave up early"
+        touch("rank0.gave.up")
+    else:
+        wait_for("rank0.gave.up")
+        expect_raises(RuntimeError, "monitored_barrier without rank 0", dist.monitored_barrier,
+                      timeout=short, within_s=3.3,
+                      contains=("Rank %d successfully reached monitoredBarrier" % rank,
+                                "rank(s) [0"))  # a rank late to come may be named too
+    dist.barrier()
+
+
 def group_tests(rank, size):
     members = [0, size - 1]
     group = dist.new_group(members)
@@ -153,6 +328,15 @@ def object_tests(rank, size):
     items = ["from", rank] if rank == size - 1 else [None, None]
     dist.broadcast_object_list(items, src=size - 1)
     assert items == ["from", size - 1], items
+    for root in range(size):
+        gathered = [None] * size if rank == root else None
+        dist.gather_object({"rank": rank, "pad": "x" * rank * 100}, gathered, dst=root)
+        if rank == root:
+            assert gathered == [{"rank": r, "pad": "x" * r * 100} for r in range(size)]
+        out = [None]
+        sent = [("to", r, list(range(r))) for r in range(size)] if rank == root else None
+        dist.scatter_object_list(out, sent, src=root)
+        assert out == [("to", rank, list(range(rank)))], out
 
 
 def optimizer_state_test(rank, size):
@@ -186,6 +370,43 @@ def error_tests(rank, size):
                   group_src=0, contains=("exactly one",))
     expect_raises(ValueError, "new_group ranks", dist.new_group, [0, size],
                   contains=("outside",))
+    # Refused before anything is sent, so the ranks stay in step.
+    expect_raises(ValueError, "reduce without dst", dist.reduce, t, contains=("exactly one",))
+    expect_raises(ValueError, "reduce dst outside", dist.reduce, t, dst=size,
+                  contains=("not a member",))
+    expect_raises(ValueError, "scatter group_src outside", dist.scatter, t, group_src=size,
+                  contains=("outside",))
+    rows = [torch.empty(3) for _ in range(size)]
+    if rank == 0:
+        expect_raises(ValueError, "gather without a list", dist.gather, t,
+                      contains=("gather_list must be given",))
+        expect_raises(ValueError, "gather short list", dist.gather, t, rows[1:],
+                      contains=("one per rank",))
+        expect_raises(ValueError, "gather dtype", dist.gather, t,
+                      [r.double() for r in rows], contains=("float64",))
+        expect_raises(ValueError, "gather_object without a list", dist.gather_object, 1,
+                      contains=("object_gather_list",))
+        expect_raises(ValueError, "scatter_object_list short", dist.scatter_object_list,
+                      [None], [1], contains=("one per rank",))
+    else:
+        expect_raises(ValueError, "gather list off the root", dist.gather, t, rows,
+                      contains=("must not be given",))
+        expect_raises(ValueError, "scatter list off the root", dist.scatter, t, rows,
+                      contains=("must not be given",))
+    expect_raises(ValueError, "reduce_scatter list", dist.reduce_scatter, torch.empty(3),
+                  rows[1:], contains=("one per rank",))
+    expect_raises(ValueError, "all_to_all lists", dist.all_to_all, rows, rows[1:],
+                  contains=("one per rank",))
+    expect_raises(ValueError, "send to itself", dist.send, t, dst=rank, contains=("itself",))
+    expect_raises(ValueError, "negative tag", dist.isend, t, dst=0, tag=-1, contains=("tag",))
+    expect_raises(ValueError, "P2POp op", dist.P2POp, dist.all_reduce, t, 0,
+                  contains=("isend or irecv",))
+    expect_raises(ValueError, "P2POp peers", dist.P2POp, dist.isend, t, 0, group_peer=0,
+                  contains=("exactly one",))
+    expect_raises(ValueError, "batch_isend_irecv empty", dist.batch_isend_irecv, [],
+                  contains=("P2POp",))
+    expect_raises(TypeError, "monitored_barrier int timeout", dist.monitored_barrier,
+                  timeout=5, contains=("timedelta",))
 
 
 def body():
@@ -193,10 +414,14 @@ def body():
     init(rank, size)
     all_reduce_tests(rank, size)
     data_movement_tests(rank, size)
+    rooted_tests(rank, size)
+    point_to_point_tests(rank, size)
+    ranks_tests(rank, size)
     group_tests(rank, size)
     object_tests(rank, size)
     optimizer_state_test(rank, size)
     error_tests(rank, size)
+    monitored_timeout_test(rank, size)
     dist.destroy_process_group()
     assert not dist.is_initialized()
     log("distributed API: ok")

@@ -26,12 +26,9 @@ routes init_process_group("perseus") and new groups here; this module does the w
     are left to the engine thread.
 """
 
-import datetime
-import re
 import socket
 import sys
 import time
-import warnings
 
 import torch
 import torch.distributed as _torch_dist
@@ -41,6 +38,7 @@ from perseus.common import launch_check as _launch_check
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
 from perseus.common.objects import broadcast_object as _broadcast_object
+from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import torch_api as _torch_api
 from perseus.torch.ops import world as _world
 from perseus.torch.ops.reduce_ops import core_op
@@ -124,37 +122,12 @@ def create(options, backend_options=None):
 # those meet too, and fail alike. A call refused before it was submitted uses no turn,
 # so its corrected retry meets the peers' call.
 _NAMES = 60
-# How often within a group's timeout a rank looks for its peers' messages, idle or not:
-# a rank whose collective times out learns who lacks it from a round they join. And at
-# least this often (seconds), for the shorter timeouts of monitored_barrier().
-_PROBES_PER_TIMEOUT = 8
-_PROBE_AT_LEAST_S = 0.5
 _groups_per_set = {}  # process set id -> groups made over it so far (name prefixes)
-
-
-# How the engine's error for a withdrawn request names the global ranks that had not
-# submitted it (perseus_withdraw, csrc/src/c_api.cc).
-_NOT_SUBMITTED = re.compile(r"rank\(s\) \[([0-9, ]*)\] had not submitted it")
-
-
-def _missing_ranks(error):
-    """The global ranks a withdrawn request's error names, or None for another error."""
-    found = _NOT_SUBMITTED.search(str(error))
-    ranks = [int(r) for r in found.group(1).split(",") if r.strip()] if found else []
-    return ranks or None
 
 
 def monitored_barrier(group, timeout, wait_all_ranks):
     """torch.distributed.monitored_barrier on a perseus group (torch allows gloo only;
-    c10d/__init__.py routes the call here): torch's handling of `timeout`, then the
-    group's monitored_barrier()."""
-    if isinstance(timeout, float):
-        warnings.warn("Please specify timeout arg as a timedelta. Converting current value "
-                      "of %s assuming it represents seconds" % timeout, stacklevel=3)
-        timeout = datetime.timedelta(seconds=timeout)
-    if timeout is not None and not isinstance(timeout, datetime.timedelta):
-        raise TypeError("Expected timeout argument to be of type datetime.timedelta, got %s"
-                        % (timeout,))
+    c10d/__init__.py routes the call here): the group's monitored_barrier()."""
     if group is None:
         group = _torch_dist.distributed_c10d._get_default_group()
     return group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
@@ -207,14 +180,11 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         # rank within it, else it fails here naming the ranks that did not call it.
         self._timeout_s = timeout.total_seconds() if timeout is not None else None
         self._bound = None  # (seconds, reason): the time limit of each call
-        probe_s = _PROBE_AT_LEAST_S  # the engine's default is up to 5 s
         if self._timeout_s:
-            self._timeout_reason = ("within the process group's timeout of %g s"
-                                    % self._timeout_s)
-            self._bound = (self._timeout_s, self._timeout_reason)
-            probe_s = min(probe_s, self._timeout_s / _PROBES_PER_TIMEOUT)
+            self._bound = (self._timeout_s, "within the process group's timeout of %g s"
+                           % self._timeout_s)
         # A rank with nothing to do still answers within a fraction of a timeout.
-        _requests.probe_within(sid, probe_s)
+        _timeouts.answer_within(process_set, self._timeout_s)
         # Every member makes the groups over one set in the same order: the same
         # prefix on every rank, and none shared with another group over that set.
         self._prefix = "torch%d" % _groups_per_set.get(sid, 0)
@@ -288,24 +258,18 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             tensors, code, self.process_set, name, now))
 
     def reduce(self, tensors, opts):
-        """An allreduce; ranks other than the root reduce a copy, so their tensor is
-        left as it was."""
         tensor = _one(tensors, "reduce")
         now = _now(opts, tensor)
-        target = tensor if self.rank() == opts.rootRank else tensor.clone()
-        code = core_op(opts.reduceOp)
-        work = self._named(lambda name, bound: _torch_api.all_reduce(
-            target, code, self.process_set, name, now, bound))
-        work._outputs = [tensor]
-        return work
+        root, code = self._global(opts.rootRank, "reduce"), core_op(opts.reduceOp)
+        return self._named(lambda name, bound: _torch_api.reduce(
+            tensor, root, code, self.process_set, name, now, bound))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         output = _one(output_tensors, "reduce_scatter")
         chunks = _one(input_tensors, "reduce_scatter")
-        if len(chunks) != self.size() or any(c.numel() != output.numel() for c in chunks):
-            raise ValueError("reduce_scatter: the input list needs %d tensors of the output's "
-                             "%d elements" % (self.size(), output.numel()))
-        return self._reduce_scatter(output, _torch_api.flat(chunks), opts, _now(opts, output))
+        now, code = _now(opts, output), core_op(opts.reduceOp)
+        return self._named(lambda name, _: _torch_api.reduce_scatter(
+            output, chunks, code, self.process_set, name, now))
 
     def reduce_scatter_single(self, output, input, opts):
         return self._reduce_scatter(output, input, opts, _now(opts, input))
@@ -351,46 +315,34 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(self, output_tensors, input_tensors, opts):
-        """An alltoall in which every rank sends only to the root."""
         tensor = _one(input_tensors, "gather")
-        root, size = opts.rootRank, self.size()
-        outputs = list(output_tensors[0]) if output_tensors else []
-        if self.rank() == root and (len(outputs) != size or
-                                    any(t.numel() != tensor.numel() for t in outputs)):
-            raise ValueError("gather: the root needs %d output tensors of the input's %d "
-                             "elements" % (size, tensor.numel()))
-        splits = [tensor.numel() if r == root else 0 for r in range(size)]
-        now = _now(opts, tensor)
-        return self._named(lambda name, _: _torch_api.exchange(
-            "gather", tensor, splits, outputs, self.process_set, name, now))
+        outputs = output_tensors[0] if output_tensors else []
+        now, root = _now(opts, tensor), self._global(opts.rootRank, "gather")
+        return self._named(lambda name, _: _torch_api.gather(
+            outputs, tensor, root, self.process_set, name, now))
 
     def scatter(self, output_tensors, input_tensors, opts):
-        """An alltoall in which only the root sends."""
         output = _one(output_tensors, "scatter")
-        now = _now(opts, output)
-        root, size = opts.rootRank, self.size()
-        if self.rank() == root:
-            chunks = _one(input_tensors, "scatter")
-            if len(chunks) != size or any(c.numel() != output.numel() for c in chunks):
-                raise ValueError("scatter: the root needs %d input tensors of the output's %d "
-                                 "elements" % (size, output.numel()))
-            sent, splits = list(chunks), [output.numel()] * size
-        else:
-            sent, splits = output.new_empty(0), [0] * size
-        return self._named(lambda name, _: _torch_api.exchange(
-            "scatter", sent, splits, [output], self.process_set, name, now))
+        chunks = _one(input_tensors, "scatter") if input_tensors else []
+        now, root = _now(opts, output), self._global(opts.rootRank, "scatter")
+        return self._named(lambda name, _: _torch_api.scatter(
+            output, chunks, root, self.process_set, name, now))
 
     # -- the rest
 
     def broadcast(self, tensors, opts):
         tensor = _one(tensors, "broadcast")
-        if not 0 <= opts.rootRank < self.size():
-            raise ValueError("broadcast: root %d is outside the group's %d ranks"
-                             % (opts.rootRank, self.size()))
-        root = self.process_set.ranks[opts.rootRank]
+        root = self._global(opts.rootRank, "broadcast")
         now = _now(opts, tensor)
         return self._named(lambda name, bound: _torch_api.broadcast(
             tensor, root, self.process_set, name, now, bound))
+
+    def _global(self, group_rank, what):
+        """The global rank of a root given as a rank in the group."""
+        if not 0 <= group_rank < self.size():
+            raise ValueError("%s: root %d is outside the group's %d ranks"
+                             % (what, group_rank, self.size()))
+        return self.process_set.ranks[group_rank]
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
@@ -402,14 +354,9 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        """all_to_all_single of the flattened lists."""
-        if len(output_tensors) != self.size() or len(input_tensors) != self.size():
-            raise ValueError("all_to_all: pass %d input and %d output tensors (one per rank)"
-                             % (self.size(), self.size()))
-        now = _now(opts, input_tensors[0])
-        return self._named(lambda name, _: _torch_api.exchange(
-            "alltoall", list(input_tensors), [t.numel() for t in input_tensors],
-            list(output_tensors), self.process_set, name, now))
+        now = _now(opts, input_tensors[0] if input_tensors else None)
+        return self._named(lambda name, _: _torch_api.all_to_all(
+            output_tensors, input_tensors, self.process_set, name, now))
 
     def barrier(self, opts=None):
         """Driven by the caller whether it waits at once or not (perseus.torch.ops.barrier):
@@ -418,38 +365,12 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """gloo's monitored barrier: a barrier that fails after `timeout` (a timedelta;
-        None: torch's default) unless every rank of the group has called it. Rank 0's
-        error names the first rank that had not (every one: wait_all_ranks), the other
-        ranks' say that they reached it; gloo's words, then the engine's error, which
-        names the missing ranks. A rank that never comes leaves the group's calls out
-        of step, as a collective that timed out does (gloo's group breaks too)."""
-        if timeout is None:
-            timeout = _torch_dist.constants.default_pg_timeout
-        seconds = timeout.total_seconds()
-        reason = "within monitored_barrier's timeout of %g s" % seconds
+        None: torch's default) unless every rank of the group has called it
+        (perseus/torch/ops/timeouts.py)."""
+        seconds = _timeouts.monitored_seconds(timeout)
         work = self._named(lambda name, _: _torch_api.barrier(self.process_set, name),
-                           (seconds, reason))
-        try:
-            work.wait()
-        except RuntimeError as error:
-            missing = _missing_ranks(error)
-            if missing is None:
-                raise  # not a timeout: a mismatch, a peer that shut down, ...
-            ms = int(seconds * 1000)
-            if self.rank() == 0:
-                group_ranks = [self.process_set.ranks.index(r) for r in missing]
-                if not wait_all_ranks:
-                    said = "Rank %d failed" % group_ranks[0]
-                else:  # "Ranks" even for one, as gloo says
-                    said = "Ranks %s failed" % ", ".join(str(r) for r in group_ranks)
-                message = ("[Rank 0]: %s to pass monitoredBarrier in %d ms\n Original "
-                           "exception: \nRank 0 timed out in monitoredBarrier after %d ms: %s"
-                           % (said, ms, ms, error))
-            else:
-                message = ("Rank %d successfully reached monitoredBarrier, but received errors "
-                           "while waiting for send/recv from rank 0. Please check rank 0 logs "
-                           "for faulty rank.\n Original exception: \n%s" % (self.rank(), error))
-            raise type(error)(message) from None
+                           _timeouts.monitored_bound(seconds))
+        _timeouts.wait_monitored(work, self.process_set, seconds, wait_all_ranks)
 
     # -- point-to-point: not collectives, so no turn of the group's names; MPI matches
     # them by source and tag. The group's timeout bounds each (withdrawn at its end).
@@ -464,10 +385,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         return self._bounded(_torch_api.recv(_one(tensors, "recv"), -1, tag, self.process_set))
 
     def _bounded(self, work):
-        if self._timeout_s:
-            work._deadline = time.monotonic() + self._timeout_s
-            work._deadline_reason = self._timeout_reason
-        return work
+        return work if self._bound is None else _timeouts.bounded(work, self._bound)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         """all_gather_coalesced: one grouped allgather; output_lists[r][i] gets rank r's

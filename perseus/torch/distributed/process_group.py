@@ -114,6 +114,27 @@ def get_world_size(group=None):
     return process_set_of(group).size()
 
 
+def get_process_group_ranks(group):
+    """The global ranks of `group` (None: every rank), in group-rank order."""
+    return list(process_set_of(group).ranks)
+
+
+def get_global_rank(group, group_rank):
+    """The global rank of rank `group_rank` of `group`."""
+    ranks = get_process_group_ranks(group)
+    if not isinstance(group_rank, int) or not 0 <= group_rank < len(ranks):
+        raise ValueError("Group rank %r is not part of group %r" % (group_rank, group))
+    return ranks[group_rank]
+
+
+def get_group_rank(group, global_rank):
+    """The rank within `group` of global rank `global_rank`."""
+    ranks = get_process_group_ranks(group)
+    if global_rank not in ranks:
+        raise ValueError("Global rank %r is not part of group %r" % (global_rank, group))
+    return ranks.index(global_rank)
+
+
 def get_local_rank():
     """This process's rank on its node: the GPU it should use."""
     return _basics.local_rank()

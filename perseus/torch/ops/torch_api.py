@@ -75,6 +75,15 @@ def all_reduce_coalesced(tensors, code, process_set, name=None, now=False):
                                drive=now), tensors)
 
 
+def reduce(tensor, root_rank, code, process_set, name=None, now=False, bound=None):
+    """The reduction of every rank's `tensor` into the root's, in place: an allreduce in
+    which the other ranks reduce a copy, so their tensor is left as it was."""
+    target = tensor if _is_root(process_set, root_rank) else tensor.clone()
+    work = all_reduce(target, code, process_set, name, now, bound)
+    work._outputs = [tensor]
+    return work
+
+
 def all_reduce_sparse(tensor, code, process_set, name=None, now=False):
     """The sum of every rank's sparse COO `tensor` (CPU), in its place, coalesced, as
     gloo gives it: one grouped allgather of every rank's size, indices and values (a
@@ -119,6 +128,13 @@ def reduce_scatter_tensor(output, input, code, process_set, name=None, now=False
 
     return Work(_ops.reducescatter((input.reshape(size, -1),), process_set, code, name,
                                    drive=now), [output], finish)
+
+
+def reduce_scatter(output, chunks, code, process_set, name=None, now=False):
+    """reduce_scatter_tensor of the list `chunks` (one tensor per rank of the set, each
+    of the output's elements and dtype), concatenated."""
+    _entries_like(chunks, output, process_set.size(), "reduce_scatter input_list")
+    return reduce_scatter_tensor(output, flat(chunks), code, process_set, name, now)
 
 
 def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None, now=False):
@@ -231,6 +247,66 @@ def all_gather_lists(output_lists, inputs, process_set, name=None, now=False):
     return work
 
 
+def gather(outputs, tensor, root_rank, process_set, name=None, now=False):
+    """Fills the root's `outputs` (one tensor per rank of the set, each of `tensor`'s
+    elements and dtype) with every rank's `tensor`; the other ranks pass none. An
+    alltoall in which every rank sends only to the root."""
+    tensors_only("gather", tensor=tensor)
+    outputs = _root_only(outputs, root_rank, process_set, "gather", "gather_list")
+    if outputs:
+        _entries_like(outputs, tensor, process_set.size(), "gather gather_list")
+    root = process_set.ranks.index(root_rank)
+    splits = [tensor.numel() if r == root else 0 for r in range(process_set.size())]
+    return exchange("gather", tensor, splits, outputs, process_set, name, now,
+                    one_per_rank=bool(outputs))
+
+
+def scatter(output, chunks, root_rank, process_set, name=None, now=False):
+    """Fills `output` with the root's chunks[rank] (the root passes one tensor per rank
+    of the set, each of the output's elements and dtype; the other ranks pass none). An
+    alltoall in which only the root sends."""
+    tensors_only("scatter", tensor=output)
+    chunks = _root_only(chunks, root_rank, process_set, "scatter", "scatter_list")
+    size = process_set.size()
+    if chunks:
+        _entries_like(chunks, output, size, "scatter scatter_list")
+        sent, splits = chunks, [output.numel()] * size
+    else:
+        sent, splits = output.new_empty(0), [0] * size
+    return exchange("scatter", sent, splits, [output], process_set, name, now)
+
+
+def _is_root(process_set, root_rank):
+    return process_set.ranks[process_set.rank()] == root_rank
+
+
+def _root_only(tensors, root_rank, process_set, what, argument):
+    """`tensors` as a list: required (non-empty) on the root, refused elsewhere, as torch
+    does."""
+    tensors = list(tensors or [])
+    if _is_root(process_set, root_rank) and not tensors:
+        raise ValueError("%s: %s must be given on the root (rank %d)"
+                         % (what, argument, root_rank))
+    if not _is_root(process_set, root_rank) and tensors:
+        raise ValueError("%s: %s must not be given on rank %d, which is not the root (rank %d)"
+                         % (what, argument, process_set.ranks[process_set.rank()], root_rank))
+    return tensors
+
+
+def _entries_like(tensors, like, size, what):
+    """Checks that `tensors` is one tensor per rank (`size`), each of `like`'s number of
+    elements and dtype."""
+    if len(tensors) != size:
+        raise ValueError("%s has %d tensors; it needs one per rank of the group (%d)"
+                         % (what, len(tensors), size))
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("%s: entry %d is a %s, not a tensor" % (what, i, type(t).__name__))
+        if t.numel() != like.numel() or t.dtype != like.dtype:
+            raise ValueError("%s: entry %d has %d elements of %s; every entry needs %d of %s"
+                             % (what, i, t.numel(), t.dtype, like.numel(), like.dtype))
+
+
 # ---- the rest ------------------------------------------------------------------------
 
 def broadcast(tensor, root_rank, process_set, name=None, now=False, bound=None):
@@ -279,17 +355,41 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, proc
                 [output], finish)
 
 
-def exchange(what, tensors, splits, targets, process_set, name=None, now=False):
+def all_to_all(outputs, inputs, process_set, name=None, now=False):
+    """Sends inputs[i] to rank i and fills outputs[i] with what rank i sent here (one
+    tensor per rank of the set each; all of one dtype)."""
+    size = process_set.size()
+    if len(outputs) != size or len(inputs) != size:
+        raise ValueError("all_to_all: pass %d input and %d output tensors (one per rank), got "
+                         "%d and %d" % (size, size, len(inputs), len(outputs)))
+    for what, tensors in (("input", inputs), ("output", outputs)):
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError("all_to_all: %s %d is a %s, not a tensor"
+                                % (what, i, type(t).__name__))
+            if t.dtype != inputs[0].dtype:
+                raise ValueError("all_to_all: %s %d is %s, input 0 %s; every tensor needs one "
+                                 "dtype" % (what, i, t.dtype, inputs[0].dtype))
+    return exchange("all_to_all", list(inputs), [t.numel() for t in inputs], list(outputs),
+                    process_set, name, now, one_per_rank=True)
+
+
+def exchange(what, tensors, splits, targets, process_set, name=None, now=False,
+             one_per_rank=False):
     """An alltoall of `tensors` flattened in order (splits[i] elements to rank i);
-    what arrives goes into `targets`, in order: gather, scatter and all_to_all of lists."""
+    what arrives goes into `targets`, in order: gather, scatter and all_to_all of lists.
+    one_per_rank: targets[i] takes exactly what rank i sent."""
     flat_input = flat(tensors) if isinstance(tensors, (list, tuple)) else tensors.reshape(-1)
-    expected = sum(t.numel() for t in targets)
+    expected = [t.numel() for t in targets]
 
     def finish(value):
-        received = value[0]
-        if received.numel() != expected:
+        received, sent_here = value
+        if one_per_rank and sent_here.tolist() != expected:
+            raise ValueError("%s: the ranks sent %s elements here, for outputs of %s"
+                             % (what, sent_here.tolist(), expected))
+        if received.numel() != sum(expected):
             raise ValueError("%s: received %d elements for outputs of %d"
-                             % (what, received.numel(), expected))
+                             % (what, received.numel(), sum(expected)))
         _scatter_into(targets, received)
 
     return Work(_ops.alltoall(flat_input, process_set, splits, name, drive=now), targets,
