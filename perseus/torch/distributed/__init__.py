@@ -7,8 +7,9 @@ script's own --dist-url / --world-size / --rank), and the collectives keep torch
 signatures and in-place semantics.
 
 Only re-exports; the code lives in process_group.py (init, ranks, groups),
-collectives.py (the collectives) and point_to_point.py (send, recv, ...), over the torch operations layer (perseus/torch/ops/:
-ReduceOp in reduce_ops.py, async results in work.py).
+arguments.py (what `group` and rank arguments mean), collectives.py (the collectives)
+and point_to_point.py (send, recv, ...), over the torch operations layer
+(perseus/torch/ops/: ReduceOp in reduce_ops.py, async results in work.py).
 """
 
 from perseus.torch.distributed.collectives import (

@@ -16,27 +16,15 @@ so the core agrees on a repeated call by its cached bit instead of its metadata
 (the c10d backend passes names; see perseus/torch/c10d/backend.py).
 """
 
-import warnings
-
 from perseus.common import basics as _basics
 from perseus.common import objects as _objects
-from perseus.common.ops import integer
 from perseus.torch import ops as _ops
+from perseus.torch.distributed.arguments import DESTINATION, member_set, root
 from perseus.torch.distributed.process_group import process_set_of
 from perseus.torch.ops import state as _state
 from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import torch_api as _torch_api
 from perseus.torch.ops.reduce_ops import ReduceOp, core_op
-
-
-def _member_set(group, what):
-    """The group's process set, or None (after a warning) when this rank is outside."""
-    process_set = process_set_of(group)
-    if process_set.rank() < 0:
-        warnings.warn("%s: this rank is not a member of %r; the call does nothing"
-                      % (what, group), stacklevel=3)
-        return None
-    return process_set
 
 
 def _done(work, async_op):
@@ -50,7 +38,7 @@ def _done(work, async_op):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, name=None):
     """Reduces `tensor` over the group, in place."""
     code = core_op(op)
-    process_set = _member_set(group, "all_reduce")
+    process_set = member_set(group, "all_reduce")
     if process_set is None:
         return None
     if not async_op:
@@ -59,34 +47,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, name=None
     return _torch_api.all_reduce(tensor, code, process_set, name)
 
 
-def _root(process_set, src, group_src, what, default=None):
-    """The global rank of a root given as `src` (global) or `group_src` (in the group);
-    `default` (a global rank) when neither is given, where torch has one."""
-    if src is None and group_src is None and default is not None:
-        src = default
-    if (src is None) == (group_src is None):
-        raise ValueError("%s: pass exactly one of the global rank and the group rank "
-                         "(src and group_src, dst and group_dst)" % what)
-    if group_src is not None:
-        group_src = integer(group_src, "%s group rank" % what)
-        if not 0 <= group_src < process_set.size():
-            raise ValueError("%s: group rank %d is outside the group's %d ranks"
-                             % (what, group_src, process_set.size()))
-        return process_set.ranks[group_src]
-    src = integer(src, "%s rank" % what)
-    if src not in process_set.ranks:
-        raise ValueError("%s: rank %d is not a member of the group (ranks %s)"
-                         % (what, src, process_set.ranks))
-    return src
-
-
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, name=None):
     """Overwrites `tensor` with rank `src`'s (global rank; or `group_src`, the rank
     within the group)."""
-    process_set = _member_set(group, "broadcast")
+    process_set = member_set(group, "broadcast")
     if process_set is None:
         return None
-    src = _root(process_set, src, group_src, "broadcast")
+    src = root(process_set, src, group_src, "broadcast")
     if not async_op:
         _ops.broadcast_now_(tensor, src, process_set, name)
         return None
@@ -100,10 +67,10 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     were."""
     _torch_api.tensors_only("reduce", tensor=tensor)
     code = core_op(op)
-    process_set = _member_set(group, "reduce")
+    process_set = member_set(group, "reduce")
     if process_set is None:
         return None
-    dst = _root(process_set, dst, group_dst, "reduce")
+    dst = root(process_set, dst, group_dst, "reduce", DESTINATION)
     return _done(_torch_api.reduce(tensor, dst, code, process_set, name, not async_op),
                  async_op)
 
@@ -111,7 +78,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, name=None):
     """Fills tensor_list[i] with rank i's `tensor` (every rank's has the same shape)."""
     _torch_api.tensors_only("all_gather", tensor=tensor)
-    process_set = _member_set(group, "all_gather")
+    process_set = member_set(group, "all_gather")
     if process_set is None:
         return None
     return _done(_torch_api.all_gather(tensor_list, tensor, process_set, name), async_op)
@@ -123,7 +90,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     (world * d0, ...) or (world, *input.shape)."""
     _torch_api.tensors_only("all_gather_into_tensor", output_tensor=output_tensor,
                             input_tensor=input_tensor)
-    process_set = _member_set(group, "all_gather_into_tensor")
+    process_set = member_set(group, "all_gather_into_tensor")
     if process_set is None:
         return None
     return _done(_torch_api.all_gather_into_tensor(output_tensor, input_tensor, process_set,
@@ -136,7 +103,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     chunk of the result goes to `output`."""
     _torch_api.tensors_only("reduce_scatter_tensor", output=output, input=input)
     code = core_op(op)
-    process_set = _member_set(group, "reduce_scatter_tensor")
+    process_set = member_set(group, "reduce_scatter_tensor")
     if process_set is None:
         return None
     return _done(_torch_api.reduce_scatter_tensor(output, input, code, process_set, name),
@@ -149,7 +116,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     elements) over the group; this rank's entry of the result goes to `output`."""
     _torch_api.tensors_only("reduce_scatter", output=output)
     code = core_op(op)
-    process_set = _member_set(group, "reduce_scatter")
+    process_set = member_set(group, "reduce_scatter")
     if process_set is None:
         return None
     return _done(_torch_api.reduce_scatter(output, input_list, code, process_set, name),
@@ -162,10 +129,10 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     (or `group_dst`, the rank within the group; neither: rank 0); only dst passes
     gather_list."""
     _torch_api.tensors_only("gather", tensor=tensor)
-    process_set = _member_set(group, "gather")
+    process_set = member_set(group, "gather")
     if process_set is None:
         return None
-    dst = _root(process_set, dst, group_dst, "gather", default=0)
+    dst = root(process_set, dst, group_dst, "gather", DESTINATION, default=0)
     return _done(_torch_api.gather(gather_list, tensor, dst, process_set, name), async_op)
 
 
@@ -175,10 +142,10 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     src is a global rank (or `group_src`, the rank within the group; neither: rank 0);
     only src passes scatter_list."""
     _torch_api.tensors_only("scatter", tensor=tensor)
-    process_set = _member_set(group, "scatter")
+    process_set = member_set(group, "scatter")
     if process_set is None:
         return None
-    src = _root(process_set, src, group_src, "scatter", default=0)
+    src = root(process_set, src, group_src, "scatter", default=0)
     return _done(_torch_api.scatter(tensor, scatter_list, src, process_set, name), async_op)
 
 
@@ -186,7 +153,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
                name=None):
     """Sends input_tensor_list[i] to group rank i and fills output_tensor_list[i] with what
     group rank i sent here."""
-    process_set = _member_set(group, "all_to_all")
+    process_set = member_set(group, "all_to_all")
     if process_set is None:
         return None
     return _done(_torch_api.all_to_all(output_tensor_list, input_tensor_list, process_set,
@@ -199,7 +166,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     parts) to rank i and writes what every rank sent here into `output`, in rank
     order (output_split_sizes[i] rows from rank i)."""
     _torch_api.tensors_only("all_to_all_single", output=output, input=input)
-    process_set = _member_set(group, "all_to_all_single")
+    process_set = member_set(group, "all_to_all_single")
     if process_set is None:
         return None
     return _done(_torch_api.all_to_all_single(output, input, output_split_sizes,
@@ -209,7 +176,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 def barrier(group=None, async_op=False, device_ids=None):
     """Blocks until every rank of the group has reached it. With async_op=True the
     barrier still completes before returning (the returned Work is done)."""
-    process_set = _member_set(group, "barrier")
+    process_set = member_set(group, "barrier")
     if process_set is None:
         return None
     work = _torch_api.barrier(process_set)
@@ -223,7 +190,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     the first rank that had not (every one: wait_all_ranks), as gloo's does; the other
     ranks' say that they reached it. After a failure the ranks' calls no longer line up:
     end the job, or destroy the group and make a new one."""
-    process_set = _member_set(group, "monitored_barrier")
+    process_set = member_set(group, "monitored_barrier")
     if process_set is None:
         return None
     seconds = _timeouts.monitored_seconds(timeout)
@@ -236,7 +203,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 def all_gather_object(object_list, obj, group=None):
     """Fills object_list[i] with rank i's picklable `obj`."""
-    process_set = _member_set(group, "all_gather_object")
+    process_set = member_set(group, "all_gather_object")
     if process_set is None:
         return None
     if len(object_list) != process_set.size():
@@ -249,10 +216,10 @@ def all_gather_object(object_list, obj, group=None):
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
     """Fills rank dst's object_gather_list[i] with group rank i's picklable `obj`. dst is
     a global rank (or `group_dst`; neither: rank 0); only dst passes the list."""
-    process_set = _member_set(group, "gather_object")
+    process_set = member_set(group, "gather_object")
     if process_set is None:
         return None
-    dst = _root(process_set, dst, group_dst, "gather_object", default=0)
+    dst = root(process_set, dst, group_dst, "gather_object", DESTINATION, default=0)
     _only_at_root(object_gather_list, dst, process_set, "gather_object", "object_gather_list")
     gathered = _objects.gather_object(obj, dst, process_set=process_set)
     if gathered is not None:
@@ -265,10 +232,10 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     """Puts rank src's scatter_object_input_list[i] (picklable objects, one per rank of the
     group) in scatter_object_output_list[0] on group rank i. src is a global rank (or
     `group_src`; neither: rank 0)."""
-    process_set = _member_set(group, "scatter_object_list")
+    process_set = member_set(group, "scatter_object_list")
     if process_set is None:
         return None
-    src = _root(process_set, src, group_src, "scatter_object_list", default=0)
+    src = root(process_set, src, group_src, "scatter_object_list", default=0)
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise ValueError("scatter_object_list: scatter_object_output_list must be a list of at "
                          "least one entry, got %r" % (scatter_object_output_list,))
@@ -306,10 +273,10 @@ def _only_at_root(object_list, root, process_set, what, argument):
 
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
     """Replaces object_list's entries with rank src's (picklable objects)."""
-    process_set = _member_set(group, "broadcast_object_list")
+    process_set = member_set(group, "broadcast_object_list")
     if process_set is None:
         return None
-    src = _root(process_set, src, group_src, "broadcast_object_list")
+    src = root(process_set, src, group_src, "broadcast_object_list")
     object_list[:] = _objects.broadcast_object(list(object_list), src, process_set=process_set)
     return None
 

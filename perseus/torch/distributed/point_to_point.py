@@ -15,13 +15,13 @@ import torch.distributed as _torch_dist
 
 from perseus.common import basics as _basics
 from perseus.common.ops import integer
-from perseus.torch.distributed.collectives import _member_set, _root
+from perseus.torch.distributed.arguments import DESTINATION, SOURCE, member_set, root
 from perseus.torch.ops import torch_api as _torch_api
 
 
-def _peer(process_set, rank, group_rank, what):
+def _peer(process_set, rank, group_rank, what, names):
     """The peer's rank within the set."""
-    return process_set.ranks.index(_root(process_set, rank, group_rank, what))
+    return process_set.ranks.index(root(process_set, rank, group_rank, what, names))
 
 
 def _tag(tag, what):
@@ -35,10 +35,10 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
     """Starts sending `tensor` to rank dst; returns its Work (None outside the group).
     Do not change the tensor before the Work completes."""
     _torch_api.tensors_only("isend", tensor=tensor)
-    process_set = _member_set(group, "isend")
+    process_set = member_set(group, "isend")
     if process_set is None:
         return None
-    peer = _peer(process_set, dst, group_dst, "isend")
+    peer = _peer(process_set, dst, group_dst, "isend", DESTINATION)
     return _torch_api.send(tensor, peer, _tag(tag, "isend"), process_set)
 
 
@@ -46,21 +46,21 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
     """Starts receiving into `tensor` from rank src (neither src nor group_src: from any
     rank); returns its Work (None outside the group)."""
     _torch_api.tensors_only("irecv", tensor=tensor)
-    process_set = _member_set(group, "irecv")
+    process_set = member_set(group, "irecv")
     if process_set is None:
         return None
     peer = -1 if src is None and group_src is None else _peer(process_set, src, group_src,
-                                                                "irecv")
+                                                                "irecv", SOURCE)
     return _torch_api.recv(tensor, peer, _tag(tag, "irecv"), process_set)
 
 
 def send(tensor, dst=None, group=None, tag=0, group_dst=None):
     """Sends `tensor` to rank dst (not this rank: nothing could receive it) and waits
     until it has gone."""
-    process_set = _member_set(group, "send")
+    process_set = member_set(group, "send")
     if process_set is None:
         return None
-    peer = _peer(process_set, dst, group_dst, "send")
+    peer = _peer(process_set, dst, group_dst, "send", DESTINATION)
     if peer == process_set.rank():
         raise ValueError("send: the destination is this rank (%d); a blocking send to itself "
                          "would never end (isend and irecv may)" % _basics.rank())
@@ -75,7 +75,7 @@ def recv(tensor, src=None, group=None, tag=0, group_src=None):
     if work is None:
         return -1
     work.wait()
-    process_set = _member_set(group, "recv")
+    process_set = member_set(group, "recv")
     return process_set.ranks[work._source_rank()]
 
 
@@ -83,10 +83,10 @@ def send_object_list(object_list, dst=None, group=None, device=None, group_dst=N
     """Sends the picklable objects of `object_list` to rank dst, which receives them with
     recv_object_list into a list of as many entries. `device` is accepted and not
     needed: the pickled bytes travel as CPU tensors."""
-    process_set = _member_set(group, "send_object_list")
+    process_set = member_set(group, "send_object_list")
     if process_set is None:
         return None
-    peer = _peer(process_set, dst, group_dst, "send_object_list")
+    peer = _peer(process_set, dst, group_dst, "send_object_list", DESTINATION)
     pieces = [pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) for obj in object_list]
     sizes = torch.tensor([len(piece) for piece in pieces], dtype=torch.int64)
     data = torch.frombuffer(bytearray(b"".join(pieces)) or bytearray(1), dtype=torch.uint8)
