@@ -38,7 +38,7 @@ def init(rank, size):
         warnings.simplefilter("always")
         # What torch's ImageNet example passes when launched for one process.
         dist.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:88", world_size=1,
-                                rank=0)
+                                rank=0, timeout=datetime.timedelta(minutes=5))
         dist.init_process_group(backend="nccl", world_size=1, rank=0)  # a second call: no-op
     contradiction = [w for w in caught if "contradicts" in str(w.message)]
     assert len(contradiction) == (1 if size > 1 else 0), [str(w.message) for w in caught]
@@ -296,6 +296,47 @@ def monitored_timeout_test(rank, size):
     dist.barrier()
 
 
+def group_timeout_test(rank, size):
+    """A group's timeout: rank 0 alone in an all_reduce fails after it, naming every
+    other rank; then the others alone (once rank 0 gave up, asynchronously) fail naming
+    rank 0, so the calls line up again; then an all_gather the other way round. A
+    receive nobody sends to fails too."""
+    group = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=0.5))
+    assert dist.new_group(list(range(size))).bound is None  # its own timeout: none
+    t = torch.ones(3)
+    if rank == 0:
+        start = time.monotonic()
+        expect_raises(RuntimeError, "all_reduce alone", dist.all_reduce, t, group=group,
+                      within_s=3.5, contains=("rank(s) %s had not submitted it within the "
+                                              "process group's timeout of 0.5 s"
+                                              % list(range(1, size)),))
+        assert time.monotonic() - start >= 0.45, "all_reduce gave up early"
+        expect_raises(RuntimeError, "recv from nobody", dist.recv, t, src=size - 1, tag=77,
+                      group=group, within_s=3.5, contains=("timeout of 0.5 s",))
+        touch("rank0.timed.out")
+    else:
+        wait_for("rank0.timed.out")
+        work = dist.all_reduce(t, group=group, async_op=True)
+        expect_raises(RuntimeError, "all_reduce without rank 0", work.wait, within_s=3.5,
+                      contains=("rank(s) [0",))  # a rank late to come may be named too
+        # Then the other way round, in an all_gather.
+        expect_raises(RuntimeError, "all_gather without rank 0", dist.all_gather,
+                      [torch.empty(3) for _ in range(size)], t, group=group, within_s=3.5,
+                      contains=("rank(s) [0",))
+        touch("rank%d.timed.out" % rank)
+    if rank == 0:
+        for r in range(1, size):
+            wait_for("rank%d.timed.out" % r)
+        expect_raises(RuntimeError, "all_gather alone", dist.all_gather,
+                      [torch.empty(3) for _ in range(size)], t, group=group, within_s=3.5,
+                      contains=("rank(s) %s had not" % list(range(1, size)),))
+    dist.barrier()
+    x = make_tensor("after.timeout", rank, (3,), torch.float32)
+    everyone = [make_tensor("after.timeout", r, (3,), torch.float32) for r in range(size)]
+    dist.all_reduce(x, group=group)
+    assert_reduced(x, everyone, hvd_op("Sum"), torch.float32, "all_reduce after the timeouts")
+
+
 def group_tests(rank, size):
     members = [0, size - 1]
     group = dist.new_group(members)
@@ -407,6 +448,10 @@ def error_tests(rank, size):
                   contains=("P2POp",))
     expect_raises(TypeError, "monitored_barrier int timeout", dist.monitored_barrier,
                   timeout=5, contains=("timedelta",))
+    expect_raises(TypeError, "init_process_group int timeout", dist.init_process_group,
+                  timeout=5, contains=("timedelta",))
+    expect_raises(TypeError, "new_group int timeout", dist.new_group, timeout=5,
+                  contains=("timedelta",))
 
 
 def body():
@@ -422,6 +467,7 @@ def body():
     optimizer_state_test(rank, size)
     error_tests(rank, size)
     monitored_timeout_test(rank, size)
+    group_timeout_test(rank, size)
     dist.destroy_process_group()
     assert not dist.is_initialized()
     log("distributed API: ok")

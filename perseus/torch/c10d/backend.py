@@ -28,7 +28,6 @@ routes init_process_group("perseus") and new groups here; this module does the w
 
 import socket
 import sys
-import time
 
 import torch
 import torch.distributed as _torch_dist
@@ -178,13 +177,9 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         sid = process_set.process_set_id
         # torch's timeout of the group: every collective must have been called on every
         # rank within it, else it fails here naming the ranks that did not call it.
-        self._timeout_s = timeout.total_seconds() if timeout is not None else None
-        self._bound = None  # (seconds, reason): the time limit of each call
-        if self._timeout_s:
-            self._bound = (self._timeout_s, "within the process group's timeout of %g s"
-                           % self._timeout_s)
+        self._bound = _timeouts.group_bound(timeout)  # (seconds, reason) or None
         # A rank with nothing to do still answers within a fraction of a timeout.
-        _timeouts.answer_within(process_set, self._timeout_s)
+        _timeouts.answer_within(process_set, self._bound and self._bound[0])
         # Every member makes the groups over one set in the same order: the same
         # prefix on every rank, and none shared with another group over that set.
         self._prefix = "torch%d" % _groups_per_set.get(sid, 0)
@@ -224,10 +219,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         previous = self._in_flight[turn]
         if previous is not None:
             _requests.settle(previous)
-        if bound is None:
-            bound = self._bound
-        if bound is not None:
-            bound = (time.monotonic() + bound[0], bound[1])
+        bound = _timeouts.deadline(self._bound if bound is None else bound)
         work = start("%s.%d" % (self._prefix, turn), bound)
         if bound is not None:
             work._deadline, work._deadline_reason = bound
@@ -385,7 +377,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         return self._bounded(_torch_api.recv(_one(tensors, "recv"), -1, tag, self.process_set))
 
     def _bounded(self, work):
-        return work if self._bound is None else _timeouts.bounded(work, self._bound)
+        return _timeouts.bounded(work, self._bound)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         """all_gather_coalesced: one grouped allgather; output_lists[r][i] gets rank r's

@@ -20,19 +20,26 @@ from perseus.common import basics as _basics
 from perseus.common import objects as _objects
 from perseus.torch import ops as _ops
 from perseus.torch.distributed.arguments import DESTINATION, member_set, root
-from perseus.torch.distributed.process_group import process_set_of
+from perseus.torch.distributed.process_group import bound_of, process_set_of
 from perseus.torch.ops import state as _state
 from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import torch_api as _torch_api
 from perseus.torch.ops.reduce_ops import ReduceOp, core_op
 
 
-def _done(work, async_op):
-    """The Work for async_op=True; else waits for it and returns None, as torch."""
+def _done(work, async_op, group):
+    """The Work, under the group's timeout, for async_op=True; else waits for it and
+    returns None, as torch."""
+    _timeouts.bounded(work, bound_of(group))
     if async_op:
         return work
     work.wait()
     return None
+
+
+def _deadline(group):
+    """The group's timeout from now, for a call run to completion at once."""
+    return _timeouts.deadline(bound_of(group))
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, name=None):
@@ -42,9 +49,10 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, name=None
     if process_set is None:
         return None
     if not async_op:
-        _ops.allreduce_now_(tensor, process_set, code, name)
+        _ops.allreduce_now_(tensor, process_set, code, name, bound=_deadline(group))
         return None
-    return _torch_api.all_reduce(tensor, code, process_set, name)
+    return _timeouts.bounded(_torch_api.all_reduce(tensor, code, process_set, name),
+                             bound_of(group))
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, name=None):
@@ -55,9 +63,10 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, n
         return None
     src = root(process_set, src, group_src, "broadcast")
     if not async_op:
-        _ops.broadcast_now_(tensor, src, process_set, name)
+        _ops.broadcast_now_(tensor, src, process_set, name, bound=_deadline(group))
         return None
-    return _torch_api.broadcast(tensor, src, process_set, name)
+    return _timeouts.bounded(_torch_api.broadcast(tensor, src, process_set, name),
+                             bound_of(group))
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None, *,
@@ -71,8 +80,8 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     if process_set is None:
         return None
     dst = root(process_set, dst, group_dst, "reduce", DESTINATION)
-    return _done(_torch_api.reduce(tensor, dst, code, process_set, name, not async_op),
-                 async_op)
+    return _done(_torch_api.reduce(tensor, dst, code, process_set, name, not async_op,
+                                   _deadline(group)), async_op, group)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, name=None):
@@ -81,7 +90,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, name=None):
     process_set = member_set(group, "all_gather")
     if process_set is None:
         return None
-    return _done(_torch_api.all_gather(tensor_list, tensor, process_set, name), async_op)
+    return _done(_torch_api.all_gather(tensor_list, tensor, process_set, name), async_op,
+                 group)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *,
@@ -94,7 +104,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     if process_set is None:
         return None
     return _done(_torch_api.all_gather_into_tensor(output_tensor, input_tensor, process_set,
-                                                   name), async_op)
+                                                   name), async_op, group)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -107,7 +117,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     if process_set is None:
         return None
     return _done(_torch_api.reduce_scatter_tensor(output, input, code, process_set, name),
-                 async_op)
+                 async_op, group)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -120,7 +130,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     if process_set is None:
         return None
     return _done(_torch_api.reduce_scatter(output, input_list, code, process_set, name),
-                 async_op)
+                 async_op, group)
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, *,
@@ -133,7 +143,8 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     if process_set is None:
         return None
     dst = root(process_set, dst, group_dst, "gather", DESTINATION, default=0)
-    return _done(_torch_api.gather(gather_list, tensor, dst, process_set, name), async_op)
+    return _done(_torch_api.gather(gather_list, tensor, dst, process_set, name), async_op,
+                 group)
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *,
@@ -146,7 +157,8 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     if process_set is None:
         return None
     src = root(process_set, src, group_src, "scatter", default=0)
-    return _done(_torch_api.scatter(tensor, scatter_list, src, process_set, name), async_op)
+    return _done(_torch_api.scatter(tensor, scatter_list, src, process_set, name), async_op,
+                 group)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, *,
@@ -157,7 +169,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     if process_set is None:
         return None
     return _done(_torch_api.all_to_all(output_tensor_list, input_tensor_list, process_set,
-                                       name), async_op)
+                                       name), async_op, group)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
@@ -170,7 +182,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     if process_set is None:
         return None
     return _done(_torch_api.all_to_all_single(output, input, output_split_sizes,
-                                              input_split_sizes, process_set, name), async_op)
+                                              input_split_sizes, process_set, name),
+                 async_op, group)
 
 
 def barrier(group=None, async_op=False, device_ids=None):
@@ -179,7 +192,7 @@ def barrier(group=None, async_op=False, device_ids=None):
     process_set = member_set(group, "barrier")
     if process_set is None:
         return None
-    work = _torch_api.barrier(process_set)
+    work = _timeouts.bounded(_torch_api.barrier(process_set), bound_of(group))
     work.wait()
     return work if async_op else None
 

@@ -4,8 +4,9 @@ irecv, batch_isend_irecv of P2POp, and send_object_list / recv_object_list.
 A message goes to one rank and is matched there by its sender and `tag` (MPI for a CPU
 tensor, the pair's matching before NCCL for a CUDA one): no other rank takes part and
 nothing is negotiated. `dst` and `src` are global ranks, as in torch, or group_dst and
-group_src ranks within `group`. A process outside `group` skips the call with a
-warning, as torch does (recv then returns -1).
+group_src ranks within `group`. The group's timeout bounds each message that no peer
+matches. A process outside `group` skips the call with a warning, as torch does (recv
+then returns -1).
 """
 
 import pickle
@@ -16,6 +17,8 @@ import torch.distributed as _torch_dist
 from perseus.common import basics as _basics
 from perseus.common.ops import integer
 from perseus.torch.distributed.arguments import DESTINATION, SOURCE, member_set, root
+from perseus.torch.distributed.process_group import bound_of
+from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import torch_api as _torch_api
 
 
@@ -39,7 +42,8 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
     if process_set is None:
         return None
     peer = _peer(process_set, dst, group_dst, "isend", DESTINATION)
-    return _torch_api.send(tensor, peer, _tag(tag, "isend"), process_set)
+    return _timeouts.bounded(_torch_api.send(tensor, peer, _tag(tag, "isend"), process_set),
+                             bound_of(group))
 
 
 def irecv(tensor, src=None, group=None, tag=0, group_src=None):
@@ -51,7 +55,8 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
         return None
     peer = -1 if src is None and group_src is None else _peer(process_set, src, group_src,
                                                                 "irecv", SOURCE)
-    return _torch_api.recv(tensor, peer, _tag(tag, "irecv"), process_set)
+    return _timeouts.bounded(_torch_api.recv(tensor, peer, _tag(tag, "irecv"), process_set),
+                             bound_of(group))
 
 
 def send(tensor, dst=None, group=None, tag=0, group_dst=None):

@@ -10,6 +10,7 @@ process sets: new_group(ranks) registers one (collectively, as in torch).
 from perseus.common import basics as _basics
 from perseus.common import process_sets as _process_sets
 from perseus.torch.ops import backend_names as _backend_names
+from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import world as _world
 
 
@@ -17,11 +18,16 @@ class ProcessGroup:
     """A group of ranks: what new_group() returns and `group=` accepts.
 
     Wraps a Perseus ProcessSet (attribute `process_set`). rank() is this process's
-    rank in the group (-1 when not a member), size() its number of ranks.
+    rank in the group (-1 when not a member), size() its number of ranks. `bound`: the
+    group's timeout as each call's time limit, (seconds, reason), or None.
     """
 
-    def __init__(self, process_set):
+    def __init__(self, process_set, timeout=None):
         self.process_set = process_set
+        self.bound = _timeouts.group_bound(timeout)
+        if self.bound is not None and process_set.rank() >= 0:
+            # A rank with nothing to do still answers within a fraction of the timeout.
+            _timeouts.answer_within(process_set, self.bound[0])
 
     def rank(self):
         return self.process_set.rank()
@@ -39,10 +45,16 @@ class ProcessGroup:
 
 class group:
     """torch.distributed.group: `group.WORLD` is the group of all ranks."""
-    WORLD = ProcessGroup(_process_sets.global_process_set)
+    WORLD = ProcessGroup(_process_sets.global_process_set)  # bound: init_process_group's
 
 
 _WORLD = group.WORLD  # for functions whose `group` parameter hides the class
+
+
+def bound_of(group_):
+    """The time limit of each call on `group_` (None: the default group): its timeout as
+    (seconds, reason), or None."""
+    return getattr(_WORLD if group_ is None else group_, "bound", None)
 
 
 def process_set_of(group_):
@@ -71,19 +83,27 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                        store=None, group_name="", pg_options=None, device_id=None, **kwargs):
     """Starts Perseus on every rank of the MPI job (torch's signature).
 
-    backend, init_method, timeout, store, group_name, pg_options and device_id are
-    accepted and not needed: MPI launches the ranks and Perseus picks MPI or NCCL per
-    tensor. A backend name torch does not know ('glooo') raises ValueError. world_size
-    and rank, when given, must match MPI's; if they do not (a script's default
-    `--world-size 1 --rank 0`), MPI's values win and a warning says so, once. Calling
-    it again while initialized does nothing, as `hvd.init()`.
+    backend, init_method, store, group_name, pg_options and device_id are accepted and
+    not needed: MPI launches the ranks and Perseus picks MPI or NCCL per tensor. A
+    backend name torch does not know ('glooo') raises ValueError. world_size and rank,
+    when given, must match MPI's; if they do not (a script's default `--world-size 1
+    --rank 0`), MPI's values win and a warning says so, once. `timeout` (a timedelta;
+    None: none) is the default group's, as new_group's for its group: a collective or
+    message that not every rank it needs has called within it fails, naming those ranks.
+    Calling it again while initialized does nothing, as `hvd.init()`.
     """
     if backend is not None and not isinstance(backend, str):
         raise ValueError("backend must be a string such as 'nccl', 'gloo' or 'mpi', got %r"
                          % (backend,))
     # Any name torch knows does the same here; a misspelt one is a mistake all the same.
     _backend_names.check(backend, "init_process_group")
+    bound = _timeouts.group_bound(timeout)  # checked before anything starts
+    if _basics.is_initialized():
+        return
     _world.start(world_size, rank)
+    _WORLD.bound = bound
+    if bound is not None:
+        _timeouts.answer_within(_process_sets.global_process_set, bound[0])
 
 
 def is_initialized():
@@ -95,6 +115,7 @@ def destroy_process_group(group=None):
     (collective, like new_group)."""
     if group is None or group is _WORLD:
         _basics.shutdown()
+        _WORLD.bound = None
         return
     process_set = process_set_of(group)
     if process_set is not _process_sets.global_process_set:
@@ -153,8 +174,10 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
               use_local_synchronization=False, group_desc=None, device_id=None):
     """A group of `ranks` (global ranks; None: all). Collective, as in torch: every
     rank calls it, in the same order, with the same ranks. A group with the ranks of
-    one that exists shares its process set."""
+    one that exists shares its process set. `timeout` (a timedelta; None: none) bounds
+    each call on the group, as init_process_group's does the default group's."""
     if use_local_synchronization:
         raise NotImplementedError("new_group(use_local_synchronization=True) is not supported "
                                   "by Perseus: every rank must call new_group()")
-    return ProcessGroup(_world.set_of_ranks(ranks))
+    _timeouts.group_bound(timeout)  # a wrong type fails before the collective registration
+    return ProcessGroup(_world.set_of_ranks(ranks), timeout)

@@ -37,12 +37,31 @@ def answer_within(process_set, timeout_s):
     _requests.probe_within(process_set.process_set_id, probe_s)
 
 
+def group_bound(timeout):
+    """A process group's `timeout` (a timedelta; None or zero: none) as the bound of each
+    of its calls, or None. torch's type check: anything else is a TypeError."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError("Expected timeout argument to be of type datetime.timedelta, got %s"
+                        % (timeout,))
+    seconds = timeout.total_seconds()
+    if not seconds:
+        return None
+    return seconds, "within the process group's timeout of %g s" % seconds
+
+
+def deadline(bound):
+    """`bound` ((seconds, reason) or None) from now: (deadline, reason) as a call run to
+    completion at once takes it (perseus.common.requests.run), or None."""
+    return None if bound is None else (time.monotonic() + bound[0], bound[1])
+
+
 def bounded(work, bound):
-    """`work`, withdrawn at `bound`'s end ((seconds, reason), from now) unless every
-    rank submitted it by then."""
-    seconds, reason = bound
-    work._deadline = time.monotonic() + seconds
-    work._deadline_reason = reason
+    """`work`, withdrawn at `bound`'s end ((seconds, reason) from now; None: never)
+    unless every rank submitted it by then."""
+    if bound is not None:
+        work._deadline, work._deadline_reason = deadline(bound)
     return work
 
 
