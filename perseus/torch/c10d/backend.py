@@ -28,6 +28,7 @@ routes init_process_group("perseus") and new groups here; this module does the w
 
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as _torch_dist
@@ -219,7 +220,10 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
         previous = self._in_flight[turn]
         if previous is not None:
             _requests.settle(previous)
-        bound = _timeouts.deadline(self._bound if bound is None else bound)
+        if bound is None:
+            bound = self._bound
+        if bound is not None:  # inline, not _timeouts.deadline(): a call per collective
+            bound = (time.monotonic() + bound[0], bound[1])
         work = start("%s.%d" % (self._prefix, turn), bound)
         if bound is not None:
             work._deadline, work._deadline_reason = bound
