@@ -257,8 +257,8 @@ def gather(outputs, tensor, root_rank, process_set, name=None, now=False):
         _entries_like(outputs, tensor, process_set.size(), "gather gather_list")
     root = process_set.ranks.index(root_rank)
     splits = [tensor.numel() if r == root else 0 for r in range(process_set.size())]
-    return exchange("gather", tensor, splits, outputs, process_set, name, now,
-                    one_per_rank=bool(outputs))
+    return _exchange("gather", tensor, splits, outputs, process_set, name, now,
+                     one_per_rank=bool(outputs))
 
 
 def scatter(output, chunks, root_rank, process_set, name=None, now=False):
@@ -273,7 +273,7 @@ def scatter(output, chunks, root_rank, process_set, name=None, now=False):
         sent, splits = chunks, [output.numel()] * size
     else:
         sent, splits = output.new_empty(0), [0] * size
-    return exchange("scatter", sent, splits, [output], process_set, name, now)
+    return _exchange("scatter", sent, splits, [output], process_set, name, now)
 
 
 def _is_root(process_set, root_rank):
@@ -370,12 +370,12 @@ def all_to_all(outputs, inputs, process_set, name=None, now=False):
             if t.dtype != inputs[0].dtype:
                 raise ValueError("all_to_all: %s %d is %s, input 0 %s; every tensor needs one "
                                  "dtype" % (what, i, t.dtype, inputs[0].dtype))
-    return exchange("all_to_all", list(inputs), [t.numel() for t in inputs], list(outputs),
-                    process_set, name, now, one_per_rank=True)
+    return _exchange("all_to_all", list(inputs), [t.numel() for t in inputs], list(outputs),
+                     process_set, name, now, one_per_rank=True)
 
 
-def exchange(what, tensors, splits, targets, process_set, name=None, now=False,
-             one_per_rank=False):
+def _exchange(what, tensors, splits, targets, process_set, name=None, now=False,
+              one_per_rank=False):
     """An alltoall of `tensors` flattened in order (splits[i] elements to rank i);
     what arrives goes into `targets`, in order: gather, scatter and all_to_all of lists.
     one_per_rank: targets[i] takes exactly what rank i sent."""
