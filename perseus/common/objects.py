@@ -67,11 +67,12 @@ def _alltoall(payload, splits, name, process_set):
                                                   _finish_exchanged, payload, True))
 
 
-def _pickled(obj):
+def pickled(obj):
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _unpickled(data, lengths):
+def unpickled(data, lengths):
+    """The objects pickled back to back in the bytes `data`, `lengths` bytes each."""
     result, start = [], 0
     for length in lengths:
         result.append(pickle.loads(data[start:start + length]))
@@ -103,7 +104,7 @@ def allgather_object(obj, name=None, process_set=global_process_set):
                             dtype=np.uint8).copy()
     lengths = _allgather(np.array([payload.size], dtype=np.int64), name + ".len", process_set)
     blob = _allgather(payload, name + ".data", process_set).tobytes()
-    return _unpickled(blob, lengths.tolist())
+    return unpickled(blob, lengths.tolist())
 
 
 def gather_object(obj, root_rank=0, name=None, process_set=global_process_set):
@@ -111,10 +112,10 @@ def gather_object(obj, root_rank=0, name=None, process_set=global_process_set):
     order of the set; None elsewhere. One alltoall: each rank sends only to the root."""
     name = name or _builder.default_name("gather_object", process_set)
     root = _builder.root_in_set(process_set, root_rank)
-    payload = np.frombuffer(_pickled(obj), dtype=np.uint8)
+    payload = np.frombuffer(pickled(obj), dtype=np.uint8)
     splits = [payload.size if r == root else 0 for r in range(process_set.size())]
     data, lengths = _alltoall(payload, splits, name, process_set)
-    return _unpickled(data, lengths) if global_process_set.rank() == root_rank else None
+    return unpickled(data, lengths) if global_process_set.rank() == root_rank else None
 
 
 def scatter_object(objects, root_rank=0, name=None, process_set=global_process_set):
@@ -123,7 +124,7 @@ def scatter_object(objects, root_rank=0, name=None, process_set=global_process_s
     name = name or _builder.default_name("scatter_object", process_set)
     root = _builder.root_in_set(process_set, root_rank)
     if global_process_set.rank() == root_rank:
-        pieces = [_pickled(obj) for obj in objects]
+        pieces = [pickled(obj) for obj in objects]
         payload = np.frombuffer(b"".join(pieces), dtype=np.uint8)
         splits = [len(piece) for piece in pieces]
     else:

@@ -9,15 +9,14 @@ matches. A process outside `group` skips the call with a warning, as torch does 
 then returns -1).
 """
 
-import pickle
-
 import torch
 import torch.distributed as _torch_dist
 
 from perseus.common import basics as _basics
+from perseus.common import objects as _objects
 from perseus.common.ops import integer
 from perseus.torch.distributed.arguments import DESTINATION, SOURCE, member_set, root
-from perseus.torch.distributed.process_group import bound_of
+from perseus.torch.distributed.process_group import bound_of, process_set_of
 from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import torch_api as _torch_api
 
@@ -79,9 +78,7 @@ def recv(tensor, src=None, group=None, tag=0, group_src=None):
     work = irecv(tensor, src, group, tag, group_src)
     if work is None:
         return -1
-    work.wait()
-    process_set = member_set(group, "recv")
-    return process_set.ranks[work._source_rank()]
+    return process_set_of(group).ranks[work._source_rank()]
 
 
 def send_object_list(object_list, dst=None, group=None, device=None, group_dst=None):
@@ -92,7 +89,7 @@ def send_object_list(object_list, dst=None, group=None, device=None, group_dst=N
     if process_set is None:
         return None
     peer = _peer(process_set, dst, group_dst, "send_object_list", DESTINATION)
-    pieces = [pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) for obj in object_list]
+    pieces = [_objects.pickled(obj) for obj in object_list]
     sizes = torch.tensor([len(piece) for piece in pieces], dtype=torch.int64)
     data = torch.frombuffer(bytearray(b"".join(pieces)) or bytearray(1), dtype=torch.uint8)
     send(sizes, group=group, group_dst=peer)
@@ -110,10 +107,7 @@ def recv_object_list(object_list, src=None, group=None, device=None, group_src=N
         return sender
     data = torch.empty(max(1, int(sizes.sum())), dtype=torch.uint8)
     recv(data, sender, group)
-    pieces, start = bytes(data.numpy()), 0
-    for i, size in enumerate(sizes.tolist()):
-        object_list[i] = pickle.loads(pieces[start:start + size])
-        start += size
+    object_list[:] = _objects.unpickled(bytes(data.numpy()), sizes.tolist())
     return sender
 
 
