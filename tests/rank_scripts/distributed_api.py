@@ -33,18 +33,35 @@ def hvd_op(name):
     return getattr(hvd, name)
 
 
+def availability_tests():
+    """Before init: the availability checks answer from this process's transports."""
+    import perseus.torch.horovod as hvd
+    assert dist.is_mpi_available() is True and dist.is_gloo_available() is False
+    assert dist.is_nccl_available() is bool(hvd.nccl_built())
+    assert dist.is_torchelastic_launched() is False  # mpirun started us
+    assert dist.Backend.NCCL == "nccl" and dist.Backend is tdist.Backend
+    assert dist.get_node_local_rank(fallback_rank=5) == 5
+    expect_raises(RuntimeError, "get_node_local_rank before init", dist.get_node_local_rank,
+                  contains=("init_process_group", "fallback_rank"))
+
+
 def init(rank, size):
+    availability_tests()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # What torch's ImageNet example passes when launched for one process.
         dist.init_process_group(backend="nccl", init_method="tcp://127.0.0.1:88", world_size=1,
                                 rank=0, timeout=datetime.timedelta(minutes=5))
-        dist.init_process_group(backend="nccl", world_size=1, rank=0)  # a second call: no-op
+        # A second call: no-op
+        dist.init_process_group(backend=dist.Backend.NCCL, world_size=1, rank=0)
     contradiction = [w for w in caught if "contradicts" in str(w.message)]
     assert len(contradiction) == (1 if size > 1 else 0), [str(w.message) for w in caught]
     assert dist.use_perseus and dist.is_available() and dist.is_initialized()
     assert dist.get_rank() == rank and dist.get_world_size() == size
     assert 0 <= dist.get_local_rank() < dist.get_local_size() <= size
+    assert dist.get_node_local_rank() == dist.get_node_local_rank(fallback_rank=9) == dist.get_local_rank()
+    if dist.get_local_size() == size:  # one host: the node-local rank is the rank
+        assert dist.get_node_local_rank() == rank
     assert dist.get_rank(dist.group.WORLD) == rank and dist.get_world_size(dist.group.WORLD) == size
 
 

@@ -7,11 +7,21 @@ script's own --dist-url / --world-size / --rank), and the collectives keep torch
 signatures and in-place semantics.
 
 Only re-exports; the code lives in process_group.py (init, ranks, groups),
+availability.py (is_nccl_available and the like),
 arguments.py (what `group` and rank arguments mean), collectives.py (the collectives)
 and point_to_point.py (send, recv, ...), over the torch operations layer
 (perseus/torch/ops/: ReduceOp in reduce_ops.py, async results in work.py).
 """
 
+from torch.distributed import Backend  # the backend names, as torch's: they all run on Perseus
+
+from perseus.torch.distributed.availability import (
+    is_available,
+    is_gloo_available,
+    is_mpi_available,
+    is_nccl_available,
+    is_torchelastic_launched,
+)
 from perseus.torch.distributed.collectives import (
     all_gather,
     all_gather_into_tensor,
@@ -50,12 +60,12 @@ from perseus.torch.distributed.process_group import (
     get_group_rank,
     get_local_rank,
     get_local_size,
+    get_node_local_rank,
     get_process_group_ranks,
     get_rank,
     get_world_size,
     group,
     init_process_group,
-    is_available,
     is_initialized,
     new_group,
 )
@@ -73,6 +83,7 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "Backend",
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
@@ -85,6 +96,7 @@ __all__ = [
     "get_group_rank",
     "get_local_rank",
     "get_local_size",
+    "get_node_local_rank",
     "get_process_group_ranks",
     "get_rank",
     "get_world_size",
@@ -92,7 +104,11 @@ __all__ = [
     "init_process_group",
     "irecv",
     "is_available",
+    "is_gloo_available",
     "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
     "isend",
     "monitored_barrier",
     "new_group",

@@ -75,10 +75,6 @@ def process_set_of(group_):
     return process_set
 
 
-def is_available():
-    return True
-
-
 def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
                        store=None, group_name="", pg_options=None, device_id=None, **kwargs):
     """Starts Perseus on every rank of the MPI job (torch's signature).
@@ -163,6 +159,18 @@ def get_local_rank():
 
 def get_local_size():
     return _basics.local_size()
+
+
+def get_node_local_rank(fallback_rank=None):
+    """This process's rank on its node, as get_local_rank(). torch reads it from
+    torchrun's LOCAL_RANK; here it comes from MPI, so before init_process_group() only
+    `fallback_rank` answers (a RuntimeError without one, as torch's without LOCAL_RANK)."""
+    if _basics.is_initialized():
+        return _basics.local_rank()
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("get_node_local_rank(): the node-local rank comes from MPI, known once "
+                       "init_process_group() has run; call it first, or pass fallback_rank")
 
 
 def get_backend(group=None):
