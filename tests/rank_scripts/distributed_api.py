@@ -7,8 +7,9 @@ ranks' inputs (make_tensor), sync and async (wait, is_completed, get_future().th
 several dtypes and shapes; the rooted collectives (reduce, gather, scatter) from every
 root and the list ones (reduce_scatter, all_to_all); point-to-point (send, recv from a
 rank and from any, isend/irecv, batch_isend_irecv); torch's own ReduceOp values;
-new_group on a subset; the object collectives; monitored_barrier; and bad arguments
-raising clear errors.
+new_group on a subset; new_subgroups and new_subgroups_by_enumeration; the object
+collectives; monitored_barrier; the availability checks (is_nccl_available, ...) and
+get_node_local_rank; and bad arguments raising clear errors.
 """
 import datetime
 import time
@@ -379,6 +380,43 @@ def group_tests(rank, size):
     assert dist.barrier(async_op=True).is_completed()
 
 
+def subgroup_tests(rank, size):
+    def sums_over(subgroup, ranks, what):
+        x = make_tensor("subgroup", rank, (5,), torch.float64)
+        dist.all_reduce(x, group=subgroup)
+        assert_reduced(x, [make_tensor("subgroup", r, (5,), torch.float64) for r in ranks],
+                       hvd_op("Sum"), torch.float64, what)
+
+    mine, pairs = dist.new_subgroups(group_size=2)
+    assert [dist.get_process_group_ranks(g) for g in pairs] == [[i, i + 1] for i in range(0, size, 2)]
+    first = rank - rank % 2
+    assert dist.get_process_group_ranks(mine) == [first, first + 1] and dist.get_rank(mine) == rank % 2
+    sums_over(mine, [first, first + 1], "all_reduce in a subgroup of 2")
+    whole, groups = dist.new_subgroups()  # one host: the node's ranks are every rank
+    assert len(groups) == 1 and dist.get_process_group_ranks(whole) == list(range(size))
+    outer = dist.new_group(range(1, size)) if size > 2 else None
+    if outer is not None:  # the subgroups of a group: its ranks, split
+        mine, ones = dist.new_subgroups(group_size=1, group=outer)
+        assert [dist.get_process_group_ranks(g) for g in ones] == [[r] for r in range(1, size)]
+        assert (mine is None) == (rank == 0)
+    for bad, why in ((0, "positive"), (3, "cannot be split"), (size + 1, "cannot be split")):
+        expect_raises(ValueError, "new_subgroups(group_size=%d)" % bad, dist.new_subgroups,
+                      group_size=bad, contains=(why,))
+    enumerated = [[size - 1], list(range(size - 1))]
+    mine, groups = dist.new_subgroups_by_enumeration(enumerated)
+    assert [dist.get_process_group_ranks(g) for g in groups] == enumerated
+    expected = enumerated[0] if rank == size - 1 else enumerated[1]
+    assert dist.get_process_group_ranks(mine) == expected
+    sums_over(mine, expected, "all_reduce in an enumerated subgroup")
+    mine, _ = dist.new_subgroups_by_enumeration([[0]])
+    assert (mine is None) == (rank != 0)
+    expect_raises(ValueError, "a rank in two subgroups", dist.new_subgroups_by_enumeration,
+                  [[0, 1], [1]], contains=("rank 1 is in subgroup 0 and in subgroup 1",))
+    expect_raises(ValueError, "no subgroups", dist.new_subgroups_by_enumeration, [],
+                  contains=("empty",))
+    dist.barrier()
+
+
 def object_tests(rank, size):
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "name": "r%d" % rank})
@@ -480,6 +518,7 @@ def body():
     point_to_point_tests(rank, size)
     ranks_tests(rank, size)
     group_tests(rank, size)
+    subgroup_tests(rank, size)
     object_tests(rank, size)
     optimizer_state_test(rank, size)
     error_tests(rank, size)

@@ -7,7 +7,7 @@ script's own --dist-url / --world-size / --rank), and the collectives keep torch
 signatures and in-place semantics.
 
 Only re-exports; the code lives in process_group.py (init, ranks, groups),
-availability.py (is_nccl_available and the like),
+availability.py (is_nccl_available and the like), subgroups.py (new_subgroups),
 arguments.py (what `group` and rank arguments mean), collectives.py (the collectives)
 and point_to_point.py (send, recv, ...), over the torch operations layer
 (perseus/torch/ops/: ReduceOp in reduce_ops.py, async results in work.py).
@@ -69,6 +69,7 @@ from perseus.torch.distributed.process_group import (
     is_initialized,
     new_group,
 )
+from perseus.torch.distributed.subgroups import new_subgroups, new_subgroups_by_enumeration
 from perseus.torch.ops.reduce_ops import ReduceOp
 from perseus.torch.ops.work import Work
 
@@ -112,6 +113,8 @@ __all__ = [
     "isend",
     "monitored_barrier",
     "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
     "P2POp",
     "ProcessGroup",
     "recv",
