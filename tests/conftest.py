@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from support import batch_job, machine_share
+from support import batch_job, jobs, machine_share
 from support.jobs import (DEFAULT_TIMEOUT_S, RANK_SCRIPTS, REPO_ROOT, TESTS_DIR, bounded_job,
                           clean_env, job_report, rank_job, skip_unless_possible)
 
@@ -139,8 +139,8 @@ def run_mpi(tmp_path):
         returncode, out, err, seconds, killed = bounded_job(cmd, child_env, timeout)
         if killed is not None:
             pytest.fail(job_report("%s with %d ranks did not finish within %d s (killed; the stack "
-                                   "dumps in stderr show where each rank was)" % (script, np, timeout),
-                                   cmd, extra, out, err), pytrace=False)
+                                   "dumps in stderr show where each rank was in Python); still alive:\n%s"
+                                   % (script, np, timeout, killed), cmd, extra, out, err), pytrace=False)
         if returncode != 0:
             pytest.fail(job_report("%s with %d ranks exited with code %d after %.1f s"
                                    % (script, np, returncode, seconds), cmd, extra, out, err),
@@ -157,6 +157,17 @@ _batch_exit_failures = {}
 # (module, script, nprocs) and (module, nprocs, setting) of the tests this session runs.
 _selected_cases = set()
 _selected_settings = set()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Tells tests/support/jobs.py when this test's timeout (pytest-timeout's, over set-up,
+    call and teardown) fires, so that a hung job's C stacks end before it."""
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0] if marker and marker.args else item.config.getini("timeout") or 0)
+    jobs.test_deadline = time.monotonic() + limit if limit > 0 else None
+    yield
+    jobs.test_deadline = None
 
 
 def pytest_collection_finish(session):

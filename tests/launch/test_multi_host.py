@@ -178,7 +178,7 @@ def run_with_fault(hosts, scratch, fault, env, bound_s):
         try:
             rc = proc.wait(timeout=bound_s + 30)
         except subprocess.TimeoutExpired:
-            alive = kill_job(proc)
+            alive = kill_job(proc, stacks=True)
             pytest.fail("the job did not end within %d s of the fault; still alive:\n%s\n%s"
                         % (bound_s + 30, alive, log_text(log)), pytrace=False)
         ended = time.time() - faulted

@@ -4,6 +4,7 @@ its timeout (so a hang fails one test and never stalls the suite). The fixtures 
 these (run_mpi, run_mpi_batch, run_python, ...) are in tests/conftest.py.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,14 @@ def _descendants(pid):
     return found
 
 
+def _is_python(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return b"python" in f.read()
+    except OSError:
+        return False
+
+
 def describe_processes(pids):
     """One line per process and thread: state and kernel wait channel, to show where a hang sat."""
     lines = []
@@ -134,9 +143,51 @@ def describe_processes(pids):
     return "\n".join(lines)
 
 
-def kill_job(proc):
-    """SIGKILL the launcher and every process it started. Returns what was still alive."""
-    alive = describe_processes([proc.pid] + _descendants(proc.pid))
+# The C stacks of a hung job take at most this long in all (gdb: about 6 s a process
+# with torch loaded), and end this long before the running test's own timeout
+# (pytest-timeout's thread method would end the whole session): test_deadline, set by
+# tests/conftest.py for each test.
+C_STACKS_S = 30
+C_STACKS_MARGIN_S = 20
+C_STACK_LINES = 80  # a process's at most
+test_deadline = None  # time.monotonic() when the running test's timeout fires, if it has one
+
+
+def c_stacks(pids, within_s=C_STACKS_S):
+    """Every thread's C stack of each process, by gdb (in the machine image), within
+    `within_s` in all: where a hang sits below Python, as in MPI_Finalize after the
+    interpreter's teardown, where the ranks' faulthandler dumps no longer come."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "(no C stacks: gdb is not installed)"
+    deadline = time.monotonic() + within_s
+    if test_deadline is not None:
+        deadline = min(deadline, test_deadline - C_STACKS_MARGIN_S)
+    parts = []
+    for pid in pids:
+        left = deadline - time.monotonic()
+        if left < 1:
+            parts.append("pid %d: no time left for its C stack" % pid)
+            continue
+        try:
+            out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set print frame-arguments none",
+                                  "-ex", "thread apply all bt 12"], stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True, timeout=left).stdout
+        except subprocess.TimeoutExpired:
+            parts.append("pid %d: gdb gave no C stack within %.0f s" % (pid, left))
+            continue
+        frames = [line for line in out.splitlines() if line.startswith(("Thread ", "#"))]
+        parts.append("pid %d C stacks:\n%s" % (pid, "\n".join(frames[:C_STACK_LINES])))
+    return "\n".join(parts)
+
+
+def kill_job(proc, stacks=False):
+    """SIGKILL the launcher and every process it started. Returns what was still alive
+    (with `stacks`, their C stacks too: for a hang)."""
+    pids = [proc.pid] + _descendants(proc.pid)
+    alive = describe_processes(pids)
+    if stacks:
+        alive += "\n" + c_stacks(sorted(pids, key=lambda pid: not _is_python(pid)))  # the ranks first
     for _ in range(3):
         victims = _descendants(proc.pid)
         for pid in victims + [proc.pid]:
@@ -180,7 +231,7 @@ def bounded_job(cmd, child_env, timeout):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        killed = kill_job(proc)
+        killed = kill_job(proc, stacks=True)
     finally:
         if proc.poll() is None:
             kill_job(proc)
