@@ -170,14 +170,17 @@ def c_stacks(pids, within_s=C_STACKS_S):
             parts.append("pid %d: no time left for its C stack" % pid)
             continue
         try:
-            out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set print frame-arguments none",
-                                  "-ex", "thread apply all bt 12"], stdin=subprocess.DEVNULL,
-                                 capture_output=True, text=True, timeout=left).stdout
+            done = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set print frame-arguments none",
+                                   "-ex", "thread apply all bt 12"], stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=left)
         except subprocess.TimeoutExpired:
             parts.append("pid %d: gdb gave no C stack within %.0f s" % (pid, left))
             continue
-        frames = [line for line in out.splitlines() if line.startswith(("Thread ", "#"))]
-        parts.append("pid %d C stacks:\n%s" % (pid, "\n".join(frames[:C_STACK_LINES])))
+        frames = [line for line in done.stdout.splitlines() if line.startswith(("Thread ", "#"))]
+        if frames:
+            parts.append("pid %d C stacks:\n%s" % (pid, "\n".join(frames[:C_STACK_LINES])))
+        else:  # gone meanwhile, or attaching not permitted (ptrace)
+            parts.append("pid %d: no C stack (gdb: %s)" % (pid, " ".join(done.stderr.split())[-300:]))
     return "\n".join(parts)
 
 

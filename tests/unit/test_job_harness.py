@@ -17,6 +17,8 @@ def test_a_hung_job_is_killed_and_reported_with_its_c_stacks():
     code = "import ctypes; print('waiting', flush=True); ctypes.CDLL(None).pause()"
     returncode, out, _, seconds, killed = jobs.bounded_job([sys.executable, "-c", code], jobs.clean_env(), 3)
     assert killed is not None and returncode != 0 and "waiting" in out
+    if "Operation not permitted" in killed:  # a machine that forbids ptrace: the report says so
+        pytest.skip("gdb may not attach here: %s" % killed)
     assert "state S" in killed and "C stacks:" in killed, killed
     assert "pause" in killed, killed  # the C function the process waited in
     assert seconds < 3 + jobs.C_STACKS_S + 5, seconds
