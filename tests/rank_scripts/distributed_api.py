@@ -466,6 +466,15 @@ def error_tests(rank, size):
                   group_src=0, contains=("exactly one",))
     expect_raises(ValueError, "new_group ranks", dist.new_group, [0, size],
                   contains=("outside",))
+    # Ranks that disagree fail on every rank, also where some find a set of their ranks
+    # registered (the world's) and would skip the registration the others wait in.
+    expect_raises(ValueError, "new_group ranks that differ", dist.new_group,
+                  [0] if rank == 0 else None, within_s=30,
+                  contains=("rank 0 [0]; rank 1 %s" % list(range(size)),))
+    expect_raises(ValueError, "new_group rank not a number", dist.new_group,
+                  [0, "one"] if rank == size - 1 else [0, 1],
+                  contains=("rank %d (new_group rank must be an integer, got str 'one')" % (size - 1),
+                            "rank 0 [0, 1]"))
     # Refused before anything is sent, so the ranks stay in step.
     expect_raises(ValueError, "reduce without dst", dist.reduce, t, contains=("exactly one",))
     expect_raises(ValueError, "reduce dst outside", dist.reduce, t, dst=size,

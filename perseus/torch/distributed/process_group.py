@@ -8,7 +8,9 @@ process sets: new_group(ranks) registers one (collectively, as in torch).
 """
 
 from perseus.common import basics as _basics
+from perseus.common import objects as _objects
 from perseus.common import process_sets as _process_sets
+from perseus.common.ops import integer
 from perseus.torch.ops import backend_names as _backend_names
 from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import world as _world
@@ -188,4 +190,21 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
         raise NotImplementedError("new_group(use_local_synchronization=True) is not supported "
                                   "by Perseus: every rank must call new_group()")
     _timeouts.group_bound(timeout)  # a wrong type fails before the collective registration
-    return ProcessGroup(_world.set_of_ranks(ranks), timeout)
+    return ProcessGroup(_world.set_of_ranks(_agreed(ranks)), timeout)
+
+
+def _agreed(ranks):
+    """new_group's `ranks`, once every rank has passed the same (one small allgather):
+    otherwise a ValueError on every rank, naming what each passed. Without it, a rank
+    that finds a set of its ranks registered skips the registration its peers wait in."""
+    try:
+        mine = sorted(integer(r, "new_group rank") for r in
+                      (range(_basics.size()) if ranks is None else ranks))
+    except (TypeError, ValueError) as e:
+        mine = "(%s)" % e  # every rank raises it below, if all agree
+    everyone = _objects.allgather_object(mine, name="perseus.new_group")
+    if any(theirs != mine for theirs in everyone):
+        raise ValueError("new_group: every rank must pass the same ranks, in the same order of "
+                         "calls; the ranks passed %s" % "; ".join(
+                             "rank %d %s" % (rank, theirs) for rank, theirs in enumerate(everyone)))
+    return ranks
