@@ -466,6 +466,7 @@ def error_tests(rank, size):
                   group_src=0, contains=("exactly one",))
     expect_raises(ValueError, "new_group ranks", dist.new_group, [0, size],
                   contains=("outside",))
+    assert dist.get_process_group_ranks(dist.new_group(r for r in (size - 1, 0))) == [0, size - 1]
     # Ranks that disagree fail on every rank, also where some find a set of their ranks
     # registered (the world's) and would skip the registration the others wait in.
     expect_raises(ValueError, "new_group ranks that differ", dist.new_group,

@@ -194,17 +194,21 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
 
 
 def _agreed(ranks):
-    """new_group's `ranks`, once every rank has passed the same (one small allgather):
-    otherwise a ValueError on every rank, naming what each passed. Without it, a rank
-    that finds a set of its ranks registered skips the registration its peers wait in."""
+    """new_group's `ranks` (any iterable; None: all) as a sorted list, once every rank has
+    passed the same (one small allgather): otherwise a ValueError on every rank, naming
+    what each passed. Without it, a rank that finds a set of its ranks registered skips
+    the registration its peers wait in."""
+    error = None
     try:
         mine = sorted(integer(r, "new_group rank") for r in
                       (range(_basics.size()) if ranks is None else ranks))
     except (TypeError, ValueError) as e:
-        mine = "(%s)" % e  # every rank raises it below, if all agree
+        error, mine = e, "(%s)" % e
     everyone = _objects.allgather_object(mine, name="perseus.new_group")
     if any(theirs != mine for theirs in everyone):
         raise ValueError("new_group: every rank must pass the same ranks, in the same order of "
                          "calls; the ranks passed %s" % "; ".join(
                              "rank %d %s" % (rank, theirs) for rank, theirs in enumerate(everyone)))
-    return ranks
+    if error is not None:  # the same on every rank
+        raise error
+    return mine
