@@ -10,7 +10,6 @@ process sets: new_group(ranks) registers one (collectively, as in torch).
 from perseus.common import basics as _basics
 from perseus.common import objects as _objects
 from perseus.common import process_sets as _process_sets
-from perseus.common.ops import integer
 from perseus.torch.ops import backend_names as _backend_names
 from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import world as _world
@@ -200,8 +199,7 @@ def _agreed(ranks):
     the registration its peers wait in."""
     error = None
     try:
-        mine = sorted(integer(r, "new_group rank") for r in
-                      (range(_basics.size()) if ranks is None else ranks))
+        mine = _world.group_ranks(ranks)
     except (TypeError, ValueError) as e:
         error, mine = e, "(%s)" % e
     everyone = _objects.allgather_object(mine, name="perseus.new_group")

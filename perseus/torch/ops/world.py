@@ -34,6 +34,13 @@ def set_of_ranks(ranks):
     """The process set of `ranks` (global ranks; None: all), registered now if no set
     of those ranks is. Collective, as torch's new_group: every rank calls it, in the
     same order, with the same ranks."""
+    ranks = group_ranks(ranks)
+    return _process_sets.find_process_set(ranks) or _process_sets.add_process_set(ranks)
+
+
+def group_ranks(ranks):
+    """A new group's `ranks` (global ranks, any iterable; None: all) as a sorted list;
+    ValueError or TypeError, naming them, where they cannot make a group."""
     size = _basics.size()  # raises before init
     if ranks is None:
         ranks = range(size)
@@ -43,4 +50,4 @@ def set_of_ranks(ranks):
         raise ValueError("new_group: ranks %s are outside the world of %d ranks" % (bad, size))
     if len(set(ranks)) != len(ranks):
         raise ValueError("new_group: ranks must be distinct, got %s" % ranks)
-    return _process_sets.find_process_set(ranks) or _process_sets.add_process_set(ranks)
+    return ranks
