@@ -1062,6 +1062,12 @@ perseus_status_t perseus_cross_rank(int32_t* out) {
 perseus_status_t perseus_cross_size(int32_t* out) {
   return GetInt(out, [](Engine& e) { return e.topology().cross_size; });
 }
+perseus_status_t perseus_node_index(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.topology().nodes.node_index; });
+}
+perseus_status_t perseus_is_homogeneous(int32_t* out) {
+  return GetInt(out, [](Engine& e) { return e.topology().nodes.homogeneous ? 1 : 0; });
+}
 perseus_status_t perseus_mpi_threads_supported(int32_t* out) {
   return GetInt(out, [](Engine& e) { return e.thread_multiple() ? 1 : 0; });
 }

@@ -151,13 +151,25 @@ def local_rank():
 
 
 def cross_size():
-    """Number of nodes (processes with this local rank across nodes)."""
+    """Number of ranks with this local rank, one per node (the number of nodes where
+    every node holds as many ranks)."""
     return _query(_lib.perseus_cross_size)
 
 
 def cross_rank():
-    """This node's rank among the nodes."""
+    """This rank's rank among the ranks with its local rank, one per node (Horovod's
+    cross rank: the node's number only where every node holds as many ranks)."""
     return _query(_lib.perseus_cross_rank)
+
+
+def node_index():
+    """This rank's node, the nodes numbered from 0 by their lowest rank."""
+    return _query(_lib.perseus_node_index)
+
+
+def is_homogeneous():
+    """Whether every node holds as many ranks; the same answer on every rank."""
+    return bool(_query(_lib.perseus_is_homogeneous))
 
 
 def mpi_threads_supported():

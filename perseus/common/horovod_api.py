@@ -12,6 +12,7 @@ from perseus.common.basics import (
     gloo_built,
     gloo_enabled,
     init,
+    is_homogeneous,
     is_initialized,
     lane_count,
     local_rank,
@@ -38,8 +39,8 @@ from perseus.common.process_sets import (
 
 __all__ = [
     "ccl_built", "config", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built",
-    "gloo_enabled", "init", "is_initialized", "lane_count", "local_rank", "local_size",
-    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built",
-    "shutdown", "size", "start_timeline", "stop_timeline", "HorovodInternalError",
+    "gloo_enabled", "init", "is_homogeneous", "is_initialized", "lane_count", "local_rank",
+    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
+    "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline", "HorovodInternalError",
     "ProcessSet", "add_process_set", "global_process_set", "remove_process_set", "gpu_available",
 ]

@@ -3,8 +3,8 @@
 PERSEUS_RANKS_PER_NODE=k splits the ranks into simulated nodes of k consecutive
 ranks (rank r is on node r // k), so node-scoped features (MXNet's
 PerseusSyncBatchNorm with comm_scope=0, hierarchical schemes) can be tested on
-one machine. Unset: the real nodes, as the core found them (ranks with the same
-cross_rank share a node). The core's configuration table parses and validates the
+one machine. Unset: the real nodes, as the core found them (its node index, the same
+on every rank; not cross_rank, which numbers the ranks of one local rank). The core's configuration table parses and validates the
 variable at init() (a bad value, or different values on different ranks, fail it)
 and this module reads the value the core took.
 """
@@ -32,7 +32,7 @@ def node_ranks():
     if k is not None:
         return [list(range(start, min(start + k, size))) for start in range(0, size, k)]
     nodes = {}
-    for rank, node in enumerate(_objects.allgather_object(_basics.cross_rank(),
+    for rank, node in enumerate(_objects.allgather_object(_basics.node_index(),
                                                           name="perseus.node_ranks")):
         nodes.setdefault(node, []).append(rank)
     return [nodes[node] for node in sorted(nodes)]

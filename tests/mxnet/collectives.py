@@ -400,7 +400,7 @@ def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     assert (hvd.local_rank(), hvd.local_size()) == (rank, size)
-    assert hvd.is_initialized() and hvd.cross_size() == 1
+    assert hvd.is_initialized() and hvd.cross_size() == 1 and hvd.is_homogeneous() is True
     for check in (check_horovod_modules, check_allreduce, check_adasum, check_grouped, check_allgather, check_broadcast,
                   check_alltoall, check_reducescatter, check_grouped_allgather,
                   check_grouped_reducescatter, check_horovod_error_types, check_objects,

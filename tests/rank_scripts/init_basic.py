@@ -8,7 +8,7 @@ from common import assert_reduced, expect_raises, hvd, launcher_rank_size, main,
 
 def check_not_initialized(what):
     assert not hvd.is_initialized(), what + ": is_initialized() is true"
-    for fn in (hvd.rank, hvd.size, hvd.local_rank, hvd.local_size):
+    for fn in (hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.is_homogeneous):
         expect_raises(ValueError, "%s: %s()" % (what, fn.__name__), fn)
     expect_raises(ValueError, what + ": allreduce", hvd.allreduce, torch.ones(2), name="x", op=hvd.Sum)
     expect_raises(ValueError, what + ": broadcast", hvd.broadcast, torch.ones(2), 0, name="x")
@@ -30,6 +30,7 @@ def body():
     # One host: local == global, a single cross-node group.
     assert hvd.local_size() == size and hvd.local_rank() == rank, (hvd.local_size(), hvd.local_rank())
     assert hvd.cross_size() == 1 and hvd.cross_rank() == 0, (hvd.cross_size(), hvd.cross_rank())
+    assert hvd.is_homogeneous() is True
     assert hvd.mpi_enabled() and hvd.mpi_built()
     assert hvd.mpi_threads_supported() in (True, False)
     check_sum("lifecycle", rank, size)

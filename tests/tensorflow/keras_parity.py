@@ -1,6 +1,6 @@
 """Horovod parity of the Keras front end (issue 15), against numpy references:
-BroadcastGlobalVariablesCallback(local_variables=...), PartialDistributedOptimizer
-and register_local_var (local gradients divided by the size unless
+Horovod's names in horovod.tensorflow.keras, BroadcastGlobalVariablesCallback(local_variables=...),
+PartialDistributedOptimizer and register_local_var (local gradients divided by the size unless
 scale_local_gradients=False), PartialDistributedGradientTape's
 get_local_and_global_gradients (issue 40; Keras 3 and tf-keras layers in every run), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
 DistributedOptimizer over tf.keras.optimizers.legacy optimizers, `lr=` spelling
@@ -247,9 +247,26 @@ def check_compute_gradients(rank, size):
     assert int(opt.iterations.numpy()) == 3
 
 
+# What Horovod's horovod.tensorflow.keras takes from horovod.tensorflow (a Keras script
+# calls them as hvd.<name>): the timeline and the *_built queries were once missing here.
+HOROVOD_KERAS_BASICS = [
+    "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size",
+    "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "ProcessSet", "global_process_set",
+    "add_process_set", "remove_process_set", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "Average", "Sum", "Compression"]
+
+
+def check_horovod_keras_names():
+    missing = [n for n in HOROVOD_KERAS_BASICS if getattr(hvd, n, None) is not getattr(tfhvd, n)]
+    assert not missing, "perseus.tensorflow.keras lacks Horovod's %s" % missing
+    assert hvd.mpi_built() and not hvd.gloo_enabled() and hvd.is_homogeneous()
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    check_horovod_keras_names()
     check_broadcast_callback(rank, size)
     check_broadcast_callback(rank, size, refs=True)  # local_variables given as .ref()
     log("broadcast callback ok")

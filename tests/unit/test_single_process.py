@@ -48,6 +48,7 @@ def test_world_of_one(initialized):
     assert (hvd.size(), hvd.rank()) == (1, 0)
     assert (hvd.local_size(), hvd.local_rank()) == (1, 0)
     assert (hvd.cross_size(), hvd.cross_rank()) == (1, 0)
+    assert hvd.is_homogeneous() is True
 
 
 def test_build_and_backend_queries(initialized):

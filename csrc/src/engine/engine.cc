@@ -106,6 +106,8 @@ Status Engine::Init() {
                      "MPI_Allgather");
   if (!status.ok()) return status;
   std::sort(node_ranks_.begin(), node_ranks_.end());
+  status = FindNodeLayout(world_, node_ranks_[0], topo_.local_size, &topo_.nodes);
+  if (!status.ok()) return status;
   // Their processes, in local rank order: a rank declared failed while still alive (a
   // frozen process, ULFM) is ended by a survivor on its host (EndExcludedRanks).
   const int me[2] = {topo_.rank, static_cast<int>(getpid())};

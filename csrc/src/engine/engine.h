@@ -51,6 +51,7 @@
 #include "engine/process_set.h"
 #include "engine/schedule.h"
 #include "lane_api/lane_backend.h"
+#include "mpi/node_layout.h"
 #include "mpi/runtime_processes.h"
 #include "mpi/wait_policy.h"
 
@@ -58,6 +59,7 @@ namespace perseus {
 
 struct Topology {
   int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+  NodeLayout nodes;
 };
 
 class Engine {

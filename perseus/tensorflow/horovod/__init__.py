@@ -48,11 +48,6 @@ from perseus.tensorflow.mpi_ops import (
 )
 
 
-def is_homogeneous():
-    """Whether every node runs the same number of ranks."""
-    return size() == local_size() * cross_size()
-
-
 # The public names (what `import *` gives, and what the API reference lists), with
 # Horovod's submodule paths registered below.
 __all__ = _common_all + [  # a plain sum: the docs read it without importing
@@ -60,7 +55,7 @@ __all__ = _common_all + [  # a plain sum: the docs read it without importing
     "allreduce", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
     "broadcast_object", "broadcast_variables", "BroadcastGlobalVariablesHook", "Compression",
     "DistributedGradientTape", "DistributedOptimizer", "elastic", "grouped_allgather",
-    "grouped_allreduce", "grouped_broadcast", "grouped_reducescatter", "is_homogeneous", "join",
+    "grouped_allreduce", "grouped_broadcast", "grouped_reducescatter", "join",
     "local_rank_op", "local_size_op", "PartialDistributedGradientTape",
     "process_set_included_op", "rank_op", "reducescatter", "size_op", "SyncBatchNormalization",
     "compression", "functions", "gradient_aggregation", "gradient_aggregation_eager", "mpi_ops",

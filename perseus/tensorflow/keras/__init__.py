@@ -2,17 +2,15 @@
 (also ``perseus.keras``). Works with Keras 3 (tf.keras) and with Keras 2 (tf-keras)
 under TF_USE_LEGACY_KERAS=1."""
 
+from perseus.common.horovod_api import *  # noqa: F401,F403 (init, ranks, *_built, timeline, process sets)
 from perseus.tensorflow.horovod import (  # noqa: F401 (re-exports)
     Adasum,
     Average,
     Compression,
-    HorovodInternalError,
     Max,
     Min,
-    ProcessSet,
     Product,
     Sum,
-    add_process_set,
     allgather,
     allgather_object,
     allreduce,
@@ -21,20 +19,9 @@ from perseus.tensorflow.horovod import (  # noqa: F401 (re-exports)
     broadcast,
     broadcast_object,
     broadcast_variables,
-    cross_rank,
-    cross_size,
-    global_process_set,
     grouped_allreduce,
-    init,
-    is_initialized,
     join,
-    local_rank,
-    local_size,
-    rank,
     reducescatter,
-    remove_process_set,
-    shutdown,
-    size,
 )
 from perseus.tensorflow.keras import callbacks, elastic  # noqa: F401
 from perseus.tensorflow.keras.optimizer import (  # noqa: F401

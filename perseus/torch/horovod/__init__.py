@@ -97,6 +97,7 @@ __all__ = [
     "grouped_reducescatter_async",
     "HorovodInternalError",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "join",
     "lane_count",

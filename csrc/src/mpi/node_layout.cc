@@ -1,0 +1,32 @@
+#include "mpi/node_layout.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "mpi/mpi_status.h"
+
+namespace perseus {
+
+Status FindNodeLayout(MPI_Comm world, int lowest_rank_on_node, int ranks_on_node, NodeLayout* out) {
+  int size = 1;
+  MPI_Comm_size(world, &size);
+  const int mine[2] = {lowest_rank_on_node, ranks_on_node};
+  std::vector<int> all(2 * static_cast<size_t>(size));
+  Status status = MpiStatus(MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, world),
+                            "MPI_Allgather");
+  if (!status.ok()) return status;
+  std::vector<int> lowest;
+  NodeLayout layout;
+  for (int r = 0; r < size; ++r) {
+    lowest.push_back(all[2 * r]);
+    if (all[2 * r + 1] != ranks_on_node) layout.homogeneous = false;
+  }
+  std::sort(lowest.begin(), lowest.end());
+  lowest.erase(std::unique(lowest.begin(), lowest.end()), lowest.end());
+  layout.node_index = static_cast<int>(
+      std::lower_bound(lowest.begin(), lowest.end(), lowest_rank_on_node) - lowest.begin());
+  *out = layout;
+  return Status::OK();
+}
+
+}  // namespace perseus
