@@ -26,6 +26,9 @@ def check_paths():
     assert synchronize is hvd.synchronize and Average is hvd.Average
     assert ElasticSampler is hvd.elastic.ElasticSampler and TorchState is hvd.elastic.TorchState
     assert hvd.mpi_ops is importlib.import_module("perseus.torch.horovod.mpi_ops")
+    # Horovod's torch has is_homogeneous in mpi_ops and its _basics, not in the package
+    from perseus.torch.horovod.mpi_ops import is_homogeneous
+    assert is_homogeneous is hvd.mpi_ops._basics.is_homogeneous and is_homogeneous() is True
 
 
 def check_ids_and_ranks(rank, size):
