@@ -1062,8 +1062,15 @@ perseus_status_t perseus_cross_rank(int32_t* out) {
 perseus_status_t perseus_cross_size(int32_t* out) {
   return GetInt(out, [](Engine& e) { return e.topology().cross_size; });
 }
-perseus_status_t perseus_node_index(int32_t* out) {
-  return GetInt(out, [](Engine& e) { return e.topology().nodes.node_index; });
+perseus_status_t perseus_rank_nodes(int32_t* out, int32_t n) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  const std::vector<int>& nodes = engine->topology().nodes.node_of_rank;
+  if (out == nullptr || n != static_cast<int32_t>(nodes.size()))
+    return Report(
+        Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_rank_nodes: room for size() ranks expected"));
+  std::copy(nodes.begin(), nodes.end(), out);
+  return PERSEUS_SUCCESS;
 }
 perseus_status_t perseus_is_homogeneous(int32_t* out) {
   return GetInt(out, [](Engine& e) { return e.topology().nodes.homogeneous ? 1 : 0; });

@@ -162,9 +162,12 @@ def cross_rank():
     return _query(_lib.perseus_cross_rank)
 
 
-def node_index():
-    """This rank's node, the nodes numbered from 0 by their lowest rank."""
-    return _query(_lib.perseus_node_index)
+def rank_nodes():
+    """Each rank's node, by rank: the nodes numbered from 0 by their lowest rank (the
+    core found them at init; no communication here)."""
+    nodes = (ctypes.c_int32 * size())()
+    _lib.check(_lib.perseus_rank_nodes(nodes, len(nodes)))
+    return list(nodes)
 
 
 def is_homogeneous():

@@ -138,7 +138,7 @@ _SIGNATURES = {
     "perseus_local_size": (_status, [_i32p]),
     "perseus_cross_rank": (_status, [_i32p]),
     "perseus_cross_size": (_status, [_i32p]),
-    "perseus_node_index": (_status, [_i32p]),
+    "perseus_rank_nodes": (_status, [_i32p, ctypes.c_int32]),
     "perseus_is_homogeneous": (_status, [_i32p]),
     "perseus_mpi_threads_supported": (_status, [_i32p]),
     "perseus_lane_count": (_status, [_i32p]),
@@ -220,7 +220,7 @@ perseus_local_rank = _bind("perseus_local_rank")
 perseus_local_size = _bind("perseus_local_size")
 perseus_cross_rank = _bind("perseus_cross_rank")
 perseus_cross_size = _bind("perseus_cross_size")
-perseus_node_index = _bind("perseus_node_index")
+perseus_rank_nodes = _bind("perseus_rank_nodes")
 perseus_is_homogeneous = _bind("perseus_is_homogeneous")
 perseus_mpi_threads_supported = _bind("perseus_mpi_threads_supported")
 perseus_lane_count = _bind("perseus_lane_count")

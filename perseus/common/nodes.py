@@ -3,14 +3,13 @@
 PERSEUS_RANKS_PER_NODE=k splits the ranks into simulated nodes of k consecutive
 ranks (rank r is on node r // k), so node-scoped features (MXNet's
 PerseusSyncBatchNorm with comm_scope=0, hierarchical schemes) can be tested on
-one machine. Unset: the real nodes, as the core found them (its node index, the same
-on every rank; not cross_rank, which numbers the ranks of one local rank). The core's configuration table parses and validates the
-variable at init() (a bad value, or different values on different ranks, fail it)
-and this module reads the value the core took.
+one machine. Unset: the real nodes, as the core found them at init() (not by
+cross_rank, which numbers the ranks of one local rank). The core's configuration
+table parses and validates the variable at init() (a bad value, or different values
+on different ranks, fail it) and this module reads the value the core took.
 """
 
 from perseus.common import basics as _basics
-from perseus.common import objects as _objects
 from perseus.common import process_sets as _process_sets
 
 ENV = "PERSEUS_RANKS_PER_NODE"
@@ -25,15 +24,13 @@ def ranks_per_node_override():
 
 
 def node_ranks():
-    """The ranks of every node, as a list of sorted lists in node order. Collective
-    (all ranks call it together) unless PERSEUS_RANKS_PER_NODE is set."""
+    """The ranks of every node, as a list of sorted lists in node order."""
     size = _basics.size()
     k = ranks_per_node_override()
     if k is not None:
         return [list(range(start, min(start + k, size))) for start in range(0, size, k)]
     nodes = {}
-    for rank, node in enumerate(_objects.allgather_object(_basics.node_index(),
-                                                          name="perseus.node_ranks")):
+    for rank, node in enumerate(_basics.rank_nodes()):
         nodes.setdefault(node, []).append(rank)
     return [nodes[node] for node in sorted(nodes)]
 

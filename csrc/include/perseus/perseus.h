@@ -167,9 +167,10 @@ perseus_status_t perseus_local_rank(int32_t* out);
 perseus_status_t perseus_local_size(int32_t* out);
 perseus_status_t perseus_cross_rank(int32_t* out);
 perseus_status_t perseus_cross_size(int32_t* out);
-/* This rank's node, the nodes numbered from 0 by their lowest rank, and whether every
- * node holds as many ranks (1 or 0): the same answers on every rank. */
-perseus_status_t perseus_node_index(int32_t* out);
+/* Each rank's node into out[0 .. n-1] (n: the size), the nodes numbered from 0 by their
+ * lowest rank, and whether every node holds as many ranks (1 or 0): the same answers on
+ * every rank, found once at init. */
+perseus_status_t perseus_rank_nodes(int32_t* out, int32_t n);
 perseus_status_t perseus_is_homogeneous(int32_t* out);
 perseus_status_t perseus_mpi_threads_supported(int32_t* out);
 /* The number of lanes actually in use (after the MPI_THREAD_MULTIPLE check). */

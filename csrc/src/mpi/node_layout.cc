@@ -21,11 +21,13 @@ Status FindNodeLayout(MPI_Comm world, int lowest_rank_on_node, int ranks_on_node
     lowest.push_back(all[2 * r]);
     if (all[2 * r + 1] != ranks_on_node) layout.homogeneous = false;
   }
-  std::sort(lowest.begin(), lowest.end());
-  lowest.erase(std::unique(lowest.begin(), lowest.end()), lowest.end());
-  layout.node_index = static_cast<int>(
-      std::lower_bound(lowest.begin(), lowest.end(), lowest_rank_on_node) - lowest.begin());
-  *out = layout;
+  std::vector<int> nodes = lowest;  // each node once, by its lowest rank
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  for (int node_lowest : lowest)
+    layout.node_of_rank.push_back(
+        static_cast<int>(std::lower_bound(nodes.begin(), nodes.end(), node_lowest) - nodes.begin()));
+  *out = std::move(layout);
   return Status::OK();
 }
 

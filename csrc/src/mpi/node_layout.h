@@ -6,13 +6,15 @@
 
 #include <mpi.h>
 
+#include <vector>
+
 #include "common/status.h"
 
 namespace perseus {
 
 struct NodeLayout {
-  int node_index = 0;        // this rank's node, the nodes numbered by their lowest rank
-  bool homogeneous = true;   // every node holds as many ranks (Horovod's is_homogeneous)
+  std::vector<int> node_of_rank;  // by rank: its node, the nodes numbered by their lowest rank
+  bool homogeneous = true;        // every node holds as many ranks (Horovod's is_homogeneous)
 };
 
 // Collective over `world`: each rank gives the lowest rank on its node and its node's
