@@ -41,12 +41,12 @@ def _finish_gathered(state, handles):
     return np.frombuffer(buffer, dtype=state.dtype).reshape(shape).copy()
 
 
-def _allgather(array, name, process_set):
+def _allgather(array, name, process_set, bound=None):
     request = _builder.Request(_ops.ALLGATHER, _builder.set_id(process_set), _DTYPES[array.dtype],
                                array.shape, array.ctypes.data if array.size else 0,
                                name=_builder.wire_name(_ops.ALLGATHER, name))
-    return _requests.synchronize(_requests.submit(_builder.pack([request]), _finish_gathered,
-                                                  array, True))
+    return _requests.settled(_requests.submit(_builder.pack([request]), _finish_gathered,
+                                              array, True), bound)
 
 
 def _finish_exchanged(state, handles):
@@ -97,12 +97,15 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     return obj if is_root else pickle.loads(payload.tobytes())
 
 
-def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's `obj` (pickled), in rank order of the set."""
+def allgather_object(obj, name=None, process_set=global_process_set, bound=None):
+    """Returns the list of every rank's `obj` (pickled), in rank order of the set.
+    bound: None, or (deadline, reason) as requests.run() takes it: a rank of the set
+    that has not called it by then fails the call on the others, named in the error."""
     name = name or _builder.default_name("allgather_object", process_set)
     payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
                             dtype=np.uint8).copy()
-    lengths = _allgather(np.array([payload.size], dtype=np.int64), name + ".len", process_set)
+    lengths = _allgather(np.array([payload.size], dtype=np.int64), name + ".len", process_set,
+                         bound)
     blob = _allgather(payload, name + ".data", process_set).tobytes()
     return unpickled(blob, lengths.tolist())
 

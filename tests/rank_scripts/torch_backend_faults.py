@@ -15,8 +15,9 @@ signal or a hang. Run with small stall times (check 1 s, shutdown 3 s).
    shutdown(), the stall shutdown fires, a parameter is unused on one rank only,
    static_graph with ranks that diverge, uneven inputs without join(): a RuntimeError
    on every rank reached, never a segfault.
-6. Messages (np > 2): new_group not called by the last rank names only that rank; a
-   set removed on one rank fails a request on another saying it was removed there.
+6. Messages: new_group with ranks that differ across ranks names what each passed;
+   (np > 2) new_group not called by the last rank names only that rank; a set removed
+   on one rank fails a request on another saying it was removed there.
 """
 import datetime
 import time
@@ -187,6 +188,12 @@ def check_ddp_failures():
 
 def check_messages():
     restart()
+    # Ranks that pass different ranks to new_group: a ValueError on every rank naming
+    # what each passed, also where some find a set of their ranks registered (the
+    # world's) and would skip the registration the others wait in (it hung).
+    expect_raises(ValueError, "new_group ranks that differ", dist.new_group,
+                  [0] if RANK == 0 else None, within_s=10,
+                  contains=["rank 0 [0]; rank 1 %s" % list(range(SIZE))])
     if SIZE < 3:
         return
     # new_group without the last rank's call: only the last rank is named.
@@ -196,7 +203,7 @@ def check_messages():
     if RANK != LAST:
         expect_raises(RuntimeError, "new_group without rank %d" % LAST, dist.new_group,
                       list(range(SIZE - 1)), within_s=15,
-                      contains=["rank(s) [%d] did not call it" % LAST])
+                      contains=["rank(s) [%d] had not submitted it within 1 s" % LAST])
         touch("new_group_failed.%d" % RANK)
     else:
         for rank in range(SIZE - 1):

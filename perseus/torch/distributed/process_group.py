@@ -8,7 +8,6 @@ process sets: new_group(ranks) registers one (collectively, as in torch).
 """
 
 from perseus.common import basics as _basics
-from perseus.common import objects as _objects
 from perseus.common import process_sets as _process_sets
 from perseus.torch.ops import backend_names as _backend_names
 from perseus.torch.ops import timeouts as _timeouts
@@ -189,24 +188,4 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
         raise NotImplementedError("new_group(use_local_synchronization=True) is not supported "
                                   "by Perseus: every rank must call new_group()")
     _timeouts.group_bound(timeout)  # a wrong type fails before the collective registration
-    return ProcessGroup(_world.set_of_ranks(_agreed(ranks)), timeout)
-
-
-def _agreed(ranks):
-    """new_group's `ranks` (any iterable; None: all) as a sorted list, once every rank has
-    passed the same (one small allgather): otherwise a ValueError on every rank, naming
-    what each passed. Without it, a rank that finds a set of its ranks registered skips
-    the registration its peers wait in."""
-    error = None
-    try:
-        mine = _world.group_ranks(ranks)
-    except (TypeError, ValueError) as e:
-        error, mine = e, "(%s)" % e
-    everyone = _objects.allgather_object(mine, name="perseus.new_group")
-    if any(theirs != mine for theirs in everyone):
-        raise ValueError("new_group: every rank must pass the same ranks, in the same order of "
-                         "calls; the ranks passed %s" % "; ".join(
-                             "rank %d %s" % (rank, theirs) for rank, theirs in enumerate(everyone)))
-    if error is not None:  # the same on every rank
-        raise error
-    return mine
+    return ProcessGroup(_world.set_of_ranks(ranks), timeout)

@@ -3,13 +3,16 @@ new_group and the c10d backend's share. Every process is a rank already (mpirun
 started it): starting means starting Perseus, and a group is a process set.
 """
 
+import time
 import warnings
 
 from perseus.common import basics as _basics
+from perseus.common import objects as _objects
 from perseus.common import process_sets as _process_sets
 from perseus.common.ops import integer
 
 _warned_about_arguments = False
+_STALL_CHECK = "PERSEUS_STALL_CHECK_TIME_SECONDS"
 
 
 def start(world_size=-1, rank=-1, stacklevel=3):
@@ -31,11 +34,43 @@ def start(world_size=-1, rank=-1, stacklevel=3):
 
 
 def set_of_ranks(ranks):
-    """The process set of `ranks` (global ranks; None: all), registered now if no set
-    of those ranks is. Collective, as torch's new_group: every rank calls it, in the
-    same order, with the same ranks."""
-    ranks = group_ranks(ranks)
+    """The process set of `ranks` (global ranks, any iterable; None: all), registered
+    now if no set of those ranks is. Collective, as torch's new_group: every rank calls
+    it, in the same order, with the same ranks (one small allgather checks that first).
+    Ranks that differ are a ValueError on every rank, naming what each passed: without
+    the check, a rank that finds a set of its ranks registered skips the registration
+    its peers wait in (a hang)."""
+    ranks = _agreed(ranks)
     return _process_sets.find_process_set(ranks) or _process_sets.add_process_set(ranks)
+
+
+def _agreed(ranks):
+    """`ranks` as group_ranks() gives them, once every rank has passed the same;
+    otherwise a ValueError on every rank. A rank whose own ranks are refused still takes
+    part, so its peers get the same error rather than waiting for it."""
+    error = None
+    try:
+        mine = group_ranks(ranks)
+    except (TypeError, ValueError) as e:
+        error, mine = e, "(%s)" % e
+    everyone = _objects.allgather_object(mine, name="perseus.new_group", bound=_meeting_bound())
+    if any(theirs != mine for theirs in everyone):
+        raise ValueError("new_group: every rank must pass the same ranks, in the same order of "
+                         "calls; the ranks passed %s" % "; ".join(
+                             "rank %d %s" % (rank, theirs) for rank, theirs in enumerate(everyone)))
+    if error is not None:  # the same on every rank
+        raise error
+    return mine
+
+
+def _meeting_bound():
+    """How long the ranks wait for each other in new_group: the stall check time, as
+    for the core's own registration (Engine::Meet), so a rank that never calls it is
+    an error naming it, not a hang."""
+    limit_s = float(_basics.config().get(_STALL_CHECK, "60") or 60)
+    limit_s = limit_s if limit_s > 0 else 60.0
+    return (time.monotonic() + limit_s,
+            "within %g s (%s): new_group must be called on every rank" % (limit_s, _STALL_CHECK))
 
 
 def group_ranks(ranks):
