@@ -31,6 +31,7 @@ SCRIPT_DIRS = [RANK_SCRIPTS, TESTS_DIR / "tensorflow", TESTS_DIR / "mxnet"]
 HELPERS = {
     RANK_SCRIPTS / "common.py": "init, references and checks shared by the torch scripts",
     RANK_SCRIPTS / "gpu_torch_common.py": "the torch CUDA scripts' GPU and stream helpers",
+    RANK_SCRIPTS / "complex_checks.py": "complex tensors through the drop-in and the backend alike",
     TESTS_DIR / "tensorflow" / "common.py": "init and checks shared by the TensorFlow scripts",
     TESTS_DIR / "tensorflow" / "tiny_model.py": "the small Keras model the TensorFlow scripts train",
     TESTS_DIR / "mxnet" / "common.py": "init and checks shared by the MXNet scripts",

@@ -4,7 +4,7 @@ init_process_group() with a script's contradicting arguments (one warning, MPI's
 ranks win); ranks and sizes against the launcher's; every collective with torch's
 signature and in-place semantics against a reference every rank computes from all
 ranks' inputs (make_tensor), sync and async (wait, is_completed, get_future().then),
-several dtypes and shapes; the rooted collectives (reduce, gather, scatter) from every
+several dtypes and shapes, complex ones too (complex_checks.py); the rooted collectives (reduce, gather, scatter) from every
 root and the list ones (reduce_scatter, all_to_all); point-to-point (send, recv from a
 rank and from any, isend/irecv, batch_isend_irecv); torch's own ReduceOp values;
 new_group on a subset; new_subgroups and new_subgroups_by_enumeration; the object
@@ -20,6 +20,7 @@ import torch.distributed as tdist
 
 from common import (assert_equal, assert_reduced, expect_raises, launcher_rank_size, log, main,
                     make_tensor, touch, wait_for)
+from complex_checks import check_complex
 
 import perseus.torch.distributed as dist
 
@@ -524,6 +525,7 @@ def body():
     init(rank, size)
     all_reduce_tests(rank, size)
     data_movement_tests(rank, size)
+    check_complex(dist, rank, size)
     rooted_tests(rank, size)
     point_to_point_tests(rank, size)
     ranks_tests(rank, size)

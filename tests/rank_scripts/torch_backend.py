@@ -8,7 +8,8 @@ backend made) and against one process training on the whole batch.
    with one warning; new_group() makes a process set (members only take part).
 2. Every collective DDP, FSDP2, ZeRO and the object collectives use, with async
    futures chained, each against a reference computed here from every rank's input
-   (small integers: exact in any summation order).
+   (small integers: exact in any summation order); complex tensors too, as gloo takes
+   them (complex_checks.py).
 3. torch's DDP over perseus and over gloo: the same parameters, to the bit, after
    every step, with static_graph, find_unused_parameters, no_sync, join() with uneven
    inputs and the fp16, bf16 and PowerSGD comm hooks. A sum of two floats is the
@@ -38,6 +39,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import expect_raises, launcher_rank_size, log, main, make_tensor
+from complex_checks import check_complex
 
 import perseus.torch  # noqa: F401 - registers the backend
 
@@ -411,6 +413,8 @@ def body():
     check_groups()
     check_reductions()
     check_data_movement()
+    check_complex(dist, RANK, SIZE)
+    log("complex tensors: ok")
     check_objects()
     check_errors()
     check_ddp(gloo)

@@ -53,3 +53,9 @@ def core_op(op):
         raise NotImplementedError("ReduceOp.%s is not supported by Perseus (supported: SUM, "
                                   "AVG, PRODUCT, MIN, MAX)" % ours.name)
     return ours.code
+
+
+def op_name(code):
+    """torch's name (ReduceOp.MAX) of the core's reduce-op `code`, for messages."""
+    return next("ReduceOp.%s" % op.name for op in vars(ReduceOp).values()
+                if isinstance(op, _Op) and op.code == code)

@@ -21,8 +21,10 @@ thread, which with no idle core would take the caller's core.
 import torch
 
 from perseus.common.exceptions import CollectiveArgumentError
+from perseus.common.ops import Average as _AVERAGE
 from perseus.common.ops import Sum as _SUM
 from perseus.torch import ops as _ops
+from perseus.torch.ops.reduce_ops import op_name
 from perseus.torch.ops.work import Work
 
 
@@ -32,6 +34,27 @@ def tensors_only(what, **arguments):
     for name, value in arguments.items():
         if not isinstance(value, torch.Tensor):
             raise _ops.not_a_tensor(what, name, value)
+
+
+def as_real(tensor, code=None, what=None):
+    """A complex `tensor` as torch.distributed sends one: its real view (torch.view_as_real:
+    the same memory, with a last dimension of 2 for the real and imaginary parts), for a
+    reduction (`code`) only by sum or average, which reduce the parts on their own; any
+    other is refused, as torch refuses it (a ValueError) and gloo (a RuntimeError).
+    Anything but a complex tensor as it is.
+    torch's own functions view before they call a backend, except reduce, gather,
+    reduce_scatter and point-to-point, which gloo takes complex."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_complex():
+        return tensor
+    if code is not None and code != _SUM and code != _AVERAGE:
+        raise CollectiveArgumentError("%s does not support %s on complex tensors"
+                                      % (what, op_name(code)))
+    return torch.view_as_real(tensor)
+
+
+def all_as_real(tensors, code=None, what=None):
+    """as_real() of each of `tensors` (a list; None stays None)."""
+    return None if tensors is None else [as_real(t, code, what) for t in tensors]
 
 
 def _same_tensor_shapes(tensors, like, what):
@@ -78,6 +101,7 @@ def all_reduce_coalesced(tensors, code, process_set, name=None, now=False):
 def reduce(tensor, root_rank, code, process_set, name=None, now=False, bound=None):
     """The reduction of every rank's `tensor` into the root's, in place: an allreduce in
     which the other ranks reduce a copy, so their tensor is left as it was."""
+    tensor = as_real(tensor, code, "reduce")
     target = tensor if _is_root(process_set, root_rank) else tensor.clone()
     work = all_reduce(target, code, process_set, name, now, bound)
     work._outputs = [tensor]
@@ -114,6 +138,8 @@ def all_reduce_sparse(tensor, code, process_set, name=None, now=False):
 def reduce_scatter_tensor(output, input, code, process_set, name=None, now=False):
     """Reduces `input` (set size equal chunks, in rank order); this rank's chunk of the
     result goes to `output`."""
+    what = "reduce_scatter_tensor"
+    output, input = as_real(output, code, what), as_real(input, code, what)
     tensors_only("reduce_scatter_tensor", output=output, input=input)
     size = process_set.size()
     if input.numel() != size * output.numel() or output.dtype != input.dtype:
@@ -133,12 +159,16 @@ def reduce_scatter_tensor(output, input, code, process_set, name=None, now=False
 def reduce_scatter(output, chunks, code, process_set, name=None, now=False):
     """reduce_scatter_tensor of the list `chunks` (one tensor per rank of the set, each
     of the output's elements and dtype), concatenated."""
+    what = "reduce_scatter"
+    output, chunks = as_real(output, code, what), all_as_real(chunks, code, what)
     _entries_like(chunks, output, process_set.size(), "reduce_scatter input_list")
     return reduce_scatter_tensor(output, flat(chunks), code, process_set, name, now)
 
 
 def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None, now=False):
     """One grouped reducescatter (FSDP's coalesced gradients)."""
+    what = "reduce_scatter_tensor_coalesced"
+    outputs, inputs = all_as_real(outputs, code, what), all_as_real(inputs, code, what)
     size = process_set.size()
     for output, input in zip(outputs, inputs):
         if input.numel() != size * output.numel() or input.dtype != output.dtype:
@@ -160,6 +190,7 @@ def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None, now=
 
 def all_gather(tensor_list, tensor, process_set, name=None, now=False):
     """Fills tensor_list[i] with rank i's `tensor` (every rank's has the same shape)."""
+    tensor_list, tensor = all_as_real(tensor_list), as_real(tensor)
     tensors_only("all_gather", tensor=tensor)
     if len(tensor_list) != process_set.size():
         raise ValueError("all_gather: tensor_list has %d tensors; it needs one per rank of the "
@@ -178,6 +209,7 @@ def all_gather(tensor_list, tensor, process_set, name=None, now=False):
 def all_gather_into_tensor(output, input, process_set, name=None, now=False):
     """Concatenates every rank's input into `output`, in rank order: output is
     (size * d0, ...) or (size, *input.shape)."""
+    output, input = as_real(output), as_real(input)
     tensors_only("all_gather_into_tensor", output_tensor=output, input_tensor=input)
     size = process_set.size()
     if output.numel() != size * input.numel() or output.dtype != input.dtype:
@@ -194,6 +226,7 @@ def all_gather_into_tensor(output, input, process_set, name=None, now=False):
 
 def all_gather_coalesced(outputs, inputs, process_set, name=None, now=False):
     """One grouped allgather."""
+    outputs, inputs = all_as_real(outputs), all_as_real(inputs)
     size = process_set.size()
     for output, input in zip(outputs, inputs):
         if output.numel() != size * input.numel() or output.dtype != input.dtype:
@@ -251,6 +284,7 @@ def gather(outputs, tensor, root_rank, process_set, name=None, now=False):
     """Fills the root's `outputs` (one tensor per rank of the set, each of `tensor`'s
     elements and dtype) with every rank's `tensor`; the other ranks pass none. An
     alltoall in which every rank sends only to the root."""
+    outputs, tensor = all_as_real(outputs), as_real(tensor)
     tensors_only("gather", tensor=tensor)
     outputs = _root_only(outputs, root_rank, process_set, "gather", "gather_list")
     if outputs:
@@ -265,6 +299,7 @@ def scatter(output, chunks, root_rank, process_set, name=None, now=False):
     """Fills `output` with the root's chunks[rank] (the root passes one tensor per rank
     of the set, each of the output's elements and dtype; the other ranks pass none). An
     alltoall in which only the root sends."""
+    output, chunks = as_real(output), all_as_real(chunks)
     tensors_only("scatter", tensor=output)
     chunks = _root_only(chunks, root_rank, process_set, "scatter", "scatter_list")
     size = process_set.size()
@@ -324,6 +359,7 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, proc
     """Sends input_split_sizes[i] rows of `input` (dim 0, in order; None: equal parts)
     to rank i and writes what every rank sent here into `output`, in rank order
     (output_split_sizes[i] rows from rank i)."""
+    output, input = as_real(output), as_real(input)
     tensors_only("all_to_all_single", output=output, input=input)
     if output.dtype != input.dtype:
         raise ValueError("all_to_all_single: output dtype %s differs from input dtype %s"
@@ -358,6 +394,7 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, proc
 def all_to_all(outputs, inputs, process_set, name=None, now=False):
     """Sends inputs[i] to rank i and fills outputs[i] with what rank i sent here (one
     tensor per rank of the set each; all of one dtype)."""
+    outputs, inputs = all_as_real(outputs), all_as_real(inputs)
     size = process_set.size()
     if len(outputs) != size or len(inputs) != size:
         raise ValueError("all_to_all: pass %d input and %d output tensors (one per rank), got "
@@ -405,6 +442,7 @@ def barrier(process_set, name=None):
 def send(tensor, peer, tag, process_set):
     """To set rank `peer`; not a collective (no name): matched by source and tag (MPI for
     a CPU tensor, the pair's matching before NCCL for a CUDA one)."""
+    tensor = as_real(tensor)
     tensors_only("send", tensor=tensor)
     return Work(_ops.point_to_point(False, tensor, peer, tag, process_set), [tensor])
 
@@ -412,6 +450,7 @@ def send(tensor, peer, tag, process_set):
 def recv(tensor, peer, tag, process_set):
     """Into `tensor` from set rank `peer` (-1: any, CPU tensors only); the Work's
     _source_rank() says who sent it, as torch's."""
+    tensor = as_real(tensor)
     tensors_only("recv", tensor=tensor)
     work = Work(_ops.point_to_point(True, tensor, peer, tag, process_set), [tensor])
     work._finish = lambda source: setattr(work, "source", source)
