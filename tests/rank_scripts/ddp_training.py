@@ -4,6 +4,7 @@ the error cases.
 
 Every rank computes the single-process reference itself with plain torch. Variants:
 defaults, one bucket per parameter, gradient_as_bucket_view, no_sync accumulation,
+complex parameters and buffers (with the view, the allreduce hook and the fp16 hook),
 find_unused_parameters and static_graph with an unused parameter, Adam, Perseus's
 allreduce hook (exact) and bf16 hook (close, not exact). join(): rank r has
 STEPS - r batches; the reference sums the active ranks' gradients per step and
@@ -50,6 +51,21 @@ class BNNet(Net):
 
     def forward(self, x):
         return self.fc2(torch.tanh(self.bn(self.fc1(x))))
+
+
+class ComplexNet(nn.Module):
+    """Complex parameters and a complex buffer, as torch's DDP takes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(5, 8, dtype=torch.complex128)
+        self.fc2 = nn.Linear(8, 3, dtype=torch.complex128)
+        self.register_buffer("phase", torch.polar(torch.ones(8, dtype=torch.float64),
+                                                  torch.rand(8, dtype=torch.float64)))
+
+    def forward(self, x):
+        z = self.fc1(torch.complex(x, x.flip(-1)))
+        return self.fc2(torch.tanh(z) * self.phase).abs()
 
 
 def make_model(cls=Net, seed=1234, **kwargs):
@@ -150,6 +166,15 @@ def training(rank, size):
          reference(unused=True), TOL),
         ("allreduce_hook", {"hook": comm_hooks.allreduce_hook}, ref, TOL),
     ]
+    complex_ref = reference(cls=ComplexNet)
+    complex_model = {"cls": ComplexNet}
+    cases += [
+        ("complex", {"model_kwargs": complex_model}, complex_ref, TOL),
+        ("complex_bucket_view", {"model_kwargs": complex_model, "gradient_as_bucket_view": True},
+         complex_ref, TOL),
+        ("complex_allreduce_hook", {"model_kwargs": complex_model,
+                                    "hook": comm_hooks.allreduce_hook}, complex_ref, TOL),
+    ]
     for what, kwargs, expected, tol in cases:
         got = train(rank, size, **kwargs)
         worst = compare(got, expected, tol, what)
@@ -159,6 +184,12 @@ def training(rank, size):
     got = train(rank, size, hook=comm_hooks.bf16_compress_hook)
     compare(got, ref, 2e-2, "bf16_hook", must_differ=True)
     same_on_every_rank(got, "bf16_hook")
+    # Both parts go through the half-precision wire: its rounding (5e-4 of a gradient)
+    # grows with this model's large gradients to about 1e-2 of weights up to 29 in six
+    # steps; a part left out would be off by the weights' size.
+    got = train(rank, size, model_kwargs=complex_model, hook=comm_hooks.fp16_compress_hook)
+    compare(got, complex_ref, 5e-2, "complex_fp16_hook", must_differ=True)
+    same_on_every_rank(got, "complex_fp16_hook")
 
 
 # ---- join ----------------------------------------------------------------------

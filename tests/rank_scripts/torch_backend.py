@@ -17,7 +17,8 @@ backend made) and against one process training on the whole batch.
    and gloo choose differently: at np 4 only ranks 0 and 1 carry a loss (the others
    run every pass with their loss times zero), so each sum is again one rounding.
    One case where all four contribute is checked to rounding instead, and a sparse
-   embedding's gradients (summed here from every rank's entries).
+   embedding's gradients (summed here from every rank's entries). Complex parameters
+   too.
 4. FSDP2 (fully_shard) against one process on the whole batch, to rounding;
    ZeroRedundancyOptimizer against the plain optimizer, to the bit.
 5. Ranks that disagree on a shape or an op fail on every rank, and later calls work;
@@ -221,6 +222,19 @@ class Net(nn.Module):
         return self.fc2(h)
 
 
+class ComplexNet(nn.Module):
+    """Complex parameters: torch's DDP broadcasts them as they are and reduces their
+    gradients' real views."""
+
+    def __init__(self, skip=False):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 4, dtype=torch.complex64)
+        self.fc2 = nn.Linear(4, 3, dtype=torch.complex64)
+
+    def forward(self, x, step):
+        return self.fc2(torch.tanh(self.fc1(torch.complex(x, x.flip(-1))))).abs()
+
+
 def batch(step, micro=0):
     g = torch.Generator().manual_seed(1000 * RANK + 10 * step + micro)
     return torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
@@ -232,11 +246,11 @@ def loss_weight(everyone):
     return 1.0 if everyone or RANK < 2 else 0.0
 
 
-def ddp_pair(name, gloo, skip=False, hook=None, state=None, **kwargs):
+def ddp_pair(name, gloo, skip=False, hook=None, state=None, net=Net, **kwargs):
     """The same module (weights differ per rank: construction must broadcast rank
     0's) under DDP over perseus and over gloo, with SGD."""
     torch.manual_seed(5 + RANK)
-    base = Net(skip)
+    base = net(skip)
     pair = []
     for group in (None, gloo):
         model = DDP(copy.deepcopy(base), process_group=group, **kwargs)
@@ -281,6 +295,7 @@ def check_ddp(gloo):
     train(ddp_pair("unused", gloo, skip=True, find_unused_parameters=True),
           "find_unused_parameters")
     train(ddp_pair("no_sync", gloo), "no_sync", micro=3)
+    train(ddp_pair("complex", gloo, net=ComplexNet), "complex parameters")
     for name, hook in (("fp16", default_hooks.fp16_compress_hook), ("bf16", bf16_hook)):
         train(ddp_pair(name, gloo, hook=hook), "%s hook" % name)
     # PowerSGD from its third step on (its own warm-up allreduces the first two); its

@@ -38,6 +38,7 @@ from perseus.common import launch_check as _launch_check
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
 from perseus.common.objects import broadcast_object as _broadcast_object
+from perseus.torch.ops import as_real
 from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import torch_api as _torch_api
 from perseus.torch.ops import world as _world
@@ -327,7 +328,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     # -- the rest
 
     def broadcast(self, tensors, opts):
-        tensor = _one(tensors, "broadcast")
+        tensor = as_real(_one(tensors, "broadcast"))  # torch's DDP sends complex parameters
         root = self._global(opts.rootRank, "broadcast")
         now = _now(opts, tensor)
         return self._named(lambda name, bound: _torch_api.broadcast(

@@ -15,9 +15,13 @@ collectives with torch.distributed's semantics, as Works), `state` (broadcasting
 parameters and optimizer state) and `backend_names` (the backends torch knows).
 """
 
+import torch
+
 from perseus.common import ops as _ops
 from perseus.common import requests as _requests
+from perseus.common.exceptions import CollectiveArgumentError
 from perseus.torch import adapter as _adapter
+from perseus.torch.ops.reduce_ops import op_name
 
 poll = _adapter.poll
 synchronize = _adapter.synchronize
@@ -25,6 +29,27 @@ synchronize_all = _requests.synchronize_all
 # The torch argument checks every face raises the same way.
 not_a_tensor = _adapter.not_a_tensor
 refuse_non_tensors = _adapter.refuse_non_tensors
+
+
+def as_real(tensor, code=None, what=None):
+    """A complex `tensor` as torch.distributed sends one: its real view (torch.view_as_real:
+    the same memory, with a last dimension of 2 for the real and imaginary parts), for a
+    reduction (`code`) only by sum or average, which reduce the parts on their own; any
+    other is refused, as torch refuses it (a ValueError) and gloo (a RuntimeError).
+    Anything but a complex tensor as it is. torch's own functions view before they
+    call a backend, except reduce, gather, reduce_scatter and point-to-point, which
+    gloo takes complex; DDP's buckets and buffers travel so too."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_complex():
+        return tensor
+    if code is not None and code != _ops.Sum and code != _ops.Average:
+        raise CollectiveArgumentError("%s does not support %s on complex tensors"
+                                      % (what, op_name(code)))
+    return torch.view_as_real(tensor)
+
+
+def all_as_real(tensors, code=None, what=None):
+    """as_real() of each of `tensors` (a list; None stays None)."""
+    return None if tensors is None else [as_real(t, code, what) for t in tensors]
 
 
 def check_tensor(tensor):

@@ -21,10 +21,9 @@ thread, which with no idle core would take the caller's core.
 import torch
 
 from perseus.common.exceptions import CollectiveArgumentError
-from perseus.common.ops import Average as _AVERAGE
 from perseus.common.ops import Sum as _SUM
 from perseus.torch import ops as _ops
-from perseus.torch.ops.reduce_ops import op_name
+from perseus.torch.ops import all_as_real, as_real
 from perseus.torch.ops.work import Work
 
 
@@ -34,27 +33,6 @@ def tensors_only(what, **arguments):
     for name, value in arguments.items():
         if not isinstance(value, torch.Tensor):
             raise _ops.not_a_tensor(what, name, value)
-
-
-def as_real(tensor, code=None, what=None):
-    """A complex `tensor` as torch.distributed sends one: its real view (torch.view_as_real:
-    the same memory, with a last dimension of 2 for the real and imaginary parts), for a
-    reduction (`code`) only by sum or average, which reduce the parts on their own; any
-    other is refused, as torch refuses it (a ValueError) and gloo (a RuntimeError).
-    Anything but a complex tensor as it is.
-    torch's own functions view before they call a backend, except reduce, gather,
-    reduce_scatter and point-to-point, which gloo takes complex."""
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_complex():
-        return tensor
-    if code is not None and code != _SUM and code != _AVERAGE:
-        raise CollectiveArgumentError("%s does not support %s on complex tensors"
-                                      % (what, op_name(code)))
-    return torch.view_as_real(tensor)
-
-
-def all_as_real(tensors, code=None, what=None):
-    """as_real() of each of `tensors` (a list; None stays None)."""
-    return None if tensors is None else [as_real(t, code, what) for t in tensors]
 
 
 def _same_tensor_shapes(tensors, like, what):

@@ -14,8 +14,9 @@ from perseus.torch import ops as _tops
 
 
 class _Flat:
-    """One dtype's buffers: their positions in the module's list and a flat copy."""
-    __slots__ = ("indices", "flat", "views")
+    """One dtype's buffers: their positions in the module's list, a flat copy and what
+    goes to the core (the flat copy; a complex one's real view)."""
+    __slots__ = ("indices", "flat", "views", "wire")
 
     def __init__(self, indices, buffers):
         self.indices = indices
@@ -27,6 +28,7 @@ class _Flat:
         for shape in shapes:
             self.views.append(self.flat[offset:offset + shape.numel()].view(shape))
             offset += shape.numel()
+        self.wire = _tops.as_real(self.flat)
 
 
 class BufferSync:
@@ -66,7 +68,7 @@ class BufferSync:
         mine = self._process_set.rank() == root_set_rank
         if mine:
             self._pack(flats, buffers)
-        _tops.synchronize(_tops.broadcast([f.flat for f in flats],
+        _tops.synchronize(_tops.broadcast([f.wire for f in flats],
                                           self._process_set.ranks[root_set_rank],
                                           self._process_set, self._name, inplace=True,
                                           grouped=True, drive=True))
@@ -84,7 +86,7 @@ class BufferSync:
         else:
             for f in flats:
                 f.flat.zero_()
-        _tops.synchronize(_tops.allreduce([f.flat.view(torch.uint8) for f in flats],
+        _tops.synchronize(_tops.allreduce([f.wire.view(torch.uint8) for f in flats],
                                           self._process_set, _ops.Sum, self._name + ".bytes",
                                           inplace=True, grouped=True, drive=True))
         if not mine:

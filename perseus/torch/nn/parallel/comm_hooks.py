@@ -22,19 +22,21 @@ from perseus.torch.ops.work import Work
 def _reduce(state, bucket, wire_dtype):
     process_set = bucket._process_set if state is None else process_set_of(state)
     buffer = bucket.buffer()
+    real = _tops.as_real(buffer)  # complex gradients: both parts, as torch's hooks get them
     if wire_dtype is None or buffer.dtype == wire_dtype:
-        handle = _tops.allreduce((buffer,), process_set, _ops.Average, bucket._name + ".hook",
+        handle = _tops.allreduce((real,), process_set, _ops.Average, bucket._name + ".hook",
                                  inplace=True)
         return Work(handle, buffer, background=True).get_future()
     # Divided before the sum, as torch does, so a half-precision sum cannot overflow
     # where the average would not.
-    wire = buffer.to(wire_dtype)
+    wire = real.to(wire_dtype)
     handle = _tops.allreduce((wire,), process_set, _ops.Sum,
                              bucket._name + "." + str(wire_dtype)[6:],
                              prescale=1.0 / process_set.size(), inplace=True)
 
     def decompress(future):
-        return buffer.copy_(future.value())
+        real.copy_(future.value())
+        return buffer
 
     return Work(handle, wire, background=True).get_future().then(decompress)
 

@@ -136,7 +136,7 @@ class DistributedDataParallel(nn.Module):
                                    "`DistributedDataParallel` (parameter '%s'). Run a dummy "
                                    "forward pass to correctly initialize the modules" % name)
             try:
-                _tops.check_tensor(p.detach())  # the adapter's device and dtype checks
+                _tops.check_tensor(_tops.as_real(p.detach()))  # the adapter's device and dtype checks
             except (NotImplementedError, ValueError) as e:
                 raise type(e)("DistributedDataParallel: parameter '%s': %s" % (name, e)) from None
         for name, sub in self.module.named_modules():
@@ -201,7 +201,7 @@ class DistributedDataParallel(nn.Module):
                                                        self._process_set.ranks[r],
                                                        self._process_set.ranks[0]))
         if states:
-            _tops.synchronize(_tops.broadcast([t.detach() for _, t in states],
+            _tops.synchronize(_tops.broadcast([_tops.as_real(t.detach()) for _, t in states],
                                               self._process_set.ranks[0], self._process_set,
                                               "ddp%d.init" % self._id, inplace=True,
                                               grouped=True, drive=True))

@@ -69,8 +69,8 @@ class GradBucket:
 
 
 class _Bucket:
-    __slots__ = ("index", "name", "members", "params", "flat", "views", "pending", "handle",
-                 "future", "poisoned")
+    __slots__ = ("index", "name", "members", "params", "flat", "views", "wire", "pending",
+                 "handle", "future", "poisoned")
 
     def __init__(self, index, name, members, params):
         self.index = index
@@ -78,6 +78,7 @@ class _Bucket:
         self.members = members  # parameter indices
         self.params = params
         self.flat, self.views = flat_with_views(params)
+        self.wire = _tops.as_real(self.flat)  # what is reduced: complex gradients' real view
         self.pending = len(members)
         self.handle = None
         self.future = None
@@ -299,10 +300,10 @@ class Reducer:
             # Ranks disagree on the prescale factor, so the core fails this request
             # on every rank instead of leaving the others waiting for it.
             bucket.poisoned = True
-            bucket.handle = _tops.allreduce((bucket.flat,), self.process_set, self.op,
+            bucket.handle = _tops.allreduce((bucket.wire,), self.process_set, self.op,
                                             bucket.name, 0.0, self.postscale, inplace=True)
         elif self.comm_hook is None:
-            bucket.handle = _tops.allreduce((bucket.flat,), self.process_set, self.op,
+            bucket.handle = _tops.allreduce((bucket.wire,), self.process_set, self.op,
                                             bucket.name, 1.0, self.postscale, inplace=True)
         else:
             grad_bucket = GradBucket(bucket, bucket.index == len(self.buckets) - 1,
