@@ -136,7 +136,8 @@ class DistributedDataParallel(nn.Module):
                                    "`DistributedDataParallel` (parameter '%s'). Run a dummy "
                                    "forward pass to correctly initialize the modules" % name)
             try:
-                _tops.check_tensor(_tops.as_real(p.detach()))  # the adapter's device and dtype checks
+                # the adapter's device and dtype checks (of a complex one's real view)
+                _tops.check_tensor(_tops.as_real(p.detach()))
             except (NotImplementedError, ValueError) as e:
                 raise type(e)("DistributedDataParallel: parameter '%s': %s" % (name, e)) from None
         for name, sub in self.module.named_modules():
