@@ -42,6 +42,17 @@ def availability_tests():
     assert dist.is_nccl_available() is bool(hvd.nccl_built())
     assert dist.is_torchelastic_launched() is False  # mpirun started us
     assert dist.Backend.NCCL == "nccl" and dist.Backend is tdist.Backend
+    # As torch answers it: gloo, nccl and mpi by their checks, other names torch knows.
+    assert dist.is_backend_available("mpi") and dist.is_backend_available("perseus")
+    assert not dist.is_backend_available("gloo") and not dist.is_backend_available("glooo")
+    assert dist.is_backend_available("cpu:mpi,cuda:nccl") is dist.is_nccl_available()
+    assert dist.get_default_backend_for_device("cpu") == "gloo"
+    for name in ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "Store",
+                 "TCPStore", "FileStore", "HashStore", "PrefixStore"):
+        assert getattr(dist, name) is getattr(tdist, name), name
+    store = dist.PrefixStore("p/", dist.HashStore())
+    store.set("k", "v")
+    assert store.get("k") == b"v"
     assert dist.get_node_local_rank(fallback_rank=5) == 5
     expect_raises(RuntimeError, "get_node_local_rank before init", dist.get_node_local_rank,
                   contains=("init_process_group", "fallback_rank"))
@@ -360,6 +371,11 @@ def group_tests(rank, size):
     members = [0, size - 1]
     group = dist.new_group(members)
     assert dist.new_group(members).process_set is group.process_set  # same ranks, same set
+    # torch's test for a rank outside the group; WORLD is the default group.
+    assert (group == dist.GroupMember.NON_GROUP_MEMBER) is (rank not in members)
+    assert (group != dist.GroupMember.NON_GROUP_MEMBER) is (rank in members)
+    assert dist.GroupMember.WORLD is dist.group.WORLD
+    assert dist.group.WORLD != dist.GroupMember.NON_GROUP_MEMBER
     if rank in members:
         assert dist.get_rank(group) == members.index(rank) and dist.get_world_size(group) == 2
         xs = {r: make_tensor("group", r, (4,), torch.float32) for r in members}

@@ -14,9 +14,25 @@ and point_to_point.py (send, recv, ...), over the torch operations layer
 """
 
 from torch.distributed import Backend  # the backend names, as torch's: they all run on Perseus
+# torch's own, for scripts that name them here: the stores stand alone, the device's
+# default backend is a name (it runs on Perseus), and the error classes are for except
+# clauses (Perseus's failures are HorovodInternalError, a RuntimeError, as gloo's are).
+from torch.distributed import (
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistStoreError,
+    FileStore,
+    HashStore,
+    PrefixStore,
+    Store,
+    TCPStore,
+    get_default_backend_for_device,
+)
 
 from perseus.torch.distributed.availability import (
     is_available,
+    is_backend_available,
     is_gloo_available,
     is_mpi_available,
     is_nccl_available,
@@ -53,6 +69,7 @@ from perseus.torch.distributed.point_to_point import (
     send_object_list,
 )
 from perseus.torch.distributed.process_group import (
+    GroupMember,
     ProcessGroup,
     destroy_process_group,
     get_backend,
@@ -83,16 +100,22 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
-    "barrier",
     "Backend",
+    "barrier",
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
     "broadcast_optimizer_state",
     "destroy_process_group",
+    "DistBackendError",
+    "DistError",
+    "DistNetworkError",
+    "DistStoreError",
+    "FileStore",
     "gather",
     "gather_object",
     "get_backend",
+    "get_default_backend_for_device",
     "get_global_rank",
     "get_group_rank",
     "get_local_rank",
@@ -102,9 +125,12 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "group",
+    "GroupMember",
+    "HashStore",
     "init_process_group",
     "irecv",
     "is_available",
+    "is_backend_available",
     "is_gloo_available",
     "is_initialized",
     "is_mpi_available",
@@ -116,6 +142,7 @@ __all__ = [
     "new_subgroups",
     "new_subgroups_by_enumeration",
     "P2POp",
+    "PrefixStore",
     "ProcessGroup",
     "recv",
     "recv_object_list",
@@ -127,6 +154,8 @@ __all__ = [
     "scatter_object_list",
     "send",
     "send_object_list",
+    "Store",
+    "TCPStore",
     "use_perseus",
     "Work",
 ]

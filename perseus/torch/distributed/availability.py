@@ -6,6 +6,7 @@ init_process_group() accepts either way; every name runs on Perseus's MPI and NC
 import os
 
 from perseus.common import basics as _basics
+from perseus.torch.ops import backend_names as _backend_names
 
 
 def is_available():
@@ -32,3 +33,15 @@ def is_torchelastic_launched():
     TORCHELASTIC_RUN_ID, as torch answers. Perseus's ranks come from mpirun, and
     init_process_group() refuses a world that torchrun split into one per process."""
     return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+_CHECKS = {"gloo": is_gloo_available, "nccl": is_nccl_available, "mpi": is_mpi_available}
+
+
+def is_backend_available(backend):
+    """As torch answers it, from the checks above: "gloo", "nccl" and "mpi" by
+    is_*_available(), any other name by whether torch knows it (they all run on
+    Perseus); a per-device string ("cpu:mpi,cuda:nccl") when each of its names is."""
+    names = [part.rpartition(":")[2].strip().lower() for part in str(backend).split(",")]
+    return all(_CHECKS[name]() if name in _CHECKS else name in _backend_names.known()
+               for name in names)

@@ -51,6 +51,32 @@ class group:
 _WORLD = group.WORLD  # for functions whose `group` parameter hides the class
 
 
+class _NotAMember:
+    """GroupMember.NON_GROUP_MEMBER. torch's new_group returns it to the ranks outside
+    the group; the drop-in returns them the group itself, whose rank() is -1 (they still
+    name it in destroy_process_group, which is collective). This compares equal to such
+    a group, so torch's test `group == GroupMember.NON_GROUP_MEMBER` answers as in
+    torch (`is` does not); their calls on it warn and do nothing, as torch's do."""
+
+    def __eq__(self, other):
+        return other is self or (isinstance(other, ProcessGroup) and other.rank() == -1)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return "GroupMember.NON_GROUP_MEMBER"
+
+
+class GroupMember:
+    """torch.distributed.GroupMember: WORLD is group.WORLD; NON_GROUP_MEMBER equals a
+    group this rank is not in (_NotAMember)."""
+    WORLD = _WORLD
+    NON_GROUP_MEMBER = _NotAMember()
+
+
 def bound_of(group_):
     """The time limit of each call on `group_` (None: the default group): its timeout as
     (seconds, reason), or None."""
