@@ -50,6 +50,7 @@ def availability_tests():
     for name in ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "Store",
                  "TCPStore", "FileStore", "HashStore", "PrefixStore"):
         assert getattr(dist, name) is getattr(tdist, name), name
+    assert dist.GroupMember.WORLD != dist.GroupMember.NON_GROUP_MEMBER  # before init too
     store = dist.PrefixStore("p/", dist.HashStore())
     store.set("k", "v")
     assert store.get("k") == b"v"

@@ -59,7 +59,9 @@ class _NotAMember:
     torch (`is` does not); their calls on it warn and do nothing, as torch's do."""
 
     def __eq__(self, other):
-        return other is self or (isinstance(other, ProcessGroup) and other.rank() == -1)
+        # WORLD holds every rank (and answers rank() only after init)
+        return other is self or (isinstance(other, ProcessGroup) and other is not _WORLD
+                                 and other.rank() == -1)
 
     def __ne__(self, other):
         return not self.__eq__(other)
