@@ -1067,8 +1067,8 @@ perseus_status_t perseus_rank_nodes(int32_t* out, int32_t n) {
   if (!engine) return Report(NotInitialized());
   const std::vector<int>& nodes = engine->topology().nodes.node_of_rank;
   if (out == nullptr || n != static_cast<int32_t>(nodes.size()))
-    return Report(
-        Status::Error(PERSEUS_INVALID_ARGUMENT, "perseus_rank_nodes: room for size() ranks expected"));
+    return Report(Status::Error(PERSEUS_INVALID_ARGUMENT,
+                                "perseus_rank_nodes: room for size() ranks expected"));
   std::copy(nodes.begin(), nodes.end(), out);
   return PERSEUS_SUCCESS;
 }
@@ -1080,6 +1080,12 @@ perseus_status_t perseus_mpi_threads_supported(int32_t* out) {
 }
 perseus_status_t perseus_lane_count(int32_t* out) {
   return GetInt(out, [](Engine& e) { return e.lanes(); });
+}
+perseus_status_t perseus_meeting_seconds(double* out) {
+  auto engine = Current();
+  if (!engine) return Report(NotInitialized());
+  *out = engine->config().MeetingSeconds();
+  return PERSEUS_SUCCESS;
 }
 
 const char* perseus_config_string(void) {

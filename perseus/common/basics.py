@@ -185,6 +185,15 @@ def lane_count():
     return _query(_lib.perseus_lane_count)
 
 
+def meeting_seconds():
+    """How long a collective control call (add_process_set, new_group) waits for
+    every rank before it fails naming the absent ones: PERSEUS_STALL_CHECK_TIME_SECONDS,
+    or 60 s where that check is off."""
+    out = ctypes.c_double()
+    _lib.check(_lib.perseus_meeting_seconds(ctypes.byref(out)))
+    return out.value
+
+
 def config():
     """The validated configuration as {NAME: value string}; before init() it is
     what the environment would give."""

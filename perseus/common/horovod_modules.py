@@ -21,7 +21,8 @@ BASICS = types.SimpleNamespace(
     _get_process_set_ids_and_ranks=process_sets.ids_and_ranks,  # Horovod's name, same answer
     **{name: getattr(basics, name) for name in (
         "init", "shutdown", "is_initialized", "is_homogeneous", "size", "local_size",
-        "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+        "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported",
+        "mpi_enabled", "mpi_built",
         "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
         "rocm_built", "start_timeline", "stop_timeline")})
 

@@ -142,6 +142,7 @@ _SIGNATURES = {
     "perseus_is_homogeneous": (_status, [_i32p]),
     "perseus_mpi_threads_supported": (_status, [_i32p]),
     "perseus_lane_count": (_status, [_i32p]),
+    "perseus_meeting_seconds": (_status, [ctypes.POINTER(ctypes.c_double)]),
     "perseus_config_string": (ctypes.c_char_p, []),
     "perseus_counters": (_status, [_i64p, ctypes.c_int32]),
     # timeline
@@ -224,6 +225,7 @@ perseus_rank_nodes = _bind("perseus_rank_nodes")
 perseus_is_homogeneous = _bind("perseus_is_homogeneous")
 perseus_mpi_threads_supported = _bind("perseus_mpi_threads_supported")
 perseus_lane_count = _bind("perseus_lane_count")
+perseus_meeting_seconds = _bind("perseus_meeting_seconds")
 perseus_config_string = _bind("perseus_config_string")
 perseus_counters = _bind("perseus_counters")
 perseus_start_timeline = _bind("perseus_start_timeline")

@@ -5,7 +5,8 @@ ranks win); ranks and sizes against the launcher's; every collective with torch'
 signature and in-place semantics against a reference every rank computes from all
 ranks' inputs (make_tensor), sync and async (wait, is_completed, get_future().then),
 several dtypes and shapes, complex ones too (complex_checks.py); the rooted
-collectives (reduce, gather, scatter) from every root and the list ones (reduce_scatter, all_to_all); point-to-point (send, recv from a
+collectives (reduce, gather, scatter) from every root and the list ones
+(reduce_scatter, all_to_all); point-to-point (send, recv from a
 rank and from any, isend/irecv, batch_isend_irecv); torch's own ReduceOp values;
 new_group on a subset; new_subgroups and new_subgroups_by_enumeration; the object
 collectives; monitored_barrier; the availability checks (is_nccl_available, ...) and

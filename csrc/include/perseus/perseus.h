@@ -175,6 +175,10 @@ perseus_status_t perseus_is_homogeneous(int32_t* out);
 perseus_status_t perseus_mpi_threads_supported(int32_t* out);
 /* The number of lanes actually in use (after the MPI_THREAD_MULTIPLE check). */
 perseus_status_t perseus_lane_count(int32_t* out);
+/* How long a collective control call (perseus_add_process_set, perseus_start_timeline,
+ * a front end's new_group) waits for every rank before it fails naming the absent
+ * ones: the stall check time, or 60 s where that check is off. */
+perseus_status_t perseus_meeting_seconds(double* out);
 /* The validated configuration as "NAME=value\n" lines. Valid until the next call. */
 const char* perseus_config_string(void);
 /* What the core has asked of MPI since the process started, for tests that hold a

@@ -54,6 +54,11 @@ struct Config {
   // Whether the user set the variable `name` (a PERSEUS_* name of the table): the
   // autotuner leaves such settings alone, as Horovod's does.
   bool IsSet(const char* name) const;
+
+  // How long a collective control call (add_process_set, new_group) waits for every
+  // rank before it fails naming the absent ones: the stall check time, or 60 s where
+  // the check is off, so that such a call never waits forever.
+  double MeetingSeconds() const { return stall_check_seconds > 0 ? stall_check_seconds : 60.0; }
 };
 
 // Reads every variable of the table from the environment. A bad value is a

@@ -964,7 +964,7 @@ Status Engine::AddProcessSet(const int32_t* ranks, int n, int32_t* id_out) {
 // agreed by its bit after this rank withdrew it). One name per operation, so that the
 // next call of all ranks meets again after a failed one.
 Status Engine::Meet(const char* name, const char* operation, const char* outcome) {
-  const double limit_s = config_.stall_check_seconds > 0 ? config_.stall_check_seconds : 60.0;
+  const double limit_s = config_.MeetingSeconds();
   perseus_request_t request{};
   request.name = name;
   request.op_type = PERSEUS_BARRIER;

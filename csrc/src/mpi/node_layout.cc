@@ -24,9 +24,10 @@ Status FindNodeLayout(MPI_Comm world, int lowest_rank_on_node, int ranks_on_node
   std::vector<int> nodes = lowest;  // each node once, by its lowest rank
   std::sort(nodes.begin(), nodes.end());
   nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-  for (int node_lowest : lowest)
-    layout.node_of_rank.push_back(
-        static_cast<int>(std::lower_bound(nodes.begin(), nodes.end(), node_lowest) - nodes.begin()));
+  for (int node_lowest : lowest) {
+    auto node = std::lower_bound(nodes.begin(), nodes.end(), node_lowest);
+    layout.node_of_rank.push_back(static_cast<int>(node - nodes.begin()));
+  }
   *out = std::move(layout);
   return Status::OK();
 }

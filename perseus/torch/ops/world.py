@@ -67,8 +67,7 @@ def _meeting_bound():
     """How long the ranks wait for each other in new_group: the stall check time, as
     for the core's own registration (Engine::Meet), so a rank that never calls it is
     an error naming it, not a hang."""
-    limit_s = float(_basics.config().get(_STALL_CHECK, "60") or 60)
-    limit_s = limit_s if limit_s > 0 else 60.0
+    limit_s = _basics.meeting_seconds()
     return (time.monotonic() + limit_s,
             "within %g s (%s): new_group must be called on every rank" % (limit_s, _STALL_CHECK))
 
