@@ -9,15 +9,15 @@ import operator
 
 from perseus.common.exceptions import CollectiveTypeError
 
-# perseus_reduce_op_t. Horovod exposes these as hvd.Average, hvd.Sum, ...
-Sum = 0
-Average = 1
-Min = 2
-Max = 3
-Product = 4
-Adasum = 5  # allreduce of float tensors only (csrc/src/collectives/adasum.cc)
+# perseus_reduce_op_t, with Horovod's values: these are hvd.Average, hvd.Sum, ...
+Average = 0
+Sum = 1
+Adasum = 2  # allreduce of float tensors only (csrc/src/collectives/adasum.cc)
+Min = 3
+Max = 4
+Product = 5
 
-REDUCE_OP_NAMES = ("Sum", "Average", "Min", "Max", "Product", "Adasum")
+REDUCE_OP_NAMES = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
 
 
 def resolve_op(op, average):
@@ -29,8 +29,9 @@ def resolve_op(op, average):
         if average is None:
             return Average
         import warnings
-        warnings.warn("average= is deprecated, pass op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=3)
+        # Horovod's text, which scripts may filter warnings by.
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
+                      "v1.0", DeprecationWarning, stacklevel=3)
         return Average if average else Sum
     if average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")

@@ -73,19 +73,21 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
-    """Starts reducing a list of tensors as one unit; synchronize() returns a list
-    of new tensors."""
+    """Starts reducing a list of tensors as one unit; synchronize() returns a tuple
+    of new tensors (as Horovod's)."""
     op = _resolve_op(op, average)
     return _tops.allreduce(_nonempty(tensors, "grouped_allreduce"), process_set, op, name,
-                           prescale_factor, postscale_factor, grouped=True)
+                           prescale_factor, postscale_factor, grouped=True, as_tuple=True)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    """Starts reducing a list of tensors in place as one unit; returns a handle."""
+    """Starts reducing a list of tensors in place as one unit; returns a handle, whose
+    synchronize() returns the tensors as a tuple (as Horovod's)."""
     op = _resolve_op(op, average)
     return _tops.allreduce(_nonempty(tensors, "grouped_allreduce_"), process_set, op, name,
-                           prescale_factor, postscale_factor, inplace=True, grouped=True)
+                           prescale_factor, postscale_factor, inplace=True, grouped=True,
+                           as_tuple=True)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -100,11 +102,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    """Reduces a list of tensors in place as one unit; returns the list."""
+    """Reduces a list of tensors in place as one unit; returns them as a tuple (as
+    Horovod's)."""
     op = _resolve_op(op, average)
     return synchronize(_tops.allreduce(_nonempty(tensors, "grouped_allreduce_"), process_set,
                                        op, name, prescale_factor, postscale_factor, inplace=True,
-                                       grouped=True, drive=True))
+                                       grouped=True, drive=True, as_tuple=True))
 
 
 # ---- allgather ------------------------------------------------------------------

@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from perseus.common import basics as _basics
+from perseus.common import requests as _requests
 from perseus.torch import ops as _tops
 from perseus.torch.compression import Compression
 from perseus.torch.grad_buckets import GradBuckets
@@ -215,6 +216,7 @@ class _DistributedMixin:
         def hook(param):
             entry = self._handles.get(key)
             if entry is not None and self._allreduce_delay[key] <= 0:
+                self._settle_submitted()
                 # Horovod's wording first: scripts match it.
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before "
@@ -233,6 +235,20 @@ class _DistributedMixin:
                 self._submit_ready(p)
 
         return hook
+
+    def _settle_submitted(self):
+        """Before an error leaves the step unfinished: waits for the reductions it
+        submitted, as Horovod's background thread completes them without a waiter, so
+        that their names are free on every rank when the error reaches the script (a
+        new optimizer over the same parameters reuses them). One that a peer has not
+        submitted by the stall check time is withdrawn, and step() raises its error."""
+        handles = [h for _, h, _ in self._handles.values() if isinstance(h, int)]
+        if self._buckets is not None:
+            handles += self._buckets.handles
+        deadline = time.monotonic() + _basics.meeting_seconds()
+        for handle in handles:
+            _requests.settle_by(handle, deadline, "the step ended with the AssertionError "
+                                "about backward_passes_per_step")
 
     # ---- reductions -----------------------------------------------------------
 
@@ -359,6 +375,13 @@ class _DistributedMixin:
         self._group_ready[index] = set()
 
     # ---- Horovod's API --------------------------------------------------------
+
+    # The settings Horovod's optimizer keeps as attributes, for scripts that read them;
+    # read-only, since the buckets and scale factors were made from them.
+    op = property(lambda self: self._op, doc="The reduce op (hvd.Average, ...).")
+    gradient_predivide_factor = property(lambda self: self._predivide)
+    sparse_as_dense = property(lambda self: self._sparse_as_dense)
+    process_set = property(lambda self: self._process_set)
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes

@@ -171,8 +171,10 @@ class SyncBatchNorm(_BatchNorm):
         running_mean = self.running_mean if use_buffers else None
         running_var = self.running_var if use_buffers else None
 
-        # Eval mode never communicates; neither does a set of one rank.
-        if not (bn_training and self.training) or self.process_set.size() == 1:
+        # Running statistics need no communication, nor does a set of one rank. Batch
+        # statistics are the whole batch's, in eval mode too (track_running_stats=False),
+        # as in Horovod; torch's SyncBatchNorm uses each rank's own batch there.
+        if not bn_training or self.process_set.size() == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 bn_training, factor, self.eps)
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean,

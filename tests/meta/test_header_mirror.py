@@ -99,6 +99,8 @@ def test_reduce_ops():
         python_name = name.capitalize()  # Horovod's spelling: Sum, Average, ...
         assert getattr(ops, python_name) == value, name
         assert ops.REDUCE_OP_NAMES[value] == python_name, name
+    # Horovod's values (its ReduceOp enum): a script that passes op=0 averages.
+    assert (ops.Average, ops.Sum, ops.Adasum, ops.Min, ops.Max, ops.Product) == tuple(range(6))
 
 
 def test_defines():

@@ -4,6 +4,7 @@ one name reused under changing settings (allreduce_'s packed requests), and the 
 argument errors (bool -> ValueError, Adasum of an int -> ValueError;
 Adasum itself is checked in adasum.py)."""
 import time
+import warnings
 
 import torch
 
@@ -104,8 +105,13 @@ def body():
         assert_reduced(hvd.allreduce(xs[rank], name="ar.default." + dtype_name(dtype)),
                        xs, hvd.Average, dtype, "allreduce default op")
         xs = inputs_for("ar.avg_true." + dtype_name(dtype), hvd.Sum, dtype, (9,), size)
-        assert_reduced(hvd.allreduce(xs[rank], average=True, name="ar.avg_true." + dtype_name(dtype)),
-                       xs, hvd.Average, dtype, "allreduce average=True")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = hvd.allreduce(xs[rank], average=True, name="ar.avg_true." + dtype_name(dtype))
+        assert [str(w.message) for w in caught] == [  # Horovod's text: scripts filter by it
+            "Parameter `average` has been replaced with `op` and will be removed in v1.0"], \
+            [str(w.message) for w in caught]
+        assert_reduced(out, xs, hvd.Average, dtype, "allreduce average=True")
         xs = inputs_for("ar.avg_false." + dtype_name(dtype), hvd.Sum, dtype, (9,), size)
         assert_reduced(hvd.allreduce(xs[rank], average=False, name="ar.avg_false." + dtype_name(dtype)),
                        xs, hvd.Sum, dtype, "allreduce average=False")

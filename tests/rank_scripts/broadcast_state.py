@@ -139,6 +139,9 @@ def check_optimizer(name, rank, size, root, root_steps, wrap, device=None):
     if name == "sgd":
         broadcast_parameters(list(model.named_parameters()), root)
         broadcast_parameters(dict(model.named_buffers()), root)
+    elif name == "adam":  # a generator of tensors, unnamed (Horovod takes lists only)
+        broadcast_parameters(model.parameters(), root)
+        broadcast_parameters(model.buffers(), root)
     else:
         broadcast_parameters(model.state_dict(), root)
     broadcast_optimizer_state(opt, root, model=model)

@@ -44,6 +44,7 @@ def body():
             inputs = group_inputs(name, op, dtype, size)
             mine = [xs[rank].clone() for xs in inputs]
             outs = hvd.grouped_allreduce_(mine, name=name, op=op)
+            assert type(outs) is tuple and all(o is t for o, t in zip(outs, mine)), name
             check_group(mine, inputs, op, dtype, name + " (input tensors)")
             check_group(outs, inputs, op, dtype, name + " (returned tensors)")
 
@@ -62,6 +63,7 @@ def body():
         while not hvd.poll(handle):
             time.sleep(0.0005)
         outs = hvd.synchronize(handle)
+        assert type(outs) is tuple, "%s: %s, not a tuple (Horovod's)" % (name, type(outs))
         check_group(outs, inputs, op, dtype, name)
         if inplace:
             check_group(mine, inputs, op, dtype, name + " (input tensors)")

@@ -14,6 +14,7 @@ names, zero_grad() while reductions are pending, gradient_predivide_factor with
 Adasum, a sparse gradient in a group without sparse_as_dense.
 (op=Adasum itself: adasum_optimizer.py.)
 """
+import copy
 import warnings
 
 import torch
@@ -268,6 +269,34 @@ def errors(rank, size):
         expect_raises(AssertionError, "too many passes", lambda: loss_fn(model(x), y).backward(),
                       contains=("backward_passes_per_step",))
     opt.step()
+
+    # The error again, and the optimizer dropped with its step unfinished: a new one over
+    # a new model of the same names (the same request names) trains at once, as in
+    # Horovod, whose background thread completes the dropped step's reductions without
+    # a waiter. (The old model keeps the old optimizer's hooks, in Horovod too.)
+    opt.zero_grad()
+    loss_fn(model(x), y).backward()
+    if size > 1:
+        expect_raises(AssertionError, "too many passes, dropped",
+                      lambda: loss_fn(model(x), y).backward())
+    del opt
+    model = make_model()
+    ref = copy.deepcopy(model)
+    opt = DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                               op=hvd.Sum)
+    assert (opt.op, opt.gradient_predivide_factor, opt.sparse_as_dense, opt.process_set) == \
+        (hvd.Sum, 1.0, False, hvd.global_process_set), "Horovod's optimizer attributes"
+    opt.zero_grad()
+    loss_fn(model(x), y).backward()
+    opt.synchronize()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        q.grad = None
+    loss_fn(ref(x), y).backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad * size, rtol=1e-5, atol=1e-6), \
+            "new optimizer after the error: %s" % n
+    with opt.skip_synchronize():
+        opt.step()
 
     # step() right after synchronize() (outside skip_synchronize) warns.
     opt.zero_grad()

@@ -9,8 +9,9 @@ uneven per-rank batch sizes (one-sample ranks; empty ranks in one configuration)
 momentum 0.1/None, track_running_stats on/off, over several training steps with an SGD
 update between them: outputs, running mean/var (also bit-identical on every rank),
 input gradients, weight/bias gradients (this rank's share, summed over ranks), then eval
-mode. Also counts the collectives: one allgather per training forward, one allreduce
-per backward, none in eval. convert_sync_batchnorm on a small model is checked the same
+mode (untracked: the whole batch's statistics, as Horovod's). Also counts the
+collectives: one allgather per training forward, one allreduce per backward, none in
+eval with running statistics. convert_sync_batchnorm on a small model is checked the same
 way. Runs at any size, 1 included (no mpirun).
 """
 import copy
@@ -173,19 +174,19 @@ def run_case(rank, size, dims, trailing, dtype, config, pattern, rows, device=No
             mine.zero_grad()
             ref.zero_grad()
 
-    # Eval: running statistics (or, untracked, this rank's own batch) and no communication.
+    # Eval: running statistics and no communication; untracked, the whole batch's
+    # statistics (one allgather, as in training), as Horovod's SyncBatchNorm does.
     mine.eval()
     ref.eval()
     xs, _ = inputs(tag + ".eval", rows, trailing, dtype)
-    if not track and rows[rank] * max(1, int(torch.tensor(trailing).prod())) < 2:
-        return  # torch needs two values per channel for batch statistics, so do we
     before = calls()
     y = mine(xs[rank].to(device))
-    assert calls() == before, "%s: eval mode communicated" % tag
-    if track:
-        expected = ref(torch.cat(xs).to(torch.float64))[lo:hi]
+    after = calls()
+    if track or size == 1:
+        assert after == before, "%s: eval mode communicated" % tag
     else:
-        expected = ref(xs[rank].to(torch.float64))  # torch: batch statistics of this input
+        assert after["allgather"] == before["allgather"] + 1, "%s: eval allgathers" % tag
+    expected = ref(torch.cat(xs).to(torch.float64))[lo:hi]
     check(y, expected.detach(), dtype, tag + " eval output")
 
 

@@ -63,16 +63,19 @@ typedef enum {
   PERSEUS_JOIN = 6
 } perseus_op_type_t;
 
+/* Horovod's values (its ReduceOp enum, which hvd.Average ... hvd.Product are), so a
+ * script that passes or stores the number gets the same operation. */
 typedef enum {
-  PERSEUS_SUM = 0,
-  PERSEUS_AVERAGE = 1,
-  PERSEUS_MIN = 2,
-  PERSEUS_MAX = 3,
-  PERSEUS_PRODUCT = 4,
-  PERSEUS_ADASUM = 5 /* allreduce of float tensors only: pairwise adaptive summation over
-                        the set, per tensor, bitwise identical on every rank; not divided
-                        by the size (reducescatter: PERSEUS_UNSUPPORTED) */
+  PERSEUS_AVERAGE = 0,
+  PERSEUS_SUM = 1,
+  PERSEUS_ADASUM = 2, /* allreduce of float tensors only: pairwise adaptive summation over
+                         the set, per tensor, bitwise identical on every rank; not divided
+                         by the size (reducescatter: PERSEUS_UNSUPPORTED) */
+  PERSEUS_MIN = 3,
+  PERSEUS_MAX = 4,
+  PERSEUS_PRODUCT = 5
 } perseus_reduce_op_t;
+#define PERSEUS_NUM_REDUCE_OPS 6
 
 #define PERSEUS_CPU_DEVICE (-1)
 #define PERSEUS_GLOBAL_PROCESS_SET 0

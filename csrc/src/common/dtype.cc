@@ -211,8 +211,8 @@ const char* DtypeName(int dtype) { return ValidDtype(dtype) ? kDtypes[dtype].nam
 bool IsFloatingDtype(int dtype) { return kDtypes[dtype].floating; }
 
 const char* ReduceOpName(int op) {
-  static const char* const names[] = {"Sum", "Average", "Min", "Max", "Product", "Adasum"};
-  return (op >= 0 && op <= PERSEUS_ADASUM) ? names[op] : "invalid";
+  static const char* const names[] = {"Average", "Sum", "Adasum", "Min", "Max", "Product"};
+  return (op >= 0 && op < PERSEUS_NUM_REDUCE_OPS) ? names[op] : "invalid";
 }
 
 const char* OpTypeName(int op_type) {

@@ -21,7 +21,7 @@ Status CheckMember(int rank, int set_rank, int set_id) {
 
 Status CheckReduction(int32_t op_type, int32_t reduce_op, int32_t dtype) {
   if (op_type != PERSEUS_ALLREDUCE && op_type != PERSEUS_REDUCESCATTER) return Status::OK();
-  if (reduce_op < PERSEUS_SUM || reduce_op > PERSEUS_ADASUM)
+  if (reduce_op < 0 || reduce_op >= PERSEUS_NUM_REDUCE_OPS)
     return Invalid("unknown reduce op " + std::to_string(reduce_op));
   if (reduce_op == PERSEUS_ADASUM && op_type != PERSEUS_ALLREDUCE)
     return Status::Error(PERSEUS_UNSUPPORTED,

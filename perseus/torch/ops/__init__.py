@@ -58,13 +58,14 @@ def check_tensor(tensor):
 
 
 def allreduce(tensors, process_set, op=_ops.Sum, name=None, prescale=1.0, postscale=1.0,
-              inplace=False, grouped=False, drive=False, pin=True):
+              inplace=False, grouped=False, drive=False, pin=True, as_tuple=False):
     """Reduces `tensors` (a list: one call; grouped: one unit, the ranks must agree on
     its size) over the set. name: None, a str, or (not grouped) a list of one name per
     tensor. inplace: into the tensors. drive: the caller waits at once (True) or soon
-    (requests.SOON). pin: see adapter.submit."""
+    (requests.SOON). pin, as_tuple: see adapter.submit."""
     return _adapter.submit(_ops.ALLREDUCE, tensors, name, process_set, grouped, inplace=inplace,
-                           op=op, prescale=prescale, postscale=postscale, drive=drive, pin=pin)
+                           op=op, prescale=prescale, postscale=postscale, drive=drive, pin=pin,
+                           as_tuple=as_tuple)
 
 
 def allreduce_now_(tensor, process_set, op=_ops.Sum, name=None, prescale=1.0, postscale=1.0,

@@ -15,16 +15,15 @@ from perseus.torch import ops as _ops
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Overwrites every rank's tensors in `params` with root_rank's, in place.
 
-    params: a state_dict (name -> tensor) or a list of (name, tensor) pairs (as
-    model.named_parameters() gives); tensors are broadcast all at once, then awaited.
+    params: a state_dict (name -> tensor), or a list or other iterable of (name, tensor)
+    pairs (model.named_parameters()) or of tensors (model.parameters()); tensors are
+    broadcast all at once, then awaited.
     """
     if isinstance(params, dict):
         items = sorted(params.items())
-    elif isinstance(params, (list, tuple)):
-        items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         try:
-            items = list(params)
+            items = [p if isinstance(p, tuple) else (None, p) for p in params]
         except TypeError:
             raise ValueError("broadcast_parameters: params must be a state_dict or a list of "
                              "(name, tensor), got %s" % type(params).__name__) from None
