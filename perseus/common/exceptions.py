@@ -40,6 +40,12 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
+class WaitTimeoutError(TimeoutError, RuntimeError):
+    """A torch Work's wait(timeout) ran out before the collective completed (it stays
+    pending). A TimeoutError, and a RuntimeError as gloo's "Operation timed out!", so
+    a script's ``except RuntimeError`` catches it as it does on gloo."""
+
+
 class CollectiveArgumentError(ValueError, RuntimeError):
     """A collective's arguments are invalid (a scalar where dim 0 is split, alltoall
     splits that do not fit the tensor or the set, a first dimension an even alltoall

@@ -32,6 +32,8 @@ HELPERS = {
     RANK_SCRIPTS / "common.py": "init, references and checks shared by the torch scripts",
     RANK_SCRIPTS / "gpu_torch_common.py": "the torch CUDA scripts' GPU and stream helpers",
     RANK_SCRIPTS / "complex_checks.py": "complex tensors through the drop-in and the backend alike",
+    RANK_SCRIPTS / "tensor_write_checks.py": "what collectives do to the tensors they write, "
+                                             "drop-in and backend alike",
     TESTS_DIR / "tensorflow" / "common.py": "init and checks shared by the TensorFlow scripts",
     TESTS_DIR / "tensorflow" / "tiny_model.py": "the small Keras model the TensorFlow scripts train",
     TESTS_DIR / "mxnet" / "common.py": "init and checks shared by the MXNet scripts",

@@ -22,6 +22,7 @@ import torch.distributed as tdist
 from common import (assert_equal, assert_reduced, expect_raises, launcher_rank_size, log, main,
                     make_tensor, touch, wait_for)
 from complex_checks import check_complex
+from tensor_write_checks import check_tensor_writes
 
 import perseus.torch.distributed as dist
 
@@ -283,6 +284,9 @@ def ranks_tests(rank, size):
                   contains=("not part of group",))
     expect_raises(ValueError, "get_global_rank outside", dist.get_global_rank, group, 2,
                   contains=("not part of group",))
+    # WORLD's ranks are answered as they are, unchecked, as torch answers.
+    assert dist.get_global_rank(dist.group.WORLD, size + 2) == size + 2
+    assert dist.get_group_rank(dist.group.WORLD, size + 2) == size + 2
     dist.monitored_barrier()
     dist.monitored_barrier(timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
     if rank in (0, size - 1):
@@ -388,8 +392,10 @@ def group_tests(rank, size):
         dist.broadcast(t, group=group, group_src=1)
         assert_equal(t, xs[size - 1], "group broadcast from group rank 1")
         dist.barrier(group=group)
-    else:
-        assert dist.get_rank(group) == -1
+    else:  # torch's answers on a rank outside the group
+        assert dist.get_rank(group) == -1 and dist.get_world_size(group) == -1
+        expect_raises(ValueError, "get_backend outside", dist.get_backend, group,
+                      contains=("Invalid process group specified",))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert dist.all_reduce(torch.ones(1), group=group) is None
@@ -437,9 +443,9 @@ def subgroup_tests(rank, size):
 
 
 def object_tests(rank, size):
-    objects = [None] * size
+    objects = [None] * size + ["kept"]  # entries past the size stay, as in torch
     dist.all_gather_object(objects, {"rank": rank, "name": "r%d" % rank})
-    assert objects == [{"rank": r, "name": "r%d" % r} for r in range(size)], objects
+    assert objects == [{"rank": r, "name": "r%d" % r} for r in range(size)] + ["kept"], objects
     items = ["from", rank] if rank == size - 1 else [None, None]
     dist.broadcast_object_list(items, src=size - 1)
     assert items == ["from", size - 1], items
@@ -544,6 +550,7 @@ def body():
     all_reduce_tests(rank, size)
     data_movement_tests(rank, size)
     check_complex(dist, rank, size)
+    check_tensor_writes(dist, rank, size, "dropin")
     rooted_tests(rank, size)
     point_to_point_tests(rank, size)
     ranks_tests(rank, size)

@@ -37,8 +37,9 @@ from perseus.common import basics as _basics
 from perseus.common import launch_check as _launch_check
 from perseus.common import process_sets as _process_sets
 from perseus.common import requests as _requests
+from perseus.common.exceptions import CollectiveArgumentError
 from perseus.common.objects import broadcast_object as _broadcast_object
-from perseus.torch.ops import as_real
+from perseus.torch.ops import all_as_sent, as_sent
 from perseus.torch.ops import timeouts as _timeouts
 from perseus.torch.ops import torch_api as _torch_api
 from perseus.torch.ops import world as _world
@@ -242,15 +243,20 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
             return self._named(lambda name, _: _torch_api.all_reduce_sparse(
                 tensor, code, self.process_set, name, now))
         if len(tensors) != 1:
+            tensors = all_as_sent(tensors)
             return self._named(lambda name, _: _torch_api.all_reduce_coalesced(
                 tensors, code, self.process_set, name, now))
+        tensor = tensors[0]
+        if tensor.requires_grad:  # ops.as_sent, inline: no call on the budgeted path
+            tensor = tensor.detach()
         return self._named(lambda name, bound: _torch_api.all_reduce(
-            tensors[0], code, self.process_set, name, now, bound))
+            tensor, code, self.process_set, name, now, bound))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One grouped request: the core fuses what fits in a buffer."""
         code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
         now = _now(opts, tensors[0] if tensors else None)
+        tensors = all_as_sent(tensors)
         return self._named(lambda name, _: _torch_api.all_reduce_coalesced(
             tensors, code, self.process_set, name, now))
 
@@ -328,7 +334,7 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     # -- the rest
 
     def broadcast(self, tensors, opts):
-        tensor = as_real(_one(tensors, "broadcast"))  # torch's DDP sends complex parameters
+        tensor = as_sent(_one(tensors, "broadcast"))  # torch's DDP sends complex parameters
         root = self._global(opts.rootRank, "broadcast")
         now = _now(opts, tensor)
         return self._named(lambda name, bound: _torch_api.broadcast(
@@ -337,8 +343,8 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     def _global(self, group_rank, what):
         """The global rank of a root given as a rank in the group."""
         if not 0 <= group_rank < self.size():
-            raise ValueError("%s: root %d is outside the group's %d ranks"
-                             % (what, group_rank, self.size()))
+            raise CollectiveArgumentError("%s: root %d is outside the group's %d ranks"
+                                          % (what, group_rank, self.size()))
         return self.process_set.ranks[group_rank]
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,

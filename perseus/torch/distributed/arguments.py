@@ -4,6 +4,7 @@ dst / group_dst)."""
 
 import warnings
 
+from perseus.common.exceptions import CollectiveArgumentError
 from perseus.common.ops import integer
 from perseus.torch.distributed.process_group import process_set_of
 
@@ -29,15 +30,16 @@ def root(process_set, rank, group_rank, what, names=SOURCE, default=None):
     if rank is None and group_rank is None and default is not None:
         rank = default
     if (rank is None) == (group_rank is None):
-        raise ValueError("%s: pass exactly one of %s (global rank) and %s" % ((what,) + names))
+        raise CollectiveArgumentError("%s: pass exactly one of %s (global rank) and %s"
+                                      % ((what,) + names))
     if group_rank is not None:
         group_rank = integer(group_rank, "%s %s" % (what, names[1]))
         if not 0 <= group_rank < process_set.size():
-            raise ValueError("%s: %s %d is outside the group's %d ranks"
-                             % (what, names[1], group_rank, process_set.size()))
+            raise CollectiveArgumentError("%s: %s %d is outside the group's %d ranks"
+                                          % (what, names[1], group_rank, process_set.size()))
         return process_set.ranks[group_rank]
     rank = integer(rank, "%s %s" % (what, names[0]))
     if rank not in process_set.ranks:
-        raise ValueError("%s: %s %d is not a member of the group (ranks %s)"
-                         % (what, names[0], rank, process_set.ranks))
+        raise CollectiveArgumentError("%s: %s %d is not a member of the group (ranks %s)"
+                                      % (what, names[0], rank, process_set.ranks))
     return rank

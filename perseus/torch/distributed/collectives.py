@@ -6,7 +6,7 @@ Each call is one Perseus request (validated by the adapter and the core; mismatc
 across ranks raise on every rank). Results land in the caller's tensors, as in
 torch: in place for all_reduce, broadcast and reduce's root, into the given output
 tensor or list otherwise. Complex tensors travel as their real views, as torch sends
-them (ops.as_real). async_op=True returns a Work (wait(), is_completed(),
+them (ops.as_sent). async_op=True returns a Work (wait(), is_completed(),
 get_future()); async_op=False returns None. `src` and `dst` ranks are global ranks, as
 in torch, or group_src and group_dst ranks within the group. A process outside `group`
 skips the call with a warning, as torch does. Point-to-point calls are in
@@ -46,7 +46,7 @@ def _deadline(group):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, name=None):
     """Reduces `tensor` over the group, in place (a complex one by SUM or AVG only)."""
     code = core_op(op)
-    tensor = _ops.as_real(tensor, code, "all_reduce")
+    tensor = _ops.as_sent(tensor, code, "all_reduce")
     process_set = member_set(group, "all_reduce")
     if process_set is None:
         return None
@@ -64,7 +64,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, n
     if process_set is None:
         return None
     src = root(process_set, src, group_src, "broadcast")
-    tensor = _ops.as_real(tensor)
+    tensor = _ops.as_sent(tensor)
     if not async_op:
         _ops.broadcast_now_(tensor, src, process_set, name, bound=_deadline(group))
         return None
@@ -218,14 +218,15 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 
 def all_gather_object(object_list, obj, group=None):
-    """Fills object_list[i] with rank i's picklable `obj`."""
+    """Fills object_list[i] with rank i's picklable `obj` (entries past the group's
+    size are left as they are, as torch leaves them)."""
     process_set = member_set(group, "all_gather_object")
     if process_set is None:
         return None
-    if len(object_list) != process_set.size():
+    if len(object_list) < process_set.size():
         raise ValueError("all_gather_object: object_list has %d entries; it needs one per rank "
                          "of the group (%d)" % (len(object_list), process_set.size()))
-    object_list[:] = _objects.allgather_object(obj, process_set=process_set)
+    object_list[:process_set.size()] = _objects.allgather_object(obj, process_set=process_set)
     return None
 
 

@@ -154,9 +154,11 @@ def get_rank(group=None):
 
 
 def get_world_size(group=None):
+    """The number of ranks in `group` (-1 on a rank outside it, as torch answers)."""
     if group is None:
         return _basics.size()
-    return process_set_of(group).size()
+    process_set = process_set_of(group)
+    return process_set.size() if process_set.included() else -1
 
 
 def get_process_group_ranks(group):
@@ -165,7 +167,10 @@ def get_process_group_ranks(group):
 
 
 def get_global_rank(group, group_rank):
-    """The global rank of rank `group_rank` of `group`."""
+    """The global rank of rank `group_rank` of `group` (of WORLD: `group_rank` as it is,
+    unchecked, as torch answers)."""
+    if group is _WORLD:
+        return group_rank
     ranks = get_process_group_ranks(group)
     if not isinstance(group_rank, int) or not 0 <= group_rank < len(ranks):
         raise ValueError("Group rank %r is not part of group %r" % (group_rank, group))
@@ -173,7 +178,10 @@ def get_global_rank(group, group_rank):
 
 
 def get_group_rank(group, global_rank):
-    """The rank within `group` of global rank `global_rank`."""
+    """The rank within `group` of global rank `global_rank` (of WORLD: `global_rank` as
+    it is, unchecked, as torch answers)."""
+    if group is _WORLD:
+        return global_rank
     ranks = get_process_group_ranks(group)
     if global_rank not in ranks:
         raise ValueError("Global rank %r is not part of group %r" % (global_rank, group))
@@ -202,7 +210,9 @@ def get_node_local_rank(fallback_rank=None):
 
 
 def get_backend(group=None):
-    process_set_of(group)  # validates the group
+    """"perseus"; a ValueError on a rank outside `group`, as torch's."""
+    if process_set_of(group).included() is False:
+        raise ValueError("Invalid process group specified")  # torch's text
     return "perseus"
 
 

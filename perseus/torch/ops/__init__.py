@@ -31,15 +31,22 @@ not_a_tensor = _adapter.not_a_tensor
 refuse_non_tensors = _adapter.refuse_non_tensors
 
 
-def as_real(tensor, code=None, what=None):
-    """A complex `tensor` as torch.distributed sends one: its real view (torch.view_as_real:
-    the same memory, with a last dimension of 2 for the real and imaginary parts), for a
-    reduction (`code`) only by sum or average, which reduce the parts on their own; any
-    other is refused, as torch refuses it (a ValueError) and gloo (a RuntimeError).
-    Anything but a complex tensor as it is. torch's own functions view before they
-    call a backend, except reduce, gather, reduce_scatter and point-to-point, which
-    gloo takes complex; DDP's buckets and buffers travel so too."""
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_complex():
+def as_sent(tensor, code=None, what=None):
+    """`tensor` as torch.distributed's collectives treat it. Detached, when it requires
+    grad: the same memory and version counter, so the write in place still bumps the
+    version, but, as torch's collectives, not recorded by autograd, and a leaf that
+    requires grad (a parameter a script broadcasts) is written as gloo writes it. A
+    complex one as its real view (torch.view_as_real: the same memory, with a last
+    dimension of 2 for the real and imaginary parts), for a reduction (`code`) only
+    by sum or average, which reduce the parts on their own; any other is refused, as
+    torch refuses it (a ValueError) and gloo (a RuntimeError). torch's own functions
+    view before they call a backend, except reduce, gather, reduce_scatter and
+    point-to-point, which gloo takes complex; DDP's buckets and buffers travel so too."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_complex():
         return tensor
     if code is not None and code != _ops.Sum and code != _ops.Average:
         raise CollectiveArgumentError("%s does not support %s on complex tensors"
@@ -47,9 +54,9 @@ def as_real(tensor, code=None, what=None):
     return torch.view_as_real(tensor)
 
 
-def all_as_real(tensors, code=None, what=None):
-    """as_real() of each of `tensors` (a list; None stays None)."""
-    return None if tensors is None else [as_real(t, code, what) for t in tensors]
+def all_as_sent(tensors, code=None, what=None):
+    """as_sent() of each of `tensors` (a list; None stays None)."""
+    return None if tensors is None else [as_sent(t, code, what) for t in tensors]
 
 
 def check_tensor(tensor):

@@ -23,8 +23,14 @@ import torch
 from perseus.common.exceptions import CollectiveArgumentError
 from perseus.common.ops import Sum as _SUM
 from perseus.torch import ops as _ops
-from perseus.torch.ops import all_as_real, as_real
+from perseus.torch.ops import all_as_sent, as_sent
 from perseus.torch.ops.work import Work
+
+
+def _invalid(message):
+    """A bad argument, refused on this rank before anything is sent: a ValueError, as
+    torch's own checks raise, and a RuntimeError, as gloo's (CollectiveArgumentError)."""
+    return CollectiveArgumentError(message)
 
 
 def tensors_only(what, **arguments):
@@ -40,9 +46,9 @@ def _same_tensor_shapes(tensors, like, what):
         if not isinstance(t, torch.Tensor):
             raise TypeError("%s: entry %d is a %s, not a tensor" % (what, i, type(t).__name__))
         if t.shape != like.shape or t.dtype != like.dtype:
-            raise ValueError("%s: entry %d has shape %s and dtype %s; every entry needs the "
-                             "input's shape %s and dtype %s" % (what, i, tuple(t.shape), t.dtype,
-                                                                tuple(like.shape), like.dtype))
+            raise _invalid("%s: entry %d has shape %s and dtype %s; every entry needs the "
+                           "input's shape %s and dtype %s" % (what, i, tuple(t.shape), t.dtype,
+                                                              tuple(like.shape), like.dtype))
 
 
 def flat(tensors):
@@ -79,7 +85,7 @@ def all_reduce_coalesced(tensors, code, process_set, name=None, now=False):
 def reduce(tensor, root_rank, code, process_set, name=None, now=False, bound=None):
     """The reduction of every rank's `tensor` into the root's, in place: an allreduce in
     which the other ranks reduce a copy, so their tensor is left as it was."""
-    tensor = as_real(tensor, code, "reduce")
+    tensor = as_sent(tensor, code, "reduce")
     target = tensor if _is_root(process_set, root_rank) else tensor.clone()
     work = all_reduce(target, code, process_set, name, now, bound)
     work._outputs = [tensor]
@@ -117,15 +123,15 @@ def reduce_scatter_tensor(output, input, code, process_set, name=None, now=False
     """Reduces `input` (set size equal chunks, in rank order); this rank's chunk of the
     result goes to `output`."""
     what = "reduce_scatter_tensor"
-    output, input = as_real(output, code, what), as_real(input, code, what)
+    output, input = as_sent(output, code, what), as_sent(input, code, what)
     tensors_only("reduce_scatter_tensor", output=output, input=input)
     size = process_set.size()
     if input.numel() != size * output.numel() or output.dtype != input.dtype:
-        raise ValueError("reduce_scatter_tensor: the input (shape %s, %s) must hold %d chunks "
-                         "of the output's shape %s and dtype %s" % (tuple(input.shape),
-                                                                    input.dtype, size,
-                                                                    tuple(output.shape),
-                                                                    output.dtype))
+        raise _invalid("reduce_scatter_tensor: the input (shape %s, %s) must hold %d chunks "
+                       "of the output's shape %s and dtype %s" % (tuple(input.shape),
+                                                                  input.dtype, size,
+                                                                  tuple(output.shape),
+                                                                  output.dtype))
 
     def finish(mine):
         output.copy_(mine.view(output.shape))
@@ -138,7 +144,7 @@ def reduce_scatter(output, chunks, code, process_set, name=None, now=False):
     """reduce_scatter_tensor of the list `chunks` (one tensor per rank of the set, each
     of the output's elements and dtype), concatenated."""
     what = "reduce_scatter"
-    output, chunks = as_real(output, code, what), all_as_real(chunks, code, what)
+    output, chunks = as_sent(output, code, what), all_as_sent(chunks, code, what)
     _entries_like(chunks, output, process_set.size(), "reduce_scatter input_list")
     return reduce_scatter_tensor(output, flat(chunks), code, process_set, name, now)
 
@@ -146,14 +152,14 @@ def reduce_scatter(output, chunks, code, process_set, name=None, now=False):
 def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None, now=False):
     """One grouped reducescatter (FSDP's coalesced gradients)."""
     what = "reduce_scatter_tensor_coalesced"
-    outputs, inputs = all_as_real(outputs, code, what), all_as_real(inputs, code, what)
+    outputs, inputs = all_as_sent(outputs, code, what), all_as_sent(inputs, code, what)
     size = process_set.size()
     for output, input in zip(outputs, inputs):
         if input.numel() != size * output.numel() or input.dtype != output.dtype:
-            raise ValueError("reduce_scatter_tensor_coalesced: an input of shape %s and %s "
-                             "must hold %d chunks of its output's shape %s and dtype %s"
-                             % (tuple(input.shape), input.dtype, size,
-                                tuple(output.shape), output.dtype))
+            raise _invalid("reduce_scatter_tensor_coalesced: an input of shape %s and %s "
+                           "must hold %d chunks of its output's shape %s and dtype %s"
+                           % (tuple(input.shape), input.dtype, size,
+                              tuple(output.shape), output.dtype))
     outputs = list(outputs)
 
     def finish(mine):
@@ -168,11 +174,11 @@ def reduce_scatter_coalesced(outputs, inputs, code, process_set, name=None, now=
 
 def all_gather(tensor_list, tensor, process_set, name=None, now=False):
     """Fills tensor_list[i] with rank i's `tensor` (every rank's has the same shape)."""
-    tensor_list, tensor = all_as_real(tensor_list), as_real(tensor)
+    tensor_list, tensor = all_as_sent(tensor_list), as_sent(tensor)
     tensors_only("all_gather", tensor=tensor)
     if len(tensor_list) != process_set.size():
-        raise ValueError("all_gather: tensor_list has %d tensors; it needs one per rank of the "
-                         "group (%d)" % (len(tensor_list), process_set.size()))
+        raise _invalid("all_gather: tensor_list has %d tensors; it needs one per rank of the "
+                       "group (%d)" % (len(tensor_list), process_set.size()))
     _same_tensor_shapes(tensor_list, tensor, "all_gather tensor_list")
     targets = list(tensor_list)
 
@@ -187,13 +193,13 @@ def all_gather(tensor_list, tensor, process_set, name=None, now=False):
 def all_gather_into_tensor(output, input, process_set, name=None, now=False):
     """Concatenates every rank's input into `output`, in rank order: output is
     (size * d0, ...) or (size, *input.shape)."""
-    output, input = as_real(output), as_real(input)
+    output, input = as_sent(output), as_sent(input)
     tensors_only("all_gather_into_tensor", output_tensor=output, input_tensor=input)
     size = process_set.size()
     if output.numel() != size * input.numel() or output.dtype != input.dtype:
-        raise ValueError("all_gather_into_tensor: the output (shape %s, %s) must hold %d inputs "
-                         "of shape %s and dtype %s" % (tuple(output.shape), output.dtype, size,
-                                                       tuple(input.shape), input.dtype))
+        raise _invalid("all_gather_into_tensor: the output (shape %s, %s) must hold %d inputs "
+                       "of shape %s and dtype %s" % (tuple(output.shape), output.dtype, size,
+                                                     tuple(input.shape), input.dtype))
 
     def finish(gathered):
         output.copy_(gathered.view(output.shape))
@@ -204,14 +210,14 @@ def all_gather_into_tensor(output, input, process_set, name=None, now=False):
 
 def all_gather_coalesced(outputs, inputs, process_set, name=None, now=False):
     """One grouped allgather."""
-    outputs, inputs = all_as_real(outputs), all_as_real(inputs)
+    outputs, inputs = all_as_sent(outputs), all_as_sent(inputs)
     size = process_set.size()
     for output, input in zip(outputs, inputs):
         if output.numel() != size * input.numel() or output.dtype != input.dtype:
-            raise ValueError("all_gather_into_tensor_coalesced: an output of shape %s and %s "
-                             "must hold %d inputs of shape %s and dtype %s"
-                             % (tuple(output.shape), output.dtype, size, tuple(input.shape),
-                                input.dtype))
+            raise _invalid("all_gather_into_tensor_coalesced: an output of shape %s and %s "
+                           "must hold %d inputs of shape %s and dtype %s"
+                           % (tuple(output.shape), output.dtype, size, tuple(input.shape),
+                              input.dtype))
     outputs = list(outputs)
 
     def finish(gathered):
@@ -262,7 +268,7 @@ def gather(outputs, tensor, root_rank, process_set, name=None, now=False):
     """Fills the root's `outputs` (one tensor per rank of the set, each of `tensor`'s
     elements and dtype) with every rank's `tensor`; the other ranks pass none. An
     alltoall in which every rank sends only to the root."""
-    outputs, tensor = all_as_real(outputs), as_real(tensor)
+    outputs, tensor = all_as_sent(outputs), as_sent(tensor)
     tensors_only("gather", tensor=tensor)
     outputs = _root_only(outputs, root_rank, process_set, "gather", "gather_list")
     if outputs:
@@ -277,7 +283,7 @@ def scatter(output, chunks, root_rank, process_set, name=None, now=False):
     """Fills `output` with the root's chunks[rank] (the root passes one tensor per rank
     of the set, each of the output's elements and dtype; the other ranks pass none). An
     alltoall in which only the root sends."""
-    output, chunks = as_real(output), all_as_real(chunks)
+    output, chunks = as_sent(output), all_as_sent(chunks)
     tensors_only("scatter", tensor=output)
     chunks = _root_only(chunks, root_rank, process_set, "scatter", "scatter_list")
     size = process_set.size()
@@ -298,11 +304,11 @@ def _root_only(tensors, root_rank, process_set, what, argument):
     does."""
     tensors = list(tensors or [])
     if _is_root(process_set, root_rank) and not tensors:
-        raise ValueError("%s: %s must be given on the root (rank %d)"
-                         % (what, argument, root_rank))
+        raise _invalid("%s: %s must be given on the root (rank %d)"
+                       % (what, argument, root_rank))
     if not _is_root(process_set, root_rank) and tensors:
-        raise ValueError("%s: %s must not be given on rank %d, which is not the root (rank %d)"
-                         % (what, argument, process_set.ranks[process_set.rank()], root_rank))
+        raise _invalid("%s: %s must not be given on rank %d, which is not the root (rank %d)"
+                       % (what, argument, process_set.ranks[process_set.rank()], root_rank))
     return tensors
 
 
@@ -310,14 +316,14 @@ def _entries_like(tensors, like, size, what):
     """Checks that `tensors` is one tensor per rank (`size`), each of `like`'s number of
     elements and dtype."""
     if len(tensors) != size:
-        raise ValueError("%s has %d tensors; it needs one per rank of the group (%d)"
-                         % (what, len(tensors), size))
+        raise _invalid("%s has %d tensors; it needs one per rank of the group (%d)"
+                       % (what, len(tensors), size))
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError("%s: entry %d is a %s, not a tensor" % (what, i, type(t).__name__))
         if t.numel() != like.numel() or t.dtype != like.dtype:
-            raise ValueError("%s: entry %d has %d elements of %s; every entry needs %d of %s"
-                             % (what, i, t.numel(), t.dtype, like.numel(), like.dtype))
+            raise _invalid("%s: entry %d has %d elements of %s; every entry needs %d of %s"
+                           % (what, i, t.numel(), t.dtype, like.numel(), like.dtype))
 
 
 # ---- the rest ------------------------------------------------------------------------
@@ -337,30 +343,30 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, proc
     """Sends input_split_sizes[i] rows of `input` (dim 0, in order; None: equal parts)
     to rank i and writes what every rank sent here into `output`, in rank order
     (output_split_sizes[i] rows from rank i)."""
-    output, input = as_real(output), as_real(input)
+    output, input = as_sent(output), as_sent(input)
     tensors_only("all_to_all_single", output=output, input=input)
     if output.dtype != input.dtype:
-        raise ValueError("all_to_all_single: output dtype %s differs from input dtype %s"
-                         % (output.dtype, input.dtype))
+        raise _invalid("all_to_all_single: output dtype %s differs from input dtype %s"
+                       % (output.dtype, input.dtype))
     size = process_set.size()
     if output_split_sizes is not None:
         output_split_sizes = [int(s) for s in output_split_sizes]
         if len(output_split_sizes) != size:
-            raise ValueError("all_to_all_single: output_split_sizes has %d entries for %d ranks"
-                             % (len(output_split_sizes), size))
+            raise _invalid("all_to_all_single: output_split_sizes has %d entries for %d ranks"
+                           % (len(output_split_sizes), size))
         rows = sum(output_split_sizes)
         if output.dim() == 0 or output.shape[0] != rows:
-            raise ValueError("all_to_all_single: output_split_sizes sum to %d rows but the "
-                             "output has shape %s" % (rows, tuple(output.shape)))
+            raise _invalid("all_to_all_single: output_split_sizes sum to %d rows but the "
+                           "output has shape %s" % (rows, tuple(output.shape)))
 
     def finish(value):
         received, splits = value
         if output_split_sizes is not None and splits.tolist() != output_split_sizes:
-            raise ValueError("all_to_all_single: received %s rows from the ranks, but "
-                             "output_split_sizes is %s" % (splits.tolist(), output_split_sizes))
+            raise _invalid("all_to_all_single: received %s rows from the ranks, but "
+                           "output_split_sizes is %s" % (splits.tolist(), output_split_sizes))
         if received.shape != output.shape:
-            raise ValueError("all_to_all_single: received shape %s, the output has shape %s"
-                             % (tuple(received.shape), tuple(output.shape)))
+            raise _invalid("all_to_all_single: received shape %s, the output has shape %s"
+                           % (tuple(received.shape), tuple(output.shape)))
         output.copy_(received)
 
     # An even split of a first dimension the set does not divide is the core's refusal
@@ -372,19 +378,19 @@ def all_to_all_single(output, input, output_split_sizes, input_split_sizes, proc
 def all_to_all(outputs, inputs, process_set, name=None, now=False):
     """Sends inputs[i] to rank i and fills outputs[i] with what rank i sent here (one
     tensor per rank of the set each; all of one dtype)."""
-    outputs, inputs = all_as_real(outputs), all_as_real(inputs)
+    outputs, inputs = all_as_sent(outputs), all_as_sent(inputs)
     size = process_set.size()
     if len(outputs) != size or len(inputs) != size:
-        raise ValueError("all_to_all: pass %d input and %d output tensors (one per rank), got "
-                         "%d and %d" % (size, size, len(inputs), len(outputs)))
+        raise _invalid("all_to_all: pass %d input and %d output tensors (one per rank), got "
+                       "%d and %d" % (size, size, len(inputs), len(outputs)))
     for what, tensors in (("input", inputs), ("output", outputs)):
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
                 raise TypeError("all_to_all: %s %d is a %s, not a tensor"
                                 % (what, i, type(t).__name__))
             if t.dtype != inputs[0].dtype:
-                raise ValueError("all_to_all: %s %d is %s, input 0 %s; every tensor needs one "
-                                 "dtype" % (what, i, t.dtype, inputs[0].dtype))
+                raise _invalid("all_to_all: %s %d is %s, input 0 %s; every tensor needs one "
+                               "dtype" % (what, i, t.dtype, inputs[0].dtype))
     return _exchange("all_to_all", list(inputs), [t.numel() for t in inputs], list(outputs),
                      process_set, name, now, one_per_rank=True)
 
@@ -400,11 +406,11 @@ def _exchange(what, tensors, splits, targets, process_set, name=None, now=False,
     def finish(value):
         received, sent_here = value
         if one_per_rank and sent_here.tolist() != expected:
-            raise ValueError("%s: the ranks sent %s elements here, for outputs of %s"
-                             % (what, sent_here.tolist(), expected))
+            raise _invalid("%s: the ranks sent %s elements here, for outputs of %s"
+                           % (what, sent_here.tolist(), expected))
         if received.numel() != sum(expected):
-            raise ValueError("%s: received %d elements for outputs of %d"
-                             % (what, received.numel(), sum(expected)))
+            raise _invalid("%s: received %d elements for outputs of %d"
+                           % (what, received.numel(), sum(expected)))
         _scatter_into(targets, received)
 
     return Work(_ops.alltoall(flat_input, process_set, splits, name, drive=now), targets,
@@ -420,7 +426,7 @@ def barrier(process_set, name=None):
 def send(tensor, peer, tag, process_set):
     """To set rank `peer`; not a collective (no name): matched by source and tag (MPI for
     a CPU tensor, the pair's matching before NCCL for a CUDA one)."""
-    tensor = as_real(tensor)
+    tensor = as_sent(tensor)
     tensors_only("send", tensor=tensor)
     return Work(_ops.point_to_point(False, tensor, peer, tag, process_set), [tensor])
 
@@ -428,7 +434,7 @@ def send(tensor, peer, tag, process_set):
 def recv(tensor, peer, tag, process_set):
     """Into `tensor` from set rank `peer` (-1: any, CPU tensors only); the Work's
     _source_rank() says who sent it, as torch's."""
-    tensor = as_real(tensor)
+    tensor = as_sent(tensor)
     tensors_only("recv", tensor=tensor)
     work = Work(_ops.point_to_point(True, tensor, peer, tag, process_set), [tensor])
     work._finish = lambda source: setattr(work, "source", source)

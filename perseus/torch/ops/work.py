@@ -41,6 +41,7 @@ import torch
 import torch.distributed as _torch_dist
 
 from perseus.common import requests as _requests
+from perseus.common.exceptions import WaitTimeoutError
 
 
 class Work(_torch_dist.Work):
@@ -104,8 +105,8 @@ class Work(_torch_dist.Work):
         """Blocks until the collective is done; raises its error. Returns True.
 
         timeout (a datetime.timedelta or seconds; 0 or None: none, as torch's
-        default): raise TimeoutError when the collective has not completed by then;
-        it stays pending.
+        default): raise WaitTimeoutError (a TimeoutError and a RuntimeError, as
+        gloo's) when the collective has not completed by then; it stays pending.
         """
         if not self._done:
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
@@ -113,7 +114,8 @@ class Work(_torch_dist.Work):
                 deadline = time.monotonic() + float(seconds)
                 while not self.is_completed():
                     if time.monotonic() >= deadline:
-                        raise TimeoutError("collective did not complete within %s" % (timeout,))
+                        raise WaitTimeoutError("collective did not complete within %s"
+                                               % (timeout,))
                     time.sleep(0.0005)
             self._complete()
         if self._error is not None:
@@ -124,15 +126,19 @@ class Work(_torch_dist.Work):
         self.wait()
 
     def is_completed(self):
-        """True once the collective has finished (successfully or not)."""
+        """True once the collective has finished (successfully or not) and its outputs
+        are in place, as torch's: a script may read them without wait()."""
         if self._done:
             return True
         if not self._lock.acquire(blocking=False):
             return False  # another thread is waiting on it right now
         try:
-            return self._done or _requests.poll(self._handle)
+            if not (self._done or _requests.poll(self._handle)):
+                return False
         finally:
             self._lock.release()
+        self._complete()  # the finish step (copies into the caller's tensors), at once
+        return True
 
     def _source_rank(self):
         """A receive's sender, its rank in the group (torch's recv from any rank asks)."""

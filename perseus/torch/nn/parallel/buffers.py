@@ -28,7 +28,7 @@ class _Flat:
         for shape in shapes:
             self.views.append(self.flat[offset:offset + shape.numel()].view(shape))
             offset += shape.numel()
-        self.wire = _tops.as_real(self.flat)
+        self.wire = _tops.as_sent(self.flat)
 
 
 class BufferSync:

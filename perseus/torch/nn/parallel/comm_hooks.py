@@ -22,7 +22,7 @@ from perseus.torch.ops.work import Work
 def _reduce(state, bucket, wire_dtype):
     process_set = bucket._process_set if state is None else process_set_of(state)
     buffer = bucket.buffer()
-    real = _tops.as_real(buffer)  # complex gradients: both parts, as torch's hooks get them
+    real = _tops.as_sent(buffer)  # complex gradients: both parts, as torch's hooks get them
     if wire_dtype is None or buffer.dtype == wire_dtype:
         handle = _tops.allreduce((real,), process_set, _ops.Average, bucket._name + ".hook",
                                  inplace=True)

@@ -78,7 +78,7 @@ class _Bucket:
         self.members = members  # parameter indices
         self.params = params
         self.flat, self.views = flat_with_views(params)
-        self.wire = _tops.as_real(self.flat)  # what is reduced: complex gradients' real view
+        self.wire = _tops.as_sent(self.flat)  # what is reduced: complex gradients' real view
         self.pending = len(members)
         self.handle = None
         self.future = None
