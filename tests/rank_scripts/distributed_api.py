@@ -22,7 +22,7 @@ import torch.distributed as tdist
 from common import (assert_equal, assert_reduced, expect_raises, launcher_rank_size, log, main,
                     make_tensor, touch, wait_for)
 from complex_checks import check_complex
-from tensor_write_checks import check_tensor_writes
+from tensor_write_checks import check_bool_reductions, check_tensor_writes
 
 import perseus.torch.distributed as dist
 
@@ -551,6 +551,7 @@ def body():
     data_movement_tests(rank, size)
     check_complex(dist, rank, size)
     check_tensor_writes(dist, rank, size, "dropin")
+    check_bool_reductions(dist, rank, size, "dropin")
     rooted_tests(rank, size)
     point_to_point_tests(rank, size)
     ranks_tests(rank, size)

@@ -138,6 +138,7 @@ def monitored_barrier(group, timeout, wait_all_ranks):
 # torch.distributed's functions (all_reduce, ...): the one caller whose opts.asyncOp says
 # whether it waits for the Work at once.
 _TORCH_FUNCTIONS = vars(_torch_dist.distributed_c10d)
+_BOOL = torch.bool  # reduced logically (reduce_ops), as their uint8 views
 _SOON = _requests.SOON
 
 
@@ -236,41 +237,43 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     # -- reductions
 
     def allreduce(self, tensors, opts=None):
-        code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
-        now = _now(opts, tensors[0] if tensors else None)
+        first = tensors[0] if tensors else None
+        code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp, first)
+        now = _now(opts, first)
         if tensors and tensors[0].layout == torch.sparse_coo:
             tensor = _one(tensors, "sparse allreduce")
             return self._named(lambda name, _: _torch_api.all_reduce_sparse(
                 tensor, code, self.process_set, name, now))
         if len(tensors) != 1:
-            tensors = all_as_sent(tensors)
+            tensors = all_as_sent(tensors, code, "all_reduce_coalesced")
             return self._named(lambda name, _: _torch_api.all_reduce_coalesced(
                 tensors, code, self.process_set, name, now))
         tensor = tensors[0]
-        if tensor.requires_grad:  # ops.as_sent, inline: no call on the budgeted path
-            tensor = tensor.detach()
+        if tensor.requires_grad or tensor.dtype is _BOOL:  # no call on the budgeted path
+            tensor = as_sent(tensor, code, "all_reduce")
         return self._named(lambda name, bound: _torch_api.all_reduce(
             tensor, code, self.process_set, name, now, bound))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """One grouped request: the core fuses what fits in a buffer."""
-        code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp)
-        now = _now(opts, tensors[0] if tensors else None)
-        tensors = all_as_sent(tensors)
+        first = tensors[0] if tensors else None
+        code = core_op(_torch_dist.ReduceOp.SUM if opts is None else opts.reduceOp, first)
+        now = _now(opts, first)
+        tensors = all_as_sent(tensors, code, "all_reduce_coalesced")
         return self._named(lambda name, _: _torch_api.all_reduce_coalesced(
             tensors, code, self.process_set, name, now))
 
     def reduce(self, tensors, opts):
         tensor = _one(tensors, "reduce")
         now = _now(opts, tensor)
-        root, code = self._global(opts.rootRank, "reduce"), core_op(opts.reduceOp)
+        root, code = self._global(opts.rootRank, "reduce"), core_op(opts.reduceOp, tensor)
         return self._named(lambda name, bound: _torch_api.reduce(
             tensor, root, code, self.process_set, name, now, bound))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         output = _one(output_tensors, "reduce_scatter")
         chunks = _one(input_tensors, "reduce_scatter")
-        now, code = _now(opts, output), core_op(opts.reduceOp)
+        now, code = _now(opts, output), core_op(opts.reduceOp, output)
         return self._named(lambda name, _: _torch_api.reduce_scatter(
             output, chunks, code, self.process_set, name, now))
 
@@ -280,13 +283,13 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def _reduce_scatter(self, output, input, opts, now):
-        code = core_op(opts.reduceOp)
+        code = core_op(opts.reduceOp, input)
         return self._named(lambda name, _: _torch_api.reduce_scatter_tensor(
             output, input, code, self.process_set, name, now))
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         """One grouped reducescatter (FSDP's coalesced gradients)."""
-        code = core_op(opts.reduceOp)
+        code = core_op(opts.reduceOp, inputs[0] if inputs else None)
         now = _now(opts, inputs[0] if inputs else None)
         return self._named(lambda name, _: _torch_api.reduce_scatter_coalesced(
             outputs, inputs, code, self.process_set, name, now))

@@ -17,6 +17,8 @@ so the core agrees on a repeated call by its cached bit instead of its metadata
 (the c10d backend passes names; see perseus/torch/c10d/backend.py).
 """
 
+import torch
+
 from perseus.common import basics as _basics
 from perseus.common import objects as _objects
 from perseus.torch import ops as _ops
@@ -45,11 +47,14 @@ def _deadline(group):
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, name=None):
     """Reduces `tensor` over the group, in place (a complex one by SUM or AVG only)."""
-    code = core_op(op)
+    code = core_op(op, tensor)
     tensor = _ops.as_sent(tensor, code, "all_reduce")
     process_set = member_set(group, "all_reduce")
     if process_set is None:
         return None
+    if getattr(tensor, "layout", None) is torch.sparse_coo:  # summed as gloo sums it
+        return _done(_torch_api.all_reduce_sparse(tensor, code, process_set, name,
+                                                  not async_op), async_op, group)
     if not async_op:
         _ops.allreduce_now_(tensor, process_set, code, name, bound=_deadline(group))
         return None
@@ -78,7 +83,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     the rank within the group), in place; the other ranks' tensors are left as they
     were."""
     _torch_api.tensors_only("reduce", tensor=tensor)
-    code = core_op(op)
+    code = core_op(op, tensor)
     process_set = member_set(group, "reduce")
     if process_set is None:
         return None
@@ -115,7 +120,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     """Reduces `input` (world equal chunks, in rank order) over the group; this rank's
     chunk of the result goes to `output`."""
     _torch_api.tensors_only("reduce_scatter_tensor", output=output, input=input)
-    code = core_op(op)
+    code = core_op(op, input)
     process_set = member_set(group, "reduce_scatter_tensor")
     if process_set is None:
         return None
@@ -128,7 +133,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     """Reduces input_list (one tensor per rank of the group, each of the output's
     elements) over the group; this rank's entry of the result goes to `output`."""
     _torch_api.tensors_only("reduce_scatter", output=output)
-    code = core_op(op)
+    code = core_op(op, output)
     process_set = member_set(group, "reduce_scatter")
     if process_set is None:
         return None

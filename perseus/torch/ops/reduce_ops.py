@@ -4,17 +4,26 @@
 torch's own ``torch.distributed.ReduceOp`` values are accepted too (by name), so a
 script that imports ReduceOp from torch keeps working. The core codes come from
 perseus.common.ops, the one table of them.
+
+Bool tensors reduce as gloo reduces them, logically: SUM, MAX and BOR give "any",
+PRODUCT, MIN and BAND "all". The core reduces no bool, so they travel as their uint8
+view (0 or 1; ops.as_sent) by MAX or MIN.
 """
+
+import torch
 
 from perseus.common import ops as _ops
 
+_BOOL, _STRIDED = torch.bool, torch.strided
+
 
 class _Op:
-    """One reduction: its torch name and the core's code (None: no core support)."""
-    __slots__ = ("name", "code")
+    """One reduction: its torch name, the core's code (None: no core support) and the
+    code that reduces bool tensors (their uint8 views) so (None: refused for bool)."""
+    __slots__ = ("name", "code", "on_bool")
 
-    def __init__(self, name, code):
-        self.name, self.code = name, code
+    def __init__(self, name, code, on_bool=None):
+        self.name, self.code, self.on_bool = name, code, on_bool
 
     def __repr__(self):
         return "ReduceOp.%s" % self.name
@@ -24,21 +33,23 @@ class _Op:
 
 
 class ReduceOp:
-    SUM = _Op("SUM", _ops.Sum)
+    SUM = _Op("SUM", _ops.Sum, _ops.Max)
     AVG = _Op("AVG", _ops.Average)
-    PRODUCT = _Op("PRODUCT", _ops.Product)
-    MIN = _Op("MIN", _ops.Min)
-    MAX = _Op("MAX", _ops.Max)
-    # torch has these; the core does not reduce bitwise or with a per-call multiplier.
-    BAND = _Op("BAND", None)
-    BOR = _Op("BOR", None)
+    PRODUCT = _Op("PRODUCT", _ops.Product, _ops.Min)
+    MIN = _Op("MIN", _ops.Min, _ops.Min)
+    MAX = _Op("MAX", _ops.Max, _ops.Max)
+    # torch has these; the core does not reduce bitwise (but bool tensors logically) or
+    # with a per-call multiplier.
+    BAND = _Op("BAND", None, _ops.Min)
+    BOR = _Op("BOR", None, _ops.Max)
     BXOR = _Op("BXOR", None)
     PREMUL_SUM = _Op("PREMUL_SUM", None)
 
 
-def core_op(op):
-    """The core's reduce-op code for `op` (ours, or torch's by name); a clear error
-    for anything else."""
+def core_op(op, tensor=None):
+    """The core's reduce-op code for `op` (ours, or torch's by name) on `tensor` (one
+    of those reduced: a bool one is reduced logically); a clear error for anything
+    else."""
     ours = op
     if not isinstance(op, _Op):
         # torch.distributed.ReduceOp.SUM (a RedOpType enum) or a ReduceOp instance
@@ -49,9 +60,20 @@ def core_op(op):
         if not isinstance(ours, _Op):
             raise ValueError("unknown reduce op %r: use perseus.torch.distributed.ReduceOp."
                              "SUM, AVG, PRODUCT, MIN or MAX" % (op,))
+    try:  # a sparse one is summed as it is (ops.torch_api.all_reduce_sparse)
+        on_bool = tensor.dtype is _BOOL and tensor.layout is _STRIDED
+    except AttributeError:  # not a tensor: the caller's checks say so
+        on_bool = False
+    if on_bool:
+        if ours.on_bool is None:
+            raise NotImplementedError("ReduceOp.%s is not supported by Perseus on bool tensors "
+                                      "(supported: SUM, MAX, BOR, PRODUCT, MIN, BAND)"
+                                      % ours.name)
+        return ours.on_bool
     if ours.code is None:
         raise NotImplementedError("ReduceOp.%s is not supported by Perseus (supported: SUM, "
-                                  "AVG, PRODUCT, MIN, MAX)" % ours.name)
+                                  "AVG, PRODUCT, MIN, MAX; BAND and BOR on bool tensors)"
+                                  % ours.name)
     return ours.code
 
 
