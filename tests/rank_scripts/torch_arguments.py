@@ -10,8 +10,11 @@ still works.
    forms, torch.distributed's all_reduce and broadcast, sync and async) bumps its
    tensor's version counter when it is submitted, as torch's own in-place ops do, so
    reducing a tensor autograd saved for backward makes backward() raise autograd's
-   "modified by an inplace operation" error (the gradient was silently wrong). A leaf that requires grad, or a view of one, is refused while grad mode is on,
-   as torch refuses it, and reduced under torch.no_grad(); a tensor that requires
+   "modified by an inplace operation" error (the gradient was silently wrong). A leaf
+   that requires grad, or a view of one, is refused by hvd's calls while grad mode is
+   on, as torch's in-place ops refuse it, and reduced under torch.no_grad();
+   torch.distributed's all_reduce and broadcast write it, as torch's collectives do
+   (the version still moves); a tensor that requires
    grad but is not a leaf is reduced, autograd taking the collective as the identity.
    broadcast_parameters(model.named_parameters()) still takes root's parameters.
 5. A float or a string as a root rank, a process set's rank or an alltoall split is a
@@ -123,6 +126,12 @@ def leaves_are_refused_under_grad_mode(rank, size):
     for what, submit, reference in inplace_ops():
         name = "ta.leaf." + what
         leaf = values[rank].clone().requires_grad_()
+        if what.startswith("dist."):  # as torch's collectives: written, the version moved
+            before = leaf._version
+            submit(leaf, name)()
+            assert leaf.is_leaf and leaf.requires_grad and leaf._version > before, what
+            assert_equal(leaf.detach(), reference(values), what + " of a leaf in grad mode")
+            continue
         expect_raises(RuntimeError, what + " of a leaf", submit, leaf, name,
                       contains=["leaf Variable that requires grad"], within_s=5)
         expect_raises(RuntimeError, what + " of a view of a leaf", submit, leaf[:1], name,
