@@ -210,7 +210,8 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
            pin=True, as_tuple=False):
     """Submits one collective call on `tensors` in one perseus_enqueue; returns the
     handle for synchronize(), which returns a list (grouped, or `name` a list; a tuple
-    with as_tuple, as Horovod's grouped allreduce handles give) or the one result. name: None (numbered names), a str (a grouped call's members get
+    for a grouped call with as_tuple, as Horovod's grouped allreduce handles give) or
+    the one result. name: None (numbered names), a str (a grouped call's members get
     "<name>.<i>"), or a list, a name per tensor: requests enqueued together, not a
     group (DistributedOptimizer's gradients). inplace: allreduce and broadcast write
     into the tensors. root_rank: broadcast's, a global rank. splits: alltoall's, or
@@ -228,7 +229,7 @@ def submit(op_type, tensors, name, process_set, grouped=False, *, inplace=False,
         handle = _submit_repeat(repeat, tensors[0], drive, pin)
         if handle is not None:
             return handle
-    listed = (tuple if as_tuple else True) if grouped or isinstance(name, list) else False
+    listed = tuple if as_tuple else grouped or isinstance(name, list)
     group_size = len(tensors) if grouped else 0
     kept, results, requests, items = [], [], [], []
     placed = [] if inplace else ()  # in-place targets: (tensor, its address, its data)

@@ -289,8 +289,9 @@ class ProcessGroupPerseus(_torch_dist.ProcessGroup):
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         """One grouped reducescatter (FSDP's coalesced gradients)."""
-        code = core_op(opts.reduceOp, inputs[0] if inputs else None)
-        now = _now(opts, inputs[0] if inputs else None)
+        first = inputs[0] if inputs else None
+        code = core_op(opts.reduceOp, first)
+        now = _now(opts, first)
         return self._named(lambda name, _: _torch_api.reduce_scatter_coalesced(
             outputs, inputs, code, self.process_set, name, now))
 

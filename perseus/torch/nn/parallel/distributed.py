@@ -137,7 +137,7 @@ class DistributedDataParallel(nn.Module):
                                    "forward pass to correctly initialize the modules" % name)
             try:
                 # the adapter's device and dtype checks (of a complex one's real view)
-                _tops.check_tensor(_tops.as_sent(p.detach()))
+                _tops.check_tensor(_tops.as_sent(p))
             except (NotImplementedError, ValueError) as e:
                 raise type(e)("DistributedDataParallel: parameter '%s': %s" % (name, e)) from None
         for name, sub in self.module.named_modules():
@@ -202,7 +202,7 @@ class DistributedDataParallel(nn.Module):
                                                        self._process_set.ranks[r],
                                                        self._process_set.ranks[0]))
         if states:
-            _tops.synchronize(_tops.broadcast([_tops.as_sent(t.detach()) for _, t in states],
+            _tops.synchronize(_tops.broadcast([_tops.as_sent(t) for _, t in states],
                                               self._process_set.ranks[0], self._process_set,
                                               "ddp%d.init" % self._id, inplace=True,
                                               grouped=True, drive=True))

@@ -79,7 +79,7 @@ class Join:
                 flag = torch.tensor([int(terminated)], dtype=torch.int32)
                 _tops.allreduce_now_(flag, ddp._process_set, _ops.Max, self._name + ".terminated")
                 terminated = bool(flag.item())
-            states = [_tops.as_sent(t.detach()) for _, t in ddp._module_states()]
+            states = [_tops.as_sent(t) for _, t in ddp._module_states()]
             _tops.synchronize(_tops.broadcast(states, last, ddp._process_set, self._name + ".final",
                                               inplace=True, grouped=True, drive=True))
         except Exception as e:
