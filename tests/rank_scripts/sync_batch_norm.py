@@ -62,14 +62,16 @@ def calls():
     return dict(CALLS)
 
 
-def check(got, expected, dtype, what, tol=None):
-    """got (dtype) against a float64 expectation: |got - exp| <= tol * (1 + |exp|)."""
+def check(got, expected, dtype, what, tol=None, scale=0.0):
+    """got (dtype) against a float64 expectation: |got - exp| <= tol * (1 + |exp| + scale).
+    scale: the size of the terms `expected` sums, where they may cancel to about zero
+    (a bias before a BatchNorm gets a gradient of zero, in float32 off by their rounding)."""
     assert got is not None, "%s: missing" % what
     assert got.dtype == dtype, "%s: dtype %s, expected %s" % (what, got.dtype, dtype)
     assert tuple(got.shape) == tuple(expected.shape), \
         "%s: shape %s, expected %s" % (what, tuple(got.shape), tuple(expected.shape))
     diff = (got.detach().cpu().to(torch.float64) - expected.detach().to(torch.float64)).abs()
-    bound = (tol or TOL[dtype]) * (1 + expected.detach().to(torch.float64).abs())
+    bound = (tol or TOL[dtype]) * (1 + expected.detach().to(torch.float64).abs() + scale)
     bad = ~(diff <= bound)
     if bad.any():
         i = int(bad.flatten().nonzero()[0])
@@ -223,8 +225,11 @@ def run_convert(rank, size, dtype):
         check(x.grad, xr.grad[lo:hi], dtype, what + " input grad", CONVERT_TOL[dtype])
         params = list(mine.named_parameters())
         summed = hvd.grouped_allreduce([p.grad for _, p in params], op=hvd.Sum)
+        # At np 1 (a batch of 2) float32 torch.nn.BatchNorm1d alone puts the Linear's bias
+        # gradient 2e-4 from zero (measured): the weight's gradients are 13.
+        scale = max(float(pr.grad.abs().max()) for pr in ref.parameters())
         for (name, p), g, pr in zip(params, summed, ref.parameters()):
-            check(g, pr.grad, dtype, "%s grad of %s" % (what, name), CONVERT_TOL[dtype])
+            check(g, pr.grad, dtype, "%s grad of %s" % (what, name), CONVERT_TOL[dtype], scale)
             with torch.no_grad():
                 p -= LR * g
                 pr -= LR * pr.grad
