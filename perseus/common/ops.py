@@ -16,8 +16,12 @@ Adasum = 2  # allreduce of float tensors only (csrc/src/collectives/adasum.cc)
 Min = 3
 Max = 4
 Product = 5
+# Not Horovod's (hvd.* refuses them): torch.distributed's bitwise ops, integer tensors only.
+BAND = 6
+BOR = 7
+BXOR = 8
 
-REDUCE_OP_NAMES = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
+REDUCE_OP_NAMES = ("Average", "Sum", "Adasum", "Min", "Max", "Product", "BAND", "BOR", "BXOR")
 
 
 def resolve_op(op, average):

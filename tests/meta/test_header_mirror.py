@@ -96,7 +96,8 @@ def test_reduce_ops():
     header = _unprefixed(_enums()["perseus_reduce_op_t"])
     assert len(ops.REDUCE_OP_NAMES) == len(header)
     for name, value in header.items():
-        python_name = name.capitalize()  # Horovod's spelling: Sum, Average, ...
+        # Horovod's spelling (Sum, Average, ...), torch's for the bitwise ones (BAND, ...)
+        python_name = name if name.startswith("B") else name.capitalize()
         assert getattr(ops, python_name) == value, name
         assert ops.REDUCE_OP_NAMES[value] == python_name, name
     # Horovod's values (its ReduceOp enum): a script that passes op=0 averages.

@@ -86,8 +86,11 @@ def test_reduce_op_accepts_torch_values():
     assert core_op(ReduceOp.AVG) == ops.Average
     assert core_op(tdist.ReduceOp.SUM) == ops.Sum
     assert core_op(tdist.ReduceOp.MAX) == ops.Max
-    with pytest.raises(NotImplementedError, match="BOR"):
-        core_op(tdist.ReduceOp.BOR)
+    assert core_op(tdist.ReduceOp(tdist.ReduceOp.BOR)) == ops.BOR
+    with pytest.raises(NotImplementedError, match="PREMUL_SUM"):
+        core_op(tdist.ReduceOp.PREMUL_SUM)
+    with pytest.raises(TypeError, match="ReduceOp"):
+        core_op("max")
 
 
 class _Net(nn.Module):

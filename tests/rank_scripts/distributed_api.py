@@ -22,7 +22,8 @@ import torch.distributed as tdist
 from common import (assert_equal, assert_reduced, expect_raises, launcher_rank_size, log, main,
                     make_tensor, touch, wait_for)
 from complex_checks import check_complex
-from tensor_write_checks import check_bool_reductions, check_tensor_writes
+from tensor_write_checks import (check_bitwise_reductions, check_bool_reductions,
+                                 check_tensor_writes)
 
 import perseus.torch.distributed as dist
 
@@ -476,9 +477,10 @@ def optimizer_state_test(rank, size):
 
 def error_tests(rank, size):
     t = torch.ones(3)
-    expect_raises(NotImplementedError, "BAND", dist.all_reduce, t, op=dist.ReduceOp.BAND,
-                  contains=("BAND",))
-    expect_raises(ValueError, "bad op", dist.all_reduce, t, op="median", contains=("reduce op",))
+    expect_raises(NotImplementedError, "PREMUL_SUM", dist.all_reduce, t,
+                  op=dist.ReduceOp.PREMUL_SUM, contains=("PREMUL_SUM",))
+    for op in ("max", "median"):  # as torch's, a TypeError (the drop-in took "max" as MAX)
+        expect_raises(TypeError, "op=%r" % op, dist.all_reduce, t, op=op, contains=("ReduceOp",))
     expect_raises(ValueError, "foreign group", dist.all_reduce, t, group=object(),
                   contains=("group must be",))
     expect_raises(ValueError, "all_gather list", dist.all_gather, [t] * (size + 1), t,
@@ -552,6 +554,7 @@ def body():
     check_complex(dist, rank, size)
     check_tensor_writes(dist, rank, size, "dropin")
     check_bool_reductions(dist, rank, size, "dropin")
+    check_bitwise_reductions(dist, rank, size, "dropin")
     rooted_tests(rank, size)
     point_to_point_tests(rank, size)
     ranks_tests(rank, size)

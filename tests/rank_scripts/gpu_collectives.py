@@ -8,6 +8,7 @@ machine without a GPU. Inputs are small integers, so every expected value is exa
 Environment: FAKE_GPU_LIB (the fake, to read its counters); GPU_MODE = nccl (every
 NCCL-expressible batch must use NCCL) or staged (none may); PERSEUS_* as the test sets.
 """
+import functools
 import os
 import sys
 
@@ -125,6 +126,22 @@ def check_scaled(rank, size, device):
     xs = [capi.make("int16", r, (7,), np.int16) for r in range(size)]
     same(capi.run(ALLREDUCE, "int16", xs[rank], device=device), reduce_ref(xs, capi.SUM, np.int16),
          "int16")
+    # Bitwise ops: staged (NCCL has none), integers only and never scaled.
+    for op, fold in ((capi.BAND, np.bitwise_and), (capi.BOR, np.bitwise_or),
+                     (capi.BXOR, np.bitwise_xor)):
+        for dtype in (np.uint8, np.int16, np.int64):
+            tag = "bitwise.%d.%s" % (op, np.dtype(dtype).name)
+            xs = [capi.make(tag, r, (2, 9), dtype, -100, 100) for r in range(size)]
+            out = capi.run(ALLREDUCE, tag, xs[rank], device=device, reduce_op=op)
+            same(out, functools.reduce(fold, xs), tag)
+        for what, kwargs, expected in (
+                ("a float", dict(x=np.ones(3, np.float32)), "needs an integer tensor"),
+                ("a scale", dict(x=np.ones(3, np.int32), prescale=2.0), "takes no scale factors")):
+            try:
+                capi.run(ALLREDUCE, "bitwise.refused", device=device, reduce_op=op, **kwargs)
+                raise AssertionError("bitwise op %d with %s was accepted" % (op, what))
+            except capi.CoreError as e:
+                assert e.status == capi.INVALID_ARGUMENT and expected in e.message, e
     # Adasum: staged, the same bits as the MPI path on host copies.
     x = capi.make("adasum", rank, (10,), np.float32)
     gpu = capi.run(ALLREDUCE, "adasum.gpu", x, device=device, reduce_op=capi.ADASUM)

@@ -2,9 +2,11 @@
 the results of a loop of one named call, against a reference computed here from every
 rank's input, and the core's counters saying which calls a round completed.
 
-1. Each dtype and op (Sum, Average, Min, Max, Product; prescale and postscale), shapes
-   of 1 element to 16 KiB: every call's result right; from the third call on each is
-   completed by its round (ridden_requests), with no data collective.
+1. Each dtype and op (Sum, Average, Min, Max, Product; prescale and postscale; BAND,
+   BOR and BXOR of integers, which only torch.distributed's faces pass, called here
+   through the operations layer), shapes of 1 element to 16 KiB: every call's result
+   right; from the third call on each is completed by its round (ridden_requests),
+   with no data collective.
 2. A payload larger than 16 KiB is never carried.
 3. Two names in turn (A, B, A, B): no round carries either (each would miss).
 4. One rank submits another request before one call of a loop, the others after it:
@@ -12,17 +14,24 @@ rank's input, and the core's counters saying which calls a round completed.
    reduced the usual way, right, and the loop rides again.
 5. A non-contiguous result target (out of place: hvd.allreduce returns a new tensor).
 """
+import functools
+
 import torch
 
 from common import hvd, init, main
+from perseus.common import ops as _ops
 from perseus.common import requests as _requests
+from perseus.torch import ops as _tops
 
 RIDE_LIMIT_BYTES = 16 << 10
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
-       "product": hvd.Product}
+       "product": hvd.Product, "band": _ops.BAND, "bor": _ops.BOR, "bxor": _ops.BXOR}
+BITWISE = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
 
 
 def reference(inputs, op, prescale, postscale):
+    if op in BITWISE:
+        return functools.reduce(BITWISE[op], inputs)
     stack = torch.stack([x.double() * prescale for x in inputs])
     result = {"sum": stack.sum(0), "average": stack.mean(0), "min": stack.min(0)[0],
               "max": stack.max(0)[0], "product": stack.prod(0)}[op]
@@ -65,8 +74,11 @@ def loop(name, shape, dtype, op, rank, size, calls=6, prescale=1.0, postscale=1.
             finish = interloper(rank, size)
         inputs = inputs_for(size, shape, dtype, step)
         t = inputs[rank].clone()
-        hvd.allreduce_(t, name=name, op=OPS[op], prescale_factor=prescale,
-                       postscale_factor=postscale)
+        if op in BITWISE:
+            _tops.allreduce_now_(t, hvd.global_process_set, OPS[op], name)
+        else:
+            hvd.allreduce_(t, name=name, op=OPS[op], prescale_factor=prescale,
+                           postscale_factor=postscale)
         check(t, reference(inputs, op, prescale, postscale), dtype,
               "%s step %d (%s, %s, %s)" % (name, step, dtype, op, shape))
         if step == miss_at:
@@ -81,7 +93,8 @@ def body():
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                   torch.int64, torch.uint8, torch.int8):
         for op in OPS:
-            if op == "average" and not dtype.is_floating_point:
+            if (op == "average" and not dtype.is_floating_point or
+                    op in BITWISE and dtype.is_floating_point):
                 continue
             if op == "product" and dtype in (torch.uint8, torch.int8) and size > 2:
                 continue  # 5**4 overflows 8 bits

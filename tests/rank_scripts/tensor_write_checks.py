@@ -9,11 +9,16 @@ the "perseus" backend (torch_backend.py, `dist` = torch.distributed).
 - wait(timeout) running out while a peer is late raises a RuntimeError (as gloo's), also
   a TimeoutError; the collective stays pending and completes once the peer comes.
 - Bool tensors reduce logically, as gloo's: SUM, MAX and BOR give "any", PRODUCT, MIN and
-  BAND "all" (all_reduce, sync and async, strided; reduce; reduce_scatter_tensor;
-  reduce_scatter), against any()/all() over every rank's input; AVG and BXOR on bool,
-  and BAND on an int tensor, are refused on every rank before anything is sent. Sparse
-  COO tensors, float and bool, are summed (all_reduce).
+  BAND "all", BXOR the parity (all_reduce, sync and async, strided; reduce;
+  reduce_scatter_tensor; reduce_scatter), against any()/all()/the count's parity over
+  every rank's input; AVG on bool is refused on every rank before anything is sent.
+  Sparse COO tensors, float and bool, are summed (all_reduce).
+- Integer tensors (uint8 to int64, the full range of each) reduce bitwise by BAND, BOR
+  and BXOR (all_reduce, small and large, async, every dtype in flight at once; reduce;
+  reduce_scatter_tensor), against torch's bitwise ops over every rank's input;
+  on a float tensor they are refused, naming the op.
 """
+import functools
 import datetime
 import time
 
@@ -22,7 +27,9 @@ import torch
 from common import (assert_equal, assert_reduced, expect_raises, hvd, make_tensor, seed_of, touch,
                     wait_for)
 
-ANY, ALL = ("SUM", "MAX", "BOR"), ("PRODUCT", "MIN", "BAND")
+ANY, ALL, PARITY = ("SUM", "MAX", "BOR"), ("PRODUCT", "MIN", "BAND"), ("BXOR",)
+BITWISE = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
+INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def check_tensor_writes(dist, rank, size, tag):
@@ -71,11 +78,12 @@ def check_bool_reductions(dist, rank, size, tag):
         g = torch.Generator().manual_seed(seed_of("%s.%s" % (tag, what), r))
         return torch.rand(shape, generator=g) < 0.5
 
-    for name in ANY + ALL:
+    for name in ANY + ALL + PARITY:
         op = getattr(dist.ReduceOp, name)
         xs = [flags(name, r, (size, 5)) for r in range(size)]
         stacked = torch.stack(xs)
-        expected = stacked.any(0) if name in ANY else stacked.all(0)
+        expected = (stacked.any(0) if name in ANY else stacked.all(0) if name in ALL
+                    else stacked.sum(0) % 2 == 1)
         what = "%s: bool all_reduce %s" % (tag, name)
         t = xs[rank].clone()
         dist.all_reduce(t, op=op)
@@ -96,11 +104,9 @@ def check_bool_reductions(dist, rank, size, tag):
         out = torch.zeros(5, dtype=torch.bool)
         dist.reduce_scatter(out, list(xs[rank].unbind(0)), op=op)
         assert_equal(out, expected[rank], what + " reduce_scatter")
-    refused = (("AVG", torch.bool), ("BXOR", torch.bool), ("BAND", torch.int32))
-    for name, dtype in refused:
-        t = torch.ones(2, dtype=dtype)
-        expect_raises(NotImplementedError, "%s: %s on %s" % (tag, name, t.dtype), dist.all_reduce,
-                      t, op=getattr(dist.ReduceOp, name), contains=("ReduceOp.%s" % name,))
+    t = torch.ones(2, dtype=torch.bool)
+    expect_raises(NotImplementedError, tag + ": AVG on bool", dist.all_reduce, t,
+                  op=dist.ReduceOp.AVG, contains=("ReduceOp.AVG",))
     t = torch.ones(3, dtype=torch.bool)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)  # the calls line up again
     assert t.all()
@@ -113,6 +119,44 @@ def check_bool_reductions(dist, rank, size, tag):
         expected = sum(d.double() for d in dense)
         expected = expected.bool() if dtype is torch.bool else expected
         assert_equal(t.to_dense(), expected, "%s: sparse %s all_reduce" % (tag, dtype))
+
+
+def check_bitwise_reductions(dist, rank, size, tag):
+    def ints(what, r, dtype, n):
+        info = torch.iinfo(dtype)
+        g = torch.Generator().manual_seed(seed_of("%s.%s" % (tag, what), r))
+        return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+    for name, fold in BITWISE.items():
+        op = getattr(dist.ReduceOp, name)
+        for dtype in INTEGERS:
+            what = "%s: %s all_reduce of %s" % (tag, name, dtype)
+            for n in (7, 40000):  # in the negotiation round; a fused buffer of its own
+                xs = [ints("%s.%s.%d" % (name, dtype, n), r, dtype, n) for r in range(size)]
+                expected = functools.reduce(fold, xs)
+                t = xs[rank].clone()
+                if n > 7:
+                    dist.all_reduce(t, op=op, async_op=True).wait()
+                else:
+                    dist.all_reduce(t, op=op)
+                assert_equal(t, expected, "%s (%d)" % (what, n))
+            t = xs[rank].clone()
+            dist.reduce(t, dst=0, op=op)
+            assert_equal(t, expected if rank == 0 else xs[rank], what + " reduce")
+            out = torch.empty(n // size, dtype=dtype)
+            dist.reduce_scatter_tensor(out, xs[rank][:n - n % size], op=op)
+            assert_equal(out, expected[rank * (n // size):(rank + 1) * (n // size)],
+                         what + " reduce_scatter_tensor")
+        xs = {dtype: [ints(name + ".coalesced", r, dtype, 9) for r in range(size)]
+              for dtype in INTEGERS}
+        ts = [x[rank].clone() for x in xs.values()]
+        for work in [dist.all_reduce(t, op=op, async_op=True) for t in ts]:
+            work.wait()
+        for t, x in zip(ts, xs.values()):
+            assert_equal(t, functools.reduce(fold, x), "%s: %s all_reduce, every dtype in flight"
+                         % (tag, name))
+        expect_raises(RuntimeError, "%s: %s on float32" % (tag, name), dist.all_reduce,
+                      torch.ones(2), op=op, contains=(name, "integer"))
 
 
 def _until_completed(work):

@@ -41,7 +41,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import expect_raises, launcher_rank_size, log, main, make_tensor
 from complex_checks import check_complex
-from tensor_write_checks import check_bool_reductions, check_tensor_writes
+from tensor_write_checks import (check_bitwise_reductions, check_bool_reductions,
+                                 check_tensor_writes)
 
 import perseus.torch  # noqa: F401 - registers the backend
 
@@ -432,6 +433,7 @@ def body():
     check_complex(dist, RANK, SIZE)
     check_tensor_writes(dist, RANK, SIZE, "backend")
     check_bool_reductions(dist, RANK, SIZE, "backend")
+    check_bitwise_reductions(dist, RANK, SIZE, "backend")
     log("complex tensors: ok")
     check_objects()
     check_errors()

@@ -19,7 +19,7 @@ from support import fake_gpu
 from perseus.common import library as lib
 
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = range(7)
-AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT = range(6)  # perseus_reduce_op_t
+AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT, BAND, BOR, BXOR = range(9)  # perseus_reduce_op_t
 CPU = -1
 
 # perseus_status_t

@@ -73,9 +73,14 @@ typedef enum {
                          by the size (reducescatter: PERSEUS_UNSUPPORTED) */
   PERSEUS_MIN = 3,
   PERSEUS_MAX = 4,
-  PERSEUS_PRODUCT = 5
+  PERSEUS_PRODUCT = 5,
+  /* Not Horovod's (torch.distributed's BAND, BOR, BXOR): integer tensors only, without
+     scale factors. GPU tensors take the host-staged path (NCCL has no bitwise ops). */
+  PERSEUS_BAND = 6,
+  PERSEUS_BOR = 7,
+  PERSEUS_BXOR = 8
 } perseus_reduce_op_t;
-#define PERSEUS_NUM_REDUCE_OPS 6
+#define PERSEUS_NUM_REDUCE_OPS 9
 
 #define PERSEUS_CPU_DEVICE (-1)
 #define PERSEUS_GLOBAL_PROCESS_SET 0
@@ -231,7 +236,9 @@ perseus_status_t perseus_process_set_ranks(int32_t id, int32_t* ranks, int32_t c
  * "request '<name>': "), so the rules have one owner, the core. */
 /* Reductions (allreduce, reducescatter; other operations pass): a known reduce op;
  * Adasum only for allreduce (PERSEUS_UNSUPPORTED) and only of float16, bfloat16,
- * float32 or float64 tensors; no bool tensors. Works before perseus_init. */
+ * float32 or float64 tensors; BAND, BOR and BXOR only of integer tensors; no bool
+ * tensors. Works before perseus_init. (Scale factors on BAND/BOR/BXOR are refused at
+ * perseus_enqueue.) */
 perseus_status_t perseus_check_reduction(int32_t op_type, int32_t reduce_op, int32_t dtype);
 /* The rules on dim 0 of a tensor of `ndim` dimensions whose dim 0 is `rows` (< 0: not
  * known yet, then not checked against), after the one on the set (this rank must be a
@@ -380,11 +387,11 @@ void perseus_free_buffer(void* data);
  * (allreduce Sum/Average/Min/Max/Product; broadcast; allgather, uneven first
  * dimensions too; alltoall with splits; reducescatter), scale factors of Sum and
  * Average folded into one NCCL pre-multiply-sum operator. These run host-staged
- * (pinned copies, the MPI algorithms) instead: Adasum; reductions of int16; integer
- * reductions with scale factors; Min/Max/Product with scale factors; and every GPU
- * batch when PERSEUS_GPU_OPERATIONS=mpi or NCCL cannot be loaded (one warning). With
- * PERSEUS_ALLREDUCE_NANCHECK, NCCL allreduce inputs are copied to host and checked
- * first. GPU tensors need MPI_THREAD_MULTIPLE. */
+ * (pinned copies, the MPI algorithms) instead: Adasum; BAND, BOR and BXOR; reductions
+ * of int16; integer reductions with scale factors; Min/Max/Product with scale
+ * factors; and every GPU batch when PERSEUS_GPU_OPERATIONS=mpi or NCCL cannot be
+ * loaded (one warning). With PERSEUS_ALLREDUCE_NANCHECK, NCCL allreduce inputs are
+ * copied to host and checked first. GPU tensors need MPI_THREAD_MULTIPLE. */
 
 /* ':'-separated folders searched for the CUDA runtime and NCCL after
  * PERSEUS_*_LIB and before the system loader path (the torch front end passes torch's

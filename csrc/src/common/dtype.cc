@@ -178,7 +178,7 @@ int FloatFormatIndex(int dtype) {
   }
 }
 
-// Integers as MPI's SUM, MIN, MAX and PROD: two's complement, wrapping.
+// Integers as MPI's SUM, MIN, MAX, PROD, BAND, BOR and BXOR: two's complement, wrapping.
 template <typename T>
 void ReduceInts(int op, const T* a, T* b, int64_t n) {
   using U = typename std::make_unsigned<T>::type;
@@ -187,6 +187,9 @@ void ReduceInts(int op, const T* a, T* b, int64_t n) {
       case PERSEUS_MIN: b[i] = std::min(a[i], b[i]); break;
       case PERSEUS_MAX: b[i] = std::max(a[i], b[i]); break;
       case PERSEUS_PRODUCT: b[i] = static_cast<T>(static_cast<U>(a[i]) * static_cast<U>(b[i])); break;
+      case PERSEUS_BAND: b[i] = a[i] & b[i]; break;
+      case PERSEUS_BOR: b[i] = a[i] | b[i]; break;
+      case PERSEUS_BXOR: b[i] = a[i] ^ b[i]; break;
       default: b[i] = static_cast<T>(static_cast<U>(a[i]) + static_cast<U>(b[i])); break;
     }
   }
@@ -209,9 +212,11 @@ bool ValidDtype(int dtype) { return dtype >= 0 && dtype < PERSEUS_NUM_DTYPES; }
 size_t DtypeSize(int dtype) { return kDtypes[dtype].size; }
 const char* DtypeName(int dtype) { return ValidDtype(dtype) ? kDtypes[dtype].name : "invalid"; }
 bool IsFloatingDtype(int dtype) { return kDtypes[dtype].floating; }
+bool IsBitwiseOp(int op) { return op == PERSEUS_BAND || op == PERSEUS_BOR || op == PERSEUS_BXOR; }
 
 const char* ReduceOpName(int op) {
-  static const char* const names[] = {"Average", "Sum", "Adasum", "Min", "Max", "Product"};
+  static const char* const names[] = {"Average", "Sum", "Adasum", "Min", "Max", "Product",
+                                       "BAND", "BOR", "BXOR"};
   return (op >= 0 && op < PERSEUS_NUM_REDUCE_OPS) ? names[op] : "invalid";
 }
 
@@ -261,6 +266,9 @@ Status MpiReduceOp(int dtype, int op, MPI_Op* out) {
     case PERSEUS_MIN: index = 1; break;
     case PERSEUS_MAX: index = 2; break;
     case PERSEUS_PRODUCT: index = 3; break;
+    case PERSEUS_BAND: index = 4; break;
+    case PERSEUS_BOR: index = 5; break;
+    case PERSEUS_BXOR: index = 6; break;
     default:
       return Status::Error(PERSEUS_UNSUPPORTED,
                            std::string("reduce op ") + ReduceOpName(op) + " is not supported");
@@ -268,12 +276,16 @@ Status MpiReduceOp(int dtype, int op, MPI_Op* out) {
   if (dtype == PERSEUS_BOOL) {  // refused at enqueue (CheckReduction): not reached
     return Status::Error(PERSEUS_INTERNAL_ERROR, "MPI has no reduce operator for bool");
   }
+  if (IsFloatingDtype(dtype) && index > 3) {  // refused at enqueue (CheckReduction)
+    return Status::Error(PERSEUS_INTERNAL_ERROR, "MPI has no bitwise operator for floats");
+  }
   if (IsFloatingDtype(dtype)) {  // ours, for results identical on every rank (see above)
     *out = g_float_ops[FloatFormatIndex(dtype)][index];
     return Status::OK();
   }
   // Integer operations are exact, hence the same in any order.
-  static const MPI_Op builtin[] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+  static const MPI_Op builtin[] = {MPI_SUM,  MPI_MIN, MPI_MAX, MPI_PROD,
+                                   MPI_BAND, MPI_BOR, MPI_BXOR};
   *out = builtin[index];
   return Status::OK();
 }

@@ -20,6 +20,8 @@ const char* DtypeName(int dtype);
 const char* ReduceOpName(int op);
 const char* OpTypeName(int op_type);
 bool IsFloatingDtype(int dtype);
+// BAND, BOR, BXOR: integer tensors only, never scaled (request_rules).
+bool IsBitwiseOp(int op);
 
 // Creates the user-defined MPI operators; call once after MPI is initialised.
 void CreateMpiOps();

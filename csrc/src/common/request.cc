@@ -110,6 +110,9 @@ Status MakeEntry(const perseus_request_t& r, int set_rank, int set_size, EntryPt
     case PERSEUS_REDUCESCATTER: {
       if (!std::isfinite(r.prescale) || !std::isfinite(r.postscale))
         return bad("scale factors must be finite");
+      if (IsBitwiseOp(r.reduce_op) && (r.prescale != 1.0 || r.postscale != 1.0))
+        return bad(std::string("reduce op ") + ReduceOpName(r.reduce_op) +
+                   " takes no scale factors");
       m.reduce_op = r.reduce_op;
       m.prescale = r.prescale;
       m.postscale = r.postscale;

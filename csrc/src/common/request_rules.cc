@@ -29,6 +29,9 @@ Status CheckReduction(int32_t op_type, int32_t reduce_op, int32_t dtype) {
   if (reduce_op == PERSEUS_ADASUM && !IsFloatingDtype(dtype))
     return Invalid(std::string("Adasum needs a floating-point tensor (float16, bfloat16, "
                                "float32 or float64), got ") + DtypeName(dtype));
+  if (IsBitwiseOp(reduce_op) && IsFloatingDtype(dtype))
+    return Invalid(std::string(ReduceOpName(reduce_op)) + " needs an integer tensor (uint8, "
+                   "int8, int16, int32 or int64), got " + DtypeName(dtype));
   if (dtype == PERSEUS_BOOL)
     return Invalid(std::string(OpTypeName(op_type)) + " does not support bool tensors");
   return Status::OK();

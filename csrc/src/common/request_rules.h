@@ -19,7 +19,8 @@ Status CheckMember(int rank, int set_rank, int set_id);
 
 // Reductions (allreduce, reducescatter; every other operation passes): a known reduce
 // op; Adasum for allreduce only (PERSEUS_UNSUPPORTED) and of floating-point tensors
-// only; no bool tensors. INVALID_ARGUMENT otherwise.
+// only; BAND, BOR and BXOR of integer tensors only; no bool tensors. INVALID_ARGUMENT
+// otherwise.
 Status CheckReduction(int32_t op_type, int32_t reduce_op, int32_t dtype);
 
 // Operations that split or gather dim 0 (allgather, alltoall, reducescatter) need one.

@@ -43,16 +43,16 @@ def as_sent(tensor, code=None, what=None):
     view before they call a backend, except reduce, gather, reduce_scatter and
     point-to-point, which gloo takes complex; DDP's buckets and buffers travel so too.
     A bool one (strided), in a reduction, as its uint8 view (reduce_ops: by MAX for
-    "any", MIN for "all", which core_op gives for bool tensors)."""
+    "any", MIN for "all", BXOR for parity, which core_op gives for bool tensors)."""
     if not isinstance(tensor, torch.Tensor):
         return tensor
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.dtype is torch.bool and code is not None and tensor.layout is torch.strided:
-        if code != _ops.Max and code != _ops.Min:
+        if code != _ops.Max and code != _ops.Min and code != _ops.BXOR:
             raise CollectiveArgumentError(
-                "%s: bool tensors are reduced logically (any, all), so they cannot share a "
-                "call with tensors of other dtypes" % what)
+                "%s: bool tensors are reduced logically (any, all, parity), so they cannot "
+                "share a call with tensors of other dtypes" % what)
         return tensor.view(torch.uint8)
     if not tensor.is_complex():
         return tensor

@@ -26,7 +26,9 @@ int NcclType(int dtype) {
 bool NcclServes(const TensorMeta& meta) {
   if (meta.op_type != PERSEUS_ALLREDUCE && meta.op_type != PERSEUS_REDUCESCATTER)
     return true;  // moved as bytes: any dtype
-  if (meta.reduce_op == PERSEUS_ADASUM || NcclType(meta.dtype) < 0) return false;
+  // NCCL has no Adasum and no bitwise operators: those go host-staged.
+  if (meta.reduce_op == PERSEUS_ADASUM || IsBitwiseOp(meta.reduce_op) || NcclType(meta.dtype) < 0)
+    return false;
   const bool scaled = meta.prescale != 1.0 || meta.postscale != 1.0;
   if (!scaled) return true;
   return IsFloatingDtype(meta.dtype) &&

@@ -17,9 +17,9 @@ int NcclType(int dtype);
 
 // Whether NCCL runs a batch with this (agreed) metadata exactly as the MPI path would;
 // other GPU batches run host-staged on the same lane. Depends on agreed fields only,
-// so every rank takes the same path. Staged: Adasum; reductions of int16; integer
-// reductions with scale factors (the MPI path truncates each scaled product); Min,
-// Max and Product with scale factors (NCCL has no scaled form of them).
+// so every rank takes the same path. Staged: Adasum; BAND, BOR and BXOR; reductions of
+// int16; integer reductions with scale factors (the MPI path truncates each scaled
+// product); Min, Max and Product with scale factors (NCCL has no scaled form of them).
 bool NcclServes(const TensorMeta& meta);
 
 // A reduction operator for a batch: ncclSum/Avg/Min/Max/Prod, or for scaled Sum and
