@@ -14,13 +14,14 @@ Optimizer slots stay per rank, as in Horovod.
 
 import tensorflow as tf
 
+from perseus.common import ops as _ops
 from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.functions import broadcast_global_variables
 from perseus.tensorflow.gradient_accumulation import (GradientAccumulator, _as_op,
                                                       _local_variable, check_passes,
                                                       run_every_k)
-from perseus.tensorflow.gradients import reduce_gradients, scale_factors
+from perseus.tensorflow.gradients import reduce_gradients, resolve_groups, scale_factors
 
 
 def _after_deps(grad):
@@ -140,18 +141,36 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
                          num_groups=0, groups=None, process_set=mpi_ops.global_process_set):
     """Wraps a tf.compat.v1.train.Optimizer (TF1 graphs) so that its gradients are
     averaged over the ranks; with op=Adasum its updates are combined by Adasum
-    instead (the module's doc). Keras optimizers: use perseus.tensorflow.keras."""
-    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        raise ValueError("perseus.tensorflow.horovod.DistributedOptimizer wraps a "
-                         "tf.compat.v1.train.Optimizer; for a Keras optimizer use "
-                         "perseus.tensorflow.keras.DistributedOptimizer (got %s)"
-                         % type(optimizer).__name__)
+    instead (the module's doc). A Keras optimizer is handed to
+    perseus.tensorflow.keras.DistributedOptimizer, as Horovod does (which does not pass
+    `op` on: here any op but Average is refused for it rather than dropped)."""
     # Refused here rather than at the first apply: Adasum has no predivision.
     scale_factors(mpi_ops._resolve_op(op, None), gradient_predivide_factor)
+    groups = resolve_groups(num_groups, groups)
+    legacy = getattr(tf.keras.optimizers, "legacy", None)  # Keras 2's OptimizerV2 classes
+    keras_kinds = (tf.keras.optimizers.Optimizer,) + ((legacy.Optimizer,) if legacy else ())
+    if isinstance(optimizer, keras_kinds):
+        if op == mpi_ops.Adasum:
+            raise ValueError("op == Adasum is not supported yet with Keras")  # Horovod's text
+        if op != mpi_ops.Average:
+            raise ValueError("perseus.tensorflow.horovod.DistributedOptimizer of a Keras "
+                             "optimizer averages, as Horovod's (which drops op=); for op=%s "
+                             "use perseus.tensorflow.keras.DistributedOptimizer"
+                             % _ops.REDUCE_OP_NAMES[op])
+        from perseus.tensorflow.keras.optimizer import DistributedOptimizer as keras_optimizer
+        return keras_optimizer(
+            optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+            process_set=process_set)
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise ValueError("Provided optimizer doesn't inherit from either legacy TensorFlow or "
+                         "Keras optimizer: %s" % optimizer)  # Horovod's text
     return _DistributedOptimizer(optimizer, name, use_locking, dict(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-        groups=groups, process_set=process_set), check_passes(backward_passes_per_step),
+        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+        process_set=process_set), check_passes(backward_passes_per_step),
         bool(average_aggregated_gradients))
 
 

@@ -2,10 +2,11 @@
 
 import tensorflow as tf
 
+from perseus.common.ops import check_predivide
 from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
 from perseus.tensorflow.functions import variable_key
-from perseus.tensorflow.gradients import reduce_gradients
+from perseus.tensorflow.gradients import reduce_gradients, resolve_groups
 
 
 class _DistributedGradientTape(tf.GradientTape):
@@ -13,11 +14,11 @@ class _DistributedGradientTape(tf.GradientTape):
     used as a context manager), so wrapping before or after `with` both work."""
 
     def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor,
-                 num_groups, groups, process_set, local_sources=(), scale_local_gradients=True):
+                 groups, process_set, local_sources=(), scale_local_gradients=True):
         self.__dict__.update(tape.__dict__)
         self._perseus = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                              gradient_predivide_factor=gradient_predivide_factor,
-                             num_groups=num_groups, groups=groups, process_set=process_set,
+                             groups=groups, process_set=process_set,
                              scale_local_gradients=scale_local_gradients)
         self._local_sources = {variable_key(v) for v in local_sources}
 
@@ -63,8 +64,10 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     """Wraps `gradtape` so that gradient() returns gradients averaged over the ranks
     of `process_set` (op=Sum sums them). device_dense/device_sparse are accepted for
     Horovod compatibility (Perseus reduces host tensors)."""
+    check_predivide(op, gradient_predivide_factor)  # here, as Horovod, not at gradient()
+    groups = resolve_groups(num_groups, groups)
     return _DistributedGradientTape(gradtape, compression, sparse_as_dense, op,
-                                    gradient_predivide_factor, num_groups, groups, process_set,
+                                    gradient_predivide_factor, groups, process_set,
                                     scale_local_gradients=scale_local_gradients)
 
 
@@ -77,8 +80,10 @@ def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
     """DistributedGradientTape that leaves the gradients of `local_layers`' variables
     (a Keras layer or a list of them) local to each rank (divided by the set's size
     under scale_local_gradients, as Horovod)."""
+    check_predivide(op, gradient_predivide_factor)
+    groups = resolve_groups(num_groups, groups)
     return _DistributedGradientTape(gradtape, compression, sparse_as_dense, op,
-                                    gradient_predivide_factor, num_groups, groups, process_set,
+                                    gradient_predivide_factor, groups, process_set,
                                     local_layer_variables(local_layers), scale_local_gradients)
 
 

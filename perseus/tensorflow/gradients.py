@@ -7,6 +7,9 @@ each op runs to completion before the next starts. tf.IndexedSlices go through
 allgather unless sparse_as_dense. None gradients stay None.
 """
 
+import numbers
+import warnings
+
 import tensorflow as tf
 
 from perseus.common.ops import check_predivide
@@ -23,11 +26,29 @@ def scale_factors(op, gradient_predivide_factor):
     return op, 1.0, 1.0
 
 
-def _groups_of(indices, variables, num_groups, groups):
-    """Lists of gradient positions, each reduced as one grouped op."""
-    if groups is not None:
-        if num_groups:
-            raise ValueError("pass either num_groups or groups, not both")
+def resolve_groups(num_groups, groups, stacklevel=3):
+    """`groups` by Horovod's rules, checked where the tape or optimizer is made:
+    num_groups is its deprecated spelling (with Horovod's warning), which `groups`
+    overrides; `groups` is a positive int (that many groups of the gradients) or lists
+    of variables (each one group, the rest one group each). stacklevel: the warning's,
+    the frame of the user's call."""
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be "
+                      "removed in v0.23.0.", DeprecationWarning, stacklevel=stacklevel)
+        if groups is None:
+            groups = num_groups
+    if groups is None or isinstance(groups, (list, tuple)):
+        return groups
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups <= 0:
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "tf.Variable.")  # Horovod's text (0 is refused too)
+    return int(groups)
+
+
+def _groups_of(indices, variables, groups):
+    """Lists of gradient positions, each reduced as one grouped op (groups: as
+    resolve_groups gives it)."""
+    if isinstance(groups, (list, tuple)):
         position = {id(v): i for i, v in enumerate(variables)}
         chosen, result = set(), []
         for group in groups:
@@ -38,8 +59,8 @@ def _groups_of(indices, variables, num_groups, groups):
                 result.append(members)
         rest = [i for i in indices if i not in chosen]
         return result + [[i] for i in rest]
-    if num_groups and num_groups > 0:
-        size = -(-len(indices) // num_groups)
+    if groups:
+        size = -(-len(indices) // groups)
         return [indices[k:k + size] for k in range(0, len(indices), size)]
     return [indices] if indices else []
 
@@ -51,8 +72,8 @@ def _divided(grad, size):
 
 
 def reduce_gradients(grads, variables=None, compression=Compression.none, op=mpi_ops.Average,
-                     gradient_predivide_factor=1.0, sparse_as_dense=False, num_groups=0,
-                     groups=None, process_set=mpi_ops.global_process_set, skip=(),
+                     gradient_predivide_factor=1.0, sparse_as_dense=False, groups=None,
+                     process_set=mpi_ops.global_process_set, skip=(),
                      scale_local_gradients=True):
     """Returns `grads` reduced over the process set (a new list, same order).
 
@@ -82,7 +103,7 @@ def reduce_gradients(grads, variables=None, compression=Compression.none, op=mpi
                                              process_set=process_set)
                 continue
         dense.append(i)
-    for group in _groups_of(dense, variables or [], num_groups, groups):
+    for group in _groups_of(dense, variables or [], groups):
         reduced = mpi_ops.grouped_allreduce([grads[i] for i in group], compression=compression,
                                             op=op, prescale_factor=prescale,
                                             postscale_factor=postscale, process_set=process_set)

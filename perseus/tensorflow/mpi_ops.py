@@ -10,6 +10,8 @@ rules. Unnamed calls are numbered eagerly at each call (anonymous: never cached 
 the core); an op built into a graph (tf.function, TF1) is named after its place in
 the graph, so the name is baked into the graph, the same on every run (cached, one
 bit per negotiation round) and on every rank, however often each rank traced.
+Horovod's ignore_name_scope is accepted, in Horovod's argument order, and changes
+nothing: a name only has to be the same on every rank, which it is either way.
 """
 
 import re
@@ -111,7 +113,7 @@ def _allreduce(tensors, name, op, prescale, postscale, process_set, grouped):
 
 def allreduce(tensor, average=None, device_dense='', device_sparse='', compression=Compression.none,
               op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
-              process_set=global_process_set):
+              process_set=global_process_set, ignore_name_scope=False):
     """Reduces `tensor` over the process set (default: Average); returns a new tensor.
     tf.IndexedSlices are allgathered instead (_sparse_allreduce)."""
     op = _resolve_op(op, average)
@@ -124,7 +126,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='', compressi
 
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                      process_set=global_process_set, name=None):
+                      process_set=global_process_set, ignore_name_scope=False, name=None):
     """Reduces a list of tensors as one unit (one negotiation); returns a list.
     tf.IndexedSlices among them are allgathered as one group (_sparse_allreduce),
     the dense ones reduced as another."""
@@ -203,13 +205,13 @@ def _allgather(tensors, name, process_set, grouped):
     return _OPS.perseus_allgather(tensors, names, process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
 
 
-def allgather(tensor, name=None, process_set=global_process_set, ignore_name_scope=False):
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenates `tensor` from every rank of the set along dim 0 (ranks may differ
     in dim 0 only)."""
     return _allgather([tf.convert_to_tensor(tensor)], name, process_set, False)[0]
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Allgathers a list of tensors as one unit; returns a list."""
     return list(_allgather(_nonempty(tensors, "grouped_allgather"), name, process_set, True))
 
@@ -249,8 +251,8 @@ def _broadcast(tensors, root_rank, name, process_set, grouped=False):
                                   process_set=set_id, anonymous=anonymous, drive_s=_drive_s())
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
-              ignore_name_scope=False):
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
     """Returns root_rank's `tensor` on every rank (root_rank: a global rank)."""
     return _broadcast([tf.convert_to_tensor(tensor)], root_rank, name, process_set)[0]
 
@@ -293,7 +295,8 @@ def _reducescatter(tensors, name, op, prescale, postscale, process_set, grouped)
 
 
 def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average, name=None,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
     """Reduces `tensor` over the set; returns this rank's slice of dim 0 (the first
     dim0 % size ranks get one extra row)."""
     op = _resolve_op(op, None)
@@ -301,10 +304,11 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
         wires, name, op, prescale_factor, postscale_factor, process_set, False))[0]
 
 
-def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average, name=None,
+def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    """Reducescatters a list of tensors as one unit; returns a list."""
+                          postscale_factor=1.0, name=None):
+    """Reducescatters a list of tensors as one unit; returns a list. (Horovod's has no
+    `name`: here it comes last.)"""
     op = _resolve_op(op, None)
     return list(_compressed(compression, _nonempty(tensors, "grouped_reducescatter"),
                             lambda wires: _reducescatter(wires, name, op, prescale_factor,
@@ -333,8 +337,8 @@ def _reducescatter_grad(op, *grads):
 
 # ---- alltoall -------------------------------------------------------------------
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
-             ignore_name_scope=False):
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
     """Sends splits[i] rows of `tensor` to rank i of the set (None: even split) and
     concatenates what every rank sent here. Returns the output, or, as Horovod,
     (output, received_splits) when `splits` is given."""

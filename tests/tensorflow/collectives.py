@@ -225,6 +225,32 @@ def run_process_sets(rank, size):
         got = tf.function(lambda t: hvd.broadcast(t, size - 1, process_set=pset))(
             tf.constant(xs[rank], tf.float32))
         assert_equal(got, xs[size - 1], tf.float32, "broadcast on a process set")
+        # Horovod's positional order, ignore_name_scope included (it changes nothing).
+        t = tf.constant(xs[rank], tf.float32)
+        none = hvd.Compression.none
+        order = [r for r in range(size) if r in members]
+        assert_equal(hvd.allgather(t, "pos.ag", False, pset), np.concatenate(
+            [xs[r] for r in order]), tf.float32, "allgather(t, name, ignore, set)")
+        assert_equal(hvd.grouped_allgather([t], "pos.gag", True, pset)[0], np.concatenate(
+            [xs[r] for r in order]), tf.float32, "grouped_allgather(ts, name, ignore, set)")
+        assert_equal(hvd.broadcast(t, size - 1, "pos.b", False, pset), xs[size - 1], tf.float32,
+                     "broadcast(t, root, name, ignore, set)")
+        assert_equal(hvd.alltoall(tf.tile(t, [len(members)]), None, "pos.a2a", False, pset),
+                     np.concatenate([xs[r] for r in order]), tf.float32,
+                     "alltoall(t, splits, name, ignore, set)")
+        total = sum(xs.values())
+        assert_equal(hvd.allreduce(t, None, '', '', none, hvd.Sum, 1.0, 1.0, "pos.ar", pset, True),
+                     total, tf.float32, "allreduce(..., name, set, ignore)")
+        assert_equal(hvd.grouped_allreduce([t], None, '', '', none, hvd.Sum, 1.0, 1.0, pset, True,
+                                           "pos.gar")[0], total, tf.float32,
+                     "grouped_allreduce(..., set, ignore, name)")
+        rows = tf.tile(t, [len(members)])
+        mine = order.index(rank)
+        expected = np.tile(total, len(members))[mine * 4:(mine + 1) * 4]
+        assert_equal(hvd.reducescatter(rows, '', none, hvd.Sum, "pos.rs", pset, True), expected,
+                     tf.float32, "reducescatter(..., name, set, ignore, ...)")
+        assert_equal(hvd.grouped_reducescatter([rows], '', none, hvd.Sum, pset)[0], expected,
+                     tf.float32, "grouped_reducescatter(..., op, set)")
         hvd.barrier(process_set=pset)
     hvd.barrier()
     hvd.remove_process_set(pset)

@@ -4,7 +4,13 @@ PartialDistributedOptimizer and register_local_var (local gradients divided by t
 scale_local_gradients=False), PartialDistributedGradientTape's
 get_local_and_global_gradients (issue 40; Keras 3 and tf-keras layers in every run), and under Keras 2 (TF_USE_LEGACY_KERAS=1) the
 DistributedOptimizer over tf.keras.optimizers.legacy optimizers, `lr=` spelling
-included, and Horovod's _compute_gradients / _agg_helper hooks. Runs under Keras 3 and, from tests/frameworks/test_tensorflow.py, Keras 2."""
+included, and Horovod's _compute_gradients / _agg_helper hooks. Runs under Keras 3 and, from tests/frameworks/test_tensorflow.py, Keras 2.
+Also Horovod's rules (horovod/tensorflow and horovod/_keras, 0.28): the TF module's
+DistributedOptimizer hands a Keras optimizer to the Keras one; the Keras optimizer takes
+op Average or Sum, groups as a count or lists, num_groups with a DeprecationWarning;
+LearningRateScheduleCallback's number multiplier decays exponentially, and both lr
+callbacks log "lr"; the Keras module's collectives take Horovod's Keras arguments."""
+import warnings
 import os
 
 import numpy as np
@@ -257,6 +263,84 @@ HOROVOD_KERAS_BASICS = [
     "rocm_built", "Average", "Sum", "Compression"]
 
 
+def expect_value_error(what, fn, contains):
+    try:
+        fn()
+    except ValueError as e:
+        assert contains in str(e), "%s: %s" % (what, e)
+        return
+    raise AssertionError("%s: no ValueError" % what)
+
+
+def check_horovod_rules(rank, size):
+    # The TF module's DistributedOptimizer of a Keras optimizer is the Keras one's.
+    sgd = tf.keras.optimizers.SGD(learning_rate=0.5)
+    opt = tfhvd.DistributedOptimizer(sgd)
+    assert "_perseus_reduce_args" in vars(type(opt)), type(opt)
+    gs = [make_array("hr", r, (4, 1), tf.float32) for r in range(size)]
+    var = tf.Variable(tf.zeros((4, 1)))
+    opt.apply_gradients([(tf.constant(gs[rank], tf.float32), var)])
+    np.testing.assert_allclose(var.numpy(), -0.5 * np.mean(gs, axis=0), rtol=1e-6,
+                               err_msg="TF module's DistributedOptimizer of a Keras SGD")
+    expect_value_error("Keras optimizer, Adasum", lambda: tfhvd.DistributedOptimizer(
+        sgd, op=tfhvd.Adasum), "Adasum is not supported yet with Keras")
+    expect_value_error("Keras optimizer, Sum", lambda: tfhvd.DistributedOptimizer(
+        sgd, op=tfhvd.Sum), "perseus.tensorflow.keras.DistributedOptimizer")
+    expect_value_error("neither kind", lambda: tfhvd.DistributedOptimizer(object()),
+                       "doesn't inherit from either")
+    # The Keras optimizer: ops, groups.
+    expect_value_error("Keras op=Max", lambda: hvd.DistributedOptimizer(sgd, op=hvd.Max),
+                       "only supports Average and Sum")
+    for bad in (0, -2):
+        expect_value_error("groups=%d" % bad, lambda: hvd.DistributedOptimizer(sgd, groups=bad),
+                           "groups should be")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=0.5), num_groups=2)
+    assert any(w.category is DeprecationWarning and "num_groups" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+    for groups in (2, 3):  # a count: the gradients in that many groups, the same result
+        variables = [tf.Variable(tf.zeros((4, 1))) for _ in range(3)]
+        opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=0.5), groups=groups,
+                                       op=hvd.Sum)
+        opt.apply_gradients([(tf.constant(gs[rank] * (k + 1), tf.float32), v)
+                             for k, v in enumerate(variables)])
+        for k, v in enumerate(variables):
+            np.testing.assert_allclose(v.numpy(), -0.5 * (k + 1) * np.sum(gs, axis=0), rtol=1e-6,
+                                       err_msg="groups=%d, variable %d" % (groups, k))
+
+    # LearningRateScheduleCallback: a number multiplier decays exponentially from
+    # start_epoch; both lr callbacks log the lr; initial_lr is required.
+    expect_value_error("initial_lr=None", lambda: hvd.callbacks.LearningRateScheduleCallback(
+        None, 0.5), "`initial_lr` is required")
+    model, _ = model_of(0)
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=0.1)),
+                  loss="mse")
+    x = make_array("sx", rank, (4, 4), tf.float32)
+    y = make_array("sy", rank, (4, 1), tf.float32)
+    history = model.fit(x, y, batch_size=4, epochs=5, verbose=0, callbacks=[
+        hvd.callbacks.LearningRateScheduleCallback(0.1, 0.5, start_epoch=1, end_epoch=4)])
+    expected = [0.1, 0.1, 0.05, 0.025, 0.025]  # epoch 0: before start; 4: after end
+    np.testing.assert_allclose(history.history["lr"], expected, rtol=1e-6,
+                               err_msg="lr per epoch (%s)" % history.history)
+    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
+        hvd.callbacks.LearningRateWarmupCallback(0.2, warmup_epochs=1, steps_per_epoch=1)])
+    np.testing.assert_allclose(history.history["lr"], [0.2], rtol=1e-6)
+
+    # The Keras module's collectives: Horovod's Keras argument order.
+    xs = [make_array("kc", r, (3,), tf.float32) for r in range(size)]
+    np.testing.assert_allclose(hvd.allreduce(xs[rank], "kc.sum", False).numpy(),
+                               np.sum(xs, axis=0), rtol=1e-6, err_msg="allreduce(v, name, False)")
+    np.testing.assert_allclose(hvd.allreduce(xs[rank], "kc.mean").numpy(),
+                               np.mean(xs, axis=0), rtol=1e-6, err_msg="allreduce(v, name)")
+    rows = np.concatenate([xs[r][None] for r in range(size)] * size)
+    mine = hvd.reducescatter(rows * (rank + 1), "kc.rs", hvd.Sum).numpy()
+    np.testing.assert_allclose(mine, rows[rank * size:(rank + 1) * size] * sum(
+        range(1, size + 1)), rtol=1e-6, err_msg="reducescatter(v, name, op)")
+    np.testing.assert_allclose(hvd.broadcast(xs[rank], size - 1, "kc.b").numpy(), xs[size - 1])
+    np.testing.assert_allclose(hvd.allgather(xs[rank][None], "kc.g").numpy(), np.stack(xs))
+
+
 def check_horovod_keras_names():
     missing = [n for n in HOROVOD_KERAS_BASICS if getattr(hvd, n, None) is not getattr(tfhvd, n)]
     assert not missing, "perseus.tensorflow.keras lacks Horovod's %s" % missing
@@ -276,6 +360,8 @@ def body():
     log("local and global gradients ok")
     check_partial_optimizer(rank, size)
     log("partial optimizer ok")
+    check_horovod_rules(rank, size)
+    log("Horovod's optimizer, callback and collective rules ok")
     if LEGACY:
         check_legacy_optimizers(rank, size)
         log("legacy optimizers ok")

@@ -1,7 +1,8 @@
 """Data-parallel training equals single-process training on the whole batch (float64):
-  * DistributedGradientTape, eagerly and inside tf.function; its options (groups,
-    num_groups, Sum, predivide, fp16, sparse gradients with and without
-    sparse_as_dense) and PartialDistributedGradientTape;
+  * DistributedGradientTape, eagerly and inside tf.function; its options (groups as
+    lists and as a count, num_groups with Horovod's DeprecationWarning, Sum, predivide,
+    fp16, sparse gradients with and without sparse_as_dense; groups <= 0 and a
+    predivide with Sum refused at construction) and PartialDistributedGradientTape;
   * Keras model.fit with DistributedOptimizer + BroadcastGlobalVariablesCallback,
     ranks starting from different weights; MetricAverageCallback;
     load_model re-wraps the saved optimizer (training goes on as the reference);
@@ -11,6 +12,7 @@
 Each rank trains on its slice of a global batch; the reference runs the whole batch
 through plain TensorFlow in the same process."""
 import os
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -79,12 +81,30 @@ def check_tape_options(rank, size):
     mean = [np.mean([e[i] for e in every], axis=0) for i in range(len(ws))]
     total = [np.sum([e[i] for e in every], axis=0) for i in range(len(ws))]
     for kwargs, expected, tol in [({}, mean, 1e-12), ({"num_groups": 2}, mean, 1e-12),
+                                  ({"groups": 2}, mean, 1e-12),
                                   ({"groups": [[ws[0], ws[2]]]}, mean, 1e-12),
                                   ({"op": hvd.Sum}, total, 1e-12),
                                   ({"gradient_predivide_factor": 2.0}, mean, 1e-12),
                                   ({"compression": hvd.Compression.fp16}, mean, 1e-2)]:
-        for g, e in zip(grads(**kwargs), expected):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = grads(**kwargs)
+        for g, e in zip(got, expected):
             np.testing.assert_allclose(g, e, rtol=tol, atol=tol, err_msg=str(kwargs))
+        # num_groups is Horovod's deprecated spelling of groups.
+        deprecated = [w for w in caught if w.category is DeprecationWarning and
+                      "`num_groups` has been replaced by `groups`" in str(w.message)]
+        assert len(deprecated) == ("num_groups" in kwargs), (kwargs, caught)
+    # Refused where the tape is made, as Horovod: groups of 0 or less, and a
+    # predivide factor with op=Sum.
+    for kwargs, text in (({"groups": 0}, "groups should be"), ({"groups": -1}, "groups should be"),
+                         ({"op": hvd.Sum, "gradient_predivide_factor": 2.0},
+                          "gradient_predivide_factor not supported")):
+        try:
+            hvd.DistributedGradientTape(tf.GradientTape(), **kwargs)
+            raise AssertionError("DistributedGradientTape(%s) was accepted" % kwargs)
+        except ValueError as e:
+            assert text in str(e), (kwargs, e)
     # Sparse gradients (tf.gather): allgathered, or densified with sparse_as_dense.
     table = tf.Variable(np.arange(30, dtype=np.float64).reshape(10, 3))
     ids = tf.constant([rank, rank + 1, 7])

@@ -2,7 +2,10 @@
 (also ``perseus.keras``). Works with Keras 3 (tf.keras) and with Keras 2 (tf-keras)
 under TF_USE_LEGACY_KERAS=1."""
 
+import tensorflow as tf
+
 from perseus.common.horovod_api import *  # noqa: F401,F403 (init, ranks, *_built, timeline, process sets)
+from perseus.tensorflow import mpi_ops as _tf
 from perseus.tensorflow.horovod import (  # noqa: F401 (re-exports)
     Adasum,
     Average,
@@ -11,17 +14,13 @@ from perseus.tensorflow.horovod import (  # noqa: F401 (re-exports)
     Min,
     Product,
     Sum,
-    allgather,
     allgather_object,
-    allreduce,
     alltoall,
     barrier,
-    broadcast,
     broadcast_object,
     broadcast_variables,
     grouped_allreduce,
     join,
-    reducescatter,
 )
 from perseus.tensorflow.keras import callbacks, elastic  # noqa: F401
 from perseus.tensorflow.keras.optimizer import (  # noqa: F401
@@ -30,6 +29,32 @@ from perseus.tensorflow.keras.optimizer import (  # noqa: F401
     load_model,
 )
 from perseus.tensorflow.keras.sync_batch_norm import SyncBatchNormalization  # noqa: F401
+
+
+# Horovod's Keras collectives take a value (a tensor, array or number) in their own
+# argument order, not the TensorFlow module's.
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
+              op=None, compression=Compression.none):
+    """`value` reduced over every rank (default: Average)."""
+    return _tf.allreduce(tf.convert_to_tensor(value), average=average, compression=compression,
+                         op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, name=name)
+
+
+def allgather(value, name=None):
+    """Every rank's `value` concatenated along dim 0."""
+    return _tf.allgather(tf.convert_to_tensor(value), name=name)
+
+
+def broadcast(value, root_rank, name=None):
+    """root_rank's `value` on every rank."""
+    return _tf.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+
+
+def reducescatter(value, name=None, op=Average):
+    """`value` reduced over every rank; this rank's rows of dim 0."""
+    return _tf.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
 
 
 def broadcast_global_variables(root_rank):

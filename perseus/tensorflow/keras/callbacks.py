@@ -113,7 +113,9 @@ def _correct_momentum(optimizer, ratio):
 class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     """lr = initial_lr * multiplier(epoch) for start_epoch <= epoch < end_epoch.
 
-    multiplier: a number or a function of the (fractional, unless staircase) epoch.
+    multiplier: a function of the (fractional, unless staircase) epoch, or a number m,
+    as Horovod: exponential decay, lr = initial_lr * m ** (epoch - start_epoch).
+    Each epoch's end logs the lr as logs["lr"] (History), as Horovod's.
     steps_per_epoch: needed for staircase=False when fit cannot tell (params).
     momentum_correction: when the lr changes from old to new, the next step uses
     momentum * new / old (Goyal et al., "Accurate, Large Minibatch SGD")."""
@@ -121,8 +123,11 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
                  momentum_correction=True, steps_per_epoch=None):
         super().__init__()
+        if initial_lr is None:
+            raise ValueError("Parameter `initial_lr` is required")  # Horovod's text
         self.initial_lr = initial_lr
-        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.multiplier = (multiplier if callable(multiplier)
+                           else lambda epoch: multiplier ** (epoch - start_epoch))
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
         self.staircase = staircase
@@ -170,6 +175,10 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         epoch = self.current_epoch + float(batch) / steps
         self._adjust_lr(self.initial_lr * self.multiplier(epoch))
 
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = _get_lr(self.model.optimizer)
+
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramps the lr from initial_lr / size() to initial_lr over warmup_epochs, per
@@ -191,6 +200,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         self.verbose = verbose
 
     def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             print("\nEpoch %d: finished gradual learning rate warmup to %g."
                   % (epoch + 1, self.initial_lr))

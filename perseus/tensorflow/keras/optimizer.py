@@ -19,7 +19,7 @@ from perseus.tensorflow.gradient_accumulation import (GradientAccumulator, check
                                                       run_every_k)
 from perseus.tensorflow.functions import variable_key
 from perseus.tensorflow.gradient_tape import local_layer_variables
-from perseus.tensorflow.gradients import reduce_gradients
+from perseus.tensorflow.gradients import reduce_gradients, resolve_groups
 
 
 def _reduced(optimizer, grads, variables):
@@ -187,9 +187,11 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
 def _reduce_args(compression=Compression.none, sparse_as_dense=False, op=mpi_ops.Average,
                  gradient_predivide_factor=1.0, num_groups=0, groups=None,
                  process_set=mpi_ops.global_process_set, scale_local_gradients=True):
+    if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):  # Adasum: ours (docs)
+        raise ValueError("op currently only supports Average and Sum")  # Horovod's text
     return dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-                groups=groups, process_set=process_set,
+                gradient_predivide_factor=gradient_predivide_factor,
+                groups=resolve_groups(num_groups, groups, stacklevel=4), process_set=process_set,
                 scale_local_gradients=scale_local_gradients)
 
 
