@@ -17,7 +17,7 @@ import tensorflow as tf
 from perseus.common import ops as _ops
 from perseus.tensorflow import mpi_ops
 from perseus.tensorflow.compression import Compression
-from perseus.tensorflow.functions import broadcast_global_variables
+from perseus.tensorflow.functions import broadcast_global_variables, variable_key
 from perseus.tensorflow.gradient_accumulation import (GradientAccumulator, _as_op,
                                                       _local_variable, check_passes,
                                                       run_every_k)
@@ -50,15 +50,26 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
                          use_locking=use_locking)
         self._optimizer = optimizer
         self._reduce_args = reduce_args
+        self._local_vars = set()  # variable_key()s: register_local_var
         self._adasum = mpi_ops._resolve_op(reduce_args["op"], None) == mpi_ops.Adasum
         if self._adasum:
             self._reduce = lambda grads, variables: list(grads)
         else:
-            self._reduce = lambda grads, variables: reduce_gradients(grads, variables,
-                                                                     **reduce_args)
+            self._reduce = lambda grads, variables: reduce_gradients(
+                grads, variables, skip=[i for i, v in enumerate(variables)
+                                        if variable_key(v) in self._local_vars],
+                **reduce_args)
         self._starts = {}  # Adasum: variable.ref() -> its value before the local update
         self._accumulator = None if passes == 1 else GradientAccumulator(passes, average,
                                                                          self._reduce)
+
+    def register_local_var(self, var):
+        """Leaves `var`'s gradient local to this rank (divided by the set's size under
+        scale_local_gradients), as Horovod's register_local_var."""
+        if self._adasum:
+            raise NotImplementedError("register_local_var with op=Adasum is not supported "
+                                      "(Adasum combines every variable's update)")
+        self._local_vars.add(variable_key(var))
 
     def compute_gradients(self, *args, **kwargs):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
@@ -138,7 +149,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
                          device_sparse='', compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, op=mpi_ops.Average,
                          gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=mpi_ops.global_process_set):
+                         num_groups=0, groups=None, process_set=mpi_ops.global_process_set,
+                         scale_local_gradients=True):
     """Wraps a tf.compat.v1.train.Optimizer (TF1 graphs) so that its gradients are
     averaged over the ranks; with op=Adasum its updates are combined by Adasum
     instead (the module's doc). A Keras optimizer is handed to
@@ -163,14 +175,15 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
             gradient_predivide_factor=gradient_predivide_factor,
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-            process_set=process_set)
+            process_set=process_set, scale_local_gradients=scale_local_gradients)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError("Provided optimizer doesn't inherit from either legacy TensorFlow or "
                          "Keras optimizer: %s" % optimizer)  # Horovod's text
     return _DistributedOptimizer(optimizer, name, use_locking, dict(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-        process_set=process_set), check_passes(backward_passes_per_step),
+        process_set=process_set, scale_local_gradients=scale_local_gradients),
+        check_passes(backward_passes_per_step),
         bool(average_aggregated_gradients))
 
 

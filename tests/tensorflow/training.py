@@ -8,7 +8,8 @@
     load_model re-wraps the saved optimizer (training goes on as the reference);
     SyncBatchNormalization against BatchNormalization on the whole batch;
   * a TF1 graph with DistributedOptimizer, MonitoredTrainingSession and
-    BroadcastGlobalVariablesHook (ranks start different, end identical).
+    BroadcastGlobalVariablesHook (ranks start different, end identical); the TF1
+    optimizer's register_local_var and scale_local_gradients.
 Each rank trains on its slice of a global batch; the reference runs the whole batch
 through plain TensorFlow in the same process."""
 import os
@@ -249,6 +250,26 @@ def check_tf1_values(rank, size, x, y, expected):
     log("tf1 ok")
 
 
+def check_tf1_local_vars(rank, size):
+    """The TF1 DistributedOptimizer's register_local_var (eagerly): that variable's
+    gradient stays this rank's, divided by the size unless scale_local_gradients=False;
+    the others are averaged."""
+    for scale in (True, False):
+        local, shared = tf.Variable(np.zeros(3)), tf.Variable(np.zeros(3))
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                       scale_local_gradients=scale)
+        opt.register_local_var(local)
+        weight = rank + 1.0
+        pairs = opt.compute_gradients(lambda: tf.reduce_sum((local + shared) * weight),
+                                      var_list=[local, shared])
+        opt.apply_gradients(pairs)
+        np.testing.assert_allclose(local.numpy(), -weight / (size if scale else 1.0),
+                                   err_msg="local variable, scale=%s" % scale)
+        np.testing.assert_allclose(shared.numpy(), -(size + 1) / 2.0,
+                                   err_msg="shared variable, scale=%s" % scale)
+    log("tf1 local variables ok")
+
+
 def body():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -259,6 +280,7 @@ def body():
     check_keras(rank, size, x, y, expected)
     check_sync_batch_norm(rank, size)
     check_tf1_values(rank, size, x, y, expected)
+    check_tf1_local_vars(rank, size)
     hvd.shutdown()
 
 
