@@ -191,7 +191,7 @@ setup(
     ext_modules=[core],
     cmdclass={"build_ext": BuildCore},
     python_requires=">=3.9",
-    install_requires=["numpy"],
+    install_requires=["numpy", "cloudpickle"],
     extras_require={"torch": ["torch"], "test": ["pytest", "pytest-timeout", "mpi4py"]},
     entry_points={"console_scripts": ["perseusrun = perseus.launcher:main",
                                       "perseus-timeline-summary = perseus.timeline_summary:main"]},

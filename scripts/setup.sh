@@ -37,8 +37,8 @@ pip_install() { .venv/bin/python -m pip install -q --disable-pip-version-check "
 # On a GPU machine with PyPI, torch==2.13.0 is the CUDA build (PyPI's Linux default).
 # setuptools (pyproject.toml's build requirement) here, so that the core's build below
 # needs no isolated build environment of its own each time (5-8 s of a rerun).
-PROGRESS=venv_progress step "installing PyTorch 2.13.0, numpy, scikit-learn, MPICH and mpi4py into .venv" "45 s" \
-  pip_install "torch==2.13.0" numpy scikit-learn mpich mpi4py "setuptools>=64" wheel
+PROGRESS=venv_progress step "installing PyTorch 2.13.0, numpy, scikit-learn, cloudpickle, MPICH and mpi4py into .venv" "45 s" \
+  pip_install "torch==2.13.0" numpy scikit-learn cloudpickle mpich mpi4py "setuptools>=64" wheel
 # -e: the core library is built in place (perseus/lib/libperseus.so), compiled in parallel;
 # setup.py keeps the objects in build/editable/ and skips an unchanged core.
 mkdir -p build/editable && touch build/editable/started

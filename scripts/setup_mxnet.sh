@@ -12,7 +12,7 @@ PYTHON=${PYTHON:-python3.11}
 [ -x .venv/bin/python ] || { echo "run scripts/setup.sh first (it builds the core)" >&2; exit 1; }
 [ -x .venv-mx/bin/python ] || "$PYTHON" -m venv .venv-mx
 .venv-mx/bin/python -m pip install -q --disable-pip-version-check \
-  "mxnet==1.9.1" "numpy==1.23.5" scikit-learn
+  "mxnet==1.9.1" "numpy==1.23.5" scikit-learn cloudpickle
 SITE=$(.venv-mx/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "$(pwd)" > "$SITE/perseus-checkout.pth"
 .venv-mx/bin/python -m perseus.mxnet.engine_library

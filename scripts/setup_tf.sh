@@ -13,7 +13,8 @@ PYTHON=${PYTHON:-python3}
 MPICH_VERSION=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('mpich'))")
 [ -x .venv-tf/bin/python ] || "$PYTHON" -m venv .venv-tf
 .venv-tf/bin/python -m pip install -q --disable-pip-version-check \
-  "tensorflow-cpu==2.21.0" "numpy>=1.26" "mpich==$MPICH_VERSION" mpi4py pytest scikit-learn
+  "tensorflow-cpu==2.21.0" "numpy>=1.26" "mpich==$MPICH_VERSION" mpi4py pytest scikit-learn \
+  cloudpickle
 # Keras 2 for TF_USE_LEGACY_KERAS=1; --no-deps: it would pull a second TensorFlow.
 .venv-tf/bin/python -m pip install -q --disable-pip-version-check --no-deps "tf-keras==2.21.0"
 SITE=$(.venv-tf/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")

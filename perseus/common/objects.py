@@ -1,6 +1,10 @@
 """broadcast_object / allgather_object for every front end: pickle + two collectives;
 gather_object / scatter_object: pickle + one alltoall.
 
+Objects are pickled with cloudpickle, as Horovod's, so lambdas, closures and classes
+defined in a script travel too (plain pickle refuses them by reference); where it is
+missing (it is a dependency: a bare image such as the GPU machine's), with pickle.
+
 Framework-neutral: the bytes travel as numpy arrays straight through
 perseus.common.requests, so the PyTorch and TensorFlow adapters share this code
 and neither needs its own tensors for it.
@@ -9,6 +13,11 @@ and neither needs its own tensors for it.
 import pickle
 
 import numpy as np
+
+try:
+    import cloudpickle as _pickler
+except ImportError:
+    _pickler = pickle
 
 from perseus.common import builder as _builder
 from perseus.common import ops as _ops
@@ -68,7 +77,7 @@ def _alltoall(payload, splits, name, process_set):
 
 
 def pickled(obj):
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _pickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def unpickled(data, lengths):
@@ -85,8 +94,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     name = name or _builder.default_name("broadcast_object", process_set)
     is_root = global_process_set.rank() == root_rank  # the global set's rank is the rank
     if is_root:
-        payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
-                                dtype=np.uint8).copy()
+        payload = np.frombuffer(pickled(obj), dtype=np.uint8).copy()
         length = np.array([payload.size], dtype=np.int64)
     else:
         length = np.zeros(1, dtype=np.int64)
@@ -102,8 +110,7 @@ def allgather_object(obj, name=None, process_set=global_process_set, bound=None)
     bound: None, or (deadline, reason) as requests.run() takes it: a rank of the set
     that has not called it by then fails the call on the others, named in the error."""
     name = name or _builder.default_name("allgather_object", process_set)
-    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
-                            dtype=np.uint8).copy()
+    payload = np.frombuffer(pickled(obj), dtype=np.uint8).copy()
     lengths = _allgather(np.array([payload.size], dtype=np.int64), name + ".len", process_set,
                          bound)
     blob = _allgather(payload, name + ".data", process_set).tobytes()

@@ -138,19 +138,23 @@ def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
 
 def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set, op=None):
-    """allreduce of a list of arrays, negotiated as one unit; returns a list."""
+    """allreduce of a list of arrays, negotiated as one unit; returns a list (an empty
+    `tensors` as it is, as Horovod)."""
     op = _resolve_op(op, average)
+    if not tensors:
+        return tensors
     return _same_shape(_ops.ALLREDUCE, _check_group(tensors), False, name, op, prescale_factor,
                        postscale_factor, 0, process_set, priority, True, b"PerseusAllreduce")
 
 
 def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set, op=None):
-    """grouped_allreduce in place; returns the input list."""
+    """grouped_allreduce in place; returns `tensors`, the object given, as Horovod."""
     op = _resolve_op(op, average)
-    tensors = _check_group(tensors)
-    _same_shape(_ops.ALLREDUCE, tensors, True, name, op, prescale_factor, postscale_factor, 0,
-                process_set, priority, True, b"PerseusAllreduce")
+    if not tensors:
+        return tensors
+    _same_shape(_ops.ALLREDUCE, _check_group(tensors), True, name, op, prescale_factor,
+                postscale_factor, 0, process_set, priority, True, b"PerseusAllreduce")
     return tensors
 
 

@@ -42,37 +42,45 @@ def _rescale(op, gradient_predivide_factor, process_set):
 def _allreduce_grads(grads, names, predivide, num_groups, process_set, compression, op=Average):
     """Sums `grads` over the set in place (prescaled by 1/predivide), in MXNet's
     engine; the caller's rescale_grad finishes the average. With op=Adasum they are
-    combined by Adasum instead. Earlier gradients get higher priority, as in Horovod."""
-    if process_set.size() == 1 or not grads:
+    combined by Adasum instead. Earlier gradients get higher priority, as in Horovod.
+    A rank outside `process_set` keeps its own gradients, as Horovod's. Compressed
+    gradients travel compressed, also in groups, and are written back, as Horovod's."""
+    if process_set.size() == 1 or not grads or not process_set.included():
         return
     prescale = 1.0 / predivide
     wire_op = Adasum if op == Adasum else Sum
+    wires, ctxs = zip(*[compression.compress(grad) for grad in grads])
     if num_groups > 0:
-        for g, (group, group_names) in enumerate(zip(_groups(grads, num_groups),
+        for g, (group, group_names) in enumerate(zip(_groups(list(wires), num_groups),
                                                     _groups(names, num_groups))):
             grouped_allreduce_(group, name="%s.group%d" % (group_names[0], g), priority=-g,
                                op=wire_op, prescale_factor=prescale, process_set=process_set)
-        return
-    for i, (grad, name) in enumerate(zip(grads, names)):
-        wire, ctx = compression.compress(grad)
-        allreduce_(wire, name=name, priority=-i, op=wire_op, prescale_factor=prescale,
-                   process_set=process_set)
-        if ctx is not None:
-            grad[:] = compression.decompress(wire, ctx)
+    else:
+        for i, (wire, name) in enumerate(zip(wires, names)):
+            allreduce_(wire, name=name, priority=-i, op=wire_op, prescale_factor=prescale,
+                       process_set=process_set)
+    if compression is not Compression.none:  # whatever ctx a compressor gives, as Horovod
+        for grad, wire, ctx in zip(grads, wires, ctxs):
+            restored = compression.decompress(wire, ctx)
+            if restored is not grad:
+                grad[:] = restored
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
     """Wraps an MXNet optimizer: update() first sums the gradients over the process
     set (allreduce, names from the parameter indices), and the wrapped optimizer's
     rescale_grad is multiplied by gradient_predivide_factor / size so the update sees
-    the average. Every other attribute is the wrapped optimizer's (read and written).
+    the average. Every other attribute is the wrapped optimizer's (read and written),
+    but for rescale_grad written to the wrapper (what gluon.Trainer.step writes): as
+    in Horovod it stays the wrapper's, so the wrapped optimizer keeps scaling by its
+    own rescale_grad (Horovod's examples set 1 / batch size there), with one warning.
 
     num_groups > 0: the gradients of one update call are reduced in that many grouped
     allreduces instead of one per gradient. op=Adasum: combined by Adasum, and
     rescale_grad is left as it is.
     """
 
-    _OWN = ("_optimizer", "_predivide", "_num_groups", "_process_set", "_op")
+    _OWN = ("_optimizer", "_predivide", "_num_groups", "_process_set", "_op", "_warned")
 
     def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
                  process_set=global_process_set, op=Average):
@@ -82,16 +90,30 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         object.__setattr__(self, "_num_groups", int(num_groups))
         object.__setattr__(self, "_process_set", process_set)
         object.__setattr__(self, "_op", op)
+        object.__setattr__(self, "_warned", False)
         optimizer.rescale_grad *= _rescale(op, gradient_predivide_factor, process_set)
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
 
     def __setattr__(self, item, value):
-        if item in self._OWN:
+        if item == "rescale_grad":
+            self._keep_rescale_grad(value)
+        elif item in self._OWN:
             object.__setattr__(self, item, value)
         else:
             setattr(self._optimizer, item, value)
+
+    def _keep_rescale_grad(self, value):
+        object.__setattr__(self, "rescale_grad", value)
+        if value != self._optimizer.rescale_grad and not self._warned:
+            object.__setattr__(self, "_warned", True)
+            warnings.warn(
+                "DistributedOptimizer: rescale_grad=%g written to it (gluon.Trainer.step "
+                "writes 1 / batch_size) does not reach the wrapped optimizer, as in Horovod: "
+                "the gradients are scaled by the wrapped optimizer's own rescale_grad (%g, "
+                "with gradient_predivide_factor / size). Set rescale_grad on the optimizer "
+                "you wrap, or use hvd.DistributedTrainer" % (value, self._optimizer.rescale_grad))
 
     def _do_allreduce(self, index, grad):
         indices = list(index) if isinstance(index, (list, tuple)) else [index]
@@ -135,8 +157,8 @@ class DistributedTrainer(mx.gluon.Trainer):
     """A gluon.Trainer whose step() averages gradients over the process set with
     allreduce (in MXNet's engine) instead of a KVStore; one process per device.
 
-    compression: hvd.Compression.none or .fp16 (ignored with num_groups > 0, as in
-    Horovod). prefix: prepended to the request names, for several trainers.
+    compression: hvd.Compression.none or .fp16, or a Compressor of one's own.
+    prefix: prepended to the request names, for several trainers.
     op=Adasum: gradients combined by Adasum (not divided by the size).
     """
 

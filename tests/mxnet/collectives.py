@@ -61,6 +61,12 @@ def check_grouped(rank, size):
     assert hvd.grouped_allreduce_(arrays, op=hvd.Sum) is arrays
     for i, (out, exp) in enumerate(zip(arrays, expected)):
         assert_equal(out, exp, "grouped_allreduce_[%d]" % i)
+    # As Horovod: a tuple comes back as itself, reduced in place; an empty group as given.
+    arrays = tuple(nd(a) for a in inputs[rank])
+    assert hvd.grouped_allreduce_(arrays, op=hvd.Sum) is arrays
+    assert_equal(arrays[0], expected[0], "grouped_allreduce_ of a tuple")
+    for empty in ([], ()):
+        assert hvd.grouped_allreduce(empty) is empty and hvd.grouped_allreduce_(empty) is empty
 
 
 def check_allgather(rank, size):
@@ -373,6 +379,12 @@ def check_objects(rank, size):
     obj = hvd.broadcast_object({"rank": rank, "list": list(range(rank + 2))}, root_rank=size - 1)
     assert obj == {"rank": size - 1, "list": list(range(size + 1))}, obj
     assert hvd.allgather_object(("r", rank)) == [("r", r) for r in range(size)]
+    # Functions travel too (cloudpickle, as Horovod): a lambda and a closure.
+    scale = rank + 2
+    fn = hvd.broadcast_object(lambda x: x * scale, root_rank=size - 1)
+    assert fn(10) == 10 * (size + 1), fn(10)
+    fns = hvd.allgather_object(lambda: scale)
+    assert [f() for f in fns] == [r + 2 for r in range(size)]
 
 
 def check_horovod_modules(rank, size):

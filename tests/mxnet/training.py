@@ -5,13 +5,19 @@ DistributedTrainer (or gluon.Trainer + DistributedOptimizer), and also computes
 the reference: a plain gluon.Trainer on the whole batch, from the same start. The
 weights after several steps must agree (float64, tight tolerance).
 broadcast_parameters must make differently initialised ranks identical, including
-parameters whose initialization is deferred.
+parameters whose initialization is deferred. As Horovod's: compressors of one's own
+(also with num_groups) are used and their results written back; a rank outside the
+trainer's process set keeps its own gradients; a DistributedOptimizer in a plain
+gluon.Trainer scales by the wrapped optimizer's own rescale_grad.
 """
+import warnings
+
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
 from common import assert_close, hvd, log, main
+from perseus.common.compression import Compressor
 
 STEPS = 4
 PER_RANK = 3
@@ -113,18 +119,74 @@ def check_trainer(rank, size, **options):
 
 
 def check_optimizer(rank, size):
+    """DistributedOptimizer in a plain gluon.Trainer, as Horovod's examples use it: the
+    wrapped optimizer's own rescale_grad (1 / batch size) scales the gradients, and
+    what Trainer.step writes to the wrapper does not reach it (Horovod's wrapper keeps
+    it), with one warning."""
     xs, ys = data(size)
     rows = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
-    net = make_net(0)
-    start = make_net(0)
-    opt = hvd.DistributedOptimizer(mx.optimizer.Adam(learning_rate=0.05),
-                                   gradient_predivide_factor=2.0)
-    trainer = gluon.Trainer(net.collect_params(), opt, kvstore=None)
+    for make in (lambda **kw: mx.optimizer.Adam(learning_rate=0.05, **kw),
+                 lambda **kw: mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, **kw)):
+        net = make_net(0)
+        start = make_net(0)
+        opt = hvd.DistributedOptimizer(make(rescale_grad=1.0 / PER_RANK),
+                                       gradient_predivide_factor=2.0)
+        trainer = gluon.Trainer(net.collect_params(), opt, kvstore=None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = train(net, trainer, xs, ys, PER_RANK, rows)
+        expected = reference(start, xs, ys, size, make())
+        what = "DistributedOptimizer(%s)" % type(opt._optimizer).__name__
+        for name in got:
+            assert_close(got[name], expected[name], "%s %s" % (what, name), rtol=1e-9,
+                         atol=1e-10)
+        kept = [w for w in caught if "does not reach the wrapped optimizer" in str(w.message)]
+        assert len(kept) == 1, [str(w.message) for w in caught]
+
+
+class Halving(Compressor):
+    """A compressor of one's own with no ctx: Horovod writes its result back anyway."""
+    calls = 0
+
+    @staticmethod
+    def compress(tensor):
+        Halving.calls += 1
+        return tensor * 0.5, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor * 2
+
+
+def check_outside_the_set(rank, size):
+    """A rank outside the trainer's process set keeps its own gradients (scaled as the
+    set's members scale theirs), as Horovod's; the members average theirs."""
+    members = list(range(size - 1)) if size > 2 else [0]
+    pset = hvd.add_process_set(members)
+    xs, ys = data(size)
+    rows = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    net, start = make_net(0), make_net(0)
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                                     process_set=pset, prefix="outside")
     got = train(net, trainer, xs, ys, PER_RANK, rows)
-    expected = reference(start, xs, ys, size, mx.optimizer.Adam(learning_rate=0.05))
+    if rank in members:
+        mine = np.concatenate([np.arange(r * PER_RANK, (r + 1) * PER_RANK) for r in members])
+        expected = reference_rows(start, xs, ys, mine, len(members) * PER_RANK, 0.1)
+    else:  # its own rows, each step's gradient scaled by 1 / (batch * members)
+        expected = reference_rows(start, xs, ys, np.arange(rows.start, rows.stop), PER_RANK,
+                                  0.1 / len(members))
     for name in got:
-        assert_close(got[name], expected[name], "DistributedOptimizer %s" % name, rtol=1e-9,
-                     atol=1e-10)
+        # (1e-8: the reference scales by the lr, the trainer by rescale_grad)
+        assert_close(got[name], expected[name], "rank %d, set %s: %s" % (rank, members, name),
+                     rtol=1e-8, atol=1e-9)
+    hvd.remove_process_set(pset)
+
+
+def reference_rows(start, xs, ys, rows, batch_size, lr):
+    net = make_net(0)
+    copy_weights(start, net)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": lr}, kvstore=None)
+    return train(net, trainer, xs, ys, batch_size, rows)
 
 
 def conv_net(seed):
@@ -184,6 +246,12 @@ def body():
     check_trainer(rank, size, num_groups=2, prefix="grouped")
     check_trainer(rank, size, gradient_predivide_factor=4.0, prefix="predivide")
     check_trainer(rank, size, compression=hvd.Compression.fp16, prefix="fp16")
+    for num_groups in (0, 2):  # in groups too, as Horovod
+        calls = Halving.calls
+        check_trainer(rank, size, compression=Halving, num_groups=num_groups,
+                      prefix="halving%d" % num_groups)
+        assert Halving.calls > calls, "compression=Halving, num_groups=%d: unused" % num_groups
+    check_outside_the_set(rank, size)
     log("DistributedTrainer passed")
     check_optimizer(rank, size)
     log("DistributedOptimizer passed")
