@@ -156,8 +156,9 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
     instead (the module's doc). A Keras optimizer is handed to
     perseus.tensorflow.keras.DistributedOptimizer, as Horovod does (which does not pass
     `op` on: here any op but Average is refused for it rather than dropped)."""
+    op = mpi_ops._resolve_op(op, None)
     # Refused here rather than at the first apply: Adasum has no predivision.
-    scale_factors(mpi_ops._resolve_op(op, None), gradient_predivide_factor)
+    scale_factors(op, gradient_predivide_factor)
     groups = resolve_groups(num_groups, groups)
     legacy = getattr(tf.keras.optimizers, "legacy", None)  # Keras 2's OptimizerV2 classes
     keras_kinds = (tf.keras.optimizers.Optimizer,) + ((legacy.Optimizer,) if legacy else ())

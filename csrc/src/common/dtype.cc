@@ -276,7 +276,7 @@ Status MpiReduceOp(int dtype, int op, MPI_Op* out) {
   if (dtype == PERSEUS_BOOL) {  // refused at enqueue (CheckReduction): not reached
     return Status::Error(PERSEUS_INTERNAL_ERROR, "MPI has no reduce operator for bool");
   }
-  if (IsFloatingDtype(dtype) && index > 3) {  // refused at enqueue (CheckReduction)
+  if (IsFloatingDtype(dtype) && IsBitwiseOp(op)) {  // refused at enqueue (CheckReduction)
     return Status::Error(PERSEUS_INTERNAL_ERROR, "MPI has no bitwise operator for floats");
   }
   if (IsFloatingDtype(dtype)) {  // ours, for results identical on every rank (see above)
