@@ -12,10 +12,19 @@ ranks 0 and 1 of 2 there), and the training ends with the script's checks (param
 identical to the bit on all 4, the loss fallen), never restarted. Before, the notice's
 other host took the restart ("(run 1)"; the old pids gone): the test fails there.
 PERSEUS_SKIP_OMPI5=1 skips it (the core's build), as the other Open MPI 5 tests.
+
+Open MPI 5.0.11's runtime itself sometimes loses the daemon it starts on the new host
+(seen once, in both grows of one clean-clone CI run: "PMIX ERROR ... pmix_server_dyn.c",
+then "lost communication with a remote daemon" on hostB; the job then restarts without
+hostB and the checks fail). Reruns of that clone passed, and neither a loaded machine
+nor the host-fault tests run first bring it back (9 runs). Such a run, and only such a run, is tried once more, its report kept
+and a warning given; a second loss, or any other failure, fails the test.
 """
 import os
 import re
+import shutil
 import sys
+import warnings
 
 import pytest
 
@@ -27,6 +36,9 @@ from test_multi_host import user_env  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
+# What Open MPI 5.0.11 prints when its runtime loses the daemon it started for a grow.
+RUNTIME_LOST_ITS_DAEMON = ("pmix_server_dyn.c", "lost communication with a remote daemon")
+
 
 def grow_job_on_hosts(hosts, ulfm, tmp_path, first, sizes, grown, extra=None):  # noqa: F811
     """elastic_grow.py under perseusrun --elastic --host-discovery-script 'cat FILE', typed
@@ -35,7 +47,6 @@ def grow_job_on_hosts(hosts, ulfm, tmp_path, first, sizes, grown, extra=None):  
     report)."""
     python = str(ulfm["python"])
     listed = tmp_path / "hosts"
-    listed.write_text("".join(h + "\n" for h in first.split(",")))
     # hostA's user environment for the ULFM core: its package on PYTHONPATH, the agent as
     # PRRTE's ssh (Open MPI 5's launcher reads plm_ssh_agent under its own prefix).
     env = user_env(hosts, tmp_path, {
@@ -49,10 +60,20 @@ def grow_job_on_hosts(hosts, ulfm, tmp_path, first, sizes, grown, extra=None):  
             str(ulfm["python"].parent / "mpirun"), "--host-discovery-script",
             "cat %s" % listed, "--min-np", "2", "--max-np", "4"] + forward + [
             python, str(RANK_SCRIPTS / "elastic_grow.py")]
-    rc, out, err, seconds = run_bounded(hosts.command("hostA", argv, env, cwd=REPO_ROOT),
-                                        os.environ, 120)
-    return rc, out, err, "rc %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (
-        rc, seconds, out, err[-8000:])
+    earlier = ""
+    for attempt in (1, 2):
+        listed.write_text("".join(h + "\n" for h in first.split(",")))  # the script changes it
+        shutil.rmtree(tmp_path / "commits", ignore_errors=True)
+        rc, out, err, seconds = run_bounded(
+            hosts.command("hostA", argv, env, cwd=REPO_ROOT), os.environ, 120)
+        report = "%src %d after %.1f s\nstdout:\n%s\nstderr:\n%s" % (
+            earlier, rc, seconds, out, err[-8000:])
+        if attempt == 2 or not all(said in err for said in RUNTIME_LOST_ITS_DAEMON):
+            return rc, out, err, report
+        earlier = "first attempt, lost by Open MPI's runtime (left on hostB: %s):\n%s\n\n" % (
+            hosts.pids_on("hostB"), report)
+        warnings.warn("Open MPI's runtime lost its daemon on hostB while growing; tried "
+                      "once more")
 
 
 def test_new_ranks_start_on_another_host(hosts, ulfm, tmp_path):  # noqa: F811 - the fixture
