@@ -308,6 +308,7 @@ def ranks_tests(rank, size):
         else:
             assert dist.recv(got, group=group) == 0
             assert_equal(got, xs[0], "group recv")
+    dist.destroy_process_group(group)
 
 
 def monitored_timeout_test(rank, size):
@@ -377,7 +378,8 @@ def group_timeout_test(rank, size):
 def group_tests(rank, size):
     members = [0, size - 1]
     group = dist.new_group(members)
-    assert dist.new_group(members).process_set is group.process_set  # same ranks, same set
+    twin = dist.new_group(members)
+    assert twin.process_set is group.process_set  # same ranks, same set
     # torch's test for a rank outside the group; WORLD is the default group.
     assert (group == dist.GroupMember.NON_GROUP_MEMBER) is (rank not in members)
     assert (group != dist.GroupMember.NON_GROUP_MEMBER) is (rank in members)
@@ -401,9 +403,39 @@ def group_tests(rank, size):
             warnings.simplefilter("always")
             assert dist.all_reduce(torch.ones(1), group=group) is None
         assert any("not a member" in str(w.message) for w in caught)
-    dist.destroy_process_group(group)
+    destroying_a_group_of_shared_ranks(rank, members, group, twin)
     dist.barrier()
     assert dist.barrier(async_op=True).is_completed()
+
+
+def destroying_a_group_of_shared_ranks(rank, members, group, twin):
+    """Groups of the same ranks share a process set: destroying one leaves the others
+    working, as in torch (it broke them all), and the destroyed one refuses every use.
+    The set goes with the last of them; the world's never does."""
+    everyone = dist.new_group(range(dist.get_world_size()))
+    dist.destroy_process_group(group)
+    for what, call in (("get_rank", lambda: dist.get_rank(group)),
+                       ("all_reduce", lambda: dist.all_reduce(torch.ones(1), group=group)),
+                       ("destroy again", lambda: dist.destroy_process_group(group))):
+        expect_raises(ValueError, what + " of a destroyed group", call,
+                      contains=("was destroyed by destroy_process_group()",))
+    xs = {r: make_tensor("twin", r, (3,), torch.float64) for r in members}
+    if rank in members:
+        assert dist.get_rank(twin) == members.index(rank)
+        t = xs[rank].clone()
+        dist.all_reduce(t, group=twin)
+        assert_reduced(t, list(xs.values()), hvd_op("Sum"), torch.float64, "the twin's all_reduce")
+    else:
+        assert dist.get_rank(twin) == -1
+    dist.destroy_process_group(twin)
+    # The last group of those ranks: its set is unregistered, unless it is the world's.
+    assert (twin.process_set.process_set_id is None) is (len(members) < dist.get_world_size())
+    dist.destroy_process_group(everyone)  # the world's set stays
+    x = make_tensor("world.after", rank, (2,), torch.float32)
+    dist.all_reduce(x)
+    assert_reduced(x, [make_tensor("world.after", r, (2,), torch.float32)
+                       for r in range(dist.get_world_size())], hvd_op("Sum"), torch.float32,
+                   "all_reduce after destroying a group of every rank")
 
 
 def subgroup_tests(rank, size):

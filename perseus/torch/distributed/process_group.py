@@ -24,6 +24,7 @@ class ProcessGroup:
 
     def __init__(self, process_set, timeout=None):
         self.process_set = process_set
+        self.destroyed = False  # by destroy_process_group(self): every use is then an error
         self.bound = _timeouts.group_bound(timeout)
         if self.bound is not None and process_set.rank() >= 0:
             # A rank with nothing to do still answers within a fraction of the timeout.
@@ -90,6 +91,9 @@ def process_set_of(group_):
     if group_ is None:
         return _process_sets.global_process_set
     if isinstance(group_, ProcessGroup):
+        if group_.destroyed:
+            raise ValueError("%r was destroyed by destroy_process_group(); make a new one "
+                             "with new_group()" % (group_,))
         process_set = group_.process_set
     elif isinstance(group_, _process_sets.ProcessSet):
         process_set = group_
@@ -134,14 +138,28 @@ def is_initialized():
     return _basics.is_initialized()
 
 
+# process_set_id -> how many groups of new_group() that are not destroyed use that set:
+# groups of the same ranks share one set, which lives until the last of them is destroyed.
+_groups_of_set = {}
+
+
 def destroy_process_group(group=None):
-    """Without a group: shuts Perseus down. With one: unregisters its process set
+    """Without a group: shuts Perseus down. With one: the group can no longer be used,
+    and its process set is unregistered once no other group of the same ranks uses it
     (collective, like new_group)."""
     if group is None or group is _WORLD:
         _basics.shutdown()
         _WORLD.bound = None
+        _groups_of_set.clear()
         return
     process_set = process_set_of(group)
+    if isinstance(group, ProcessGroup):
+        group.destroyed = True
+        users = _groups_of_set.get(process_set.process_set_id, 1) - 1
+        _groups_of_set[process_set.process_set_id] = users
+        if users > 0:
+            return
+        del _groups_of_set[process_set.process_set_id]
     if process_set is not _process_sets.global_process_set:
         _process_sets.remove_process_set(process_set)
 
@@ -226,4 +244,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
         raise NotImplementedError("new_group(use_local_synchronization=True) is not supported "
                                   "by Perseus: every rank must call new_group()")
     _timeouts.group_bound(timeout)  # a wrong type fails before the collective registration
-    return ProcessGroup(_world.set_of_ranks(ranks), timeout)
+    made = ProcessGroup(_world.set_of_ranks(ranks), timeout)
+    set_id = made.process_set.process_set_id
+    _groups_of_set[set_id] = _groups_of_set.get(set_id, 0) + 1
+    return made
