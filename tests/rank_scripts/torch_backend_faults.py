@@ -15,7 +15,8 @@ signal or a hang. Run with small stall times (check 1 s, shutdown 3 s).
    shutdown(), the stall shutdown fires, a parameter is unused on one rank only,
    static_graph with ranks that diverge, uneven inputs without join(): a RuntimeError
    on every rank reached, never a segfault.
-6. Messages: new_group with ranks that differ across ranks names what each passed;
+6. Messages: new_group with ranks that differ across ranks names what each passed, and
+   with use_local_synchronization=True is refused at once;
    (np > 2) new_group not called by the last rank names only that rank; a set removed
    on one rank fails a request on another saying it was removed there.
 """
@@ -194,6 +195,12 @@ def check_messages():
     expect_raises(ValueError, "new_group ranks that differ", dist.new_group,
                   [0] if RANK == 0 else None, within_s=10,
                   contains=["rank 0 [0]; rank 1 %s" % list(range(SIZE))])
+    # Only the members would call it: refused at once on each caller (it waited for the
+    # others until the stall check time), as torch refuses it for MPI.
+    if RANK < 2:
+        expect_raises(ValueError, "new_group(use_local_synchronization=True)", dist.new_group,
+                      [0, 1], use_local_synchronization=True, within_s=1,
+                      contains=["doesn't support use_local_synchronization=True"])
     if SIZE < 3:
         return
     # new_group without the last rank's call: only the last rank is named.

@@ -6,7 +6,7 @@ collectives, DDP, FSDP2 and ZeroRedundancyOptimizer on Perseus (the backend is
 perseus/torch/c10d/backend.py, imported at the first perseus group, so this module
 loads neither the core nor MPI).
 
-Three of torch's functions are wrapped; beyond refusing a backend name torch does not
+Four of torch's functions are wrapped; beyond refusing a backend name torch does not
 know, they change only what they do for perseus:
   * init_process_group: ranks come from MPI, not from init_method (torch's env://
     or tcp:// rendezvous would wait for variables and peers mpirun does not give);
@@ -14,6 +14,9 @@ know, they change only what they do for perseus:
   * _new_process_group_helper, through which every group is made: a Perseus
     process set is registered collectively on every rank, while torch asks only the
     group's members for their group;
+  * _new_group_with_tag, behind new_group: use_local_synchronization=True (only the
+    members call) is a ValueError at once, as torch's for MPI, where the members
+    waited for the others' registration until the stall check time;
   * monitored_barrier, which torch refuses for any backend but gloo: on a perseus
     group it is the group's (backend.py), with gloo's semantics.
 """
@@ -75,6 +78,26 @@ def _wrap_group_helper(original):
     return helper
 
 
+def _wrap_new_group(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def new_group_with_tag(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        if arguments.get("use_local_synchronization"):
+            backend = arguments.get("backend") or (
+                _c10d.get_backend() if _c10d.is_initialized() else None)
+            if _names_perseus(backend):
+                raise ValueError("the 'perseus' backend doesn't support "
+                                 "use_local_synchronization=True: a group is a process set "
+                                 "that every rank registers, so every rank must call "
+                                 "new_group() without it")
+        return original(*args, **kwargs)
+
+    new_group_with_tag._perseus_original = original
+    return new_group_with_tag
+
+
 def _wrap_monitored_barrier(original):
     signature = inspect.signature(original)
 
@@ -93,7 +116,7 @@ def _wrap_monitored_barrier(original):
 
 
 def register():
-    """Registers "perseus" for CPU and CUDA tensors and wraps torch's three functions;
+    """Registers "perseus" for CPU and CUDA tensors and wraps torch's four functions;
     once per process."""
     if hasattr(_c10d.init_process_group, "_perseus_original"):
         return
@@ -103,6 +126,7 @@ def register():
     _c10d.init_process_group = wrapped
     _torch_dist.init_process_group = wrapped
     _c10d._new_process_group_helper = _wrap_group_helper(_c10d._new_process_group_helper)
+    _c10d._new_group_with_tag = _wrap_new_group(_c10d._new_group_with_tag)
     wrapped = _wrap_monitored_barrier(_c10d.monitored_barrier)
     _c10d.monitored_barrier = wrapped
     _torch_dist.monitored_barrier = wrapped
