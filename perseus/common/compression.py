@@ -32,6 +32,7 @@ class NoneCompressor(Compressor):
 
 class CastCompressor(Compressor):
     """Sends floating-point tensors as `wire_dtype`, restoring their dtype afterwards.
+    ctx is the tensor's own dtype, whatever it is, as Horovod's.
 
     Subclasses set wire_dtype and provide is_float(tensor) and cast(tensor, dtype)."""
 
@@ -41,8 +42,8 @@ class CastCompressor(Compressor):
     def compress(cls, tensor):
         if cls.is_float(tensor) and tensor.dtype != cls.wire_dtype:
             return cls.cast(tensor, cls.wire_dtype), tensor.dtype
-        return tensor, None
+        return tensor, tensor.dtype
 
     @classmethod
     def decompress(cls, tensor, ctx):
-        return tensor if ctx is None else cls.cast(tensor, ctx)
+        return tensor if ctx is None or tensor.dtype == ctx else cls.cast(tensor, ctx)

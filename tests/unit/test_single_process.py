@@ -42,6 +42,21 @@ def assert_new_tensor(out, inp):
 
 # ---------------------------------------------------------------- topology
 
+@pytest.mark.parametrize("name,wire", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cast_compressors_keep_horovods_ctx(name, wire, dtype):
+    """ctx is the tensor's own dtype, whatever it is, as Horovod's compressors give it
+    (it was None for an integer tensor or one of the wire dtype); decompress gives back
+    the dtype and, for what the wire dtype holds, the values."""
+    from perseus.torch.horovod import Compression
+    compressor = getattr(Compression, name)
+    tensor = make((4, 5), dtype).round()  # small whole numbers: exact in either wire dtype
+    wire_tensor, ctx = compressor.compress(tensor)
+    assert ctx == dtype
+    assert wire_tensor.dtype == (wire if dtype.is_floating_point else dtype)
+    assert_same(compressor.decompress(wire_tensor, ctx), tensor)
+
+
 def test_world_of_one(initialized):
     hvd = initialized
     assert hvd.is_initialized()
