@@ -2,9 +2,28 @@
 
 import tensorflow as tf
 
-from perseus.common.objects import allgather_object, broadcast_object  # noqa: F401 (re-export)
+from perseus.common import objects as _objects
 from perseus.common.process_sets import global_process_set
 from perseus.tensorflow import mpi_ops
+
+
+# Horovod's TensorFlow signatures take a TF1 `session` to run their graph ops in; the
+# objects here go through the core, not a TensorFlow graph, so none is needed and any
+# (or none) is fine.
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """root_rank's `obj` (pickled) on every rank of the set; the root gets its own back."""
+    return _objects.broadcast_object(obj, root_rank, name, process_set)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function obj -> root_rank's obj, as Horovod's TF1 helper returns."""
+    return lambda obj: _objects.broadcast_object(obj, root_rank, name, process_set)
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Every rank's `obj` (pickled), in the set's rank order."""
+    return _objects.allgather_object(obj, name, process_set)
 
 
 def variable_key(variable):

@@ -319,6 +319,12 @@ def body():
     run_process_sets(rank, size)
     assert hvd.broadcast_object({"from": rank}, root_rank=size - 1) == {"from": size - 1}
     assert hvd.allgather_object(rank * 10) == [r * 10 for r in range(size)]
+    # Horovod's argument order: (obj, root_rank, session, name), (obj, session, name)
+    assert hvd.broadcast_object([rank], 1, None, "bcast.positional") == [1]
+    assert hvd.allgather_object(-rank, None, "gather.positional") == [-r for r in range(size)]
+    bcast = hvd.broadcast_object_fn(root_rank=size - 1, name="bcast.fn")
+    assert [bcast(("step", rank, i)) for i in range(2)] == [("step", size - 1, 0),
+                                                            ("step", size - 1, 1)]
     hvd.barrier()
     assert int(hvd.join()) in range(size)
     run_errors(rank, size)

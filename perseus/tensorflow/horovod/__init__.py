@@ -15,6 +15,7 @@ from perseus.tensorflow.functions import (
     broadcast_,
     broadcast_global_variables,
     broadcast_object,
+    broadcast_object_fn,
     broadcast_variables,
 )
 from perseus.tensorflow.gradient_tape import (
@@ -53,7 +54,8 @@ from perseus.tensorflow.mpi_ops import (
 __all__ = _common_all + [  # a plain sum: the docs read it without importing
     "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object",
     "allreduce", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
-    "broadcast_object", "broadcast_variables", "BroadcastGlobalVariablesHook", "Compression",
+    "broadcast_object", "broadcast_object_fn", "broadcast_variables",
+    "BroadcastGlobalVariablesHook", "Compression",
     "DistributedGradientTape", "DistributedOptimizer", "elastic", "grouped_allgather",
     "grouped_allreduce", "grouped_broadcast", "grouped_reducescatter", "join",
     "local_rank_op", "local_size_op", "PartialDistributedGradientTape",
