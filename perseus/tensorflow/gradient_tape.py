@@ -37,6 +37,8 @@ class _DistributedGradientTape(tf.GradientTape):
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         skip = {i for i, s in enumerate(flat_sources) if self._is_local(s)}
         reduced = reduce_gradients(flat_grads, flat_sources, skip=skip, **self._perseus)
+        if type(sources) is tuple:  # a list, as Horovod's (so grads[i] = ... works)
+            return reduced
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None,

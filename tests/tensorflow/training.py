@@ -96,6 +96,13 @@ def check_tape_options(rank, size):
         deprecated = [w for w in caught if w.category is DeprecationWarning and
                       "`num_groups` has been replaced by `groups`" in str(w.message)]
         assert len(deprecated) == ("num_groups" in kwargs), (kwargs, caught)
+    # Sources as a tuple: a list back, as Horovod's tape gives (TensorFlow's: a tuple).
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(forward(ws, x) ** 2)
+    got = hvd.DistributedGradientTape(tape).gradient(loss, tuple(ws))
+    assert type(got) is list, type(got)
+    for g, e in zip(got, mean):
+        np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(), e, rtol=1e-12, atol=1e-12)
     # Refused where the tape is made, as Horovod: groups of 0 or less, and a
     # predivide factor with op=Sum.
     for kwargs, text in (({"groups": 0}, "groups should be"), ({"groups": -1}, "groups should be"),
