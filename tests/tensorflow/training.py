@@ -175,6 +175,13 @@ def check_keras(rank, size, x, y, expected):
     # The averaged loss is the same number on every rank.
     losses = hvd.allgather_object(history.history["loss"][-1])
     assert all(l == losses[0] for l in losses), losses
+    # ... and the mean of the ranks' own values, numeric ones only, as numpy scalars.
+    logs = {"loss": 0.5 * rank + 1, "acc": np.float32(rank), "lr_name": "sgd"}
+    hvd_keras.callbacks.MetricAverageCallback().on_epoch_end(STEPS, logs)
+    assert logs["lr_name"] == "sgd", logs
+    for key, own in (("loss", lambda r: 0.5 * r + 1), ("acc", float)):
+        np.testing.assert_allclose(logs[key].item(), np.mean([own(r) for r in range(size)]),
+                                   rtol=1e-15, err_msg=key)
     # load_model restores the optimizer, state included, as a DistributedOptimizer:
     # one more epoch on the reloaded model equals one more reference step.
     path = os.path.join(os.environ["PTEST_TMPDIR"], "model.keras")

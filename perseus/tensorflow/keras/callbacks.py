@@ -41,7 +41,8 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
 
 class MetricAverageCallback(tf.keras.callbacks.Callback):
     """At each epoch's end, replaces the numeric logs with their average over the
-    ranks (one grouped allreduce, keys in sorted order so every rank agrees)."""
+    ranks (one allreduce in float64, keys in sorted order so every rank agrees), as
+    numpy scalars as Horovod's are (.item() works; np.float64 is a float too)."""
 
     def __init__(self, device=''):
         super().__init__()
@@ -50,14 +51,14 @@ class MetricAverageCallback(tf.keras.callbacks.Callback):
         if logs is None or basics.size() == 1:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0
-                      and isinstance(float(v), float))
+                      and np.issubdtype(np.asarray(v).dtype, np.number))
         if not keys:
             return
         values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
         averaged = mpi_ops.allreduce(values, op=mpi_ops.Average,
                                      name="metric_average.%d" % epoch).numpy()
         for key, value in zip(keys, averaged):
-            logs[key] = float(value)
+            logs[key] = value
 
 
 def _get_lr(optimizer):
