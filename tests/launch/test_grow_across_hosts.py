@@ -72,8 +72,10 @@ def grow_job_on_hosts(hosts, ulfm, tmp_path, first, sizes, grown, extra=None):  
             return rc, out, err, report
         earlier = "first attempt, lost by Open MPI's runtime (left on hostB: %s):\n%s\n\n" % (
             hosts.pids_on("hostB"), report)
-        warnings.warn("Open MPI's runtime lost its daemon on hostB while growing; tried "
-                      "once more")
+        said = [line for line in err.splitlines()
+                if any(word in line for word in ("PMIX", "lost communication", "perseusrun"))]
+        warnings.warn("Open MPI's runtime lost its daemon on hostB while growing; tried once "
+                      "more. It said:\n" + "\n".join(said[-12:]))
 
 
 def test_new_ranks_start_on_another_host(hosts, ulfm, tmp_path):  # noqa: F811 - the fixture
