@@ -17,8 +17,9 @@ Open MPI 5.0.11's runtime itself sometimes loses the daemon it starts on the new
 (seen once, in both grows of one clean-clone CI run: "PMIX ERROR ... pmix_server_dyn.c",
 then "lost communication with a remote daemon" on hostB; the job then restarts without
 hostB and the checks fail). Reruns of that clone passed, and neither a loaded machine
-nor the host-fault tests run first bring it back (9 runs). Such a run, and only such a run, is tried once more, its report kept
-and a warning given; a second loss, or any other failure, fails the test.
+nor the host-fault tests run first bring it back (9 runs). Such a run, and only such a
+run, is tried once more, its report kept and a warning given; a second loss, or any
+other failure, fails the test.
 """
 import os
 import re

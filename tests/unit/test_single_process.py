@@ -40,7 +40,7 @@ def assert_new_tensor(out, inp):
         assert out.data_ptr() != inp.data_ptr(), "the out-of-place op returned its input's storage"
 
 
-# ---------------------------------------------------------------- topology
+# ---------------------------------------------------------------- compression
 
 @pytest.mark.parametrize("name,wire", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -56,6 +56,8 @@ def test_cast_compressors_keep_horovods_ctx(name, wire, dtype):
     assert wire_tensor.dtype == (wire if dtype.is_floating_point else dtype)
     assert_same(compressor.decompress(wire_tensor, ctx), tensor)
 
+
+# ---------------------------------------------------------------- topology
 
 def test_world_of_one(initialized):
     hvd = initialized

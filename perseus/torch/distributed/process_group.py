@@ -155,11 +155,10 @@ def destroy_process_group(group=None):
     process_set = process_set_of(group)
     if isinstance(group, ProcessGroup):
         group.destroyed = True
-        users = _groups_of_set.get(process_set.process_set_id, 1) - 1
-        _groups_of_set[process_set.process_set_id] = users
-        if users > 0:
+        users = _groups_of_set.pop(process_set.process_set_id, 1) - 1
+        if users > 0:  # other groups of these ranks still use the set
+            _groups_of_set[process_set.process_set_id] = users
             return
-        del _groups_of_set[process_set.process_set_id]
     if process_set is not _process_sets.global_process_set:
         _process_sets.remove_process_set(process_set)
 
